@@ -1,0 +1,28 @@
+"""jobqueue: a job queue whose broker is the SQL database the application already has."""
+
+from jobqueue.ack import AckPolicy
+from jobqueue.app import JobQueue
+from jobqueue.context import JobContext, current_job
+from jobqueue.errors import (
+    ConfigurationError,
+    JobCancelled,
+    JobFailed,
+    JobNotFound,
+    JobQueueError,
+    LeaseLost,
+    SchemaError,
+    SerializationError,
+    SoftTimeLimitExceeded,
+    TimeLimitExceeded,
+    UnknownTaskError,
+)
+from jobqueue.handle import JobHandle
+from jobqueue.task import Task
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AckPolicy", "JobQueue", "JobContext", "current_job", "JobHandle", "Task", "ConfigurationError",
+    "JobCancelled", "JobFailed", "JobNotFound", "JobQueueError", "LeaseLost", "SchemaError",
+    "SerializationError", "SoftTimeLimitExceeded", "TimeLimitExceeded", "UnknownTaskError", "__version__",
+]

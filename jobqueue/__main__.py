@@ -1,0 +1,5 @@
+"""``python -m jobqueue`` is the ``jobqueue`` command."""
+
+from jobqueue.cli import main
+
+main()

@@ -1,0 +1,166 @@
+"""JobQueue: the application object holding settings, the task registry and the storage."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Callable, overload
+
+import sqlalchemy as sa
+
+from jobqueue.errors import ConfigurationError, UnknownTaskError
+from jobqueue.handle import JobHandle
+from jobqueue.serialization import get_serializer
+from jobqueue.settings import Settings, parse_queues, resolve_database_url, setting_names
+from jobqueue.storage import schema_manager
+from jobqueue.storage.engine import create_engine, mask_url
+from jobqueue.storage.store import Store
+from jobqueue.storage.tables import Tables, build_tables
+from jobqueue.task import Task, build_options
+
+logger = logging.getLogger("jobqueue")
+
+
+class JobQueue:
+    """A job queue on one database.
+
+    Args:
+        database_url: SQLAlchemy URL of the database. ``--database-url`` and
+            ``JOBQUEUE_DATABASE_URL`` take precedence; without any, ``sqlite:///jobqueue.sqlite3``.
+        **settings: any :class:`jobqueue.settings.Settings` field (worker tuning, table prefix,
+            serializer, archive retention...). An unknown name raises ConfigurationError.
+    """
+
+    def __init__(self, database_url: str | None = None, **settings: Any) -> None:
+        if "queues" in settings:
+            settings["queues"] = parse_queues(settings["queues"])
+        unknown = sorted(set(settings) - set(setting_names()))
+        if unknown:
+            raise ConfigurationError(f"unknown JobQueue setting(s): {', '.join(unknown)}; "
+                                     f"known: {', '.join(setting_names())}")
+        self.settings = Settings(database_url=database_url, **settings)
+        self.serializer = get_serializer(self.settings.serializer)
+        self.registry: dict[str, Task] = {}
+        self._url_override: str | None = None
+        self._store: Store | None = None
+        self._tables: Tables | None = None
+
+    def __repr__(self) -> str:
+        return f"<JobQueue {mask_url(self.database_url)} tasks={len(self.registry)}>"
+
+    # -- configuration -----------------------------------------------------------------------------
+    @property
+    def database_url(self) -> str:
+        return resolve_database_url(self._url_override, self.settings.database_url)
+
+    def configure(self, *, database_url: str | None = None, **changes: Any) -> None:
+        """Change settings after creation (the CLI applies its options here).
+
+        ``database_url`` given here outranks the environment and the URL given in code.
+        """
+        if "queues" in changes:
+            changes["queues"] = parse_queues(changes["queues"])
+        if database_url is not None and database_url != self._url_override:
+            self._url_override = database_url
+            self.close()
+        if changes:
+            if "table_prefix" in changes:
+                self.close()
+            self.settings = self.settings.replace(**changes)
+            self.serializer = get_serializer(self.settings.serializer)
+
+    @property
+    def tables(self) -> Tables:
+        if self._tables is None or self._tables.prefix != self.settings.table_prefix:
+            self._tables = build_tables(self.settings.table_prefix)
+        return self._tables
+
+    @property
+    def store(self) -> Store:
+        """The storage, connected on first use."""
+        if self._store is None:
+            self._store = Store(create_engine(self.database_url), self.tables)
+        return self._store
+
+    @property
+    def engine(self) -> sa.Engine:
+        return self.store.engine
+
+    def close(self) -> None:
+        """Close every pooled connection (a later use reconnects)."""
+        if self._store is not None:
+            self._store.engine.dispose()
+            self._store = None
+
+    def after_fork(self) -> None:
+        """In a forked child: drop the parent's pooled connections without closing them under it."""
+        if self._store is not None:
+            self._store.engine.dispose(close=False)
+
+    # -- schema ------------------------------------------------------------------------------------
+    def init_schema(self) -> str:
+        """Create the tables if missing (what ``jobqueue db init`` runs); return what was done."""
+        return schema_manager.init_schema(self.engine, self.tables)
+
+    def check_schema(self) -> None:
+        """Raise SchemaError unless the tables exist at this release's version."""
+        schema_manager.check_schema(self.engine, self.tables)
+
+    # -- tasks -------------------------------------------------------------------------------------
+    @overload
+    def task(self, fn: Callable[..., Any], /) -> Task: ...
+
+    @overload
+    def task(self, fn: None = None, /, **options: Any) -> Callable[[Callable[..., Any]], Task]: ...
+
+    def task(self, fn: Callable[..., Any] | None = None, /, **options: Any) -> Any:
+        """Register a function as a task: ``@app.task`` or ``@app.task(name=..., queue=..., ...)``.
+
+        Options are checked now: an unknown or invalid one raises ConfigurationError at import.
+        """
+        def register(func: Callable[..., Any]) -> Task:
+            if isinstance(func, Task):
+                raise ConfigurationError(f"{func.name} is already a task; apply @app.task once")
+            task = Task(self, func, build_options(func, options))
+            existing = self.registry.get(task.name)
+            if existing is not None and existing.fn is not func and _origin(existing.fn) != _origin(func):
+                raise ConfigurationError(
+                    f"task name {task.name!r} is already registered by {_origin(existing.fn)}; "
+                    "give one of them another name=")
+            self.registry[task.name] = task
+            return task
+
+        if fn is not None:
+            if options:
+                raise ConfigurationError("use @app.task or @app.task(**options), not both")
+            return register(fn)
+        return register
+
+    def get_task(self, name: str) -> Task:
+        """Return the task registered as ``name``; raise UnknownTaskError naming it otherwise."""
+        task = self.registry.get(name)
+        if task is None:
+            known = ", ".join(sorted(self.registry)) or "none"
+            raise UnknownTaskError(f"task {name!r} is not registered in this app (registered: {known})")
+        return task
+
+    def job(self, job_id: int) -> JobHandle:
+        """Return a handle on an existing job by id."""
+        return JobHandle(self, job_id)
+
+    # -- worker ------------------------------------------------------------------------------------
+    def run_worker(self, **overrides: Any) -> int:
+        """Run a supervisor and its worker processes in this process until stopped; return the exit code.
+
+        ``overrides`` are worker settings (``concurrency=2``, ``burst=True``, ``progress=True``, ...).
+        """
+        from jobqueue.runtime.supervisor import run_supervisor
+
+        burst = bool(overrides.pop("burst", False))
+        progress = bool(overrides.pop("progress", False))
+        if overrides:
+            self.configure(**overrides)
+        return run_supervisor(self, burst=burst, progress=progress)
+
+
+def _origin(fn: Callable[..., Any]) -> str:
+    return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"

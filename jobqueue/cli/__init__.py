@@ -1,0 +1,43 @@
+"""The ``jobqueue`` command: parse options, build settings, call the library. Nothing else."""
+
+from __future__ import annotations
+
+import click
+
+from jobqueue.cli.state import CliState, Group, setup_logging
+
+
+@click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.option("--app", "app_spec", metavar="MODULE:ATTR", help="The JobQueue to use (or JOBQUEUE_APP); "
+              "MODULE may also be a path to a .py file.")
+@click.option("--database-url", metavar="URL", help="Database URL. Precedence: this option, "
+              "JOBQUEUE_DATABASE_URL, the URL given to JobQueue(...), sqlite:///jobqueue.sqlite3.")
+@click.option("--log-json", is_flag=True, help="Log one JSON object per line.")
+@click.option("--log-level", default="INFO", show_default=True,
+              type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
+@click.version_option(package_name="jobqueue")
+@click.pass_context
+def cli(ctx: click.Context, app_spec: str | None, database_url: str | None, log_json: bool, log_level: str) -> None:
+    """jobqueue: a job queue in the SQL database you already have."""
+    state = ctx.ensure_object(CliState)
+    state.app_spec = app_spec or state.app_spec
+    state.database_url = database_url or state.database_url
+    state.log_json, state.log_level = log_json, log_level
+    setup_logging(state)
+
+
+def main() -> None:
+    cli(prog_name="jobqueue")
+
+
+def _register() -> None:
+    from jobqueue.cli import db, enqueue, status, worker
+
+    cli.add_command(db.db)
+    cli.add_command(worker.worker)
+    cli.add_command(enqueue.enqueue)
+    cli.add_command(status.status)
+    cli.add_command(status.workers)
+
+
+_register()

@@ -1,0 +1,58 @@
+"""``jobqueue enqueue``: enqueue one job from the shell."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from typing import Any
+
+import click
+
+from jobqueue.cli.output import echo_json
+from jobqueue.cli.state import CliState
+from jobqueue.errors import ConfigurationError, UnknownTaskError
+
+
+def _json_arg(value: str | None, kind: type, name: str) -> Any:
+    if value is None:
+        return kind()
+    try:
+        parsed = json.loads(value)
+    except ValueError as exc:
+        raise click.BadParameter(f"not valid JSON: {exc}", param_hint=name) from None
+    if not isinstance(parsed, kind):
+        raise click.BadParameter(f"must be a JSON {'array' if kind is list else 'object'}", param_hint=name)
+    return parsed
+
+
+@click.command()
+@click.argument("task_name", metavar="TASK")
+@click.option("--args", "args_json", metavar="JSON", help="Positional arguments as a JSON array.")
+@click.option("--kwargs", "kwargs_json", metavar="JSON", help="Keyword arguments as a JSON object.")
+@click.option("--queue", help="Queue (default: the task's).")
+@click.option("--priority", type=int, help="Higher runs first.")
+@click.option("--countdown", type=float, metavar="SECONDS", help="Run no sooner than this many seconds from now.")
+@click.option("--eta", type=click.DateTime(["%Y-%m-%dT%H:%M:%S", "%Y-%m-%d %H:%M:%S"]),
+              help="Run no sooner than this UTC time.")
+@click.option("--unique-key", help="Return the active job holding this key instead of adding one.")
+@click.option("--json", "as_json", is_flag=True, help="Print the job as JSON.")
+@click.pass_obj
+def enqueue(state: CliState, task_name: str, args_json: str | None, kwargs_json: str | None, queue: str | None,
+            priority: int | None, countdown: float | None, eta: datetime | None, unique_key: str | None,
+            as_json: bool) -> None:
+    """Enqueue a call of TASK, a task registered in the --app application."""
+    args = _json_arg(args_json, list, "--args")
+    kwargs = _json_arg(kwargs_json, dict, "--kwargs")
+    try:
+        task = state.app.get_task(task_name)
+    except UnknownTaskError as exc:
+        if not state.has_app:
+            raise ConfigurationError(f"task {task_name!r} is unknown: no app was given; pass --app module:attr "
+                                     "(or set JOBQUEUE_APP) so jobqueue knows the registered tasks") from None
+        raise exc
+    handle = task.apply_async(args, kwargs, queue=queue, priority=priority, countdown=countdown, eta=eta,
+                              unique_key=unique_key)
+    if as_json:
+        echo_json({"id": handle.id, "task": task.name, "status": handle.status()})
+    else:
+        click.echo(f"enqueued job {handle.id} ({task.name})")

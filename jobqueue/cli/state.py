@@ -1,0 +1,127 @@
+"""The CLI's shared state: global options, loading the app, logging set-up."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import json
+import logging
+import os
+import sys
+from dataclasses import dataclass, field
+from typing import Any
+
+import click
+import sqlalchemy as sa
+
+from jobqueue.app import JobQueue
+from jobqueue.errors import ConfigurationError, JobQueueError
+from jobqueue.settings import APP_ENV
+from jobqueue.storage.engine import mask_url
+
+LOG_FORMAT = "%(asctime)s %(levelname)s %(processName)s %(name)s: %(message)s"
+
+
+@dataclass
+class CliState:
+    """What the global options say; the app is imported on first use."""
+
+    app_spec: str | None = None
+    database_url: str | None = None
+    log_json: bool = False
+    log_level: str = "INFO"
+    _app: JobQueue | None = field(default=None, repr=False)
+
+    @property
+    def app(self) -> JobQueue:
+        if self._app is None:
+            self._app = load_app(self.app_spec or os.environ.get(APP_ENV))
+            if self.database_url:
+                self._app.configure(database_url=self.database_url)
+        return self._app
+
+    @property
+    def has_app(self) -> bool:
+        return bool(self.app_spec or os.environ.get(APP_ENV))
+
+
+def load_app(spec: str | None) -> JobQueue:
+    """Import ``module:attribute`` (or ``path/to/file.py:attribute``); no spec gives a bare JobQueue."""
+    if not spec:
+        return JobQueue()
+    target, _, attribute = spec.partition(":")
+    attribute = attribute or "app"
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        module = _import(target)
+    except ImportError as exc:
+        raise ConfigurationError(f"cannot import {target!r} named by --app/{APP_ENV}: {exc}") from exc
+    app = getattr(module, attribute, None)
+    if not isinstance(app, JobQueue):
+        found = [name for name, value in vars(module).items() if isinstance(value, JobQueue)]
+        hint = f"; JobQueue objects there: {', '.join(found)}" if found else ""
+        raise ConfigurationError(f"{target}:{attribute} is not a JobQueue{hint} (give --app module:attribute)")
+    return app
+
+
+def _import(target: str) -> Any:
+    if target.endswith(".py") or os.sep in target:
+        path = os.path.abspath(target)
+        name = os.path.splitext(os.path.basename(path))[0]
+        if name in sys.modules:
+            return sys.modules[name]
+        directory = os.path.dirname(path)
+        if directory not in sys.path:
+            sys.path.insert(0, directory)
+        spec = importlib.util.spec_from_file_location(name, path)
+        if spec is None or spec.loader is None:
+            raise ImportError(f"no such file: {path}")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+        return module
+    return importlib.import_module(target)
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line: time, level, logger, process, message (and exception)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry = {"time": self.formatTime(record), "level": record.levelname, "logger": record.name,
+                 "process": record.processName, "pid": record.process, "message": record.getMessage()}
+        if record.exc_info:
+            entry["exception"] = self.formatException(record.exc_info)
+        return json.dumps(entry, ensure_ascii=False)
+
+
+def setup_logging(state: CliState) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonFormatter() if state.log_json else logging.Formatter(LOG_FORMAT))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(state.log_level.upper())
+
+
+class Group(click.Group):
+    """A click group that turns jobqueue errors into a one-line message and exit status 1."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except JobQueueError as exc:
+            raise click.ClickException(mask_secrets(str(exc), ctx)) from None
+        except sa.exc.OperationalError as exc:
+            state = ctx.find_object(CliState)
+            where = mask_url(state.app.database_url) if state and state._app else "the database"
+            reason = str(exc.orig).strip().splitlines()[0] if exc.orig else str(exc)
+            raise click.ClickException(mask_secrets(f"cannot use {where}: {reason}", ctx)) from None
+
+
+def mask_secrets(message: str, ctx: click.Context) -> str:
+    """Replace the --database-url text, password included, wherever a message repeats it."""
+    state = ctx.find_object(CliState)
+    url = state.database_url if state else None
+    if url and url in message:
+        message = message.replace(url, mask_url(url))
+    return message

@@ -1,0 +1,42 @@
+"""``jobqueue status`` and ``jobqueue workers``: what is queued, what has ended, who is working."""
+
+from __future__ import annotations
+
+import click
+
+from jobqueue.cli.output import echo_json, table
+from jobqueue.cli.state import CliState
+from jobqueue.storage import jobs
+
+
+@click.command()
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.pass_obj
+def status(state: CliState, as_json: bool) -> None:
+    """Messages per queue and state, the oldest ready message's age, archive totals and live workers."""
+    store = state.app.store
+    queues = jobs.queue_counts(store)
+    archive = jobs.archive_counts(store)
+    workers = jobs.live_workers(store)
+    if as_json:
+        echo_json({"queues": queues, "archive": archive, "workers": len(workers)})
+        return
+    click.echo(table(queues, ["queue", "pending", "processing", "retryable", "oldest_ready_seconds"],
+                     empty="no active messages"))
+    click.echo("")
+    totals = ", ".join(f"{state_name} {count}" for state_name, count in sorted(archive.items())) or "empty"
+    click.echo(f"archive: {totals}")
+    click.echo(f"live worker processes: {len(workers)}")
+
+
+@click.command()
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.pass_obj
+def workers(state: CliState, as_json: bool) -> None:
+    """Live worker processes with their host, pid, queues and last heartbeat."""
+    rows = jobs.live_workers(state.app.store)
+    if as_json:
+        echo_json(rows)
+        return
+    click.echo(table(rows, ["hostname", "pid", "queues", "started_at", "heartbeat_at", "version"],
+                     empty="no live worker processes"))

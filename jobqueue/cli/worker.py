@@ -1,0 +1,47 @@
+"""``jobqueue worker``: start a supervisor and its worker processes."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+import click
+
+from jobqueue.cli.state import CliState
+from jobqueue.settings import worker_fields
+
+
+def _option_for(f: dataclasses.Field[Any]) -> Callable[[Any], Any]:
+    """A --dashed option for a Settings field; unset options leave the app's value alone."""
+    flag = "--" + f.name.replace("_", "-")
+    kind = str(f.type)
+    help_text = f.metadata["help"] + (f" [default: {f.default}]" if f.default is not None else "")
+    if kind.startswith("bool"):
+        return click.option(f"{flag}/--no-{flag[2:]}", f.name, default=None, help=help_text)
+    if kind.startswith("tuple"):
+        return click.option(flag, f.name, default=None, metavar="A,B", help=help_text)
+    click_type = click.INT if kind.startswith("int") else click.FLOAT
+    return click.option(flag, f.name, type=click_type, default=None, help=help_text)
+
+
+def worker_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    for f in reversed(worker_fields()):
+        fn = _option_for(f)(fn)
+    return fn
+
+
+@click.command()
+@worker_options
+@click.option("--burst", is_flag=True, help="Exit 0 once no message in the served queues is processing "
+              "or due within 5 s (for scripts, tests and demos).")
+@click.option("--progress", is_flag=True, help="Show jobs done, jobs left and the rate.")
+@click.pass_obj
+def worker(state: CliState, /, burst: bool, progress: bool, **options: Any) -> None:
+    """Start a supervisor that forks worker processes and runs jobs until stopped.
+
+    SIGTERM or SIGINT stops it warmly (running jobs finish within --graceful-timeout, buffered
+    messages go back unstarted); a second signal stops it at once.
+    """
+    changes = {name: value for name, value in options.items() if value is not None}
+    code = state.app.run_worker(burst=burst, progress=progress, **changes)
+    raise SystemExit(code)

@@ -1,0 +1,156 @@
+"""The running job's context: what ``bind=True`` passes and ``current_job()`` returns."""
+
+from __future__ import annotations
+
+import enum
+from contextvars import ContextVar
+from datetime import datetime, timedelta
+from typing import Any, Protocol
+
+from jobqueue.clock import to_naive_utc, utcnow
+from jobqueue.errors import JobQueueError, LeaseLost
+from jobqueue.job import Message
+from jobqueue.serialization import Serializer
+
+_current: ContextVar[JobContext | None] = ContextVar("jobqueue_current_job", default=None)
+
+
+def current_job() -> JobContext:
+    """Return the context of the job running in this process; raise JobQueueError outside a job."""
+    context = _current.get()
+    if context is None:
+        raise JobQueueError("current_job() was called outside a running job")
+    return context
+
+
+class Decision(enum.Enum):
+    ACK = "ack"
+    NACK = "nack"
+    REJECT = "reject"
+    DEFER = "defer"
+
+
+class LeaseKeeper(Protocol):
+    """What a context needs from the worker to write through to the database at once."""
+
+    def save_checkpoint(self, message: Message, data: bytes | None) -> bool: ...
+
+    def extend_lease(self, message: Message, seconds: float) -> bool: ...
+
+
+class JobContext:
+    """One delivery of one job, seen from inside the task.
+
+    ``ack()``, ``nack()``, ``reject()`` and ``defer()`` decide the outcome (the first call wins);
+    ``checkpoint()`` and ``extend()`` write to the database at once.
+    """
+
+    def __init__(self, message: Message | None, serializer: Serializer, keeper: LeaseKeeper | None = None) -> None:
+        self._message = message
+        self._serializer = serializer
+        self._keeper = keeper
+        self._checkpoint = message.checkpoint if message else None
+        self._state_cache: Any = None
+        self._state_loaded = False
+        self.decision: Decision | None = None
+        self.nack_delay_seconds: float | None = None
+        self.reject_reason: str | None = None
+        self.defer_until: datetime | None = None
+
+    @property
+    def id(self) -> int | None:
+        """The job id (None when the task was called inline)."""
+        return self._message.id if self._message else None
+
+    @property
+    def attempt(self) -> int:
+        """Executions started so far, this one included: 1 on the first run."""
+        return self._message.attempts_count if self._message else 1
+
+    @property
+    def deliveries(self) -> int:
+        """Acquisitions since the last recorded outcome: 1 on a first delivery."""
+        return self._message.deliveries_count if self._message else 1
+
+    @property
+    def headers(self) -> dict[str, Any]:
+        return dict(self._message.headers or {}) if self._message else {}
+
+    @property
+    def task_name(self) -> str | None:
+        return self._message.task_name if self._message else None
+
+    @property
+    def state(self) -> Any:
+        """The checkpoint an earlier attempt saved, or None."""
+        if not self._state_loaded:
+            self._state_cache = None if self._checkpoint is None else self._serializer.loads(self._checkpoint)
+            self._state_loaded = True
+        return self._state_cache
+
+    @property
+    def checkpoint_bytes(self) -> bytes | None:
+        return self._checkpoint
+
+    def _decide(self, decision: Decision) -> None:
+        if self.decision is not None:
+            raise JobQueueError(f"this job was already decided ({self.decision.value}); decide only once")
+        self.decision = decision
+
+    def ack(self) -> None:
+        """Complete the job when the handler returns."""
+        self._decide(Decision.ACK)
+
+    def nack(self, delay_seconds: float | None = None) -> None:
+        """Retry the job by its retry strategy (after ``delay_seconds`` if given), or fail it if none is left."""
+        self._decide(Decision.NACK)
+        self.nack_delay_seconds = delay_seconds
+
+    def reject(self, reason: str | None = None) -> None:
+        """Fail the job at once, without retry; it goes to the archive as a dead letter."""
+        self._decide(Decision.REJECT)
+        self.reject_reason = reason
+
+    def checkpoint(self, state: Any) -> None:
+        """Save ``state`` durably now; the next delivery reads it back as ``state``, even after a crash."""
+        data = None if state is None else self._serializer.dumps(state, path="checkpoint state")
+        if self._message is not None and self._keeper is not None:
+            if not self._keeper.save_checkpoint(self._message, data):
+                raise LeaseLost(f"job {self.id}: lease lost, checkpoint not saved")
+            self._message.checkpoint = data
+        self._checkpoint, self._state_cache, self._state_loaded = data, state, True
+
+    def defer(self, until: datetime | float | None = None, state: Any = None) -> None:
+        """Release the job and run it again at ``until`` (a datetime, or seconds from now; default now).
+
+        ``state``, when given, replaces the checkpoint the next run reads. The handler should
+        return right after deferring; its return value is ignored.
+        """
+        self._decide(Decision.DEFER)
+        if until is None:
+            self.defer_until = utcnow()
+        elif isinstance(until, datetime):
+            self.defer_until = to_naive_utc(until)
+        else:
+            self.defer_until = utcnow() + timedelta(seconds=float(until))
+        if state is not None:
+            self._checkpoint = self._serializer.dumps(state, path="defer state")
+            self._state_cache, self._state_loaded = state, True
+
+    def extend(self, seconds: float) -> None:
+        """Keep the lease for at least ``seconds`` more; raise LeaseLost if it was already taken."""
+        if self._message is not None and self._keeper is not None:
+            if not self._keeper.extend_lease(self._message, seconds):
+                raise LeaseLost(f"job {self.id}: lease lost, cannot extend")
+
+    def __repr__(self) -> str:
+        return f"<JobContext id={self.id} task={self.task_name} attempt={self.attempt}>"
+
+
+def activate(context: JobContext | None) -> Any:
+    """Make ``context`` what current_job() returns; give the token to :func:`deactivate`."""
+    return _current.set(context)
+
+
+def deactivate(token: Any) -> None:
+    _current.reset(token)

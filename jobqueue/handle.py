@@ -1,0 +1,80 @@
+"""JobHandle: follow one enqueued job by its id."""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+from jobqueue.errors import JobCancelled, JobFailed, JobNotFound
+from jobqueue.job import MessageState
+from jobqueue.storage import jobs
+
+if TYPE_CHECKING:
+    from jobqueue.app import JobQueue
+
+POLL_FIRST_SECONDS = 0.01
+POLL_MAX_SECONDS = 0.25
+
+
+class JobHandle:
+    """A job's id with ways to read its status, wait for its result and cancel it."""
+
+    __slots__ = ("app", "id")
+
+    def __init__(self, app: JobQueue, job_id: int) -> None:
+        self.app = app
+        self.id = int(job_id)
+
+    def __repr__(self) -> str:
+        return f"<JobHandle {self.id}>"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, JobHandle) and other.id == self.id
+
+    def __hash__(self) -> int:
+        return hash(self.id)
+
+    def status(self) -> str:
+        """Return "pending", "processing", "retryable", "completed", "failed" or "cancelled"."""
+        state = jobs.job_state(self.app.store, self.id)
+        if state is None:
+            raise JobNotFound(f"job {self.id} not found: it never existed, was purged, or its archive "
+                              "row was not retained (retain_in_archive_on_ack/on_reject)")
+        return state.public
+
+    def get(self, timeout: float | None = None) -> Any:
+        """Wait for the job to end and return its result.
+
+        Raises JobFailed (with the remote error type, message and ``traceback``), JobCancelled, or
+        TimeoutError when ``timeout`` seconds pass first. ``None`` waits without limit.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        interval = POLL_FIRST_SECONDS
+        store = self.app.store
+        while True:
+            archived = jobs.archived_job(store, self.id)
+            if archived is not None:
+                return self._finish(archived)
+            if jobs.job_state(store, self.id) is None:
+                # Archived between our two reads, or gone for good.
+                archived = jobs.archived_job(store, self.id)
+                if archived is not None:
+                    return self._finish(archived)
+                raise JobNotFound(f"job {self.id} not found: it never existed, was purged, or its archive "
+                                  "row was not retained, so there is no result to read")
+            if deadline is not None and time.monotonic() >= deadline:
+                raise TimeoutError(f"job {self.id} did not finish within {timeout} seconds")
+            pause = interval if deadline is None else min(interval, max(0.0, deadline - time.monotonic()))
+            time.sleep(pause)
+            interval = min(interval * 1.5, POLL_MAX_SECONDS)
+
+    def _finish(self, archived: jobs.ArchivedJob) -> Any:
+        if archived.state is MessageState.COMPLETED:
+            return None if archived.result is None else self.app.serializer.loads(archived.result)
+        if archived.state is MessageState.CANCELLED:
+            raise JobCancelled(self.id)
+        raise JobFailed(self.id, archived.error_type, archived.error_message, archived.error_traceback)
+
+    def cancel(self) -> bool:
+        """Cancel a pending or retryable job (archived as cancelled); False if it is running or ended."""
+        return jobs.cancel(self.app.store, self.id)

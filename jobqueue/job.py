@@ -1,0 +1,103 @@
+"""The message model: states, a fetched message, and the outcomes a delivery can end with.
+
+Lifecycle (seed 000)::
+
+    PENDING --acquired--> PROCESSING --ack--> COMPLETED            (archive)
+    RETRYABLE --acquired--> PROCESSING --reject / over max_deliveries / no retry left--> FAILED (archive)
+    PROCESSING --nack, retry allowed--> RETRYABLE
+    PROCESSING --defer / lease expired / holder died / handed back unstarted--> PENDING
+    PENDING, RETRYABLE --cancel--> CANCELLED                      (archive)
+
+PENDING, PROCESSING and RETRYABLE rows live in the message table; COMPLETED, FAILED and CANCELLED
+rows in the archive table.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+
+class MessageState(str, enum.Enum):
+    PENDING = "PENDING"
+    PROCESSING = "PROCESSING"
+    RETRYABLE = "RETRYABLE"
+    COMPLETED = "COMPLETED"
+    FAILED = "FAILED"
+    CANCELLED = "CANCELLED"
+
+    @property
+    def public(self) -> str:
+        """The lower-case name ``JobHandle.status()`` returns."""
+        return self.value.lower()
+
+
+ACTIVE_STATES = (MessageState.PENDING, MessageState.PROCESSING, MessageState.RETRYABLE)
+READY_STATES = (MessageState.PENDING.value, MessageState.RETRYABLE.value)
+FINAL_STATES = (MessageState.COMPLETED, MessageState.FAILED, MessageState.CANCELLED)
+
+
+@dataclass(slots=True)
+class ErrorInfo:
+    """An exception as stored: type name, message and formatted traceback."""
+
+    type: str
+    message: str
+    traceback: str | None = None
+
+    @classmethod
+    def from_exception(cls, exc: BaseException, traceback: str | None = None) -> ErrorInfo:
+        kind = type(exc)
+        name = kind.__qualname__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
+        return cls(type=name, message=str(exc)[:10_000], traceback=traceback[-60_000:] if traceback else None)
+
+
+@dataclass(slots=True)
+class Message:
+    """One acquired message, as a worker holds it during a delivery."""
+
+    id: int
+    task_name: str
+    queue: str
+    priority: int
+    payload: bytes
+    headers: dict[str, Any] | None
+    attempts_count: int
+    deliveries_count: int
+    lease_token: int
+    created_at: datetime
+    first_attempt_at: datetime | None
+    next_attempt_at: datetime
+    acquired_at: datetime | None = None
+    unique_key: str | None = None
+    partition_key: str | None = None
+    checkpoint: bytes | None = None
+    options: dict[str, Any] | None = None
+    history: list[Any] | None = None
+
+
+class OutcomeKind(enum.Enum):
+    ARCHIVE = "archive"  # COMPLETED or FAILED: moved to the archive table
+    RETRY = "retry"  # RETRYABLE at next_attempt_at
+    DEFER = "defer"  # PENDING at next_attempt_at, keeping (or replacing) the checkpoint
+    RETURN = "return"  # handed back unstarted: PENDING, its delivery and attempt not counted
+
+
+@dataclass(slots=True)
+class Outcome:
+    """What a delivery ended with; applied by the store only while the lease is still held."""
+
+    message: Message
+    kind: OutcomeKind
+    state: MessageState
+    finished_at: datetime
+    started_at: datetime | None = None
+    result: bytes | None = None
+    error: ErrorInfo | None = None
+    next_attempt_at: datetime | None = None
+    checkpoint: bytes | None = None
+    keep_checkpoint: bool = True
+    retain: bool = True
+    extra: dict[str, Any] = field(default_factory=dict)

@@ -1,0 +1,198 @@
+"""Retry strategies: pure decisions of whether and when a nacked job runs again.
+
+A strategy is asked after attempt number ``attempt`` (1 on the first run) failed at ``now``; it
+returns the time of the next attempt, or ``None`` when the job must be FAILED because
+``attempt >= max_attempts`` or because the next attempt would fall more than
+``max_total_delay_seconds`` after the first one. Base delays come from tenacity's wait functions.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field, fields
+from datetime import datetime, timedelta
+from typing import Any, ClassVar
+
+import tenacity
+
+from jobqueue.errors import ConfigurationError
+
+
+def _tenacity_wait(wait: Any, attempt: int) -> float:
+    state = tenacity.RetryCallState(retry_object=None, fn=None, args=(), kwargs={})  # type: ignore[arg-type]
+    state.attempt_number = attempt
+    return float(wait(state))
+
+
+def _check(condition: bool, message: str) -> None:
+    if not condition:
+        raise ConfigurationError(message)
+
+
+@dataclass(frozen=True, kw_only=True)
+class RetryStrategy:
+    """Base of the strategies; subclasses define :meth:`delay_for`."""
+
+    kind: ClassVar[str] = ""
+    max_attempts: int | None = None
+    max_total_delay_seconds: float | None = None
+
+    def __post_init__(self) -> None:
+        _check(self.max_attempts is None or self.max_attempts >= 1,
+               f"{type(self).__name__}: max_attempts must be >= 1 or None, got {self.max_attempts!r}")
+        _check(self.max_total_delay_seconds is None or self.max_total_delay_seconds >= 0,
+               f"{type(self).__name__}: max_total_delay_seconds must be >= 0 or None")
+
+    def delay_for(self, attempt: int) -> float:
+        """Return the delay before the attempt after ``attempt``."""
+        raise NotImplementedError
+
+    def decide(self, attempt: int, first_attempt_at: datetime | None, now: datetime) -> datetime | None:
+        """Return when attempt ``attempt + 1`` runs, or None if the job must fail now."""
+        if self.max_attempts is not None and attempt >= self.max_attempts:
+            return None
+        next_attempt_at = now + timedelta(seconds=max(0.0, self.delay_for(attempt)))
+        if self.max_total_delay_seconds is not None:
+            started = first_attempt_at or now
+            if next_attempt_at - started > timedelta(seconds=self.max_total_delay_seconds):
+                return None
+        return next_attempt_at
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return a JSON-safe description, stored with a message for a per-call override."""
+        data = {f.name: getattr(self, f.name) for f in fields(self) if f.init and f.name != "rng"}
+        return {"kind": self.kind, **data}
+
+
+@dataclass(frozen=True, kw_only=True)
+class NoRetryStrategy(RetryStrategy):
+    """Never retry: the first nack fails the job."""
+
+    kind: ClassVar[str] = "none"
+    max_attempts: int | None = 1
+
+    def delay_for(self, attempt: int) -> float:
+        return 0.0
+
+    def decide(self, attempt: int, first_attempt_at: datetime | None, now: datetime) -> datetime | None:
+        return None
+
+
+@dataclass(frozen=True, kw_only=True)
+class ConstantRetryStrategy(RetryStrategy):
+    """Retry after ``delay_seconds`` every time."""
+
+    kind: ClassVar[str] = "constant"
+    delay_seconds: float
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _check(self.delay_seconds >= 0, "ConstantRetryStrategy: delay_seconds must be >= 0")
+
+    def delay_for(self, attempt: int) -> float:
+        return _tenacity_wait(tenacity.wait_fixed(self.delay_seconds), attempt)
+
+
+@dataclass(frozen=True, kw_only=True)
+class LinearRetryStrategy(RetryStrategy):
+    """First retry after ``initial_delay_seconds``; each later one ``step_seconds`` longer."""
+
+    kind: ClassVar[str] = "linear"
+    initial_delay_seconds: float
+    step_seconds: float
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _check(self.initial_delay_seconds >= 0, "LinearRetryStrategy: initial_delay_seconds must be >= 0")
+
+    def delay_for(self, attempt: int) -> float:
+        wait = tenacity.wait_incrementing(start=self.initial_delay_seconds, increment=self.step_seconds,
+                                          max=float("inf"))
+        return _tenacity_wait(wait, attempt)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ExponentialBackoffRetryStrategy(RetryStrategy):
+    """Delay ``initial_delay_seconds * multiplier ** (attempt - 1)``, capped at ``max_delay_seconds``."""
+
+    kind: ClassVar[str] = "exponential"
+    initial_delay_seconds: float
+    multiplier: float = 2.0
+    max_delay_seconds: float | None = None
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _check(self.initial_delay_seconds >= 0, f"{type(self).__name__}: initial_delay_seconds must be >= 0")
+        _check(self.multiplier >= 1, f"{type(self).__name__}: multiplier must be >= 1")
+
+    def delay_for(self, attempt: int) -> float:
+        cap = float("inf") if self.max_delay_seconds is None else self.max_delay_seconds
+        wait = tenacity.wait_exponential(multiplier=self.initial_delay_seconds, exp_base=self.multiplier,
+                                         min=0, max=cap)
+        return _tenacity_wait(wait, attempt)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ExponentialBackoffWithJitterRetryStrategy(ExponentialBackoffRetryStrategy):
+    """Exponential backoff plus a random jitter in ``[0, delay * jitter_factor]``."""
+
+    kind: ClassVar[str] = "exponential_jitter"
+    jitter_factor: float = 0.5
+    rng: random.Random = field(default_factory=random.Random, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _check(self.jitter_factor >= 0, "ExponentialBackoffWithJitterRetryStrategy: jitter_factor must be >= 0")
+
+    def delay_for(self, attempt: int) -> float:
+        delay = super().delay_for(attempt)
+        return delay + self.rng.uniform(0, delay * self.jitter_factor)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ConstantWithJitterRetryStrategy(RetryStrategy):
+    """``base_delay_seconds`` plus a random jitter in ``[-jitter_seconds, +jitter_seconds]`` (never < 0)."""
+
+    kind: ClassVar[str] = "constant_jitter"
+    base_delay_seconds: float
+    jitter_seconds: float
+    rng: random.Random = field(default_factory=random.Random, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _check(self.base_delay_seconds >= 0 and self.jitter_seconds >= 0,
+               "ConstantWithJitterRetryStrategy: base_delay_seconds and jitter_seconds must be >= 0")
+
+    def delay_for(self, attempt: int) -> float:
+        base = _tenacity_wait(tenacity.wait_fixed(self.base_delay_seconds), attempt)
+        return max(0.0, base + self.rng.uniform(-self.jitter_seconds, self.jitter_seconds))
+
+
+STRATEGIES: dict[str, type[RetryStrategy]] = {
+    cls.kind: cls
+    for cls in (NoRetryStrategy, ConstantRetryStrategy, LinearRetryStrategy, ExponentialBackoffRetryStrategy,
+                ExponentialBackoffWithJitterRetryStrategy, ConstantWithJitterRetryStrategy)
+}
+
+
+def strategy_from_dict(data: dict[str, Any]) -> RetryStrategy:
+    """Rebuild a strategy stored by :meth:`RetryStrategy.to_dict` (built-in kinds only)."""
+    params = dict(data)
+    kind = params.pop("kind", None)
+    cls = STRATEGIES.get(kind) if isinstance(kind, str) else None
+    if cls is None:
+        raise ConfigurationError(f"unknown retry strategy kind {kind!r}")
+    return cls(**params)
+
+
+def default_strategy() -> RetryStrategy:
+    """Exponential backoff with jitter, 3 attempts: 1 s then 2 s (plus up to 50% jitter)."""
+    return ExponentialBackoffWithJitterRetryStrategy(initial_delay_seconds=1.0, multiplier=2.0,
+                                                     max_delay_seconds=60.0, max_attempts=3)
+
+
+__all__ = [
+    "RetryStrategy", "NoRetryStrategy", "ConstantRetryStrategy", "LinearRetryStrategy",
+    "ExponentialBackoffRetryStrategy", "ExponentialBackoffWithJitterRetryStrategy",
+    "ConstantWithJitterRetryStrategy", "strategy_from_dict", "default_strategy",
+]

@@ -1,0 +1,215 @@
+"""Run one delivered message and turn what happened into an Outcome (seed 000's worker loop step).
+
+Order of checks: registered task, max_deliveries (poison), readable payload, then the handler. The
+outcome follows the context's explicit decision if the handler made one, else the ack policy.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import traceback
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any, Callable
+
+from jobqueue.ack import AckPolicy
+from jobqueue.clock import utcnow
+from jobqueue.context import Decision, JobContext, LeaseKeeper, activate, deactivate
+from jobqueue.errors import (LeaseLost, MaxDeliveriesExceeded, Rejected, SerializationError,
+                             SoftTimeLimitExceeded, UnknownTaskError)
+from jobqueue.job import ErrorInfo, Message, MessageState, Outcome, OutcomeKind
+from jobqueue.retry import RetryStrategy, default_strategy, strategy_from_dict
+from jobqueue.serialization import loads_call
+
+if TYPE_CHECKING:
+    from jobqueue.app import JobQueue
+    from jobqueue.task import Task
+
+logger = logging.getLogger("jobqueue.worker")
+
+
+def _raise_soft_timeout(signum: int, frame: Any) -> None:
+    # The one signal handler that raises: interrupting the job's own code is the point of a soft
+    # time limit, and the exception lands inside the handler's try block below.
+    raise SoftTimeLimitExceeded("soft time limit exceeded")
+
+
+class Executor:
+    """Turns messages into outcomes for one worker process."""
+
+    def __init__(self, app: JobQueue, keeper: LeaseKeeper | None = None,
+                 ack_first: Callable[[Outcome], bool] | None = None) -> None:
+        self.app = app
+        self.settings = app.settings
+        self.serializer = app.serializer
+        self.keeper = keeper
+        self.ack_first = ack_first
+        self.default_strategy = default_strategy()
+
+    def execute(self, message: Message) -> Outcome | None:
+        """Run ``message``; return its outcome, or None when there is nothing left to record."""
+        started = utcnow()
+        task = self.app.registry.get(message.task_name)
+        if task is None:
+            known = ", ".join(sorted(self.app.registry)) or "none"
+            return self._failed(message, started, UnknownTaskError(
+                f"task {message.task_name!r} is not registered in this worker (registered: {known}); "
+                "deploy the code that defines it, or cancel the job"))
+        max_deliveries = task.options.max_deliveries or self.settings.max_deliveries
+        if message.deliveries_count > max_deliveries:
+            return self._failed(message, started, MaxDeliveriesExceeded(
+                f"delivered {message.deliveries_count} times without an outcome, over max_deliveries="
+                f"{max_deliveries}: an earlier delivery probably killed its worker process (crash, OOM "
+                "kill, os._exit) or outlived its lease; not run again"))
+        try:
+            args, kwargs = loads_call(self.serializer, message.payload)
+        except SerializationError as exc:
+            return self._failed(message, started, exc)
+        policy = task.options.ack_policy or AckPolicy.NACK_ON_ERROR
+        if policy is AckPolicy.ACK_FIRST:
+            self._ack_first(task, message, args, kwargs, started)
+            return None
+        context = JobContext(message, self.serializer, self.keeper)
+        try:
+            result = self._call(task, context, args, kwargs)
+        except LeaseLost as exc:
+            logger.warning("job %s %s: %s; its outcome is dropped", message.id, message.task_name, exc)
+            return None
+        except Exception as exc:
+            error = ErrorInfo.from_exception(exc, traceback.format_exc())
+            return self._after_error(task, policy, context, message, started, exc, error)
+        return self._after_return(task, policy, context, message, started, result)
+
+    def _call(self, task: Task, context: JobContext, args: list[Any], kwargs: dict[str, Any]) -> Any:
+        token = activate(context)
+        soft = task.options.soft_timeout
+        if soft:
+            previous = signal.signal(signal.SIGALRM, _raise_soft_timeout)
+            signal.setitimer(signal.ITIMER_REAL, soft)
+        try:
+            if task.options.bind:
+                return task.fn(context, *args, **kwargs)
+            return task.fn(*args, **kwargs)
+        finally:
+            if soft:
+                signal.setitimer(signal.ITIMER_REAL, 0)
+                signal.signal(signal.SIGALRM, previous)
+            deactivate(token)
+
+    def _ack_first(self, task: Task, message: Message, args: list[Any], kwargs: dict[str, Any],
+                   started: datetime) -> None:
+        outcome = self._outcome(message, started, MessageState.COMPLETED)
+        if self.ack_first is not None and not self.ack_first(outcome):
+            logger.warning("job %s %s: lease lost before it ran (ACK_FIRST); not run", message.id, task.name)
+            return None
+        try:
+            self._call(task, JobContext(message, self.serializer, None), args, kwargs)
+        except Exception:
+            logger.exception("job %s %s raised after it was acked (ACK_FIRST: not retried)", message.id, task.name)
+        return None
+
+    # -- decisions ---------------------------------------------------------------------------------
+    def _after_return(self, task: Task, policy: AckPolicy, context: JobContext, message: Message,
+                      started: datetime, result: Any) -> Outcome:
+        decision = context.decision
+        if decision is Decision.DEFER:
+            return self._deferred(message, started, context)
+        if decision is Decision.NACK:
+            return self._nacked(task, message, started, context, None)
+        if decision is Decision.REJECT:
+            return self._failed(message, started, Rejected(context.reject_reason or "rejected by the handler"),
+                                context)
+        if decision is None and policy is AckPolicy.MANUAL:
+            logger.warning("job %s %s returned without ack/nack/reject (MANUAL); acked", message.id, task.name)
+        try:
+            data = None if result is None else self.serializer.dumps(result, path="result")
+        except SerializationError as exc:
+            return self._failed(message, started, SerializationError(f"task {task.name} returned a value that "
+                                                                     f"cannot be stored: {exc}"), context)
+        if data is not None and len(data) > self.settings.max_payload_bytes:
+            return self._failed(message, started, SerializationError(
+                f"task {task.name} returned {len(data)} bytes, over max_payload_bytes="
+                f"{self.settings.max_payload_bytes}; store large results elsewhere and return a reference"), context)
+        outcome = self._outcome(message, started, MessageState.COMPLETED, context=context)
+        outcome.result = data
+        return outcome
+
+    def _after_error(self, task: Task, policy: AckPolicy, context: JobContext, message: Message,
+                     started: datetime, exc: Exception, error: ErrorInfo) -> Outcome:
+        decision = context.decision
+        if decision is Decision.DEFER:
+            return self._deferred(message, started, context)
+        if decision is Decision.ACK or (decision is None and policy is AckPolicy.ACK):
+            return self._outcome(message, started, MessageState.COMPLETED, error, context=context)
+        if decision is Decision.REJECT or (decision is None and policy is AckPolicy.REJECT_ON_ERROR):
+            return self._failed(message, started, error, context)
+        retry_on = task.options.retry_on
+        if decision is None and retry_on is not None and not isinstance(exc, retry_on):
+            return self._failed(message, started, error, context)
+        return self._nacked(task, message, started, context, error)
+
+    def strategy_for(self, task: Task | None, message: Message) -> RetryStrategy:
+        """The per-call override stored with the message, else the task's, else the default."""
+        stored = (message.options or {}).get("retry")
+        if stored:
+            return strategy_from_dict(stored)
+        if task is not None and task.options.retry_strategy is not None:
+            return task.options.retry_strategy
+        return self.default_strategy
+
+    def _nacked(self, task: Task | None, message: Message, started: datetime, context: JobContext | None,
+                error: ErrorInfo | None) -> Outcome:
+        now = utcnow()
+        strategy = self.strategy_for(task, message)
+        next_at = strategy.decide(message.attempts_count, message.first_attempt_at or started, now)
+        if next_at is None:
+            error = error or ErrorInfo("Nacked", "nacked by the handler")
+            error.message = f"{error.message} (no retry left after attempt {message.attempts_count})"
+            return self._failed(message, started, error, context)
+        if context is not None and context.nack_delay_seconds is not None:
+            next_at = now + timedelta(seconds=max(0.0, context.nack_delay_seconds))
+        outcome = self._outcome(message, started, MessageState.RETRYABLE, error, context=context)
+        outcome.kind, outcome.next_attempt_at = OutcomeKind.RETRY, next_at
+        return outcome
+
+    def nack_for_timeout(self, message: Message, error: ErrorInfo) -> Outcome:
+        """The outcome of a job killed for passing its hard ``timeout`` (recorded by the supervisor)."""
+        task = self.app.registry.get(message.task_name)
+        return self._nacked(task, message, message.acquired_at or utcnow(), None, error)
+
+    def _deferred(self, message: Message, started: datetime, context: JobContext) -> Outcome:
+        outcome = self._outcome(message, started, MessageState.PENDING, context=context)
+        outcome.kind, outcome.next_attempt_at = OutcomeKind.DEFER, context.defer_until
+        return outcome
+
+    def _failed(self, message: Message, started: datetime, error: Exception | ErrorInfo,
+                context: JobContext | None = None) -> Outcome:
+        info = error if isinstance(error, ErrorInfo) else ErrorInfo.from_exception(error)
+        return self._outcome(message, started, MessageState.FAILED, info, context=context)
+
+    def _outcome(self, message: Message, started: datetime, state: MessageState, error: ErrorInfo | None = None,
+                 context: JobContext | None = None) -> Outcome:
+        retain = {MessageState.COMPLETED: self.settings.retain_in_archive_on_ack,
+                  MessageState.FAILED: self.settings.retain_in_archive_on_reject}.get(state, True)
+        return Outcome(message=message, kind=OutcomeKind.ARCHIVE, state=state, finished_at=utcnow(),
+                       started_at=started, error=error, retain=retain,
+                       checkpoint=context.checkpoint_bytes if context is not None else message.checkpoint)
+
+
+def log_outcome(outcome: Outcome, duration_seconds: float) -> None:
+    """One line per job outcome."""
+    if not logger.isEnabledFor(logging.INFO):
+        return
+    m = outcome.message
+    ms = duration_seconds * 1000
+    if outcome.kind is OutcomeKind.RETRY:
+        logger.info("job %s %s failed on attempt %s (%s: %s); retry at %s", m.id, m.task_name, m.attempts_count,
+                    outcome.error.type if outcome.error else "nack", outcome.error.message if outcome.error else "",
+                    outcome.next_attempt_at)
+    elif outcome.kind is OutcomeKind.DEFER:
+        logger.info("job %s %s deferred to %s", m.id, m.task_name, outcome.next_attempt_at)
+    elif outcome.state is MessageState.FAILED:
+        logger.warning("job %s %s failed after %.1f ms: %s: %s", m.id, m.task_name, ms,
+                       outcome.error.type if outcome.error else "?", outcome.error.message if outcome.error else "")
+    else:
+        logger.info("job %s %s completed in %.1f ms", m.id, m.task_name, ms)

@@ -1,0 +1,153 @@
+"""Payload and result serializers.
+
+The default serializer is JSON with a few tagged types so that ``datetime``, ``date``, ``UUID``,
+``Decimal`` and ``bytes`` come back as they went in, and dicts with non-string keys keep their keys.
+Anything else is refused at enqueue time with a :class:`SerializationError` naming where it was.
+Tuples come back as lists, as in Celery.
+
+Pickle exists only as an explicit opt-in: unpickling runs code, so it is unsafe whenever anyone
+else can write to the database.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import pickle
+import uuid
+from datetime import date, datetime
+from decimal import Decimal
+from typing import Any, Callable, Protocol
+
+from jobqueue.errors import ConfigurationError, SerializationError
+
+TAG = "__jq__"
+SUPPORTED = "str, int, float, bool, None, list, tuple, dict, datetime, date, UUID, Decimal, bytes"
+
+
+class Serializer(Protocol):
+    name: str
+
+    def dumps(self, obj: Any, path: str = "value") -> bytes: ...
+
+    def loads(self, data: bytes) -> Any: ...
+
+
+def dumps_call(serializer: Serializer, args: tuple[Any, ...] | list[Any], kwargs: dict[str, Any]) -> bytes:
+    """Serialize a call's arguments; errors name the argument (``args[1]``, ``kwargs['when']``)."""
+    if not isinstance(kwargs, dict) or not all(isinstance(key, str) for key in kwargs):
+        raise SerializationError("kwargs must be a dict with string keys")
+    if serializer.name == "json":
+        encoded = [_encode(list(args), "args"), _encode(kwargs, "kwargs")]
+        return json.dumps(encoded, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    return serializer.dumps([list(args), kwargs], path="arguments")
+
+
+def loads_call(serializer: Serializer, data: bytes) -> tuple[list[Any], dict[str, Any]]:
+    """Read back what :func:`dumps_call` wrote; a malformed payload raises SerializationError."""
+    value = serializer.loads(data)
+    if (not isinstance(value, list) or len(value) != 2 or not isinstance(value[0], list)
+            or not isinstance(value[1], dict)):
+        raise SerializationError("corrupt payload: expected [args, kwargs]")
+    return value[0], value[1]
+
+
+def _encode(obj: Any, path: str) -> Any:
+    kind = type(obj)
+    if obj is None or kind is str or kind is int or kind is bool or kind is float:
+        return obj
+    if kind is list or kind is tuple:
+        return [_encode(item, f"{path}[{i}]") for i, item in enumerate(obj)]
+    if kind is dict:
+        if TAG not in obj and all(type(key) is str for key in obj):
+            return {key: _encode(value, f"{path}[{key!r}]") for key, value in obj.items()}
+        return {TAG: "dict", "v": [[_encode(key, f"{path} key {key!r}"), _encode(value, f"{path}[{key!r}]")]
+                                   for key, value in obj.items()]}
+    if kind is datetime:
+        return {TAG: "datetime", "v": obj.isoformat()}
+    if kind is date:
+        return {TAG: "date", "v": obj.isoformat()}
+    if kind is uuid.UUID:
+        return {TAG: "uuid", "v": str(obj)}
+    if kind is Decimal:
+        return {TAG: "decimal", "v": str(obj)}
+    if kind is bytes or kind is bytearray:
+        return {TAG: "bytes", "v": base64.b64encode(obj).decode("ascii")}
+    raise SerializationError(
+        f"{path}: cannot serialize an object of type {kind.__module__}.{kind.__qualname__} as JSON; "
+        f"pass one of {SUPPORTED} (convert it first), or opt in to JobQueue(serializer='pickle')"
+    )
+
+
+_DECODERS: dict[str, Callable[[Any], Any]] = {
+    "datetime": datetime.fromisoformat,
+    "date": date.fromisoformat,
+    "uuid": uuid.UUID,
+    "decimal": Decimal,
+    "bytes": lambda value: base64.b64decode(value),
+    "dict": lambda pairs: {_hashable(key): value for key, value in pairs},
+}
+
+
+def _hashable(key: Any) -> Any:
+    return tuple(key) if isinstance(key, list) else key
+
+
+def _decode_object(obj: dict[str, Any]) -> Any:
+    tag = obj.get(TAG)
+    if tag is None:
+        return obj
+    try:
+        return _DECODERS[tag](obj["v"])
+    except (KeyError, ValueError, TypeError, ArithmeticError) as exc:
+        raise SerializationError(f"corrupt payload: bad {TAG} value {obj!r}") from exc
+
+
+class JSONSerializer:
+    """JSON with tagged types; the safe default."""
+
+    name = "json"
+
+    def dumps(self, obj: Any, path: str = "value") -> bytes:
+        encoded = _encode(obj, path)
+        return json.dumps(encoded, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+
+    def loads(self, data: bytes) -> Any:
+        try:
+            return json.loads(data, object_hook=_decode_object)
+        except (ValueError, UnicodeDecodeError, TypeError) as exc:
+            raise SerializationError(f"corrupt payload: not valid JSON ({exc})") from exc
+
+
+class PickleSerializer:
+    """Pickle: any picklable object. Unsafe when anyone else can write to the database."""
+
+    name = "pickle"
+
+    def dumps(self, obj: Any, path: str = "value") -> bytes:
+        try:
+            return pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+        except Exception as exc:  # pickle raises many types: PicklingError, TypeError, AttributeError
+            raise SerializationError(f"{path}: cannot pickle: {exc}") from exc
+
+    def loads(self, data: bytes) -> Any:
+        try:
+            return pickle.loads(data)  # noqa: S301 - explicit opt-in, documented as unsafe
+        except Exception as exc:
+            raise SerializationError(f"corrupt payload: cannot unpickle ({exc})") from exc
+
+
+SERIALIZERS: dict[str, type[JSONSerializer] | type[PickleSerializer]] = {
+    "json": JSONSerializer,
+    "pickle": PickleSerializer,
+}
+
+
+def get_serializer(name: str) -> JSONSerializer | PickleSerializer:
+    """Return the serializer called ``name`` ("json" or "pickle")."""
+    try:
+        return SERIALIZERS[name]()
+    except KeyError:
+        raise ConfigurationError(
+            f"unknown serializer {name!r}; choose one of {', '.join(sorted(SERIALIZERS))}"
+        ) from None

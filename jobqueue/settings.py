@@ -1,0 +1,137 @@
+"""One frozen Settings object: the single source for JobQueue keywords, CLI options and integrations.
+
+Each field's metadata carries its help text, which the CLI turns into ``jobqueue worker`` options
+(``fetch_batch_size`` becomes ``--fetch-batch-size``), so a parameter is defined exactly once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from jobqueue.errors import ConfigurationError
+
+DEFAULT_DATABASE_URL = "sqlite:///jobqueue.sqlite3"
+DATABASE_URL_ENV = "JOBQUEUE_DATABASE_URL"
+APP_ENV = "JOBQUEUE_APP"
+
+QUEUE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:\-]{0,99}$")
+TABLE_PREFIX = re.compile(r"^[a-z][a-z0-9_]{0,30}$")
+
+
+def _opt(default: Any, help: str, worker: bool = True) -> Any:
+    return field(default=default, metadata={"help": help, "worker": worker})
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Every tunable parameter, with its default and the reason for it (see docs/configuration.md)."""
+
+    database_url: str | None = _opt(None, "Database URL (see 'jobqueue --help' for the order of precedence).",
+                                    worker=False)
+    table_prefix: str = _opt("jobqueue_", "Prefix of the jobqueue table names.", worker=False)
+    serializer: str = _opt("json", "Payload serializer: json (safe default) or pickle (unsafe opt-in).",
+                           worker=False)
+    default_queue: str = _opt("default", "Queue of tasks that do not name one.", worker=False)
+    max_payload_bytes: int = _opt(1_048_576, "Largest serialized arguments or result accepted.", worker=False)
+    concurrency: int | None = _opt(None, "Worker processes to fork (default: CPU count).")
+    queues: tuple[str, ...] | None = _opt(None, "Queues to serve, comma-separated (default: every queue).")
+    fetch_batch_size: int = _opt(100, "Most messages one fetch acquires (adapted down for slow jobs).")
+    overfetch_factor: float = _opt(1.0, "Buffer capacity as a multiple of fetch_batch_size.")
+    min_fetch_interval: float = _opt(0.0, "Seconds between fetches while fetches come back full.")
+    max_fetch_interval: float = _opt(1.0, "Seconds between fetches while the queues are empty (polling).")
+    flush_interval: float = _opt(0.5, "Most seconds an outcome waits in the buffer before it is written.")
+    release_stuck_interval: float = _opt(5.0, "Seconds between scans for expired leases.")
+    release_stuck_timeout: float = _opt(30.0, "Lease (visibility timeout) in seconds, renewed by heartbeats.")
+    max_deliveries: int = _opt(10, "Deliveries after which a message is failed without running (poison).")
+    graceful_timeout: float = _opt(30.0, "Seconds running jobs get to finish after SIGTERM.")
+    max_tasks_per_child: int | None = _opt(None, "Replace a worker process after this many jobs.")
+    max_memory_per_child: int | None = _opt(None, "Replace a worker process whose RSS passes this many KiB.")
+    retain_in_archive_on_ack: bool = _opt(True, "Keep COMPLETED jobs in the archive table.")
+    retain_in_archive_on_reject: bool = _opt(True, "Keep FAILED jobs in the archive table (dead letters).")
+
+    def __post_init__(self) -> None:
+        self._validate()
+
+    def replace(self, **changes: Any) -> Settings:
+        """Return a copy with ``changes`` applied, naming any unknown key."""
+        unknown = sorted(set(changes) - {f.name for f in dataclasses.fields(self)})
+        if unknown:
+            raise ConfigurationError(f"unknown setting(s): {', '.join(unknown)}; known: {', '.join(setting_names())}")
+        return dataclasses.replace(self, **changes)
+
+    def _validate(self) -> None:
+        positive = ("fetch_batch_size", "max_deliveries")
+        for name in positive:
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ConfigurationError(f"{name} must be an integer >= 1, got {value!r}")
+        for name in ("min_fetch_interval", "max_fetch_interval", "flush_interval", "release_stuck_interval",
+                     "release_stuck_timeout", "graceful_timeout"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0:
+                raise ConfigurationError(f"{name} must be a number of seconds >= 0, got {value!r}")
+        if self.release_stuck_timeout < 1:
+            raise ConfigurationError("release_stuck_timeout must be at least 1 second (heartbeats run every third)")
+        if self.min_fetch_interval > self.max_fetch_interval:
+            raise ConfigurationError("min_fetch_interval must not exceed max_fetch_interval")
+        if self.overfetch_factor < 1:
+            raise ConfigurationError(f"overfetch_factor must be >= 1, got {self.overfetch_factor!r}")
+        for name in ("concurrency", "max_tasks_per_child", "max_memory_per_child"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or value < 1):
+                raise ConfigurationError(f"{name} must be an integer >= 1 or None, got {value!r}")
+        if not TABLE_PREFIX.match(self.table_prefix):
+            raise ConfigurationError(
+                f"table_prefix {self.table_prefix!r} is invalid: use lower-case letters, digits and _, "
+                "starting with a letter, at most 31 characters (for example 'jobqueue_')")
+        validate_queue_name(self.default_queue)
+        for queue in self.queues or ():
+            validate_queue_name(queue)
+        if self.queues is not None and not self.queues:
+            raise ConfigurationError("queues must name at least one queue, or be None to serve every queue")
+        if self.max_payload_bytes < 1024:
+            raise ConfigurationError("max_payload_bytes must be at least 1024")
+
+    @property
+    def heartbeat_interval(self) -> float:
+        """Seconds between lease renewals: a third of the lease, so two may be missed safely."""
+        return self.release_stuck_timeout / 3
+
+    @property
+    def effective_concurrency(self) -> int:
+        return self.concurrency or os.cpu_count() or 1
+
+
+def setting_names() -> list[str]:
+    return [f.name for f in dataclasses.fields(Settings)]
+
+
+def worker_fields() -> list[dataclasses.Field[Any]]:
+    """The settings a ``jobqueue worker`` option can override."""
+    return [f for f in dataclasses.fields(Settings) if f.metadata.get("worker")]
+
+
+def validate_queue_name(queue: Any) -> str:
+    if not isinstance(queue, str) or not QUEUE_NAME.match(queue):
+        raise ConfigurationError(
+            f"invalid queue name {queue!r}: use 1 to 100 letters, digits, '_', '.', ':' or '-', "
+            "starting with a letter or digit")
+    return queue
+
+
+def parse_queues(value: str | list[str] | tuple[str, ...] | None) -> tuple[str, ...] | None:
+    """Turn ``"a,b"`` or a sequence into a validated tuple; None or empty means every queue."""
+    if value is None:
+        return None
+    items = value.split(",") if isinstance(value, str) else list(value)
+    queues = tuple(dict.fromkeys(item.strip() for item in items if item.strip()))
+    return tuple(validate_queue_name(q) for q in queues) or None
+
+
+def resolve_database_url(option_url: str | None, given_url: str | None) -> str:
+    """Apply SPEC 1.4's order: --database-url, JOBQUEUE_DATABASE_URL, the URL given in code, SQLite."""
+    return option_url or os.environ.get(DATABASE_URL_ENV) or given_url or DEFAULT_DATABASE_URL

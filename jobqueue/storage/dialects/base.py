@@ -1,0 +1,151 @@
+"""What every database does the same way; the subclasses hold each database's own statements.
+
+Only ``storage/dialects`` knows which database it is on. The statements are built once per dialect
+with named bind parameters, so SQLAlchemy's compiled cache serves every later call.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Sequence
+
+import sqlalchemy as sa
+
+from jobqueue.errors import ConfigurationError
+from jobqueue.job import READY_STATES
+from jobqueue.storage.tables import Tables, Timestamp
+
+# Literal states (not bind parameters) so that PostgreSQL and SQLite can prove a query matches the
+# partial indexes' predicates at planning time.
+READY_LITERALS: list[sa.ColumnClause[Any]] = [sa.literal_column(f"'{state}'") for state in READY_STATES]
+PROCESSING: sa.ColumnClause[Any] = sa.literal_column("'PROCESSING'")
+
+# The columns a worker needs from an acquired message.
+ACQUIRED_COLUMNS = (
+    "id", "task_name", "queue", "priority", "payload", "headers", "attempts_count", "deliveries_count",
+    "lease_token", "created_at", "first_attempt_at", "next_attempt_at", "acquired_at", "unique_key",
+    "partition_key", "checkpoint", "options", "history",
+)
+
+
+@dataclass(frozen=True)
+class AcquireParams:
+    worker_id: str
+    token: int
+    queues: tuple[str, ...] | None
+    limit: int
+    now: datetime
+    lease_expires_at: datetime
+
+    def binds(self) -> dict[str, Any]:
+        binds: dict[str, Any] = {
+            "now": self.now, "limit": self.limit, "token": self.token, "worker_id": self.worker_id,
+            "lease_expires_at": self.lease_expires_at,
+        }
+        if self.queues:
+            binds["queues"] = list(self.queues)
+        return binds
+
+
+class Dialect:
+    """Statements for one database. Subclasses override what their database does differently."""
+
+    name = "generic"
+
+    def __init__(self, tables: Tables) -> None:
+        self.tables = tables
+        self.message = tables.message
+        self._acquire_cache: dict[bool, Any] = {}
+        m = self.message
+        self.returned = [m.c[name] for name in ACQUIRED_COLUMNS]
+        self.lock_held_stmt = (
+            sa.select(m.c.id, m.c.lease_token)
+            .where(sa.tuple_(m.c.id, m.c.lease_token).in_(sa.bindparam("pairs", expanding=True)),
+                   m.c.state == PROCESSING)
+            .with_for_update()
+        )
+
+    # -- server ------------------------------------------------------------------------------------
+    def check_server(self, connection: sa.Connection) -> None:
+        """Raise ConfigurationError if the server is too old for jobqueue's statements."""
+
+    @staticmethod
+    def _require(version: Sequence[Any] | None, minimum: tuple[int, ...], what: str) -> None:
+        numbers = tuple(v for v in (version or ()) if isinstance(v, int))
+        if numbers and numbers < minimum:
+            shown = ".".join(map(str, numbers))
+            raise ConfigurationError(f"{what} {shown} is too old: jobqueue needs {'.'.join(map(str, minimum))} "
+                                     "or newer (for SKIP LOCKED and RETURNING)")
+
+    # -- acquire -----------------------------------------------------------------------------------
+    def ready_select(self, columns: Sequence[Any], filtered: bool) -> sa.Select[Any]:
+        """Ready messages in delivery order: higher priority first, then due time, then id."""
+        m = self.message
+        stmt = sa.select(*columns).where(
+            m.c.state.in_(READY_LITERALS),
+            m.c.next_attempt_at <= sa.bindparam("now", type_=Timestamp),
+        )
+        if filtered:
+            stmt = stmt.where(m.c.queue.in_(sa.bindparam("queues", expanding=True)))
+        return stmt.order_by(m.c.priority.desc(), m.c.next_attempt_at, m.c.id).limit(sa.bindparam("limit"))
+
+    def acquired_values(self) -> dict[str, Any]:
+        """The SET clause of an acquisition: PROCESSING under a fresh lease token."""
+        m = self.message
+        now = sa.bindparam("now", type_=Timestamp)
+        return {
+            "state": PROCESSING,
+            "attempts_count": m.c.attempts_count + 1,
+            "deliveries_count": m.c.deliveries_count + 1,
+            "lease_token": sa.bindparam("token", type_=sa.BigInteger),
+            "worker_id": sa.bindparam("worker_id", type_=sa.String),
+            "acquired_at": now,
+            "lease_expires_at": sa.bindparam("lease_expires_at", type_=Timestamp),
+            "first_attempt_at": sa.func.coalesce(m.c.first_attempt_at, now),
+            "last_attempt_at": now,
+        }
+
+    def acquire(self, connection: sa.Connection, params: AcquireParams) -> list[dict[str, Any]]:
+        """Mark up to ``params.limit`` ready messages PROCESSING for this worker and return them."""
+        filtered = bool(params.queues)
+        stmt = self._acquire_cache.get(filtered)
+        if stmt is None:
+            stmt = self._acquire_cache[filtered] = self.build_acquire(filtered)
+        rows = [dict(row) for row in connection.execute(stmt, params.binds()).mappings()]
+        # RETURNING gives no order guarantee: restore delivery order.
+        rows.sort(key=lambda r: (-r["priority"], r["next_attempt_at"], r["id"]))
+        return rows
+
+    def build_acquire(self, filtered: bool) -> Any:
+        raise NotImplementedError
+
+    # -- outcomes ----------------------------------------------------------------------------------
+    def lock_held(self, connection: sa.Connection, pairs: list[tuple[int, int]]) -> set[tuple[int, int]]:
+        """Lock and return those ``(id, lease_token)`` pairs whose message is still PROCESSING under that token.
+
+        This is the fence: an outcome is applied only for the pairs returned here.
+        """
+        if not pairs:
+            return set()
+        return {(row[0], row[1]) for row in connection.execute(self.lock_held_stmt, {"pairs": pairs})}
+
+    # -- enqueue -----------------------------------------------------------------------------------
+    def insert_messages(self, connection: sa.Connection, rows: list[dict[str, Any]]) -> list[int]:
+        """Insert ``rows`` in one round trip per page and return their ids in input order."""
+        m = self.message
+        if len(rows) == 1:
+            return [connection.execute(sa.insert(m).returning(m.c.id), rows[0]).scalar_one()]
+        result = connection.execute(sa.insert(m).returning(m.c.id, sort_by_parameter_order=True), rows)
+        return list(result.scalars())
+
+    # The dialect's INSERT with ON CONFLICT (PostgreSQL and SQLite share the syntax).
+    insert_on_conflict: Any = None
+
+    def insert_unique(self, connection: sa.Connection, row: dict[str, Any]) -> int | None:
+        """Insert ``row`` unless an active message has its (task_name, unique_key); None if one has."""
+        m = self.message
+        stmt = (self.insert_on_conflict(m).values(row)
+                .on_conflict_do_nothing(index_elements=[m.c.task_name, m.c.unique_key])
+                .returning(m.c.id))
+        return connection.execute(stmt).scalar()

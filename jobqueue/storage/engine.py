@@ -1,0 +1,94 @@
+"""Engine creation: per-database connection settings, and URL masking for logs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy import event
+
+from jobqueue.errors import ConfigurationError
+
+READONLY = "jobqueue_readonly"
+SQLITE_BUSY_TIMEOUT_SECONDS = 30.0
+
+
+def mask_url(url: str | sa.URL) -> str:
+    """Return ``url`` as text with any password replaced by ``***``."""
+    try:
+        return sa.make_url(url).render_as_string(hide_password=True)
+    except Exception:  # not a URL at all: show nothing that might be a secret
+        return "<unparseable database URL>"
+
+
+def backend_name(url: str | sa.URL) -> str:
+    """Return "sqlite", "postgresql" or "mysql" for a URL, or raise ConfigurationError."""
+    try:
+        name = sa.make_url(url).get_backend_name()
+    except Exception as exc:
+        raise ConfigurationError(
+            f"cannot parse database URL {mask_url(url)!r} ({exc}); expected for example "
+            "sqlite:///jobqueue.sqlite3, postgresql+psycopg2://user@host/db or mysql+mysqldb://user@host/db"
+        ) from None
+    if name == "mariadb":
+        return "mysql"
+    if name not in ("sqlite", "postgresql", "mysql"):
+        raise ConfigurationError(
+            f"unsupported database {name!r} in {mask_url(url)!r}: jobqueue runs on sqlite, postgresql and mysql/mariadb"
+        )
+    return name
+
+
+def create_engine(url: str | sa.URL, **kwargs: Any) -> sa.Engine:
+    """Create an engine configured for jobqueue's access pattern on its database."""
+    parsed = sa.make_url(url)
+    backend = backend_name(parsed)
+    options: dict[str, Any] = {"pool_size": 2, "max_overflow": 8}
+    if backend == "sqlite":
+        if parsed.database in (None, "", ":memory:"):
+            # Each connection would see its own empty database; worker processes could never share it.
+            raise ConfigurationError("an in-memory SQLite database cannot be shared by worker processes; "
+                                     "use a file, for example sqlite:///jobqueue.sqlite3")
+        options = {"connect_args": {"timeout": SQLITE_BUSY_TIMEOUT_SECONDS, "check_same_thread": False}}
+    elif backend == "postgresql":
+        # execute_batch for UPDATE executemany: one round trip per page, not per row.
+        options["executemany_mode"] = "values_plus_batch"
+    elif backend == "mysql":
+        # READ COMMITTED: no gap locks, so SKIP LOCKED acquires never block enqueues.
+        options["isolation_level"] = "READ COMMITTED"
+        if "charset" not in parsed.query:
+            parsed = parsed.update_query_dict({"charset": "utf8mb4"})
+    options.update(kwargs)
+    try:
+        engine = sa.create_engine(parsed, **options)
+    except ModuleNotFoundError as exc:
+        extra = {"postgresql": "postgresql", "mysql": "mysql"}.get(backend, backend)
+        raise ConfigurationError(
+            f"the driver for {mask_url(parsed)} is not installed ({exc.name}); "
+            f"pip install 'jobqueue[{extra}]'") from None
+    if backend == "sqlite":
+        _configure_sqlite(engine)
+    return engine
+
+
+def _configure_sqlite(engine: sa.Engine) -> None:
+    @event.listens_for(engine, "connect")
+    def on_connect(dbapi_connection: Any, _record: Any) -> None:
+        # Let SQLAlchemy's "begin" event issue BEGIN itself (the pysqlite driver would defer it).
+        dbapi_connection.isolation_level = None
+        cursor = dbapi_connection.cursor()
+        # WAL: readers never block the writer. NORMAL: durable across process crashes, and only
+        # the last transactions can be lost on power failure (see docs/configuration.md).
+        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute("PRAGMA synchronous=NORMAL")
+        cursor.execute(f"PRAGMA busy_timeout={int(SQLITE_BUSY_TIMEOUT_SECONDS * 1000)}")
+        cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def on_begin(connection: sa.Connection) -> None:
+        # IMMEDIATE takes the write lock up front: a deferred transaction that reads and then
+        # writes fails with SQLITE_BUSY (no wait) if another process wrote in between.
+        if connection.get_execution_options().get(READONLY):
+            connection.exec_driver_sql("BEGIN")
+        else:
+            connection.exec_driver_sql("BEGIN IMMEDIATE")

@@ -1,0 +1,321 @@
+"""The queue's operations, written once: enqueue, acquire, flush outcomes, heartbeat, release.
+
+Every outcome is fenced: it is applied only to a message still PROCESSING under the lease token of
+the delivery that produced it (``Dialect.lock_held``), so a worker that lost its lease can never
+complete, retry or archive a message someone else now holds. Transactions are short; none is held
+while a job runs.
+"""
+
+from __future__ import annotations
+
+import secrets
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any, Iterator
+
+import sqlalchemy as sa
+from sqlalchemy import orm
+
+from jobqueue.clock import utcnow
+from jobqueue.errors import ConfigurationError, SchemaError
+from jobqueue.job import Message, MessageState, Outcome, OutcomeKind
+from jobqueue.storage.dialects import AcquireParams, Dialect, dialect_for
+from jobqueue.storage.dialects.base import PROCESSING, READY_LITERALS
+from jobqueue.storage.tables import Tables, Timestamp
+
+UNIQUE_RETRIES = 10
+
+
+def new_lease_token() -> int:
+    """A random positive 63-bit token; one per acquisition, so a stale delivery can never match."""
+    return secrets.randbits(62) + 1
+
+
+@dataclass
+class FlushResult:
+    applied: list[Outcome] = field(default_factory=list)
+    lost: list[Outcome] = field(default_factory=list)
+
+
+def missing_table(exc: sa.exc.DBAPIError) -> bool:
+    text = str(exc.orig).lower()
+    return ("no such table" in text or "does not exist" in text and "relation" in text
+            or "1146" in text or "doesn't exist" in text)
+
+
+@contextmanager
+def schema_errors(prefix: str) -> Iterator[None]:
+    """Turn 'table missing' driver errors into a SchemaError naming the fix."""
+    try:
+        yield
+    except sa.exc.DBAPIError as exc:
+        if missing_table(exc):
+            raise SchemaError(
+                f"the jobqueue tables ({prefix}*) do not exist in this database; run `jobqueue db init` "
+                "(or app.init_schema()) to create them") from exc
+        raise
+
+
+class Store:
+    """Runs the queue's operations against one engine (or a caller's connection)."""
+
+    def __init__(self, engine: sa.Engine, tables: Tables) -> None:
+        self.engine = engine
+        self.tables = tables
+        self.dialect = dialect_for(engine.dialect.name, tables)
+        self._dialects: dict[str, Dialect] = {engine.dialect.name: self.dialect}
+        m = tables.message
+        self._delete_ids = sa.delete(m).where(m.c.id.in_(sa.bindparam("ids", expanding=True)))
+        self._requeue = sa.update(m).where(m.c.id == sa.bindparam("b_id")).values(
+            state=sa.bindparam("b_state"),
+            next_attempt_at=sa.bindparam("b_next", type_=Timestamp),
+            attempts_count=sa.bindparam("b_attempts"),
+            deliveries_count=sa.bindparam("b_deliveries"),
+            checkpoint=sa.bindparam("b_checkpoint", type_=m.c.checkpoint.type),
+            # A hand-back or deferral carries no error: keep the last one recorded.
+            last_error_type=sa.func.coalesce(sa.bindparam("b_error_type", type_=sa.String), m.c.last_error_type),
+            last_error_message=sa.func.coalesce(sa.bindparam("b_error_message", type_=sa.Text),
+                                                m.c.last_error_message),
+            last_error_traceback=sa.func.coalesce(sa.bindparam("b_error_traceback", type_=sa.Text),
+                                                  m.c.last_error_traceback),
+            worker_id=None, lease_token=None, acquired_at=None, lease_expires_at=None,
+        )
+
+    # -- connections -------------------------------------------------------------------------------
+    def dialect_of(self, connection: sa.Connection) -> Dialect:
+        name = connection.dialect.name
+        if name not in self._dialects:
+            self._dialects[name] = dialect_for(name, self.tables)
+        return self._dialects[name]
+
+    @contextmanager
+    def writing(self, connection: Any = None) -> Iterator[sa.Connection]:
+        """Yield the caller's connection (never committed here) or a new transaction of our own."""
+        with schema_errors(self.tables.prefix):
+            if connection is None:
+                with self.engine.begin() as conn:
+                    yield conn
+            elif isinstance(connection, sa.Connection):
+                yield connection
+            elif isinstance(connection, orm.Session):
+                yield connection.connection()
+            else:
+                raise ConfigurationError(
+                    f"connection must be a SQLAlchemy Connection or Session, not {type(connection).__name__}")
+
+    @contextmanager
+    def reading(self) -> Iterator[sa.Connection]:
+        with schema_errors(self.tables.prefix), self.engine.connect() as conn:
+            conn = conn.execution_options(jobqueue_readonly=True)
+            with conn.begin():
+                yield conn
+
+    # -- enqueue -----------------------------------------------------------------------------------
+    def enqueue(self, rows: list[dict[str, Any]], connection: Any = None) -> list[int]:
+        """Insert message rows and return their ids in input order.
+
+        Rows with a ``unique_key`` return the id of the active message holding that key, if any.
+        """
+        ids: list[int] = [0] * len(rows)
+        with self.writing(connection) as conn:
+            dialect = self.dialect_of(conn)
+            plain = [i for i, row in enumerate(rows) if row.get("unique_key") is None]
+            if plain:
+                for i, new_id in zip(plain, dialect.insert_messages(conn, [rows[i] for i in plain])):
+                    ids[i] = new_id
+            for i, row in enumerate(rows):
+                if row.get("unique_key") is not None:
+                    ids[i] = self._insert_unique(conn, dialect, row)
+        return ids
+
+    def _insert_unique(self, conn: sa.Connection, dialect: Dialect, row: dict[str, Any]) -> int:
+        m = self.tables.message
+        existing = sa.select(m.c.id).where(m.c.task_name == row["task_name"], m.c.unique_key == row["unique_key"])
+        for _ in range(UNIQUE_RETRIES):
+            new_id = dialect.insert_unique(conn, row)
+            if new_id is not None:
+                return new_id
+            found = conn.execute(existing).scalar()
+            if found is not None:
+                return int(found)
+            # The holder was archived between our insert and our select: try again.
+        raise RuntimeError(f"could not enqueue unique key {row['unique_key']!r} after {UNIQUE_RETRIES} tries")
+
+    # -- acquire -----------------------------------------------------------------------------------
+    def acquire(self, worker_id: str, queues: tuple[str, ...] | None, limit: int, lease_seconds: float,
+                now: datetime | None = None, token: int | None = None) -> list[Message]:
+        """Mark up to ``limit`` ready messages PROCESSING under a new lease token and return them."""
+        now = now or utcnow()
+        params = AcquireParams(worker_id=worker_id, token=token or new_lease_token(), queues=queues,
+                               limit=limit, now=now, lease_expires_at=now + _seconds(lease_seconds))
+        with schema_errors(self.tables.prefix), self.engine.begin() as conn:
+            rows = self.dialect.acquire(conn, params)
+        return [Message(**row) for row in rows]
+
+    # -- outcomes ----------------------------------------------------------------------------------
+    def flush(self, outcomes: list[Outcome], now: datetime | None = None) -> FlushResult:
+        """Apply outcomes in one transaction; those whose lease was lost are returned as ``lost``."""
+        result = FlushResult()
+        if not outcomes:
+            return result
+        now = now or utcnow()
+        pairs = [(o.message.id, o.message.lease_token) for o in outcomes]
+        with self.engine.begin() as conn:
+            held = self.dialect.lock_held(conn, pairs)
+            for outcome in outcomes:
+                key = (outcome.message.id, outcome.message.lease_token)
+                (result.applied if key in held else result.lost).append(outcome)
+            finals = [o for o in result.applied if o.kind is OutcomeKind.ARCHIVE]
+            if finals:
+                conn.execute(self._delete_ids, {"ids": [o.message.id for o in finals]})
+                rows = [archive_row(o, now) for o in finals if o.retain]
+                if rows:
+                    conn.execute(sa.insert(self.tables.archive), rows)
+            updates = [requeue_binds(o) for o in result.applied if o.kind is not OutcomeKind.ARCHIVE]
+            if updates:
+                conn.execute(self._requeue, updates)
+        return result
+
+    def held_message(self, message_id: int, token: int) -> Message | None:
+        """Load a message if it is still PROCESSING under ``token`` (for the supervisor's time limits)."""
+        m = self.tables.message
+        stmt = sa.select(*self.dialect.returned).where(m.c.id == message_id, m.c.lease_token == token,
+                                                       m.c.state == PROCESSING)
+        with self.engine.begin() as conn:
+            row = conn.execute(stmt).mappings().first()
+        return Message(**row) if row is not None else None
+
+    def extend_lease(self, message_id: int, token: int, until: datetime) -> bool:
+        """Push one delivery's lease to ``until``; False if the lease was lost."""
+        m = self.tables.message
+        stmt = (sa.update(m).where(m.c.id == message_id, m.c.lease_token == token, m.c.state == PROCESSING)
+                .values(lease_expires_at=until))
+        with self.engine.begin() as conn:
+            return conn.execute(stmt).rowcount == 1
+
+    def save_checkpoint(self, message_id: int, token: int, checkpoint: bytes | None) -> bool:
+        """Store a running delivery's checkpoint durably now; False if the lease was lost."""
+        m = self.tables.message
+        stmt = (sa.update(m).where(m.c.id == message_id, m.c.lease_token == token, m.c.state == PROCESSING)
+                .values(checkpoint=checkpoint))
+        with self.engine.begin() as conn:
+            return conn.execute(stmt).rowcount == 1
+
+    # -- leases ------------------------------------------------------------------------------------
+    def heartbeat(self, worker_ids: list[str], lease_seconds: float, now: datetime | None = None) -> int:
+        """Renew the worker rows and the leases of every message they hold; return leases renewed.
+
+        Renewal only moves a lease forward, so a longer ``extend()`` is kept.
+        """
+        if not worker_ids:
+            return 0
+        now = now or utcnow()
+        until = now + _seconds(lease_seconds)
+        m, w = self.tables.message, self.tables.worker
+        with self.engine.begin() as conn:
+            renewed = conn.execute(
+                sa.update(m).where(m.c.worker_id.in_(worker_ids), m.c.state == PROCESSING,
+                                   m.c.lease_expires_at < until).values(lease_expires_at=until)).rowcount
+            conn.execute(sa.update(w).where(w.c.id.in_(worker_ids)).values(heartbeat_at=now))
+        return int(renewed)
+
+    def _release(self, *conditions: Any, uncount: Any = None) -> int:
+        m = self.tables.message
+        values: dict[str, Any] = dict(state=MessageState.PENDING.value, worker_id=None, lease_token=None,
+                                      acquired_at=None, lease_expires_at=None)
+        if uncount is not None:
+            values["attempts_count"] = m.c.attempts_count - uncount
+        with self.engine.begin() as conn:
+            return int(conn.execute(sa.update(m).where(m.c.state == PROCESSING, *conditions).values(values)).rowcount)
+
+    def release_expired(self, now: datetime | None = None) -> int:
+        """Return messages whose lease expired to PENDING (their delivery stays counted)."""
+        return self._release(self.tables.message.c.lease_expires_at < (now or utcnow()))
+
+    def release_worker(self, worker_id: str, running_id: int | None = None) -> int:
+        """Return every message a dead worker process held to PENDING at once.
+
+        Deliveries stay counted (a poison message must still reach max_deliveries); the attempt is
+        uncounted for messages that never started, that is all but ``running_id``.
+        """
+        m = self.tables.message
+        uncount = sa.case((m.c.id == running_id, 0), else_=1) if running_id else sa.literal(1)
+        return self._release(m.c.worker_id == worker_id, uncount=uncount)
+
+    def release_token(self, token: int) -> int:
+        """Undo an acquisition whose reply was lost (the connection dropped after COMMIT)."""
+        m = self.tables.message
+        with self.engine.begin() as conn:
+            return int(conn.execute(
+                sa.update(m).where(m.c.lease_token == token, m.c.state == PROCESSING).values(
+                    state=MessageState.PENDING.value, worker_id=None, lease_token=None, acquired_at=None,
+                    lease_expires_at=None, attempts_count=m.c.attempts_count - 1,
+                    deliveries_count=m.c.deliveries_count - 1)).rowcount)
+
+    def has_work(self, queues: tuple[str, ...] | None, horizon: datetime) -> bool:
+        """True while the queues hold a message PROCESSING or due before ``horizon`` (for --burst)."""
+        m = self.tables.message
+        due = sa.and_(m.c.state.in_(READY_LITERALS), m.c.next_attempt_at <= sa.bindparam("h", type_=Timestamp))
+        stmt = sa.select(m.c.id).where(sa.or_(m.c.state == PROCESSING, due)).limit(1)
+        if queues:
+            stmt = stmt.where(m.c.queue.in_(queues))
+        with self.reading() as conn:
+            return conn.execute(stmt, {"h": horizon}).first() is not None
+
+    # -- worker registry ---------------------------------------------------------------------------
+    def register_worker(self, row: dict[str, Any]) -> None:
+        with schema_errors(self.tables.prefix), self.engine.begin() as conn:
+            conn.execute(sa.insert(self.tables.worker), row)
+
+    def remove_workers(self, worker_ids: list[str]) -> None:
+        if worker_ids:
+            w = self.tables.worker
+            with self.engine.begin() as conn:
+                conn.execute(sa.delete(w).where(w.c.id.in_(worker_ids)))
+
+    def prune_workers(self, before: datetime) -> int:
+        """Delete worker rows whose heartbeat stopped before ``before`` (their host died)."""
+        w = self.tables.worker
+        with self.engine.begin() as conn:
+            return int(conn.execute(sa.delete(w).where(w.c.heartbeat_at < before)).rowcount)
+
+
+def _seconds(value: float) -> timedelta:
+    return timedelta(seconds=value)
+
+
+def archive_row(outcome: Outcome, now: datetime) -> dict[str, Any]:
+    m = outcome.message
+    error = outcome.error
+    return {
+        "id": m.id, "task_name": m.task_name, "queue": m.queue, "priority": m.priority,
+        "state": outcome.state.value, "payload": m.payload, "headers": m.headers,
+        "unique_key": m.unique_key, "partition_key": m.partition_key, "checkpoint": outcome.checkpoint,
+        "options": m.options, "history": m.history, "attempts_count": m.attempts_count,
+        "deliveries_count": m.deliveries_count, "created_at": m.created_at,
+        "first_attempt_at": m.first_attempt_at or outcome.started_at,
+        "last_attempt_at": outcome.started_at or m.acquired_at, "finished_at": outcome.finished_at,
+        "archived_at": now, "result": outcome.result,
+        "error_type": error.type if error else None,
+        "error_message": error.message if error else None,
+        "error_traceback": error.traceback if error else None,
+    }
+
+
+def requeue_binds(outcome: Outcome) -> dict[str, Any]:
+    m = outcome.message
+    error = outcome.error
+    unstarted = outcome.kind is OutcomeKind.RETURN
+    return {
+        "b_id": m.id,
+        "b_state": outcome.state.value,
+        "b_next": outcome.next_attempt_at or m.next_attempt_at,
+        # A recorded outcome resets deliveries (SPEC 3); handing back unstarted uncounts both.
+        "b_attempts": m.attempts_count - 1 if unstarted else m.attempts_count,
+        "b_deliveries": m.deliveries_count - 1 if unstarted else 0,
+        "b_checkpoint": outcome.checkpoint,
+        "b_error_type": error.type if error else None,
+        "b_error_message": error.message if error else None,
+        "b_error_traceback": error.traceback if error else None,
+    }

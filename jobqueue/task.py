@@ -1,0 +1,242 @@
+"""Tasks: registered functions, their options (checked when the decorator runs) and enqueueing."""
+
+from __future__ import annotations
+
+import difflib
+import functools
+import os
+import re
+import sys
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
+
+from jobqueue.ack import AckPolicy
+from jobqueue.clock import to_naive_utc, utcnow
+from jobqueue.context import JobContext, activate, deactivate
+from jobqueue.errors import ConfigurationError, SerializationError
+from jobqueue.handle import JobHandle
+from jobqueue.job import MessageState
+from jobqueue.retry import RetryStrategy
+from jobqueue.serialization import dumps_call
+from jobqueue.settings import validate_queue_name
+
+if TYPE_CHECKING:
+    from jobqueue.app import JobQueue
+
+TASK_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.:\-<>]{0,254}$")
+PRIORITY_RANGE = (-32768, 32767)
+BULK_BATCH_SIZE = 1000
+
+
+@dataclass(frozen=True)
+class TaskOptions:
+    """A task's options; ``None`` means "use the worker's setting"."""
+
+    name: str
+    queue: str | None = None
+    priority: int = 0
+    retry_strategy: RetryStrategy | None = None
+    retry_on: tuple[type[BaseException], ...] | None = None
+    timeout: float | None = None
+    soft_timeout: float | None = None
+    max_deliveries: int | None = None
+    ack_policy: AckPolicy | None = None
+    bind: bool = False
+
+
+OPTION_NAMES = tuple(TaskOptions.__dataclass_fields__)
+
+
+def validate_task_name(name: Any) -> str:
+    if not isinstance(name, str) or not TASK_NAME.match(name):
+        raise ConfigurationError(
+            f"invalid task name {name!r}: use up to 255 letters, digits, '_', '.', ':' or '-', "
+            "starting with a letter or '_'")
+    return name
+
+
+def validate_priority(priority: Any) -> int:
+    low, high = PRIORITY_RANGE
+    if not isinstance(priority, int) or isinstance(priority, bool) or not low <= priority <= high:
+        raise ConfigurationError(f"priority must be an integer from {low} to {high}, got {priority!r}")
+    return priority
+
+
+def _positive(name: str, value: Any, integer: bool = False) -> None:
+    kinds = (int,) if integer else (int, float)
+    if value is not None and (not isinstance(value, kinds) or isinstance(value, bool) or value <= 0):
+        raise ConfigurationError(f"task option {name} must be a positive {'integer' if integer else 'number'} "
+                                 f"or None, got {value!r}")
+
+
+def default_task_name(fn: Callable[..., Any]) -> str:
+    """``module.qualname``; a script run as __main__ is named after its file, as it is when imported."""
+    module = fn.__module__
+    if module == "__main__":
+        spec = getattr(sys.modules["__main__"], "__spec__", None)
+        main_file = getattr(sys.modules["__main__"], "__file__", None)
+        if spec is not None and spec.name:
+            module = spec.name
+        elif main_file:
+            module = os.path.splitext(os.path.basename(main_file))[0]
+    return f"{module}.{fn.__qualname__}"
+
+
+def build_options(fn: Callable[..., Any], options: dict[str, Any]) -> TaskOptions:
+    """Check decorator options now, so a typo fails at import rather than in production."""
+    unknown = sorted(set(options) - set(OPTION_NAMES))
+    if unknown:
+        hints = [f"{u!r} (did you mean {m[0]!r}?)" if (m := difflib.get_close_matches(u, OPTION_NAMES, 1))
+                 else repr(u) for u in unknown]
+        raise ConfigurationError(f"unknown task option {', '.join(hints)} on {fn.__qualname__}; "
+                                 f"known options: {', '.join(OPTION_NAMES)}")
+    values = dict(options)
+    values["name"] = validate_task_name(values.get("name") or default_task_name(fn))
+    if values.get("queue") is not None:
+        validate_queue_name(values["queue"])
+    validate_priority(values.get("priority", 0))
+    strategy = values.get("retry_strategy")
+    if strategy is not None and not isinstance(strategy, RetryStrategy):
+        raise ConfigurationError("retry_strategy must be a strategy from jobqueue.retry, "
+                                 f"for example ConstantRetryStrategy(delay_seconds=5), got {strategy!r}")
+    retry_on = values.get("retry_on")
+    if retry_on is not None:
+        retry_on = tuple(retry_on) if isinstance(retry_on, (tuple, list)) else (retry_on,)
+        if not all(isinstance(e, type) and issubclass(e, BaseException) for e in retry_on):
+            raise ConfigurationError(f"retry_on must be exception classes, got {options['retry_on']!r}")
+        values["retry_on"] = retry_on
+    _positive("timeout", values.get("timeout"))
+    _positive("soft_timeout", values.get("soft_timeout"))
+    _positive("max_deliveries", values.get("max_deliveries"), integer=True)
+    policy = values.get("ack_policy")
+    if policy is not None and not isinstance(policy, AckPolicy):
+        raise ConfigurationError(f"ack_policy must be an AckPolicy member, got {policy!r}")
+    if not isinstance(values.get("bind", False), bool):
+        raise ConfigurationError("bind must be True or False")
+    return TaskOptions(**values)
+
+
+class Task:
+    """A registered function. Call it to run inline; ``delay``/``apply_async``/``bulk`` to enqueue."""
+
+    def __init__(self, app: JobQueue, fn: Callable[..., Any], options: TaskOptions) -> None:
+        self.app = app
+        self.fn = fn
+        self.options = options
+        self.name = options.name
+        functools.update_wrapper(self, fn)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """Run the function here and now, like a plain call (a bound task gets an inline context)."""
+        if not self.options.bind:
+            return self.fn(*args, **kwargs)
+        context = JobContext(None, self.app.serializer)
+        token = activate(context)
+        try:
+            return self.fn(context, *args, **kwargs)
+        finally:
+            deactivate(token)
+
+    def __repr__(self) -> str:
+        return f"<Task {self.name}>"
+
+    @property
+    def queue(self) -> str:
+        return self.options.queue or self.app.settings.default_queue
+
+    def delay(self, *args: Any, **kwargs: Any) -> JobHandle:
+        """Enqueue a call with these arguments now."""
+        return self.apply_async(args, kwargs)
+
+    def apply_at(self, when: datetime, *args: Any, **kwargs: Any) -> JobHandle:
+        """Enqueue a call that runs at ``when`` (a naive datetime is UTC)."""
+        return self.apply_async(args, kwargs, eta=when)
+
+    def apply_async(self, args: Sequence[Any] = (), kwargs: dict[str, Any] | None = None, *,
+                    eta: datetime | None = None, countdown: float | None = None, queue: str | None = None,
+                    priority: int | None = None, headers: dict[str, Any] | None = None,
+                    unique_key: str | None = None, partition_key: str | None = None,
+                    retry_strategy: RetryStrategy | None = None, connection: Any = None) -> JobHandle:
+        """Enqueue a call with options; with ``connection`` it is written in that transaction, uncommitted."""
+        options = self._call_options(eta, countdown, queue, priority, headers, unique_key, partition_key,
+                                     retry_strategy)
+        row = self._row(args, kwargs or {}, options, utcnow())
+        return JobHandle(self.app, self.app.store.enqueue([row], connection=connection)[0])
+
+    def bulk(self, items: Iterable[Sequence[Any] | dict[str, Any]], *, batch_size: int = BULK_BATCH_SIZE,
+             eta: datetime | None = None, countdown: float | None = None, queue: str | None = None,
+             priority: int | None = None, headers: dict[str, Any] | None = None,
+             unique_key: str | None = None, partition_key: str | None = None,
+             retry_strategy: RetryStrategy | None = None, connection: Any = None) -> list[JobHandle]:
+        """Enqueue one job per item (a tuple of positional args, or a dict of kwargs).
+
+        Each batch of ``batch_size`` is one round trip; handles come back in input order. Every item
+        is serialized before anything is written, so a bad item writes nothing.
+        """
+        if batch_size < 1:
+            raise ConfigurationError("batch_size must be >= 1")
+        options = self._call_options(eta, countdown, queue, priority, headers, unique_key, partition_key,
+                                     retry_strategy)
+        now = utcnow()
+        rows = []
+        args: Sequence[Any]
+        for index, item in enumerate(items):
+            if isinstance(item, dict):
+                args, kwargs = (), item
+            elif isinstance(item, (tuple, list)):
+                args, kwargs = item, {}
+            else:
+                raise SerializationError(f"bulk item {index} is a {type(item).__name__}: give a tuple of "
+                                         "positional arguments (for one argument: (value,)) or a dict of kwargs")
+            rows.append(self._row(args, kwargs, options, now, path=f"item {index}: "))
+        ids: list[int] = []
+        store = self.app.store
+        for start in range(0, len(rows), batch_size):
+            ids.extend(store.enqueue(rows[start:start + batch_size], connection=connection))
+        return [JobHandle(self.app, job_id) for job_id in ids]
+
+    def _call_options(self, eta: datetime | None, countdown: float | None, queue: str | None,
+                      priority: int | None, headers: dict[str, Any] | None, unique_key: str | None,
+                      partition_key: str | None, retry_strategy: RetryStrategy | None) -> dict[str, Any]:
+        if eta is not None and countdown is not None:
+            raise ConfigurationError("give eta or countdown, not both")
+        if eta is not None and not isinstance(eta, datetime):
+            raise ConfigurationError(f"eta must be a datetime, got {type(eta).__name__}")
+        when = to_naive_utc(eta) if eta is not None else None
+        if countdown is not None:
+            when = utcnow() + timedelta(seconds=float(countdown))
+        if headers is not None and (not isinstance(headers, dict) or not all(isinstance(k, str) for k in headers)):
+            raise ConfigurationError("headers must be a dict with string keys")
+        for label, key in (("unique_key", unique_key), ("partition_key", partition_key)):
+            if key is not None and (not isinstance(key, str) or not 0 < len(key) <= 255):
+                raise ConfigurationError(f"{label} must be a string of 1 to 255 characters, got {key!r}")
+        if retry_strategy is not None and not isinstance(retry_strategy, RetryStrategy):
+            raise ConfigurationError("retry_strategy must be a strategy from jobqueue.retry")
+        return {
+            "queue": validate_queue_name(queue) if queue is not None else self.queue,
+            "priority": validate_priority(priority) if priority is not None else self.options.priority,
+            "headers": headers, "unique_key": unique_key, "partition_key": partition_key, "eta": when,
+            "options": {"retry": retry_strategy.to_dict()} if retry_strategy is not None else None,
+        }
+
+    def _row(self, args: Sequence[Any], kwargs: dict[str, Any], options: dict[str, Any], now: datetime,
+             path: str = "") -> dict[str, Any]:
+        if not isinstance(args, (tuple, list)):
+            raise SerializationError(f"{path}args must be a tuple or list, got {type(args).__name__}")
+        try:
+            payload = dumps_call(self.app.serializer, args, kwargs)
+        except SerializationError as exc:
+            raise SerializationError(f"{path}task {self.name}: {exc}") from None
+        limit = self.app.settings.max_payload_bytes
+        if len(payload) > limit:
+            raise SerializationError(
+                f"{path}task {self.name}: arguments serialize to {len(payload)} bytes, over max_payload_bytes="
+                f"{limit}; store large data elsewhere and pass a reference (or raise max_payload_bytes)")
+        return {
+            "task_name": self.name, "queue": options["queue"], "priority": options["priority"],
+            "state": MessageState.PENDING.value, "payload": payload, "headers": options["headers"],
+            "unique_key": options["unique_key"], "partition_key": options["partition_key"],
+            "options": options["options"], "attempts_count": 0, "deliveries_count": 0,
+            "created_at": now, "next_attempt_at": options["eta"] or now,
+        }

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# The whole test suite on SQLite, PostgreSQL and MariaDB, from a fresh Debian machine.
+# Installs what is missing (Debian packages, a virtualenv with the Python packages), starts stopped
+# database servers, creates its own login and databases, then runs mypy and pytest.
+# Arguments go to pytest, e.g. scripts/test.sh tests/unit -x
+set -euo pipefail
+cd "$(dirname "$0")/.."
+. scripts/lib.sh
+
+ensure_debs gcc pkg-config libmariadb-dev postgresql mariadb-server mariadb-client procps
+ensure_python yes
+start_postgres
+start_mariadb
+create_test_roles
+ensure_venv ".[dev]"
+
+export JOBQUEUE_TEST_REQUIRE_ALL=1  # a missing server fails the run; it is never skipped
+say "mypy"
+"$VENV/bin/mypy"
+say "pytest"
+exec "$VENV/bin/python" -m pytest "$@"

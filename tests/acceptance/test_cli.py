@@ -1,0 +1,135 @@
+"""The CLI as a user runs it: db init, worker --burst, enqueue, status, against every backend."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import sqlalchemy as sa
+
+from jobqueue import JobFailed, JobQueue, SerializationError
+from tests.acceptance.cli import jobqueue
+from tests.apps import basic
+
+
+@pytest.fixture
+def app(db_url: str):  # type: ignore[no-untyped-def]
+    """The acceptance app, pointed at this test's database."""
+    basic.app.configure(database_url=db_url)
+    yield basic.app
+    basic.app.close()
+
+
+def count(app: JobQueue, table: str) -> int:
+    with app.engine.connect() as conn:
+        return int(conn.execute(sa.select(sa.func.count()).select_from(getattr(app.tables, table))).scalar_one())
+
+
+def test_db_init_is_idempotent(db_url: str) -> None:
+    first = jobqueue("db", "init")
+    again = jobqueue("db", "init")
+    assert "up to date" in again.stdout
+    assert "***" in first.stdout or "sqlite" in first.stdout  # the URL is shown masked
+    assert "jobqueue_test:jobqueue_test@" not in first.stdout + again.stdout
+    assert jobqueue("db", "check").returncode == 0
+
+
+def test_1000_jobs_through_delay_and_bulk(app: JobQueue) -> None:
+    handles = [basic.add.delay(i, i) for i in range(500)]
+    handles += basic.add.bulk([(i, 1) for i in range(500, 1000)])
+    result = jobqueue("worker", "--burst", "--concurrency", "2")
+    assert result.returncode == 0
+    assert [h.get(timeout=5) for h in handles] == [2 * i for i in range(500)] + [i + 1 for i in range(500, 1000)]
+    assert {h.status() for h in handles} == {"completed"}
+    assert count(app, "message") == 0 and count(app, "archive") == 1000
+
+
+def test_failures_and_retries_end_in_the_archive(app: JobQueue) -> None:
+    flaky = basic.flaky.delay(2)
+    failing = basic.fail.delay("no luck")
+    jobqueue("worker", "--burst", "--concurrency", "2")
+    assert flaky.get(timeout=5) == 3  # failed twice, succeeded on attempt 3
+    with pytest.raises(JobFailed) as info:
+        failing.get(timeout=5)
+    assert "ValueError" in str(info.value) and "no luck" in str(info.value)
+    assert "Traceback" in info.value.traceback and "raise ValueError(message)" in info.value.traceback
+
+
+def test_a_message_for_an_unregistered_task_fails_and_the_rest_complete(app: JobQueue, db_url: str) -> None:
+    other = JobQueue(db_url)
+
+    @other.task(name="ghost.task")
+    def ghost() -> None: ...
+
+    lost = ghost.delay()
+    good = [basic.add.delay(i, 1) for i in range(20)]
+    jobqueue("worker", "--burst", "--concurrency", "2")
+    with pytest.raises(JobFailed, match="ghost.task") as info:
+        lost.get(timeout=5)
+    assert info.value.error_type == "jobqueue.errors.UnknownTaskError"
+    assert [h.get(timeout=5) for h in good] == [i + 1 for i in range(20)]
+    other.close()
+
+
+def test_enqueue_from_the_command_line(app: JobQueue) -> None:
+    out = jobqueue("enqueue", "basic.add", "--args", "[20, 22]", "--json")
+    job = json.loads(out.stdout)
+    assert job["status"] == "pending" and job["task"] == "basic.add"
+    jobqueue("worker", "--burst", "--concurrency", "1")
+    assert app.job(job["id"]).get(timeout=5) == 42
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (("enqueue", "no.such.task"), "no.such.task"),
+    (("enqueue", "basic.add", "--args", "{not json"), "not valid JSON"),
+    (("enqueue", "basic.add", "--args", '{"x": 1}'), "JSON array"),
+    (("enqueue", "basic.add", "--queue", "bad queue"), "invalid queue name"),
+])
+def test_bad_enqueue_input_exits_non_zero_and_writes_nothing(app: JobQueue, args: tuple[str, ...],
+                                                             fragment: str) -> None:
+    result = jobqueue(*args, check=False)
+    assert result.returncode != 0
+    assert fragment in result.stderr
+    assert count(app, "message") == 0
+
+
+def test_enqueue_without_an_app_says_how_to_give_one(db_url: str) -> None:
+    result = jobqueue("enqueue", "no.such.task", app=None, check=False)
+    assert result.returncode != 0 and "no.such.task" in result.stderr and "--app" in result.stderr
+
+
+def test_non_serializable_arguments_write_nothing(app: JobQueue) -> None:
+    with pytest.raises(SerializationError):
+        basic.add.delay(1, object())
+    with pytest.raises(SerializationError):
+        basic.add.bulk([(1, 2), (3, {4, 5})])
+    assert count(app, "message") == 0
+
+
+def test_status_and_workers(app: JobQueue) -> None:
+    basic.add.bulk([(1, 1)] * 3, queue="emails")
+    text = jobqueue("status").stdout
+    assert "emails" in text and "3" in text
+    data = json.loads(jobqueue("status", "--json").stdout)
+    assert data["queues"][0]["queue"] == "emails" and data["queues"][0]["pending"] == 3
+    assert json.loads(jobqueue("workers", "--json").stdout) == []
+
+
+def test_worker_refuses_a_database_without_tables(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    url = f"sqlite:///{tmp_path}/empty.sqlite3"
+    result = jobqueue("--database-url", url, "worker", "--burst", check=False)
+    assert result.returncode == 1
+    assert "jobqueue db init" in result.stderr
+
+
+def test_worker_without_an_app_refuses_to_start(db_url: str) -> None:
+    result = jobqueue("worker", "--burst", app=None, check=False)
+    assert result.returncode == 1 and "--app" in result.stderr
+
+
+def test_password_never_reaches_logs(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    url = "postgresql+psycopg2://someone:hunter2secret@127.0.0.1:1/nowhere"
+    result = jobqueue("--database-url", url, "worker", "--burst", check=False, timeout=60)
+    assert result.returncode != 0
+    assert "hunter2secret" not in result.stdout + result.stderr

@@ -1,0 +1,77 @@
+"""Fixtures shared by every test directory.
+
+``backend`` parametrizes a test over SQLite, PostgreSQL and MariaDB; ``db_url`` is a database of
+this session with the jobqueue tables, emptied before each test; ``app`` a JobQueue on it.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Iterator
+
+import pytest
+import sqlalchemy as sa
+
+from jobqueue import JobQueue
+from tests import servers
+
+_URLS: dict[str, str] = {}
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "backend" in metafunc.fixturenames:
+        backends = servers.selected_backends()
+        wanted = getattr(metafunc.function, "backends", None)
+        if wanted:
+            backends = tuple(b for b in backends if b in wanted)
+        metafunc.parametrize("backend", backends, scope="session")
+
+
+def only(*names: str):  # type: ignore[no-untyped-def]
+    """Decorator: run a backend-parametrized test only on these backends."""
+    def mark(fn):  # type: ignore[no-untyped-def]
+        fn.backends = names
+        return fn
+    return mark
+
+
+@pytest.fixture(scope="session")
+def session_db(backend: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    url = servers.create_database(backend, str(tmp_path_factory.mktemp(backend)))
+    app = JobQueue(url)
+    app.init_schema()
+    app.close()
+    _URLS[backend] = url
+    yield url
+    servers.drop_database(backend, url)
+
+
+def empty_tables(url: str, prefix: str = "jobqueue_") -> None:
+    app = JobQueue(url, table_prefix=prefix)
+    with app.engine.begin() as conn:
+        for table in (app.tables.archive, app.tables.message, app.tables.worker):
+            conn.execute(sa.delete(table))
+    app.close()
+
+
+@pytest.fixture
+def db_url(session_db: str, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The session database, emptied; JOBQUEUE_DATABASE_URL points at it for subprocesses."""
+    empty_tables(session_db)
+    monkeypatch.setenv("JOBQUEUE_DATABASE_URL", session_db)
+    return session_db
+
+
+@pytest.fixture
+def app(db_url: str) -> Iterator[JobQueue]:
+    queue = JobQueue(db_url)
+    yield queue
+    queue.close()
+
+
+@pytest.fixture(autouse=True)
+def _no_stray_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("JOBQUEUE_APP",):
+        monkeypatch.delenv(name, raising=False)
+    if "JOBQUEUE_DATABASE_URL" in os.environ:
+        monkeypatch.delenv("JOBQUEUE_DATABASE_URL")

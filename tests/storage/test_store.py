@@ -1,0 +1,293 @@
+"""The storage contract: the same behaviour on SQLite, PostgreSQL and MariaDB, against real servers."""
+
+from __future__ import annotations
+
+import threading
+from datetime import datetime, timedelta
+
+import pytest
+import sqlalchemy as sa
+
+from jobqueue import JobQueue
+from jobqueue.clock import utcnow
+from jobqueue.job import ErrorInfo, MessageState, Outcome, OutcomeKind
+from jobqueue.storage import jobs
+
+WORKER = "w" * 32
+LEASE = 30.0
+
+
+@pytest.fixture
+def add(app: JobQueue):  # type: ignore[no-untyped-def]
+    @app.task(name="t.add")
+    def add(x: int, y: int) -> int:
+        return x + y
+    return add
+
+
+def rows(app: JobQueue, table: str = "message") -> list[dict]:
+    t = getattr(app.tables, table)
+    with app.engine.connect() as conn:
+        return [dict(r) for r in conn.execute(sa.select(t).order_by(t.c.id)).mappings()]
+
+
+def outcome(message, kind=OutcomeKind.ARCHIVE, state=MessageState.COMPLETED, **extra):  # type: ignore[no-untyped-def]
+    return Outcome(message=message, kind=kind, state=state, finished_at=utcnow(), started_at=utcnow(),
+                   checkpoint=message.checkpoint, **extra)
+
+
+def test_enqueue_returns_ids_in_order_and_writes_rows(app: JobQueue, add) -> None:  # type: ignore[no-untyped-def]
+    single = add.delay(1, 2)
+    many = add.bulk([(i, i) for i in range(2500)], batch_size=1000)
+    ids = [single.id] + [h.id for h in many]
+    assert ids == sorted(ids) and len(set(ids)) == 2501
+    stored = rows(app)
+    assert [r["id"] for r in stored] == ids
+    assert {r["state"] for r in stored} == {"PENDING"}
+    assert stored[0]["task_name"] == "t.add" and stored[0]["queue"] == "default"
+    # bulk keeps input order: item i was (i, i)
+    payload = app.serializer.loads(stored[5]["payload"])
+    assert payload == [[4, 4], {}]
+
+
+def test_enqueue_options_are_stored(app: JobQueue, add) -> None:  # type: ignore[no-untyped-def]
+    when = datetime(2030, 5, 6, 7, 8, 9, 123456)
+    h = add.apply_async((1, 2), eta=when, queue="other", priority=7, headers={"trace": "abc"},
+                        partition_key="p1")
+    (row,) = rows(app)
+    assert row["id"] == h.id
+    assert (row["queue"], row["priority"], row["headers"], row["partition_key"]) == ("other", 7, {"trace": "abc"}, "p1")
+    assert row["next_attempt_at"] == when  # microseconds survive on every backend
+    assert h.status() == "pending"
+
+
+def test_unique_key_returns_the_active_job(app: JobQueue, add) -> None:  # type: ignore[no-untyped-def]
+    first = add.apply_async((1, 1), unique_key="k1")
+    again = add.apply_async((2, 2), unique_key="k1")
+    other = add.apply_async((3, 3), unique_key="k2")
+    assert again.id == first.id and other.id != first.id
+    assert len(rows(app)) == 2
+
+
+def test_unique_key_is_race_free_under_concurrent_enqueues(app: JobQueue, add) -> None:  # type: ignore[no-untyped-def]
+    barrier = threading.Barrier(20)
+    results: list[int] = []
+    errors: list[BaseException] = []
+
+    def enqueue() -> None:
+        try:
+            barrier.wait()
+            results.append(add.apply_async((1, 1), unique_key="same").id)
+        except BaseException as exc:  # collected and asserted below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=enqueue) for _ in range(20)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    assert len(set(results)) == 1
+    assert len(rows(app)) == 1
+
+
+def test_acquire_order_priority_then_due_time_then_id(app: JobQueue, add) -> None:  # type: ignore[no-untyped-def]
+    now = utcnow()
+    low = add.apply_async((0, 0), priority=0)
+    high = add.apply_async((0, 0), priority=9)
+    older = add.apply_async((0, 0), priority=0, eta=now - timedelta(minutes=5))
+    future = add.apply_async((0, 0), priority=100, eta=now + timedelta(hours=1))
+    got = app.store.acquire(WORKER, None, 10, LEASE, now=now + timedelta(seconds=1))
+    assert [m.id for m in got] == [high.id, older.id, low.id]
+    assert future.id not in [m.id for m in got]
+
+
+def test_acquire_marks_processing_and_counts(app: JobQueue, add) -> None:  # type: ignore[no-untyped-def]
+    h = add.delay(1, 2)
+    now = utcnow()
+    (m,) = app.store.acquire(WORKER, None, 5, LEASE, now=now)
+    assert (m.id, m.attempts_count, m.deliveries_count) == (h.id, 1, 1)
+    assert m.first_attempt_at == now and m.lease_token > 0
+    (row,) = rows(app)
+    assert row["state"] == "PROCESSING" and row["worker_id"] == WORKER
+    assert row["lease_token"] == m.lease_token
+    assert row["lease_expires_at"] == now + timedelta(seconds=LEASE)
+    assert app.store.acquire(WORKER, None, 5, LEASE, now=now) == []  # nothing twice
+
+
+def test_acquire_respects_queues_and_limit(app: JobQueue, add) -> None:  # type: ignore[no-untyped-def]
+    for queue in ("a", "b", "c"):
+        add.bulk([(1, 1)] * 3, queue=queue)
+    got = app.store.acquire(WORKER, ("a", "c"), 4, LEASE)
+    assert len(got) == 4 and {m.queue for m in got} <= {"a", "c"}
+    got += app.store.acquire(WORKER, ("a", "c"), 10, LEASE)
+    assert len(got) == 6
+    assert {m.queue for m in app.store.acquire(WORKER, None, 10, LEASE)} == {"b"}
+
+
+def test_concurrent_acquirers_never_share_a_message(app: JobQueue, add) -> None:  # type: ignore[no-untyped-def]
+    add.bulk([(i, i) for i in range(600)])
+    seen: list[list[int]] = [[] for _ in range(4)]
+
+    def take(slot: int) -> None:
+        while True:
+            got = app.store.acquire(f"worker{slot}".ljust(32, "x"), None, 25, LEASE)
+            if not got:
+                return
+            seen[slot].extend(m.id for m in got)
+
+    threads = [threading.Thread(target=take, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    everything = [i for ids in seen for i in ids]
+    assert len(everything) == 600 and len(set(everything)) == 600
+
+
+def test_flush_archives_completed_and_failed_in_one_go(app: JobQueue, add) -> None:  # type: ignore[no-untyped-def]
+    add.bulk([(1, 1), (2, 2)])
+    done, failed = app.store.acquire(WORKER, None, 5, LEASE)
+    ok = outcome(done, result=app.serializer.dumps(3))
+    bad = outcome(failed, state=MessageState.FAILED, error=ErrorInfo("ValueError", "boom", "Traceback..."))
+    result = app.store.flush([ok, bad])
+    assert len(result.applied) == 2 and not result.lost
+    assert rows(app) == []
+    archived = {r["id"]: r for r in rows(app, "archive")}
+    assert archived[done.id]["state"] == "COMPLETED" and archived[done.id]["result"] == b"3"
+    assert archived[failed.id]["state"] == "FAILED"
+    assert (archived[failed.id]["error_type"], archived[failed.id]["error_message"]) == ("ValueError", "boom")
+    assert archived[failed.id]["error_traceback"] == "Traceback..."
+    assert archived[done.id]["attempts_count"] == 1 and archived[done.id]["payload"] == done.payload
+
+
+def test_flush_retry_resets_deliveries_and_keeps_attempts(app: JobQueue, add) -> None:  # type: ignore[no-untyped-def]
+    add.delay(1, 1)
+    (m,) = app.store.acquire(WORKER, None, 5, LEASE)
+    later = utcnow() + timedelta(minutes=1)
+    app.store.flush([outcome(m, kind=OutcomeKind.RETRY, state=MessageState.RETRYABLE, next_attempt_at=later,
+                             error=ErrorInfo("IOError", "try again"))])
+    (row,) = rows(app)
+    assert row["state"] == "RETRYABLE" and row["next_attempt_at"] == later
+    assert (row["attempts_count"], row["deliveries_count"]) == (1, 0)
+    assert row["worker_id"] is None and row["lease_token"] is None
+    assert row["last_error_type"] == "IOError"
+    assert app.store.acquire(WORKER, None, 5, LEASE) == []  # not due yet
+    (again,) = app.store.acquire(WORKER, None, 5, LEASE, now=later)
+    assert (again.attempts_count, again.deliveries_count) == (2, 1)
+
+
+def test_handing_back_unstarted_uncounts_the_delivery(app: JobQueue, add) -> None:  # type: ignore[no-untyped-def]
+    add.delay(1, 1)
+    (m,) = app.store.acquire(WORKER, None, 5, LEASE)
+    app.store.flush([outcome(m, kind=OutcomeKind.RETURN, state=MessageState.PENDING)])
+    (row,) = rows(app)
+    assert (row["state"], row["attempts_count"], row["deliveries_count"]) == ("PENDING", 0, 0)
+
+
+def test_fencing_drops_outcomes_of_a_lost_lease(app: JobQueue, add) -> None:  # type: ignore[no-untyped-def]
+    add.delay(1, 1)
+    now = utcnow()
+    (first,) = app.store.acquire(WORKER, None, 5, 1.0, now=now)
+    assert app.store.release_expired(now=now + timedelta(seconds=2)) == 1
+    (second,) = app.store.acquire("other".ljust(32, "x"), None, 5, LEASE, now=now + timedelta(seconds=3))
+    assert second.id == first.id and second.lease_token != first.lease_token
+    assert second.deliveries_count == 2  # the expired delivery stays counted
+    # The first delivery's late ack is rejected: nothing archived, the second still holds it.
+    late = app.store.flush([outcome(first, result=b"1")])
+    assert late.lost and not late.applied
+    assert rows(app, "archive") == [] and rows(app)[0]["state"] == "PROCESSING"
+    assert app.store.extend_lease(first.id, first.lease_token, now + timedelta(hours=1)) is False
+    assert app.store.save_checkpoint(first.id, first.lease_token, b"x") is False
+    # The holder's ack applies, exactly once.
+    assert app.store.flush([outcome(second, result=b"2")]).applied
+    assert app.store.flush([outcome(second, result=b"2")]).lost
+    assert [r["result"] for r in rows(app, "archive")] == [b"2"]
+
+
+def test_same_message_twice_in_one_flush_only_the_current_token_applies(app: JobQueue, add) -> None:  # type: ignore[no-untyped-def]
+    add.delay(1, 1)
+    now = utcnow()
+    (old,) = app.store.acquire(WORKER, None, 5, 1.0, now=now)
+    app.store.release_expired(now=now + timedelta(seconds=2))
+    (new,) = app.store.acquire(WORKER, None, 5, LEASE, now=now + timedelta(seconds=3))
+    result = app.store.flush([outcome(old, result=b"old"), outcome(new, result=b"new")])
+    assert [o.message.lease_token for o in result.applied] == [new.lease_token]
+    assert [r["result"] for r in rows(app, "archive")] == [b"new"]
+
+
+def test_heartbeat_renews_only_forward_and_only_its_own(app: JobQueue, add) -> None:  # type: ignore[no-untyped-def]
+    add.bulk([(1, 1), (2, 2)])
+    now = utcnow()
+    (mine,) = app.store.acquire(WORKER, None, 1, 10.0, now=now)
+    (theirs,) = app.store.acquire("other".ljust(32, "x"), None, 1, 10.0, now=now)
+    assert app.store.extend_lease(mine.id, mine.lease_token, now + timedelta(hours=1))
+    assert app.store.heartbeat([WORKER], 30.0, now=now) == 0  # an extended lease is not shortened
+    leases = {r["id"]: r["lease_expires_at"] for r in rows(app)}
+    assert leases[mine.id] == now + timedelta(hours=1) and leases[theirs.id] == now + timedelta(seconds=10)
+    app.store.heartbeat(["other".ljust(32, "x")], 30.0, now=now)
+    assert {r["id"]: r["lease_expires_at"] for r in rows(app)}[theirs.id] == now + timedelta(seconds=30)
+
+
+def test_release_worker_returns_everything_it_held_counting_only_the_running_one(app: JobQueue, add) -> None:  # type: ignore[no-untyped-def]
+    add.bulk([(i, i) for i in range(3)])
+    held = app.store.acquire(WORKER, None, 3, LEASE)
+    assert app.store.release_worker(WORKER, running_id=held[0].id) == 3
+    by_id = {r["id"]: r for r in rows(app)}
+    assert {r["state"] for r in by_id.values()} == {"PENDING"}
+    assert by_id[held[0].id]["attempts_count"] == 1  # it was running: the attempt counts
+    assert by_id[held[1].id]["attempts_count"] == 0  # never started
+    assert {r["deliveries_count"] for r in by_id.values()} == {1}  # every delivery stays counted
+
+
+def test_release_token_undoes_an_acquisition_whose_reply_was_lost(app: JobQueue, add) -> None:  # type: ignore[no-untyped-def]
+    add.delay(1, 1)
+    (m,) = app.store.acquire(WORKER, None, 1, LEASE, token=12345)
+    assert app.store.release_token(12345) == 1
+    (row,) = rows(app)
+    assert (row["state"], row["attempts_count"], row["deliveries_count"]) == ("PENDING", 0, 0)
+
+
+def test_cancel_archives_pending_but_not_processing(app: JobQueue, add) -> None:  # type: ignore[no-untyped-def]
+    a, b = add.delay(1, 1), add.delay(2, 2)
+    app.store.acquire(WORKER, None, 1, LEASE)  # takes a
+    assert a.cancel() is False and a.status() == "processing"
+    assert b.cancel() is True and b.status() == "cancelled"
+    assert b.cancel() is False
+    from jobqueue import JobCancelled
+    with pytest.raises(JobCancelled):
+        b.get(timeout=1)
+
+
+def test_has_work_sees_processing_and_soon_due_messages(app: JobQueue, add) -> None:  # type: ignore[no-untyped-def]
+    now = utcnow()
+    assert not app.store.has_work(None, now)
+    add.apply_async((1, 1), eta=now + timedelta(seconds=30))
+    assert not app.store.has_work(None, now + timedelta(seconds=5))
+    assert app.store.has_work(None, now + timedelta(seconds=31))
+    add.apply_async((1, 1), queue="q2")
+    assert app.store.has_work(("q2",), now + timedelta(seconds=1))
+    assert not app.store.has_work(("q3",), now + timedelta(seconds=1))
+
+
+def test_queue_counts(app: JobQueue, add) -> None:  # type: ignore[no-untyped-def]
+    add.bulk([(1, 1)] * 3)
+    add.delay(1, 1)
+    add.apply_async((1, 1), queue="later", eta=utcnow() + timedelta(hours=1))
+    app.store.acquire(WORKER, ("default",), 1, LEASE)
+    counts = {c["queue"]: c for c in jobs.queue_counts(app.store)}
+    assert (counts["default"]["pending"], counts["default"]["processing"]) == (3, 1)
+    assert counts["later"]["oldest_ready_seconds"] is None
+    assert counts["default"]["oldest_ready_seconds"] >= 0
+
+
+def test_enqueue_in_a_rolled_back_transaction_leaves_nothing(app: JobQueue, add) -> None:  # type: ignore[no-untyped-def]
+    with app.engine.connect() as conn:
+        with conn.begin() as tx:
+            add.apply_async((1, 1), connection=conn)
+            add.bulk([(2, 2), (3, 3)], connection=conn)
+            tx.rollback()
+    assert rows(app) == []
+    with app.engine.begin() as conn:
+        h = add.apply_async((1, 1), connection=conn)
+    assert h.status() == "pending"

@@ -1,0 +1,109 @@
+from __future__ import annotations
+
+import random
+from datetime import datetime, timedelta
+
+import pytest
+from freezegun import freeze_time
+
+from jobqueue import ConfigurationError
+from jobqueue.retry import (
+    ConstantRetryStrategy,
+    ConstantWithJitterRetryStrategy,
+    ExponentialBackoffRetryStrategy,
+    ExponentialBackoffWithJitterRetryStrategy,
+    LinearRetryStrategy,
+    NoRetryStrategy,
+    default_strategy,
+    strategy_from_dict,
+)
+from jobqueue.clock import utcnow
+
+T0 = datetime(2026, 1, 1, 12, 0, 0)
+
+
+def schedule(strategy, attempts: int) -> list[float | None]:  # type: ignore[no-untyped-def]
+    """Delays in seconds after each failed attempt 1..attempts, with the clock frozen at T0."""
+    with freeze_time(T0):
+        now = utcnow()
+        out = []
+        for attempt in range(1, attempts + 1):
+            at = strategy.decide(attempt, now, now)
+            out.append(None if at is None else (at - now).total_seconds())
+        return out
+
+
+def test_constant() -> None:
+    assert schedule(ConstantRetryStrategy(delay_seconds=5, max_attempts=3), 4) == [5, 5, None, None]
+
+
+def test_linear() -> None:
+    s = LinearRetryStrategy(initial_delay_seconds=1, step_seconds=2, max_attempts=5)
+    assert schedule(s, 5) == [1, 3, 5, 7, None]
+
+
+def test_exponential_with_cap() -> None:
+    s = ExponentialBackoffRetryStrategy(initial_delay_seconds=1, multiplier=2, max_delay_seconds=5, max_attempts=6)
+    assert schedule(s, 6) == [1, 2, 4, 5, 5, None]
+
+
+def test_exponential_jitter_stays_within_bounds() -> None:
+    s = ExponentialBackoffWithJitterRetryStrategy(initial_delay_seconds=1, multiplier=2, jitter_factor=0.5,
+                                                  max_attempts=None, rng=random.Random(7))
+    for attempt, base in ((1, 1), (2, 2), (3, 4), (4, 8)):
+        delays = [s.delay_for(attempt) for _ in range(200)]
+        assert all(base <= d <= base * 1.5 for d in delays)
+        assert max(delays) - min(delays) > 0  # it does jitter
+
+
+def test_constant_jitter_stays_within_bounds_and_never_negative() -> None:
+    s = ConstantWithJitterRetryStrategy(base_delay_seconds=1, jitter_seconds=2, rng=random.Random(3))
+    delays = [s.delay_for(1) for _ in range(500)]
+    assert all(0 <= d <= 3 for d in delays) and min(delays) == 0
+
+
+def test_max_total_delay_counts_from_the_first_attempt() -> None:
+    s = ConstantRetryStrategy(delay_seconds=10, max_total_delay_seconds=25)
+    with freeze_time(T0):
+        first = utcnow()
+        assert s.decide(1, first, first) == first + timedelta(seconds=10)
+        # The seed's rule: fail when the next attempt would land *more than* 25 s after the first.
+        assert s.decide(2, first, first + timedelta(seconds=15)) == first + timedelta(seconds=25)
+        assert s.decide(2, first, first + timedelta(seconds=15, microseconds=1)) is None
+
+
+def test_no_retry() -> None:
+    assert schedule(NoRetryStrategy(), 2) == [None, None]
+
+
+def test_default_is_exponential_jitter_three_attempts() -> None:
+    s = default_strategy()
+    assert isinstance(s, ExponentialBackoffWithJitterRetryStrategy) and s.max_attempts == 3
+    assert schedule(s, 3)[2] is None
+
+
+@pytest.mark.parametrize("strategy", [
+    ConstantRetryStrategy(delay_seconds=5, max_attempts=3),
+    LinearRetryStrategy(initial_delay_seconds=1, step_seconds=2, max_attempts=5, max_total_delay_seconds=60),
+    ExponentialBackoffRetryStrategy(initial_delay_seconds=1, multiplier=3, max_delay_seconds=60),
+    ExponentialBackoffWithJitterRetryStrategy(initial_delay_seconds=1, jitter_factor=0.2),
+    ConstantWithJitterRetryStrategy(base_delay_seconds=5, jitter_seconds=1),
+    NoRetryStrategy(),
+])
+def test_stored_form_round_trips(strategy) -> None:  # type: ignore[no-untyped-def]
+    assert strategy_from_dict(strategy.to_dict()) == strategy
+
+
+def test_unknown_stored_kind_is_refused_not_imported() -> None:
+    with pytest.raises(ConfigurationError, match="unknown retry strategy"):
+        strategy_from_dict({"kind": "os.system"})
+
+
+@pytest.mark.parametrize("make", [
+    lambda: ConstantRetryStrategy(delay_seconds=-1),
+    lambda: ConstantRetryStrategy(delay_seconds=1, max_attempts=0),
+    lambda: ExponentialBackoffRetryStrategy(initial_delay_seconds=1, multiplier=0.5),
+])
+def test_invalid_parameters(make) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(ConfigurationError):
+        make()

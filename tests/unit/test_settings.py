@@ -1,0 +1,62 @@
+from __future__ import annotations
+
+import pytest
+
+from jobqueue import ConfigurationError, JobQueue
+from jobqueue.settings import DEFAULT_DATABASE_URL, Settings, parse_queues, resolve_database_url
+from jobqueue.storage.engine import backend_name, create_engine, mask_url
+
+
+def test_defaults_follow_the_spec() -> None:
+    s = Settings()
+    assert (s.max_deliveries, s.release_stuck_timeout, s.graceful_timeout) == (10, 30.0, 30.0)
+    assert s.queues is None and s.default_queue == "default"
+    assert s.heartbeat_interval == pytest.approx(10.0)
+
+
+@pytest.mark.parametrize("changes, fragment", [
+    ({"fetch_batch_size": 0}, "fetch_batch_size"),
+    ({"release_stuck_timeout": 0.5}, "release_stuck_timeout"),
+    ({"min_fetch_interval": 5.0, "max_fetch_interval": 1.0}, "min_fetch_interval"),
+    ({"overfetch_factor": 0.5}, "overfetch_factor"),
+    ({"table_prefix": "Robert'); DROP TABLE x;--"}, "table_prefix"),
+    ({"queues": ("ok", "not ok")}, "invalid queue name"),
+    ({"concurrency": 0}, "concurrency"),
+])
+def test_invalid_settings_name_the_problem(changes: dict, fragment: str) -> None:
+    with pytest.raises(ConfigurationError, match=fragment):
+        Settings(**changes)
+
+
+def test_parse_queues() -> None:
+    assert parse_queues("a, b,a,,c") == ("a", "b", "c")
+    assert parse_queues(None) is None
+    assert parse_queues("") is None
+
+
+def test_database_url_precedence(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("JOBQUEUE_DATABASE_URL", raising=False)
+    assert resolve_database_url(None, None) == DEFAULT_DATABASE_URL
+    assert resolve_database_url(None, "sqlite:///given.db") == "sqlite:///given.db"
+    monkeypatch.setenv("JOBQUEUE_DATABASE_URL", "sqlite:///env.db")
+    assert resolve_database_url(None, "sqlite:///given.db") == "sqlite:///env.db"
+    assert resolve_database_url("sqlite:///option.db", "sqlite:///given.db") == "sqlite:///option.db"
+    app = JobQueue("sqlite:///given.db")
+    app.configure(database_url="sqlite:///option.db")
+    assert app.database_url == "sqlite:///option.db"
+
+
+def test_passwords_are_masked() -> None:
+    url = "postgresql+psycopg2://app:s3cret@db.example.com/app"
+    assert "s3cret" not in mask_url(url)
+    assert "s3cret" not in repr(JobQueue(url))
+
+
+@pytest.mark.parametrize("url, fragment", [
+    ("oracle://x@y/z", "unsupported database"),
+    ("not a url", "cannot parse database URL"),
+    ("sqlite://", "in-memory SQLite"),
+])
+def test_bad_urls(url: str, fragment: str) -> None:
+    with pytest.raises(ConfigurationError, match=fragment):
+        backend_name(url) if "sqlite" not in url else create_engine(url)

@@ -1,0 +1,132 @@
+from __future__ import annotations
+
+import pytest
+
+from jobqueue import AckPolicy, ConfigurationError, JobQueue, SerializationError
+from jobqueue.retry import ConstantRetryStrategy
+
+
+@pytest.fixture
+def app(tmp_path) -> JobQueue:  # type: ignore[no-untyped-def]
+    return JobQueue(f"sqlite:///{tmp_path}/unused.sqlite3")
+
+
+def test_default_name_is_module_and_qualname(app: JobQueue) -> None:
+    @app.task
+    def add(x: int, y: int) -> int:
+        return x + y
+
+    assert add.name == f"{__name__}.test_default_name_is_module_and_qualname.<locals>.add"
+    assert app.registry[add.name] is add
+
+
+def test_options_are_stored(app: JobQueue) -> None:
+    strategy = ConstantRetryStrategy(delay_seconds=1, max_attempts=2)
+
+    @app.task(name="emails.send", queue="emails", priority=5, retry_strategy=strategy, retry_on=(ConnectionError,),
+              timeout=30, soft_timeout=20, max_deliveries=3, ack_policy=AckPolicy.REJECT_ON_ERROR, bind=True)
+    def send(context, to):  # type: ignore[no-untyped-def]
+        return to
+
+    options = send.options
+    assert (options.name, options.queue, options.priority, options.timeout) == ("emails.send", "emails", 5, 30)
+    assert options.retry_on == (ConnectionError,)
+    assert options.retry_strategy is strategy
+    assert send.queue == "emails"
+
+
+def test_unknown_option_fails_at_decoration_naming_it(app: JobQueue) -> None:
+    with pytest.raises(ConfigurationError) as info:
+        @app.task(quue="emails")
+        def f() -> None: ...
+    assert "'quue'" in str(info.value) and "did you mean 'queue'" in str(info.value)
+
+
+@pytest.mark.parametrize("options, fragment", [
+    ({"queue": "bad queue!"}, "invalid queue name"),
+    ({"priority": 10**6}, "priority must be"),
+    ({"priority": "high"}, "priority must be"),
+    ({"timeout": -1}, "timeout must be"),
+    ({"max_deliveries": 0}, "max_deliveries must be"),
+    ({"retry_on": "ValueError"}, "retry_on must be exception classes"),
+    ({"retry_strategy": 3}, "retry_strategy must be"),
+    ({"ack_policy": "ack"}, "ack_policy must be"),
+    ({"name": "has space"}, "invalid task name"),
+])
+def test_invalid_option_values(app: JobQueue, options: dict, fragment: str) -> None:
+    with pytest.raises(ConfigurationError, match=fragment):
+        app.task(**options)(lambda: None)
+
+
+def test_same_name_twice_from_different_functions_is_refused(app: JobQueue) -> None:
+    app.task(name="dup")(lambda: 1)
+    with pytest.raises(ConfigurationError, match="already registered"):
+        @app.task(name="dup")
+        def other() -> int:
+            return 2
+
+
+def test_inline_call_runs_the_function(app: JobQueue) -> None:
+    @app.task
+    def add(x: int, y: int) -> int:
+        return x + y
+
+    assert add(2, 3) == 5
+
+
+def test_inline_call_of_bound_task_gets_a_context(app: JobQueue) -> None:
+    @app.task(bind=True)
+    def who(context, x):  # type: ignore[no-untyped-def]
+        return (context.id, context.attempt, x)
+
+    assert who(7) == (None, 1, 7)
+
+
+def test_non_serializable_arguments_raise_before_any_database_access(app: JobQueue) -> None:
+    @app.task
+    def f(x: object) -> None: ...
+
+    # The database file does not even exist: the error comes first, nothing is written.
+    with pytest.raises(SerializationError, match=r"args\[0\]"):
+        f.delay(object())
+    with pytest.raises(SerializationError, match="item 1"):
+        f.bulk([(1,), (object(),)])
+    assert app._store is None
+
+
+def test_oversized_payload_is_refused(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    app = JobQueue(f"sqlite:///{tmp_path}/x.sqlite3", max_payload_bytes=2048)
+
+    @app.task
+    def f(x: str) -> None: ...
+
+    with pytest.raises(SerializationError, match="max_payload_bytes=2048"):
+        f.delay("x" * 5000)
+
+
+def test_bad_bulk_item_names_the_fix(app: JobQueue) -> None:
+    @app.task
+    def f(x: int) -> None: ...
+
+    with pytest.raises(SerializationError, match=r"\(value,\)"):
+        f.bulk([1, 2])
+
+
+@pytest.mark.parametrize("kwargs, fragment", [
+    ({"eta": "tomorrow"}, "eta must be a datetime"),
+    ({"countdown": 1, "eta": __import__("datetime").datetime(2030, 1, 1)}, "not both"),
+    ({"headers": {1: "x"}}, "headers must be"),
+    ({"unique_key": ""}, "unique_key must be"),
+    ({"queue": "no spaces allowed"}, "invalid queue name"),
+])
+def test_invalid_call_options(app: JobQueue, kwargs: dict, fragment: str) -> None:
+    @app.task
+    def f() -> None: ...
+
+    with pytest.raises(ConfigurationError, match=fragment):
+        f.apply_async((), **kwargs)
+
+
+def test_unknown_jobqueue_setting_is_named() -> None:
+    with pytest.raises(ConfigurationError, match="fetch_batchsize"):
+        JobQueue(fetch_batchsize=5)
