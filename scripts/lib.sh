@@ -62,7 +62,7 @@ wait_for() {  # wait_for SECONDS DESCRIPTION CMD...
 }
 
 start_postgres() {
-  if ! pg_isready -h 127.0.0.1 -p 5432 -q 2>/dev/null; then
+  if ! pg_isready -h 127.0.0.1 -p 5432 -q >/dev/null 2>&1; then
     local version
     version=$(ls /etc/postgresql | sort -V | tail -n 1)
     say "starting PostgreSQL $version"
@@ -72,7 +72,7 @@ start_postgres() {
 }
 
 start_mariadb() {
-  if ! mariadb-admin ping -h 127.0.0.1 --silent 2>/dev/null; then
+  if ! mariadb-admin ping -h 127.0.0.1 --silent >/dev/null 2>&1; then
     say "starting MariaDB"
     as_root mkdir -p /run/mysqld
     as_root chown mysql:mysql /run/mysqld

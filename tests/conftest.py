@@ -75,3 +75,12 @@ def _no_stray_env(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.delenv(name, raising=False)
     if "JOBQUEUE_DATABASE_URL" in os.environ:
         monkeypatch.delenv("JOBQUEUE_DATABASE_URL")
+
+
+def pytest_terminal_summary(terminalreporter) -> None:  # type: ignore[no-untyped-def]
+    from tests.runtime.harness import REPORTS
+
+    if REPORTS:
+        terminalreporter.section("runtime reports")
+        for line in REPORTS:
+            terminalreporter.write_line(line)

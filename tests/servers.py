@@ -95,3 +95,122 @@ def drop_database(backend: str, url: str) -> None:
         else:
             conn.execute(sa.text(f"DROP DATABASE IF EXISTS {name}"))
     engine.dispose()
+
+
+# -- private servers, for tests that stop or restart them ------------------------------------------------
+
+import contextlib  # noqa: E402
+import glob  # noqa: E402
+import shutil  # noqa: E402
+import socket  # noqa: E402
+import tempfile  # noqa: E402
+from typing import Iterator  # noqa: E402
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _as(user: str, command: list[str], **kwargs) -> subprocess.CompletedProcess:  # type: ignore[no-untyped-def, type-arg]
+    """Run as ``user`` when we are root (initdb and mariadbd refuse root), else as ourselves."""
+    if os.geteuid() == 0:
+        command = ["runuser", "-u", user, "--"] + command
+    return subprocess.run(command, check=True, capture_output=True, text=True, cwd="/tmp", **kwargs)
+
+
+def _private_dir(owner: str) -> str:
+    directory = tempfile.mkdtemp(prefix=f"jobqueue-{owner}-", dir="/tmp")
+    if os.geteuid() == 0:
+        shutil.chown(directory, owner, owner)
+    return directory
+
+
+def _wait_reachable(url: str, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while (error := _reachable(url)) is not None:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"private server did not come up: {error}")
+        time.sleep(0.2)
+
+
+class PrivatePostgres:
+    """A throwaway PostgreSQL cluster on a free port, that a test may stop and restart."""
+
+    def __init__(self) -> None:
+        bins = sorted(glob.glob("/usr/lib/postgresql/*/bin"))
+        if not bins:
+            raise RuntimeError("PostgreSQL server binaries not found under /usr/lib/postgresql (run scripts/test.sh)")
+        self.bin = bins[-1]
+        self.dir = _private_dir("postgres")
+        self.port = free_port()
+        self.url = f"postgresql+psycopg2://postgres@127.0.0.1:{self.port}/postgres"
+        _as("postgres", [f"{self.bin}/initdb", "-D", f"{self.dir}/data", "-A", "trust", "-U", "postgres",
+                         "--no-sync"])
+
+    def start(self) -> None:
+        options = f"-p {self.port} -k {self.dir} -c listen_addresses=127.0.0.1 -c fsync=off"
+        _as("postgres", [f"{self.bin}/pg_ctl", "-D", f"{self.dir}/data", "-o", options, "-l",
+                         f"{self.dir}/server.log", "-w", "start"])
+        _wait_reachable(self.url)
+
+    def stop(self) -> None:
+        _as("postgres", [f"{self.bin}/pg_ctl", "-D", f"{self.dir}/data", "-m", "fast", "-w", "stop"])
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self.stop()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class PrivateMariaDB:
+    """A throwaway MariaDB server on a free port, that a test may stop and restart."""
+
+    def __init__(self) -> None:
+        self.dir = _private_dir("mysql")
+        self.port = free_port()
+        self.url = f"mysql+mysqldb://root@127.0.0.1:{self.port}/jobqueue_private"
+        self.process: subprocess.Popen | None = None  # type: ignore[type-arg]
+        command = ["mariadb-install-db", "--no-defaults", f"--datadir={self.dir}/data", "--skip-test-db",
+                   "--auth-root-authentication-method=normal"]
+        if os.geteuid() == 0:
+            command.append("--user=mysql")
+        subprocess.run(command, check=True, capture_output=True, text=True, cwd="/tmp")
+
+    def start(self) -> None:
+        command = ["/usr/sbin/mariadbd", "--no-defaults", f"--datadir={self.dir}/data", f"--port={self.port}",
+                   f"--socket={self.dir}/mysqld.sock", "--bind-address=127.0.0.1", f"--pid-file={self.dir}/pid",
+                   "--skip-grant-tables", "--skip-log-bin", "--innodb-buffer-pool-size=64M",
+                   "--innodb-flush-log-at-trx-commit=2", f"--log-error={self.dir}/error.log"]
+        if os.geteuid() == 0:
+            command.append("--user=mysql")
+        self.process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        admin = self.url.rsplit("/", 1)[0] + "/"
+        _wait_reachable(admin)
+        engine = sa.create_engine(admin, poolclass=sa.pool.NullPool)
+        with engine.connect() as conn:
+            conn.execute(sa.text("CREATE DATABASE IF NOT EXISTS jobqueue_private"))
+        engine.dispose()
+
+    def stop(self) -> None:
+        if self.process is not None:
+            self.process.terminate()
+            self.process.wait(60)
+            self.process = None
+
+    def close(self) -> None:
+        if self.process is not None:
+            self.process.kill()
+            self.process.wait(30)
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def private_server(backend: str) -> Iterator[PrivatePostgres | PrivateMariaDB]:
+    server: PrivatePostgres | PrivateMariaDB = PrivatePostgres() if backend == "postgresql" else PrivateMariaDB()
+    try:
+        server.start()
+        yield server
+    finally:
+        server.close()

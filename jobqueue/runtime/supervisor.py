@@ -1,9 +1,11 @@
 """The supervisor: forks worker processes and keeps the pool and its leases healthy.
 
-Duties, each checked every tick: reap a dead child, record a hard-timeout kill as a nack, return the
-child's other messages to PENDING at once and fork a replacement; renew the worker rows and the
-leases of every message the children hold; release expired leases (other hosts' dead workers);
-stop on signals (first: warm, second: cold); in ``--burst`` mode stop when the queues are drained.
+Every tick (0.1 s, or sooner when a child exits or a signal arrives) it: reaps dead children,
+records a hard-timeout kill as a failed attempt, returns the child's other messages to PENDING at
+once and forks a replacement; kills children past their job's hard timeout; renews the worker rows and the leases of every message the
+children hold; releases expired leases (other hosts' dead workers); stops on signals (first: warm,
+second: cold) or, with ``--burst``, once the queues are drained. Database work goes through a
+guard: an outage is logged once and the work is retried on later ticks, never blocking the loop.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 import multiprocess
 from multiprocess import connection as mp_connection
@@ -27,6 +29,7 @@ from jobqueue.job import ErrorInfo
 from jobqueue.runtime.executor import Executor
 from jobqueue.runtime.process import ChildSpec, WorkerProcess, _drain
 from jobqueue.runtime.progress import Progress
+from jobqueue.runtime.resilience import DatabaseGuard
 from jobqueue.runtime.slot import Slot, SlotView
 from jobqueue.storage.engine import mask_url
 
@@ -39,6 +42,8 @@ TICK_SECONDS = 0.1
 BURST_HORIZON_SECONDS = 5.0
 BURST_CHECK_SECONDS = 0.25
 RESPAWN_BACKOFF_MAX_SECONDS = 10.0
+QUICK_DEATHS_BEFORE_BACKOFF = 3
+RETRY_SOON_SECONDS = 1.0
 
 
 @dataclass
@@ -58,9 +63,9 @@ class Supervisor:
 
     def __post_init__(self) -> None:
         self.settings = self.app.settings
+        self.size = self.settings.effective_concurrency
         self.context = multiprocess.get_context("fork")
         self.children: dict[int, Child] = {}
-        self.slots = [Slot.create(self.context) for _ in range(self.settings.effective_concurrency)]
         self.signals = 0
         self.stopping = False
         self.stop_deadline = 0.0
@@ -70,6 +75,9 @@ class Supervisor:
         self.respawn_at: dict[int, float] = {}
         self.quick_deaths: dict[int, int] = {}
         self.done_by_dead = 0
+        # Database work that failed during an outage, retried every tick until it succeeds.
+        self.pending: list[tuple[str, Callable[[], Any]]] = []
+        self.guard = DatabaseGuard(logger, "database (supervisor)")
 
     # -- entry point -------------------------------------------------------------------------------
     def run(self) -> int:
@@ -83,9 +91,9 @@ class Supervisor:
         self._install_signals()
         queues = ",".join(self.settings.queues) if self.settings.queues else "all queues"
         logger.info("jobqueue worker %s: %s processes on %s serving %s; tasks: %s", self.supervisor_id[:8],
-                    len(self.slots), mask_url(self.app.database_url), queues, ", ".join(sorted(self.app.registry)))
+                    self.size, mask_url(self.app.database_url), queues, ", ".join(sorted(self.app.registry)))
         self.meter = Progress(self.store, self.settings.queues) if self.progress else None
-        for index in range(len(self.slots)):
+        for index in range(self.size):
             self._spawn(index)
         try:
             return self._loop()
@@ -112,7 +120,9 @@ class Supervisor:
             if self.signals == 1 and not self.stopping:
                 self._begin_stop("signal received")
             self._reap()
+            self._retry_pending()
             if self.stopping and not self.children:
+                self._finish_pending()
                 logger.info("jobqueue worker %s stopped", self.supervisor_id[:8])
                 return 0
             self._respawn_due()
@@ -134,12 +144,12 @@ class Supervisor:
     def _spawn(self, index: int) -> None:
         wake_r, wake_w = _pipe()
         spec = ChildSpec(index=index, worker_id=uuid.uuid4().hex, supervisor_id=self.supervisor_id,
-                         slot=self.slots[index], wake_r=wake_r, wake_w=wake_w)
-        spec.slot.reset()
+                         slot=Slot.create(self.context), wake_r=wake_r, wake_w=wake_w)
         process = self.context.Process(target=_child_main, args=(self.app, spec), name=f"jobqueue-worker-{index}")
         process.start()
         os.close(wake_r)
         self.children[index] = Child(spec, process, time.monotonic())
+        logger.info("started worker process %s (pid %s)", index, process.pid)
 
     def _reap(self) -> None:
         for index, child in list(self.children.items()):
@@ -152,26 +162,27 @@ class Supervisor:
             if code != 0 and child.timed_out is None:
                 how = f"signal {-code}" if code < 0 else f"code {code}"
                 running = f" while running job {view.running_id}" if view.running_id else ""
-                logger.error("worker process %s exited with %s%s; its messages are returned now",
-                             child.process.pid, how, running)
+                logger.error("worker process %s (pid %s) exited with %s%s; its messages are returned now",
+                             index, child.process.pid, how, running)
             self._release(child, view)
             os.close(child.spec.wake_w)
             if not self.stopping:
                 self._schedule_respawn(index, child)
 
     def _release(self, child: Child, view: SlotView) -> None:
-        worker_id = child.spec.worker_id
-        try:
-            if child.timed_out is not None:
-                self._record_timeout(child.timed_out)
+        """Record a timeout kill, then return everything the dead child held (retried through outages)."""
+        worker_id, pid = child.spec.worker_id, child.process.pid
+        if child.timed_out is not None:
+            timed_out = child.timed_out
+            self._do(f"record the timeout of job {timed_out.running_id}", lambda: self._record_timeout(timed_out))
+
+        def release() -> None:
             released = self.store.release_worker(worker_id, running_id=view.running_id or None)
             if released:
-                logger.info("returned %s message(s) held by worker process %s to PENDING", released,
-                            child.process.pid)
+                logger.info("returned %s message(s) held by worker process pid %s to the queue", released, pid)
             self.store.remove_workers([worker_id])
-        except Exception:
-            # Their leases still expire: release_expired returns them within release_stuck_timeout.
-            logger.exception("could not release the messages of worker process %s now", child.process.pid)
+
+        self._do(f"release the messages of pid {pid}", release)
 
     def _record_timeout(self, view: SlotView) -> None:
         message = self.store.held_message(view.running_id, view.token)
@@ -182,16 +193,20 @@ class Supervisor:
         exc = TimeLimitExceeded(f"job ran past its timeout of {limit} s; its worker process was killed")
         outcome = self.executor.nack_for_timeout(message, ErrorInfo.from_exception(exc))
         self.store.flush([outcome])
-        logger.warning("job %s %s killed after its timeout of %s s (%s)", message.id, message.task_name, limit,
-                       "retry at %s" % outcome.next_attempt_at if outcome.next_attempt_at else "failed")
+        fate = f"retry at {outcome.next_attempt_at}" if outcome.next_attempt_at else "failed"
+        logger.warning("job %s %s killed after its timeout of %s s (%s)", message.id, message.task_name, limit, fate)
 
     def _schedule_respawn(self, index: int, child: Child) -> None:
-        # A child that dies right after starting (broken import, database down) is respawned with
-        # backoff instead of in a tight fork loop.
+        # Replace a dead child at once. Only a slot whose children keep dying right after starting
+        # (a broken import, a database that refuses connections) backs off, so it is not a fork loop.
         quick = time.monotonic() - child.started < 1.0
         deaths = self.quick_deaths.get(index, 0) + 1 if quick else 0
         self.quick_deaths[index] = deaths
-        delay = min(RESPAWN_BACKOFF_MAX_SECONDS, 0.5 * 2 ** (deaths - 1)) if deaths else 0.0
+        delay = 0.0
+        if deaths >= QUICK_DEATHS_BEFORE_BACKOFF:
+            delay = min(RESPAWN_BACKOFF_MAX_SECONDS, 0.5 * 2 ** (deaths - QUICK_DEATHS_BEFORE_BACKOFF))
+            logger.warning("worker process %s died within a second of starting %s times in a row; next start in "
+                           "%.1f s", index, deaths, delay)
         self.respawn_at[index] = time.monotonic() + delay
 
     def _respawn_due(self) -> None:
@@ -202,41 +217,64 @@ class Supervisor:
                 self._spawn(index)
 
     def _enforce_time_limits(self) -> None:
+        """Kill a child whose job passed its hard timeout; the reap records it and forks a replacement."""
         now = time.monotonic_ns()
         for child in self.children.values():
             view = child.spec.slot.read()
-            if child.timed_out is None and view.running_id and view.deadline_ns and now > view.deadline_ns:
+            if (view is not None and view.running_id and view.deadline_ns and now > view.deadline_ns
+                    and child.timed_out is None):
                 child.timed_out = view
                 _kill(child.process.pid)
 
-    # -- maintenance -------------------------------------------------------------------------------
+    # -- database work -----------------------------------------------------------------------------
+    def _do(self, what: str, operation: Callable[[], Any]) -> None:
+        """Run ``operation`` now; during an outage keep it for the next ticks."""
+        try:
+            ok, _ = self.guard.try_once(operation)
+        except Exception:
+            logger.exception("could not %s", what)
+            return
+        if not ok:
+            self.pending.append((what, operation))
+
+    def _retry_pending(self) -> None:
+        pending, self.pending = self.pending, []
+        for what, operation in pending:
+            self._do(what, operation)
+
+    def _finish_pending(self) -> None:
+        deadline = time.monotonic() + self.settings.graceful_timeout
+        while self.pending and time.monotonic() < deadline and self.signals < 2:
+            time.sleep(RETRY_SOON_SECONDS)
+            self._retry_pending()
+        for what, _ in self.pending:
+            logger.error("gave up trying to %s; the messages return to the queue when their leases expire", what)
+
     def _maintenance(self) -> None:
         now = time.monotonic()
-        try:
-            if now >= self.next_heartbeat:
-                ids = [c.spec.worker_id for c in self.children.values()]
-                self.store.heartbeat(ids, self.settings.release_stuck_timeout)
-                self.next_heartbeat = now + self.settings.heartbeat_interval
-            if now >= self.next_release:
-                released = self.store.release_expired()
-                if released:
-                    logger.warning("released %s message(s) whose lease expired (a worker died or stalled)",
-                                   released)
-                stale = max(10 * self.settings.release_stuck_timeout, 300.0)
-                self.store.prune_workers(utcnow() - timedelta(seconds=stale))
-                self.next_release = now + self.settings.release_stuck_interval
-        except Exception:
-            logger.exception("maintenance query failed; retrying next tick")
+        if now >= self.next_heartbeat:
+            ids = [c.spec.worker_id for c in self.children.values()]
+            ok, _ = self.guard.try_once(lambda: self.store.heartbeat(ids, self.settings.release_stuck_timeout))
+            self.next_heartbeat = now + (self.settings.heartbeat_interval if ok else RETRY_SOON_SECONDS)
+        if now >= self.next_release:
+            ok, released = self.guard.try_once(self.store.release_expired)
+            if released:
+                logger.warning("released %s message(s) whose lease expired (a worker died or stalled)", released)
+            stale = max(10 * self.settings.release_stuck_timeout, 300.0)
+            self.guard.try_once(lambda: self.store.prune_workers(utcnow() - timedelta(seconds=stale)))
+            self.next_release = now + (self.settings.release_stuck_interval if ok else RETRY_SOON_SECONDS)
 
     def _check_burst(self) -> None:
         now = time.monotonic()
         if now < self.next_burst_check:
             return
         self.next_burst_check = now + BURST_CHECK_SECONDS
-        if not self.children or not all(c.spec.slot.read().idle for c in self.children.values()):
+        views = [c.spec.slot.read() for c in self.children.values()]
+        if not views or self.pending or not all(v is not None and v.idle for v in views):
             return
         horizon = utcnow() + timedelta(seconds=BURST_HORIZON_SECONDS)
-        if not self.store.has_work(self.settings.queues, horizon):
+        ok, busy = self.guard.try_once(lambda: self.store.has_work(self.settings.queues, horizon))
+        if ok and not busy:
             self._begin_stop("burst: no message processing or due within 5 s")
 
     # -- stopping ----------------------------------------------------------------------------------
@@ -261,11 +299,13 @@ class Supervisor:
         self.stopping = True
         self._kill_all("second signal")
         self._reap()
+        self._retry_pending()
         logger.warning("cold shutdown")
         return 1
 
     def _done(self) -> int:
-        return self.done_by_dead + sum(c.spec.slot.read().done for c in self.children.values())
+        views = [c.spec.slot.read_raw() for c in self.children.values()]
+        return self.done_by_dead + sum(v.done for v in views)
 
 
 def _child_main(app: JobQueue, spec: ChildSpec) -> None:

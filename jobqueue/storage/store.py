@@ -220,12 +220,14 @@ class Store:
             conn.execute(sa.update(w).where(w.c.id.in_(worker_ids)).values(heartbeat_at=now))
         return int(renewed)
 
-    def _release(self, *conditions: Any, uncount: Any = None) -> int:
+    def _release(self, *conditions: Any, uncount: Any = None, uncount_delivery: bool = False) -> int:
         m = self.tables.message
         values: dict[str, Any] = dict(state=MessageState.PENDING.value, worker_id=None, lease_token=None,
                                       acquired_at=None, lease_expires_at=None)
         if uncount is not None:
             values["attempts_count"] = m.c.attempts_count - uncount
+        if uncount_delivery:
+            values["deliveries_count"] = m.c.deliveries_count - 1
         with self.engine.begin() as conn:
             return int(conn.execute(sa.update(m).where(m.c.state == PROCESSING, *conditions).values(values)).rowcount)
 
@@ -246,12 +248,7 @@ class Store:
     def release_token(self, token: int) -> int:
         """Undo an acquisition whose reply was lost (the connection dropped after COMMIT)."""
         m = self.tables.message
-        with self.engine.begin() as conn:
-            return int(conn.execute(
-                sa.update(m).where(m.c.lease_token == token, m.c.state == PROCESSING).values(
-                    state=MessageState.PENDING.value, worker_id=None, lease_token=None, acquired_at=None,
-                    lease_expires_at=None, attempts_count=m.c.attempts_count - 1,
-                    deliveries_count=m.c.deliveries_count - 1)).rowcount)
+        return self._release(m.c.lease_token == token, uncount=sa.literal(1), uncount_delivery=True)
 
     def has_work(self, queues: tuple[str, ...] | None, horizon: datetime) -> bool:
         """True while the queues hold a message PROCESSING or due before ``horizon`` (for --burst)."""

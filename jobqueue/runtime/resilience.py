@@ -1,0 +1,133 @@
+"""Riding out database outages: retry with backoff (tenacity), log once per outage.
+
+A dropped connection, a restarting server, a deadlock or a busy SQLite file raise transient errors;
+the operation is retried after an exponential backoff with jitter until it succeeds or the caller
+gives up. The first failure of an outage logs a warning, the recovery logs how long it lasted, and
+the attempts in between log nothing above DEBUG.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Callable, TypeVar
+
+import sqlalchemy as sa
+import tenacity
+
+T = TypeVar("T")
+
+BACKOFF_INITIAL_SECONDS = 0.1
+BACKOFF_MAX_SECONDS = 5.0
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Errors worth retrying: lost connections, server restarts, deadlocks, lock timeouts, busy files."""
+    if isinstance(exc, sa.exc.DBAPIError):
+        return bool(exc.connection_invalidated) or isinstance(exc, (sa.exc.OperationalError, sa.exc.InterfaceError))
+    return isinstance(exc, (sa.exc.DisconnectionError, ConnectionError))
+
+
+def fresh_connection_retry(operation: Callable[[], T]) -> T:
+    """Run ``operation``; if it failed on a pooled connection the server had closed, run it once more.
+
+    After a server restart every pooled connection is dead; SQLAlchemy discards them all on the first
+    such error, so the immediate second try gets a new connection. Only a second failure is an outage.
+    """
+    try:
+        return operation()
+    except sa.exc.DBAPIError as exc:
+        if not exc.connection_invalidated:
+            raise
+    return operation()
+
+
+def _stale_connection(state: tenacity.RetryCallState) -> bool:
+    exc = state.outcome.exception() if state.outcome is not None else None
+    return state.attempt_number == 1 and isinstance(exc, sa.exc.DBAPIError) and bool(exc.connection_invalidated)
+
+
+class GaveUp(Exception):
+    """The caller's ``give_up()`` said to stop retrying during an outage."""
+
+
+class DatabaseGuard:
+    """Run database operations for one process through outages."""
+
+    def __init__(self, logger: logging.Logger, what: str = "database") -> None:
+        self.logger = logger
+        self.what = what
+        self.outage_started: float | None = None
+        self.failures = 0
+        self.last_call_retried = False
+
+    def _failed(self, exc: BaseException) -> None:
+        self.failures += 1
+        if self.outage_started is None:
+            self.outage_started = time.monotonic()
+            reason = str(getattr(exc, "orig", None) or exc).strip().splitlines()
+            self.logger.warning("%s unavailable (%s: %s); retrying with backoff", self.what, type(exc).__name__,
+                                reason[0] if reason else "")
+        else:
+            self.logger.debug("%s still unavailable: %s", self.what, exc)
+
+    def _before_sleep(self, state: tenacity.RetryCallState) -> None:
+        exc = state.outcome.exception() if state.outcome is not None else None
+        if exc is not None and not _stale_connection(state):
+            self._failed(exc)
+
+    def _succeeded(self) -> None:
+        if self.outage_started is not None:
+            self.logger.warning("%s available again after %.1f s and %d failed attempts", self.what,
+                                time.monotonic() - self.outage_started, self.failures)
+            self.outage_started, self.failures = None, 0
+
+    def call(self, operation: Callable[[], T], give_up: Callable[[], bool] = lambda: False,
+             on_retry: Callable[[], None] | None = None) -> T:
+        """Run ``operation`` until it succeeds; raise GaveUp once ``give_up()`` is true during an outage.
+
+        ``on_retry`` runs before each new attempt (inside the retry, so it may fail transiently too).
+        """
+        attempts = 0
+
+        def attempt() -> T:
+            nonlocal attempts
+            attempts += 1
+            if (attempts > 1 or self.failures) and on_retry is not None:
+                on_retry()
+            return operation()
+
+        backoff = (tenacity.wait_exponential(multiplier=BACKOFF_INITIAL_SECONDS, max=BACKOFF_MAX_SECONDS)
+                   + tenacity.wait_random(0, BACKOFF_INITIAL_SECONDS))
+        retrying = tenacity.Retrying(
+            retry=tenacity.retry_if_exception(is_transient),
+            # A first failure on a connection the server had closed retries at once, unlogged:
+            # only a second failure is an outage (see fresh_connection_retry).
+            wait=lambda state: 0.0 if _stale_connection(state) else backoff(state),
+            stop=lambda state: give_up(),
+            before_sleep=self._before_sleep,
+            reraise=True,
+        )
+        try:
+            result = retrying(attempt)
+        except BaseException as exc:
+            self.last_call_retried = attempts > 1
+            if is_transient(exc):
+                self._failed(exc)
+                raise GaveUp(str(exc)) from exc
+            raise
+        self.last_call_retried = attempts > 1
+        self._succeeded()
+        return result
+
+    def try_once(self, operation: Callable[[], T]) -> tuple[bool, T | None]:
+        """Run ``operation`` once; on a transient error note the outage and return (False, None)."""
+        try:
+            result = fresh_connection_retry(operation)
+        except Exception as exc:
+            if not is_transient(exc):
+                raise
+            self._failed(exc)
+            return False, None
+        self._succeeded()
+        return True, result

@@ -1,0 +1,95 @@
+"""Run a real ``jobqueue worker`` in a subprocess and watch it from the test."""
+
+from __future__ import annotations
+
+import collections
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Callable
+
+from tests.acceptance.cli import ROOT
+
+REPORTS: list[str] = []  # printed at the end of the session (conftest's terminal summary)
+
+
+def wait_for(condition: Callable[[], object], timeout: float, what: str, interval: float = 0.05) -> object:
+    """Poll ``condition`` until it is truthy; fail the test after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(interval)
+
+
+class Worker:
+    """``jobqueue --app tests.apps.runtime:app worker ...`` with its log in a file."""
+
+    def __init__(self, tmp: Path, *args: str, app: str = "tests.apps.runtime:app", name: str = "worker",
+                 env: dict[str, str] | None = None) -> None:
+        self.log_path = tmp / f"{name}.log"
+        self.log = open(self.log_path, "w")
+        command = [sys.executable, "-m", "jobqueue", "--app", app, "worker", *args]
+        self.process = subprocess.Popen(command, cwd=ROOT, stdout=self.log, stderr=subprocess.STDOUT,
+                                        env=dict(os.environ, **(env or {})))
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def children(self) -> list[int]:
+        try:
+            text = Path(f"/proc/{self.pid}/task/{self.pid}/children").read_text()
+        except OSError:
+            return []
+        return [int(p) for p in text.split()]
+
+    def signal(self, signum: int) -> None:
+        os.kill(self.pid, signum)
+
+    def wait(self, timeout: float) -> int:
+        try:
+            return self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise AssertionError(f"worker did not exit within {timeout} s; log:\n{self.text()[-4000:]}") from None
+
+    def kill(self) -> None:
+        for pid in self.children() + [self.pid]:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        self.process.wait(10)
+
+    def text(self) -> str:
+        if not self.log.closed:
+            self.log.flush()
+        return self.log_path.read_text()
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            self.kill()
+        self.log.close()
+
+
+def runs(path: Path) -> list[tuple[str, int, int]]:
+    """The events the runtime tasks recorded: (event, job id, pid)."""
+    if not path.exists():
+        return []
+    out = []
+    for line in path.read_text().splitlines():
+        event, job_id, pid = line.split()
+        out.append((event, int(job_id), int(pid)))
+    return out
+
+
+def repeated(events: list[tuple[str, int, int]], event: str) -> dict[int, int]:
+    counts = collections.Counter(job_id for name, job_id, _ in events if name == event)
+    return {job_id: n for job_id, n in counts.items() if n > 1}

@@ -1,0 +1,239 @@
+"""Worker runtime under real processes: SIGKILL chaos, SIGTERM, poison, time limits, recycling, leases.
+
+Every test runs the real CLI in a subprocess against SQLite, PostgreSQL and MariaDB.
+"""
+
+from __future__ import annotations
+
+import random
+import signal
+import threading
+import time
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+import sqlalchemy as sa
+
+from jobqueue import JobFailed, JobQueue
+from jobqueue.clock import utcnow
+from tests.apps import runtime as rt
+from tests.runtime.harness import REPORTS, Worker, repeated, runs, wait_for
+
+
+@pytest.fixture
+def app(db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[JobQueue]:
+    rt.app.configure(database_url=db_url)
+    monkeypatch.setenv("JOBQUEUE_TEST_RUNS", str(tmp_path / "runs.txt"))
+    yield rt.app
+    rt.app.close()
+
+
+@pytest.fixture
+def workers(tmp_path: Path) -> Iterator[list[Worker]]:
+    started: list[Worker] = []
+    yield started
+    for worker in started:
+        worker.close()
+
+
+def start(workers: list[Worker], tmp_path: Path, *args: str, name: str = "worker") -> Worker:
+    worker = Worker(tmp_path, *args, name=name)
+    workers.append(worker)
+    return worker
+
+
+def table_rows(app: JobQueue, table: str, *columns: str) -> list[tuple]:
+    t = getattr(app.tables, table)
+    with app.engine.connect() as conn:
+        return [tuple(r) for r in conn.execute(sa.select(*[t.c[c] for c in columns]).order_by(t.c.id))]
+
+
+def archived_states(app: JobQueue) -> dict[int, str]:
+    return dict(table_rows(app, "archive", "id", "state"))
+
+
+def test_chaos_sigkill_a_random_child_every_half_second(app: JobQueue, backend: str, tmp_path: Path,
+                                                        workers: list[Worker]) -> None:
+    handles = rt.short.bulk([()] * 2000)
+    worker = start(workers, tmp_path, "--burst", "--concurrency", "2")
+    kills = 0
+    stop = threading.Event()
+
+    def killer() -> None:
+        nonlocal kills
+        while not stop.wait(0.5):
+            children = worker.children()
+            if children:
+                try:
+                    signal_pid = random.choice(children)
+                    import os
+                    os.kill(signal_pid, signal.SIGKILL)
+                    kills += 1
+                except ProcessLookupError:
+                    pass
+
+    thread = threading.Thread(target=killer)
+    thread.start()
+    try:
+        code = worker.wait(240)
+    finally:
+        stop.set()
+        thread.join()
+    assert code == 0, worker.text()[-3000:]
+    states = archived_states(app)
+    assert len(states) == 2000 and set(states.values()) == {"COMPLETED"}
+    assert table_rows(app, "message", "id") == []
+    assert {h.id for h in handles} == set(states)
+    twice = repeated(runs(tmp_path / "runs.txt"), "run")
+    assert kills >= 3, "the run ended before the chaos had any effect"
+    REPORTS.append(f"chaos[{backend}]: 2000 jobs, {kills} SIGKILLs, {len(twice)} jobs ran more than once "
+                   f"({sum(twice.values()) - len(twice)} extra runs), 0 lost")
+
+
+def test_sigterm_lets_running_jobs_finish_and_hands_back_the_rest(app: JobQueue, tmp_path: Path,
+                                                                  workers: list[Worker]) -> None:
+    rt.noop.bulk([()] * 30)  # warm-up: the processes learn that jobs are quick and fetch big batches
+    slow = rt.slow.bulk([(1.5,)] * 20)
+    worker = start(workers, tmp_path, "--concurrency", "2")
+    wait_for(lambda: len([e for e in runs(tmp_path / "runs.txt") if e[0] == "start"]) >= 2, 30,
+             "two slow jobs to start")
+    worker.signal(signal.SIGTERM)
+    assert worker.wait(20) == 0, worker.text()[-3000:]
+    events = runs(tmp_path / "runs.txt")
+    started = {job for event, job, _ in events if event == "start"}
+    ended = {job for event, job, _ in events if event == "end"}
+    assert started == ended, "a job that started was cut off"
+    states = archived_states(app)
+    assert all(states[job] == "COMPLETED" for job in started)
+    assert "FAILED" not in states.values()
+    rest = {row[0]: row[1:] for row in table_rows(app, "message", "id", "state", "attempts_count",
+                                                 "deliveries_count")}
+    assert set(rest) == {h.id for h in slow} - started
+    assert all(value == ("PENDING", 0, 0) for value in rest.values()), rest  # handed back uncounted
+
+    again = start(workers, tmp_path, "--burst", "--concurrency", "2", name="again")
+    assert again.wait(60) == 0
+    assert {h.status() for h in slow} == {"completed"}
+    assert not repeated(runs(tmp_path / "runs.txt"), "start"), "a job ran twice"
+
+
+def test_a_job_that_kills_its_process_is_failed_after_max_deliveries(app: JobQueue, tmp_path: Path,
+                                                                     workers: list[Worker]) -> None:
+    poison = rt.crash.delay()
+    others = rt.short.bulk([()] * 50)
+    began = time.monotonic()
+    worker = start(workers, tmp_path, "--burst", "--concurrency", "2")
+    assert worker.wait(60) == 0, worker.text()[-3000:]
+    with pytest.raises(JobFailed, match="max_deliveries=2") as info:
+        poison.get(timeout=5)
+    assert info.value.error_type == "jobqueue.errors.MaxDeliveriesExceeded"
+    assert time.monotonic() - began < 30
+    assert {h.status() for h in others} == {"completed"}
+    assert len([e for e in runs(tmp_path / "runs.txt") if e[0] == "start"]) == 2  # ran twice, then refused
+    log = worker.text()
+    assert log.count("exited with code 1") == 2
+    assert log.count("started worker process") == 4  # the pool kept its size: two replacements
+
+
+def test_hard_timeout_kills_and_retries_then_fails(app: JobQueue, tmp_path: Path, workers: list[Worker]) -> None:
+    job = rt.hang.delay()
+    others = rt.short.bulk([()] * 10)
+    worker = start(workers, tmp_path, "--burst", "--concurrency", "1")
+    assert worker.wait(60) == 0, worker.text()[-3000:]
+    with pytest.raises(JobFailed, match="timeout of 1 s") as info:
+        job.get(timeout=5)
+    assert info.value.error_type == "jobqueue.errors.TimeLimitExceeded"
+    assert table_rows(app, "archive", "attempts_count")[0] == (2,)  # killed, retried once, killed, failed
+    assert {h.status() for h in others} == {"completed"}
+    log = worker.text()
+    assert "killed after its timeout of 1 s (retry at" in log and "killed after its timeout of 1 s (failed)" in log
+
+
+def test_soft_timeout_raises_inside_the_job(app: JobQueue, tmp_path: Path, workers: list[Worker]) -> None:
+    job = rt.soft.delay()
+    worker = start(workers, tmp_path, "--burst", "--concurrency", "1")
+    assert worker.wait(60) == 0
+    result = job.get(timeout=5)
+    assert result.startswith("caught after 0.")
+
+
+def test_max_tasks_per_child_recycles_processes(app: JobQueue, tmp_path: Path, workers: list[Worker]) -> None:
+    handles = rt.short.bulk([()] * 20)
+    worker = start(workers, tmp_path, "--burst", "--concurrency", "1", "--max-tasks-per-child", "5")
+    assert worker.wait(60) == 0
+    pids = [h.get(timeout=5) for h in handles]
+    assert len(set(pids)) == 4
+    assert all(pids.count(p) == 5 for p in set(pids))
+
+
+def test_max_memory_per_child_recycles_between_jobs(app: JobQueue, tmp_path: Path, workers: list[Worker]) -> None:
+    handles = rt.grow.bulk([(40,)] * 3)  # each job keeps 40 MiB alive in its process
+    worker = start(workers, tmp_path, "--burst", "--concurrency", "1", "--max-memory-per-child", "100000")
+    assert worker.wait(60) == 0
+    pids = [h.get(timeout=5) for h in handles]
+    assert len(set(pids)) >= 2 and "max_memory_per_child" in worker.text()
+
+
+def test_a_slow_job_does_not_hoard_its_batch(app: JobQueue, tmp_path: Path, workers: list[Worker]) -> None:
+    rt.noop.bulk([()] * 30)
+    slow = rt.slow.bulk([(1.0,)] * 8)
+    began = time.monotonic()
+    worker = start(workers, tmp_path, "--burst", "--concurrency", "2")
+    assert worker.wait(60) == 0
+    elapsed = time.monotonic() - began
+    pids = {pid for event, _, pid in runs(tmp_path / "runs.txt") if event == "start"}
+    assert len(pids) == 2, "one process ran every slow job while the other idled"
+    assert {h.status() for h in slow} == {"completed"}
+    assert not repeated(runs(tmp_path / "runs.txt"), "start")
+    REPORTS.append(f"prefetch: 8 one-second jobs after quick ones took {elapsed:.1f} s on 2 processes")
+
+
+def test_expired_lease_is_redelivered_and_the_late_ack_is_fenced(app: JobQueue, tmp_path: Path,
+                                                                 workers: list[Worker]) -> None:
+    job = rt.slow.delay(4.0)
+    lease = ("--release-stuck-timeout", "2", "--release-stuck-interval", "0.5", "--max-fetch-interval", "0.2")
+    first = start(workers, tmp_path, "--concurrency", "1", *lease, name="first")
+    wait_for(lambda: runs(tmp_path / "runs.txt"), 30, "the job to start")
+    first.signal(signal.SIGSTOP)  # its supervisor stops renewing the lease; the job runs on
+    try:
+        second = start(workers, tmp_path, "--concurrency", "1", "--burst", *lease, name="second")
+        assert second.wait(60) == 0, second.text()[-3000:]
+    finally:
+        first.signal(signal.SIGCONT)
+    starts = [(job_id, pid) for event, job_id, pid in runs(tmp_path / "runs.txt") if event == "start"]
+    assert [j for j, _ in starts] == [job.id, job.id]  # delivered twice
+    second_pid = starts[1][1]
+    assert job.get(timeout=5) == second_pid  # the archive holds the second delivery's result
+    wait_for(lambda: "lease lost" in first.text(), 10, "the first delivery to report its lost lease")
+    assert len(table_rows(app, "archive", "id")) == 1
+    first.signal(signal.SIGTERM)
+    assert first.wait(30) == 0
+    assert len(table_rows(app, "archive", "id")) == 1  # its late ack never archived the job again
+
+
+def test_second_signal_stops_at_once_and_returns_the_messages(app: JobQueue, tmp_path: Path,
+                                                              workers: list[Worker]) -> None:
+    jobs = rt.slow.bulk([(30.0,)] * 2)
+    worker = start(workers, tmp_path, "--concurrency", "2")
+    wait_for(lambda: len(runs(tmp_path / "runs.txt")) >= 2, 30, "both jobs to start")
+    began = time.monotonic()
+    worker.signal(signal.SIGINT)
+    time.sleep(0.3)
+    worker.signal(signal.SIGINT)
+    assert worker.wait(10) == 1
+    assert time.monotonic() - began < 5
+    rows = table_rows(app, "message", "id", "state", "attempts_count", "deliveries_count")
+    assert sorted(r[0] for r in rows) == sorted(h.id for h in jobs)
+    assert all(r[1:] == ("PENDING", 1, 1) for r in rows)  # cut off: the attempt and the delivery count
+
+
+def test_jobs_running_past_graceful_timeout_are_returned(app: JobQueue, tmp_path: Path,
+                                                         workers: list[Worker]) -> None:
+    job = rt.slow.delay(30.0)
+    worker = start(workers, tmp_path, "--concurrency", "1", "--graceful-timeout", "1")
+    wait_for(lambda: runs(tmp_path / "runs.txt"), 30, "the job to start")
+    worker.signal(signal.SIGTERM)
+    assert worker.wait(15) == 0
+    assert "graceful_timeout passed" in worker.text()
+    assert job.status() == "pending"
