@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import signal
 from contextvars import ContextVar
 from datetime import datetime, timedelta
 from typing import Any, Protocol
@@ -114,11 +115,17 @@ class JobContext:
     def checkpoint(self, state: Any) -> None:
         """Save ``state`` durably now; the next delivery reads it back as ``state``, even after a crash."""
         data = None if state is None else self._serializer.dumps(state, path="checkpoint state")
-        if self._message is not None and self._keeper is not None:
-            if not self._keeper.save_checkpoint(self._message, data):
-                raise LeaseLost(f"job {self.id}: lease lost, checkpoint not saved")
-            self._message.checkpoint = data
-        self._checkpoint, self._state_cache, self._state_loaded = data, state, True
+        # Saved and remembered as one step: a soft-timeout alarm between the two would make the
+        # job's outcome write back the previous checkpoint over the one just saved.
+        masked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGALRM})
+        try:
+            if self._message is not None and self._keeper is not None:
+                if not self._keeper.save_checkpoint(self._message, data):
+                    raise LeaseLost(f"job {self.id}: lease lost, checkpoint not saved")
+                self._message.checkpoint = data
+            self._checkpoint, self._state_cache, self._state_loaded = data, state, True
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, masked)
 
     def defer(self, until: datetime | float | None = None, state: Any = None) -> None:
         """Release the job and run it again at ``until`` (a datetime, or seconds from now; default now).

@@ -167,17 +167,24 @@ class Task:
     def bulk(self, items: Iterable[Sequence[Any] | dict[str, Any]], *, batch_size: int = BULK_BATCH_SIZE,
              eta: datetime | None = None, countdown: float | None = None, queue: str | None = None,
              priority: int | None = None, headers: dict[str, Any] | None = None,
-             unique_key: str | None = None, partition_key: str | None = None,
-             retry_strategy: RetryStrategy | None = None, connection: Any = None) -> list[JobHandle]:
+             unique_key: Callable[[Any], str | None] | Sequence[str | None] | None = None,
+             partition_key: str | None = None, retry_strategy: RetryStrategy | None = None,
+             connection: Any = None) -> list[JobHandle]:
         """Enqueue one job per item (a tuple of positional args, or a dict of kwargs).
 
         Each batch of ``batch_size`` is one round trip; handles come back in input order. Every item
-        is serialized before anything is written, so a bad item writes nothing.
+        is serialized before anything is written, so a bad item writes nothing. ``unique_key`` is a
+        function of the item or a list with one key per item (None: no key for that item).
         """
         if batch_size < 1:
             raise ConfigurationError("batch_size must be >= 1")
-        options = self._call_options(eta, countdown, queue, priority, headers, unique_key, partition_key,
+        if isinstance(unique_key, str):
+            raise ConfigurationError("one unique_key for a whole bulk() would make every item the same job; pass "
+                                     "a function of the item, or a list with one key per item")
+        options = self._call_options(eta, countdown, queue, priority, headers, None, partition_key,
                                      retry_strategy)
+        items = list(items)
+        keys = self._bulk_keys(items, unique_key)
         now = utcnow()
         rows = []
         args: Sequence[Any]
@@ -189,12 +196,26 @@ class Task:
             else:
                 raise SerializationError(f"bulk item {index} is a {type(item).__name__}: give a tuple of "
                                          "positional arguments (for one argument: (value,)) or a dict of kwargs")
-            rows.append(self._row(args, kwargs, options, now, path=f"item {index}: "))
+            row = self._row(args, kwargs, options, now, path=f"item {index}: ")
+            row["unique_key"] = keys[index]
+            rows.append(row)
         ids: list[int] = []
         store = self.app.store
         for start in range(0, len(rows), batch_size):
             ids.extend(store.enqueue(rows[start:start + batch_size], connection=connection))
         return [JobHandle(self.app, job_id) for job_id in ids]
+
+    @staticmethod
+    def _bulk_keys(items: list[Any], unique_key: Any) -> list[str | None]:
+        if unique_key is None:
+            return [None] * len(items)
+        keys = [unique_key(item) for item in items] if callable(unique_key) else list(unique_key)
+        if len(keys) != len(items):
+            raise ConfigurationError(f"unique_key lists {len(keys)} keys for {len(items)} items; give one per item")
+        for key in keys:
+            if key is not None and (not isinstance(key, str) or not 0 < len(key) <= 255):
+                raise ConfigurationError(f"unique_key must be a string of 1 to 255 characters, got {key!r}")
+        return keys
 
     def _call_options(self, eta: datetime | None, countdown: float | None, queue: str | None,
                       priority: int | None, headers: dict[str, Any] | None, unique_key: str | None,

@@ -23,15 +23,23 @@ from jobqueue.serialization import loads_call
 
 if TYPE_CHECKING:
     from jobqueue.app import JobQueue
+    from jobqueue.storage.store import Store
     from jobqueue.task import Task
 
 logger = logging.getLogger("jobqueue.worker")
 
 
-def _raise_soft_timeout(signum: int, frame: Any) -> None:
-    # The one signal handler that raises: interrupting the job's own code is the point of a soft
-    # time limit, and the exception lands inside the handler's try block below.
-    raise SoftTimeLimitExceeded("soft time limit exceeded")
+class StoreLeaseKeeper:
+    """Writes a running job's checkpoint and lease extension through to the store, fenced by its token."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    def save_checkpoint(self, message: Message, data: bytes | None) -> bool:
+        return self.store.save_checkpoint(message.id, message.lease_token, data)
+
+    def extend_lease(self, message: Message, seconds: float) -> bool:
+        return self.store.extend_lease(message.id, message.lease_token, utcnow() + timedelta(seconds=seconds))
 
 
 class Executor:
@@ -45,6 +53,13 @@ class Executor:
         self.keeper = keeper
         self.ack_first = ack_first
         self.default_strategy = default_strategy()
+        self.in_handler = False
+
+    def _on_soft_timeout(self, signum: int, frame: Any) -> None:
+        # The one signal handler that raises: interrupting the job's own code is the point of a soft
+        # time limit. An alarm that arrives after the handler returned is ignored.
+        if self.in_handler:
+            raise SoftTimeLimitExceeded("soft time limit exceeded")
 
     def execute(self, message: Message) -> Outcome | None:
         """Run ``message``; return its outcome, or None when there is nothing left to record."""
@@ -52,19 +67,19 @@ class Executor:
         task = self.app.registry.get(message.task_name)
         if task is None:
             known = ", ".join(sorted(self.app.registry)) or "none"
-            return self._failed(message, started, UnknownTaskError(
+            return self._refused(message, started, UnknownTaskError(
                 f"task {message.task_name!r} is not registered in this worker (registered: {known}); "
                 "deploy the code that defines it, or cancel the job"))
         max_deliveries = task.options.max_deliveries or self.settings.max_deliveries
         if message.deliveries_count > max_deliveries:
-            return self._failed(message, started, MaxDeliveriesExceeded(
+            return self._refused(message, started, MaxDeliveriesExceeded(
                 f"delivered {message.deliveries_count} times without an outcome, over max_deliveries="
                 f"{max_deliveries}: an earlier delivery probably killed its worker process (crash, OOM "
                 "kill, os._exit) or outlived its lease; not run again"))
         try:
             args, kwargs = loads_call(self.serializer, message.payload)
         except SerializationError as exc:
-            return self._failed(message, started, exc)
+            return self._refused(message, started, exc)
         policy = task.options.ack_policy or AckPolicy.NACK_ON_ERROR
         if policy is AckPolicy.ACK_FIRST:
             self._ack_first(task, message, args, kwargs, started)
@@ -84,13 +99,15 @@ class Executor:
         token = activate(context)
         soft = task.options.soft_timeout
         if soft:
-            previous = signal.signal(signal.SIGALRM, _raise_soft_timeout)
+            previous = signal.signal(signal.SIGALRM, self._on_soft_timeout)
             signal.setitimer(signal.ITIMER_REAL, soft)
+        self.in_handler = True
         try:
             if task.options.bind:
                 return task.fn(context, *args, **kwargs)
             return task.fn(*args, **kwargs)
         finally:
+            self.in_handler = False
             if soft:
                 signal.setitimer(signal.ITIMER_REAL, 0)
                 signal.signal(signal.SIGALRM, previous)
@@ -163,8 +180,8 @@ class Executor:
         strategy = self.strategy_for(task, message)
         next_at = strategy.decide(message.attempts_count, message.first_attempt_at or started, now)
         if next_at is None:
-            error = error or ErrorInfo("Nacked", "nacked by the handler")
-            error.message = f"{error.message} (no retry left after attempt {message.attempts_count})"
+            error = error or ErrorInfo("Nacked", f"nacked by the handler with no retry left after attempt "
+                                                 f"{message.attempts_count}")
             return self._failed(message, started, error, context)
         if context is not None and context.nack_delay_seconds is not None:
             next_at = now + timedelta(seconds=max(0.0, context.nack_delay_seconds))
@@ -181,6 +198,11 @@ class Executor:
         outcome = self._outcome(message, started, MessageState.PENDING, context=context)
         outcome.kind, outcome.next_attempt_at = OutcomeKind.DEFER, context.defer_until
         return outcome
+
+    def _refused(self, message: Message, started: datetime, error: Exception) -> Outcome:
+        """Fail a message without running it; the attempt its acquisition counted never started."""
+        message.attempts_count -= 1
+        return self._failed(message, started, error)
 
     def _failed(self, message: Message, started: datetime, error: Exception | ErrorInfo,
                 context: JobContext | None = None) -> Outcome:
@@ -209,7 +231,7 @@ def log_outcome(outcome: Outcome, duration_seconds: float) -> None:
     elif outcome.kind is OutcomeKind.DEFER:
         logger.info("job %s %s deferred to %s", m.id, m.task_name, outcome.next_attempt_at)
     elif outcome.state is MessageState.FAILED:
-        logger.warning("job %s %s failed after %.1f ms: %s: %s", m.id, m.task_name, ms,
-                       outcome.error.type if outcome.error else "?", outcome.error.message if outcome.error else "")
+        logger.warning("job %s %s failed on attempt %s after %.1f ms: %s: %s", m.id, m.task_name, m.attempts_count,
+                       ms, outcome.error.type if outcome.error else "?", outcome.error.message if outcome.error else "")
     else:
         logger.info("job %s %s completed in %.1f ms", m.id, m.task_name, ms)

@@ -2,11 +2,14 @@
 
 The process runs one job at a time. It fetches a batch sized to how long its jobs take (about
 ``PREFETCH_WINDOW_SECONDS`` of work, at most ``fetch_batch_size``), so no-op jobs come in large
-batches while slow jobs are fetched one at a time. When a job turns out slow anyway, a keeper thread
-hands the unstarted rest of the buffer back to the queue after ``HOARD_SECONDS``, so no message
-waits behind it while another process idles. Outcomes are flushed when the buffer runs dry or
-``flush_interval`` has passed. Leases are renewed by the supervisor for every message the process
-holds, buffered ones included (seed 004).
+batches while slow jobs are fetched one at a time. Outcomes are written when the buffer runs dry,
+when ``flush_interval`` has passed, or when ``capacity`` of them wait.
+
+A keeper thread watches the running job: once it has run for ``HOARD_SECONDS`` it hands the
+unstarted rest of the buffer back to the queue, so nothing waits behind a slow job while another
+process idles, and it writes outcomes that would otherwise wait longer than ``flush_interval``.
+Leases of everything the process holds, buffered messages included (seed 004), are renewed by the
+supervisor.
 """
 
 from __future__ import annotations
@@ -17,14 +20,13 @@ import select
 import signal
 import threading
 import time
-from collections import deque
 from dataclasses import dataclass
-from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from jobqueue.clock import utcnow
-from jobqueue.job import Message, MessageState, Outcome, OutcomeKind
-from jobqueue.runtime.executor import Executor, log_outcome
+from jobqueue.job import Message, Outcome, OutcomeKind
+from jobqueue.runtime.executor import Executor, StoreLeaseKeeper, log_outcome
+from jobqueue.runtime.holdings import Holdings
 from jobqueue.runtime.resilience import DatabaseGuard, GaveUp
 from jobqueue.runtime.slot import Slot
 from jobqueue.storage.store import new_lease_token
@@ -37,9 +39,11 @@ logger = logging.getLogger("jobqueue.worker")
 PREFETCH_WINDOW_SECONDS = 0.1
 EWMA_WEIGHT = 0.2
 # A job running this long (twice what a whole batch was sized for) hands back the unstarted
-# messages behind it; checked this often.
+# messages behind it; the keeper checks this often.
 HOARD_SECONDS = 2 * PREFETCH_WINDOW_SECONDS
 KEEPER_TICK_SECONDS = 0.1
+KEEPER_JOIN_SECONDS = 30.0
+STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT}
 
 
 @dataclass
@@ -60,21 +64,17 @@ class WorkerProcess:
         self.settings = app.settings
         self.spec = spec
         self.stopping = False
-        self.buffer: deque[Message] = deque()
-        self.outcomes: list[Outcome] = []
-        self.capacity = max(1, int(self.settings.fetch_batch_size * self.settings.overfetch_factor))
+        self.capacity = capacity_of(self.settings.fetch_batch_size, self.settings.overfetch_factor)
+        self.held = Holdings(spec.slot, self._timeout_of)
         self.next_fetch_at = 0.0
         self.last_flush = time.monotonic()
         self.avg_duration: float | None = None
         self.done = 0
         self.stop_requested_at: float | None = None
         self.pending_token: int | None = None
-        # The keeper thread and the loop share the buffer and the running job's start time.
-        self.buffer_lock = threading.Lock()
-        self.running_since: float | None = None
         self.keeper_stop = threading.Event()
         self.guard = DatabaseGuard(logger, f"database (worker process {os.getpid()})")
-        self.executor = Executor(app, keeper=self, ack_first=self._flush_now)
+        self.executor = Executor(app, keeper=StoreLeaseKeeper(app.store), ack_first=self._ack_first)
 
     # -- entry point -------------------------------------------------------------------------------
     def main(self) -> int:
@@ -85,7 +85,7 @@ class WorkerProcess:
         row = {"id": self.spec.worker_id, "supervisor_id": self.spec.supervisor_id, "hostname": os.uname().nodename,
                "pid": os.getpid(), "queues": ",".join(self.settings.queues or ()) or None,
                "started_at": utcnow(), "heartbeat_at": utcnow(), "version": _version()}
-        keeper = threading.Thread(target=self._keep_buffer, name="jobqueue-buffer-keeper", daemon=True)
+        keeper = threading.Thread(target=self._keeper, name="jobqueue-keeper", daemon=True)
         try:
             self.guard.call(lambda: self.store.register_worker(row), give_up=lambda: self.stopping)
             keeper.start()
@@ -95,7 +95,7 @@ class WorkerProcess:
         finally:
             self.keeper_stop.set()
             if keeper.is_alive():
-                keeper.join()
+                keeper.join(KEEPER_JOIN_SECONDS)
             self._shutdown()
         return 0
 
@@ -109,13 +109,15 @@ class WorkerProcess:
         # Ctrl-C reaches the whole process group; the supervisor decides, and tells us with SIGTERM.
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.set_wakeup_fd(self.spec.wake_w, warn_on_full_buffer=False)
+        # The supervisor blocked these around fork so that none is lost before this point.
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
 
     # -- the loop ----------------------------------------------------------------------------------
     def _loop(self) -> None:
         while not self.stopping:
             if self._fetch_due():
                 self._fetch()
-            if self.buffer:
+            if len(self.held):
                 self._run_next()
                 if self._recycle_due():
                     return
@@ -127,11 +129,12 @@ class WorkerProcess:
         if time.monotonic() < self.next_fetch_at:
             return False
         # Top up only when a whole batch fits; an empty buffer always fetches.
-        return not self.buffer or self.capacity - len(self.buffer) >= self.settings.fetch_batch_size
+        held = len(self.held)
+        return not held or self.capacity - held >= self.settings.fetch_batch_size
 
     def fetch_limit(self) -> int:
         """How many messages to ask for: what fits, and no more than PREFETCH_WINDOW_SECONDS of work."""
-        limit = min(self.settings.fetch_batch_size, self.capacity - len(self.buffer))
+        limit = min(self.settings.fetch_batch_size, self.capacity - len(self.held))
         if self.avg_duration is None:
             return 1  # nothing known yet: one message tells us how long they take
         return max(1, min(limit, int(PREFETCH_WINDOW_SECONDS / max(self.avg_duration, 1e-6))))
@@ -149,64 +152,42 @@ class WorkerProcess:
             return messages
 
         messages = self.guard.call(acquire, give_up=lambda: self.stopping, on_retry=self._undo_lost_acquire)
-        with self.buffer_lock:
-            self.buffer.extend(messages)
+        self.held.add_fetched(messages)
         interval = self.settings.min_fetch_interval if messages else self.settings.max_fetch_interval
         self.next_fetch_at = time.monotonic() + interval
-        self.spec.slot.set_idle(not self.buffer)
+        self.spec.slot.set_idle(not messages and not len(self.held))
 
     def _undo_lost_acquire(self) -> None:
         if self.pending_token is not None:
             self.store.release_token(self.pending_token)
             self.pending_token = None
 
-    def _run_next(self) -> None:
-        with self.buffer_lock:
-            if not self.buffer:
-                return  # the keeper handed the buffer back meanwhile
-            message = self.buffer.popleft()
-            self.running_since = time.monotonic()
+    def _timeout_of(self, message: Message) -> float | None:
         task = self.app.registry.get(message.task_name)
-        self.spec.slot.start(message.id, message.lease_token, task.options.timeout if task else None)
+        return task.options.timeout if task else None
+
+    def _run_next(self) -> None:
+        message = self.held.start_next()
+        if message is None:
+            return  # the keeper handed the buffer back meanwhile
         began = time.perf_counter()
         try:
             outcome = self.executor.execute(message)
-        finally:
-            with self.buffer_lock:
-                self.running_since = None
+        except BaseException:
+            # SystemExit or worse from the job: this process is going down with the message still
+            # started, so its death counts the attempt and the delivery (poison protection).
+            self.held.abandon()
+            raise
+        pending = self.held.finish(outcome)
         duration = time.perf_counter() - began
-        self.spec.slot.finish()
         self.done += 1
         self.avg_duration = duration if self.avg_duration is None else (
             EWMA_WEIGHT * duration + (1 - EWMA_WEIGHT) * self.avg_duration)
         if outcome is not None:
             log_outcome(outcome, duration)
-            self.outcomes.append(outcome)
-        if self.outcomes and (not self.buffer or time.monotonic() - self.last_flush >= self.settings.flush_interval):
+        if pending and (not len(self.held) or pending >= self.capacity
+                        or time.monotonic() - self.last_flush >= self.settings.flush_interval):
             self._flush()
-
-    def _keep_buffer(self) -> None:
-        """Keeper thread: hand back the unstarted buffer while the loop is stuck on a slow job."""
-        while not self.keeper_stop.wait(KEEPER_TICK_SECONDS):
-            with self.buffer_lock:
-                started = self.running_since
-                if started is None or time.monotonic() - started < HOARD_SECONDS or not self.buffer:
-                    continue
-                handed = list(self.buffer)
-                self.buffer.clear()
-            now = utcnow()
-            returns = [Outcome(message=m, kind=OutcomeKind.RETURN, state=MessageState.PENDING, finished_at=now,
-                               checkpoint=m.checkpoint) for m in handed]
-            try:
-                self.store.flush(returns)
-            except Exception as exc:
-                # Still ours (nothing was written): keep them, and try again next tick.
-                logger.debug("could not hand back %s messages: %s", len(handed), exc)
-                with self.buffer_lock:
-                    self.buffer.extendleft(reversed(handed))
-                continue
-            logger.info("worker process %s: handed back %s unstarted message(s) waiting behind a slow job",
-                        os.getpid(), len(handed))
 
     def _idle_wait(self) -> None:
         timeout = self.next_fetch_at - time.monotonic()
@@ -230,53 +211,79 @@ class WorkerProcess:
             return True
         return False
 
-    # -- outcomes ----------------------------------------------------------------------------------
-    def _flush(self, give_up: Any = lambda: False) -> None:
-        if not self.outcomes:
+    # -- writing outcomes --------------------------------------------------------------------------
+    def _flush(self, give_up: Callable[[], bool] = lambda: False) -> None:
+        taken = self.held.take_pending()
+        if not taken:
             return
-        outcomes = self.outcomes
-        # Retrying is safe: outcomes are fenced, so any a lost COMMIT did apply come back as lost.
-        result = self.guard.call(lambda: self.store.flush(outcomes), give_up=give_up)
-        for outcome in result.lost:
-            if self.guard.last_call_retried:
+        try:
+            # Retrying is safe: outcomes are fenced, so any a lost COMMIT did apply come back as lost.
+            result = self.guard.call(lambda: self.store.flush(taken), give_up=give_up)
+        except BaseException:
+            self.held.restore(taken)
+            raise
+        self.held.written(taken)
+        self.last_flush = time.monotonic()
+        self._report_lost(result.lost, self.guard.last_call_retried)
+
+    @staticmethod
+    def _report_lost(lost: list[Outcome], retried: bool) -> None:
+        for outcome in lost:
+            if outcome.kind is OutcomeKind.RETURN:
+                continue  # a hand-back whose lease had gone anyway: nothing was lost
+            if retried:
                 logger.info("job %s %s: outcome not applied on retry (applied before the connection dropped, "
                             "or the lease was lost)", outcome.message.id, outcome.message.task_name)
             else:
                 logger.warning("job %s %s: lease lost (it expired and the message was released or taken by "
                                "another worker); this delivery's %s outcome is dropped", outcome.message.id,
                                outcome.message.task_name, outcome.state.public)
-        self.outcomes = []
-        self.last_flush = time.monotonic()
 
-    def _flush_now(self, outcome: Outcome) -> bool:
-        """Record one outcome before anything else happens (ACK_FIRST); False if the lease was lost."""
-        self._flush()
-        applied = self.guard.call(lambda: self.store.flush([outcome]).applied)
-        return bool(applied)
+    def _ack_first(self, outcome: Outcome) -> bool:
+        """Record one outcome before the handler runs (ACK_FIRST); False if the lease was lost."""
+        result = self.guard.call(lambda: self.store.flush([outcome]))
+        if result.applied:
+            return True
+        # After a lost COMMIT reply the retry finds the job archived: ours if it carries our stamp.
+        return self.guard.last_call_retried and self.store.archived_with(outcome.message.id, outcome.finished_at)
+
+    def _keeper(self) -> None:
+        """Keeper thread: while a job runs, hand back the unstarted buffer and write overdue outcomes."""
+        while not self.keeper_stop.wait(KEEPER_TICK_SECONDS):
+            taken, handed = self.held.take_for_keeper(HOARD_SECONDS, self.settings.flush_interval)
+            if not taken:
+                continue
+            try:
+                result = self.store.flush(taken)
+            except Exception as exc:
+                # Nothing is lost: what it took is written later (fenced, so writing twice is harmless),
+                # and handed-back messages never return to the buffer.
+                logger.debug("keeper could not write %s outcome(s) yet: %s", len(taken), exc)
+                self.held.restore(taken)
+                continue
+            self.held.written(taken)
+            self._report_lost(result.lost, retried=False)
+            if handed:
+                logger.info("worker process %s: handed back %s unstarted message(s) waiting behind a slow job",
+                            os.getpid(), handed)
 
     def _shutdown(self) -> None:
         # Hand back what we hold but never started, uncounted, then write everything out, trying
         # through an outage for as long as the graceful timeout allows.
-        now = utcnow()
-        for message in self.buffer:
-            self.outcomes.append(Outcome(message=message, kind=OutcomeKind.RETURN, state=MessageState.PENDING,
-                                         finished_at=now, checkpoint=message.checkpoint))
-        self.buffer.clear()
+        self.held.hand_back_all()
         deadline = (self.stop_requested_at or time.monotonic()) + self.settings.graceful_timeout
         try:
             if self.pending_token is not None:
                 self.guard.call(self._undo_lost_acquire, give_up=lambda: time.monotonic() > deadline)
             self._flush(give_up=lambda: time.monotonic() > deadline)
         except GaveUp:
-            logger.error("worker process %s: could not write %s outcome(s) before exiting; those jobs will run "
-                         "again", os.getpid(), len(self.outcomes))
+            logger.error("worker process %s: could not write its outcomes before exiting; those jobs will run "
+                         "again", os.getpid())
 
-    # -- LeaseKeeper, for the running job's context --------------------------------------------------
-    def save_checkpoint(self, message: Message, data: bytes | None) -> bool:
-        return self.store.save_checkpoint(message.id, message.lease_token, data)
 
-    def extend_lease(self, message: Message, seconds: float) -> bool:
-        return self.store.extend_lease(message.id, message.lease_token, utcnow() + timedelta(seconds=seconds))
+def capacity_of(fetch_batch_size: int, overfetch_factor: float) -> int:
+    """How many messages a process may hold unstarted (and how many outcomes make it flush)."""
+    return max(1, int(fetch_batch_size * overfetch_factor))
 
 
 def _drain(fd: int) -> None:

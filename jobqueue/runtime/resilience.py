@@ -21,11 +21,44 @@ BACKOFF_INITIAL_SECONDS = 0.1
 BACKOFF_MAX_SECONDS = 5.0
 
 
+# MySQL/MariaDB error codes worth retrying: server gone or restarting, too many connections, lock
+# wait timeout and deadlock. mysqlclient also reports permanent server errors (a packet too large, a
+# bad value) as OperationalError, so the code decides, not the class.
+MYSQL_DISCONNECTS = {1040, 1053, 1152, 1927, 2002, 2003, 2006, 2013, 2055, 4031}
+MYSQL_CONTENTION = {1205, 1213}
+SQLITE_CONTENTION = ("database is locked", "database table is locked", "database is busy")
+SQLITE_OUTAGE = ("disk i/o error", "unable to open database file")
+POSTGRES_CONTENTION = {"40001", "40P01", "55P03"}  # serialization failure, deadlock, lock not available
+
+
+def classify(exc: BaseException) -> str | None:
+    """"contention" (deadlock, lock timeout, busy file), "outage" (connection, server) or None (permanent)."""
+    if isinstance(exc, sa.exc.DBAPIError):
+        if exc.connection_invalidated:
+            return "outage"
+        orig = exc.orig
+        module = type(orig).__module__.split(".")[0]
+        if module == "sqlite3":
+            text = str(orig).lower()
+            if any(part in text for part in SQLITE_CONTENTION):
+                return "contention"
+            return "outage" if any(part in text for part in SQLITE_OUTAGE) else None
+        if module in ("MySQLdb", "pymysql"):
+            code = orig.args[0] if orig is not None and orig.args else None
+            if code in MYSQL_CONTENTION:
+                return "contention"
+            return "outage" if code in MYSQL_DISCONNECTS else None
+        if getattr(orig, "pgcode", None) in POSTGRES_CONTENTION:
+            return "contention"
+        return "outage" if isinstance(exc, (sa.exc.OperationalError, sa.exc.InterfaceError)) else None
+    if isinstance(exc, (sa.exc.DisconnectionError, ConnectionError)):
+        return "outage"
+    return None
+
+
 def is_transient(exc: BaseException) -> bool:
     """Errors worth retrying: lost connections, server restarts, deadlocks, lock timeouts, busy files."""
-    if isinstance(exc, sa.exc.DBAPIError):
-        return bool(exc.connection_invalidated) or isinstance(exc, (sa.exc.OperationalError, sa.exc.InterfaceError))
-    return isinstance(exc, (sa.exc.DisconnectionError, ConnectionError))
+    return classify(exc) is not None
 
 
 def fresh_connection_retry(operation: Callable[[], T]) -> T:
@@ -63,6 +96,10 @@ class DatabaseGuard:
 
     def _failed(self, exc: BaseException) -> None:
         self.failures += 1
+        if classify(exc) == "contention":
+            # Deadlocks and lock timeouts are part of normal concurrency: retried quietly.
+            self.logger.debug("%s: lock contention, retrying: %s", self.what, exc)
+            return
         if self.outage_started is None:
             self.outage_started = time.monotonic()
             reason = str(getattr(exc, "orig", None) or exc).strip().splitlines()
@@ -80,7 +117,7 @@ class DatabaseGuard:
         if self.outage_started is not None:
             self.logger.warning("%s available again after %.1f s and %d failed attempts", self.what,
                                 time.monotonic() - self.outage_started, self.failures)
-            self.outage_started, self.failures = None, 0
+        self.outage_started, self.failures = None, 0
 
     def call(self, operation: Callable[[], T], give_up: Callable[[], bool] = lambda: False,
              on_retry: Callable[[], None] | None = None) -> T:

@@ -27,7 +27,7 @@ from jobqueue.clock import utcnow
 from jobqueue.errors import ConfigurationError, TimeLimitExceeded
 from jobqueue.job import ErrorInfo
 from jobqueue.runtime.executor import Executor
-from jobqueue.runtime.process import ChildSpec, WorkerProcess, _drain
+from jobqueue.runtime.process import STOP_SIGNALS, ChildSpec, WorkerProcess, _drain, capacity_of
 from jobqueue.runtime.progress import Progress
 from jobqueue.runtime.resilience import DatabaseGuard
 from jobqueue.runtime.slot import Slot, SlotView
@@ -143,10 +143,17 @@ class Supervisor:
     # -- children ----------------------------------------------------------------------------------
     def _spawn(self, index: int) -> None:
         wake_r, wake_w = _pipe()
+        capacity = capacity_of(self.settings.fetch_batch_size, self.settings.overfetch_factor)
         spec = ChildSpec(index=index, worker_id=uuid.uuid4().hex, supervisor_id=self.supervisor_id,
-                         slot=Slot.create(self.context), wake_r=wake_r, wake_w=wake_w)
+                         slot=Slot.create(self.context, capacity), wake_r=wake_r, wake_w=wake_w)
         process = self.context.Process(target=_child_main, args=(self.app, spec), name=f"jobqueue-worker-{index}")
-        process.start()
+        # Block stop signals across fork: a SIGTERM sent before the child installs its own handler
+        # then waits for it instead of hitting the supervisor's handler copied into the child.
+        previous = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+        try:
+            process.start()
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, previous)
         os.close(wake_r)
         self.children[index] = Child(spec, process, time.monotonic())
         logger.info("started worker process %s (pid %s)", index, process.pid)
@@ -164,20 +171,24 @@ class Supervisor:
                 running = f" while running job {view.running_id}" if view.running_id else ""
                 logger.error("worker process %s (pid %s) exited with %s%s; its messages are returned now",
                              index, child.process.pid, how, running)
-            self._release(child, view)
+            self._release(child)
             os.close(child.spec.wake_w)
             if not self.stopping:
                 self._schedule_respawn(index, child)
 
-    def _release(self, child: Child, view: SlotView) -> None:
-        """Record a timeout kill, then return everything the dead child held (retried through outages)."""
-        worker_id, pid = child.spec.worker_id, child.process.pid
-        if child.timed_out is not None:
-            timed_out = child.timed_out
-            self._do(f"record the timeout of job {timed_out.running_id}", lambda: self._record_timeout(timed_out))
+    def _release(self, child: Child) -> None:
+        """Record a timeout kill, then return everything the dead child held, as one retried step.
+
+        The timeout is recorded first: once the message is released its lease token is gone and the
+        kill could no longer be recorded as the failed attempt it was.
+        """
+        worker_id, pid, timed_out = child.spec.worker_id, child.process.pid, child.timed_out
+        started = child.spec.slot.started_ids()
 
         def release() -> None:
-            released = self.store.release_worker(worker_id, running_id=view.running_id or None)
+            if timed_out is not None:
+                self._record_timeout(timed_out)
+            released = self.store.release_worker(worker_id, started=started)
             if released:
                 logger.info("returned %s message(s) held by worker process pid %s to the queue", released, pid)
             self.store.remove_workers([worker_id])

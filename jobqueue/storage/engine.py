@@ -53,11 +53,19 @@ def create_engine(url: str | sa.URL, **kwargs: Any) -> sa.Engine:
     elif backend == "postgresql":
         # execute_batch for UPDATE executemany: one round trip per page, not per row.
         options["executemany_mode"] = "values_plus_batch"
+        # A dead server or network is noticed (keepalives) instead of hanging a worker forever;
+        # a lock wait that long is a fault, retried as contention.
+        options["connect_args"] = _unless_in_url(parsed, {
+            "connect_timeout": 10, "keepalives": 1, "keepalives_idle": 30, "keepalives_interval": 10,
+            "keepalives_count": 3, "options": "-c lock_timeout=30000"})
     elif backend == "mysql":
         # READ COMMITTED: no gap locks, so SKIP LOCKED acquires never block enqueues.
         options["isolation_level"] = "READ COMMITTED"
         if "charset" not in parsed.query:
             parsed = parsed.update_query_dict({"charset": "utf8mb4"})
+        # A silent server is noticed instead of hanging a worker forever.
+        options["connect_args"] = _unless_in_url(parsed, {"connect_timeout": 10, "read_timeout": 60,
+                                                          "write_timeout": 60})
     options.update(kwargs)
     try:
         engine = sa.create_engine(parsed, **options)
@@ -69,6 +77,11 @@ def create_engine(url: str | sa.URL, **kwargs: Any) -> sa.Engine:
     if backend == "sqlite":
         _configure_sqlite(engine)
     return engine
+
+
+def _unless_in_url(url: sa.URL, defaults: dict[str, Any]) -> dict[str, Any]:
+    """Connection defaults that the URL's own query parameters override."""
+    return {key: value for key, value in defaults.items() if key not in url.query}
 
 
 def _configure_sqlite(engine: sa.Engine) -> None:

@@ -186,11 +186,20 @@ class Store:
             row = conn.execute(stmt).mappings().first()
         return Message(**row) if row is not None else None
 
+    def archived_with(self, message_id: int, finished_at: datetime) -> bool:
+        """True if the job is archived COMPLETED with exactly this ``finished_at`` (our own ack)."""
+        a = self.tables.archive
+        stmt = sa.select(a.c.id).where(a.c.id == message_id, a.c.state == MessageState.COMPLETED.value,
+                                       a.c.finished_at == finished_at)
+        with self.engine.begin() as conn:
+            return conn.execute(stmt).first() is not None
+
     def extend_lease(self, message_id: int, token: int, until: datetime) -> bool:
-        """Push one delivery's lease to ``until``; False if the lease was lost."""
+        """Make one delivery's lease last at least until ``until`` (never shorter); False if it was lost."""
         m = self.tables.message
+        later = sa.case((m.c.lease_expires_at < until, until), else_=m.c.lease_expires_at)
         stmt = (sa.update(m).where(m.c.id == message_id, m.c.lease_token == token, m.c.state == PROCESSING)
-                .values(lease_expires_at=until))
+                .values(lease_expires_at=later))
         with self.engine.begin() as conn:
             return conn.execute(stmt).rowcount == 1
 
@@ -212,22 +221,21 @@ class Store:
             return 0
         now = now or utcnow()
         until = now + _seconds(lease_seconds)
-        m, w = self.tables.message, self.tables.worker
+        w = self.tables.worker
         with self.engine.begin() as conn:
-            renewed = conn.execute(
-                sa.update(m).where(m.c.worker_id.in_(worker_ids), m.c.state == PROCESSING,
-                                   m.c.lease_expires_at < until).values(lease_expires_at=until)).rowcount
+            renewed = self.dialect.renew_leases(conn, worker_ids, until)
             conn.execute(sa.update(w).where(w.c.id.in_(worker_ids)).values(heartbeat_at=now))
         return int(renewed)
 
-    def _release(self, *conditions: Any, uncount: Any = None, uncount_delivery: bool = False) -> int:
+    def _release(self, *conditions: Any, uncount: Any = None) -> int:
+        """Return PROCESSING messages matching ``conditions`` to PENDING, subtracting ``uncount``
+        (0 or 1 per row) from both counters of those that never started."""
         m = self.tables.message
         values: dict[str, Any] = dict(state=MessageState.PENDING.value, worker_id=None, lease_token=None,
                                       acquired_at=None, lease_expires_at=None)
         if uncount is not None:
             values["attempts_count"] = m.c.attempts_count - uncount
-        if uncount_delivery:
-            values["deliveries_count"] = m.c.deliveries_count - 1
+            values["deliveries_count"] = m.c.deliveries_count - uncount
         with self.engine.begin() as conn:
             return int(conn.execute(sa.update(m).where(m.c.state == PROCESSING, *conditions).values(values)).rowcount)
 
@@ -235,20 +243,23 @@ class Store:
         """Return messages whose lease expired to PENDING (their delivery stays counted)."""
         return self._release(self.tables.message.c.lease_expires_at < (now or utcnow()))
 
-    def release_worker(self, worker_id: str, running_id: int | None = None) -> int:
+    def release_worker(self, worker_id: str, started: list[int] | None = None) -> int:
         """Return every message a dead worker process held to PENDING at once.
 
-        Deliveries stay counted (a poison message must still reach max_deliveries); the attempt is
-        uncounted for messages that never started, that is all but ``running_id``.
+        Messages it ``started`` keep their attempt and their delivery (a poison message must reach
+        max_deliveries); the ones it never started are uncounted, so bystanders that shared a buffer
+        with a process-killing job are not failed for it. ``started=None`` means unknown: all count.
         """
         m = self.tables.message
-        uncount = sa.case((m.c.id == running_id, 0), else_=1) if running_id else sa.literal(1)
-        return self._release(m.c.worker_id == worker_id, uncount=uncount)
+        if started is None:
+            return self._release(m.c.worker_id == worker_id)
+        unstarted = sa.case((m.c.id.in_(started), 0), else_=1) if started else sa.literal(1)
+        return self._release(m.c.worker_id == worker_id, uncount=unstarted)
 
     def release_token(self, token: int) -> int:
         """Undo an acquisition whose reply was lost (the connection dropped after COMMIT)."""
         m = self.tables.message
-        return self._release(m.c.lease_token == token, uncount=sa.literal(1), uncount_delivery=True)
+        return self._release(m.c.lease_token == token, uncount=sa.literal(1))
 
     def has_work(self, queues: tuple[str, ...] | None, horizon: datetime) -> bool:
         """True while the queues hold a message PROCESSING or due before ``horizon`` (for --burst)."""

@@ -69,3 +69,16 @@ def soft() -> str:
 def grow(megabytes: int) -> int:
     _ballast.append(b"x" * (megabytes * 1024 * 1024))
     return os.getpid()
+
+
+@app.task(name="rt.resumable", bind=True)
+def resumable(job, steps: int, die_at: int) -> list[int]:  # type: ignore[no-untyped-def]
+    """Checkpoints after every step; the first delivery SIGKILLs its own process after step ``die_at``."""
+    done = job.state or []
+    for step in range(len(done), steps):
+        record(f"step{step}")
+        done = done + [step]
+        job.checkpoint(done)
+        if step == die_at and job.attempt == 1:
+            os.kill(os.getpid(), 9)
+    return done

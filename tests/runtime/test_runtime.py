@@ -237,3 +237,30 @@ def test_jobs_running_past_graceful_timeout_are_returned(app: JobQueue, tmp_path
     assert worker.wait(15) == 0
     assert "graceful_timeout passed" in worker.text()
     assert job.status() == "pending"
+
+
+def test_a_checkpointed_job_killed_mid_way_resumes_from_its_state(app: JobQueue, tmp_path: Path,
+                                                                  workers: list[Worker]) -> None:
+    job = rt.resumable.delay(6, 2)
+    worker = start(workers, tmp_path, "--burst", "--concurrency", "1")
+    assert worker.wait(60) == 0, worker.text()[-3000:]
+    assert job.get(timeout=5) == [0, 1, 2, 3, 4, 5]
+    steps = [(event, pid) for event, _, pid in runs(tmp_path / "runs.txt")]
+    assert [event for event, _ in steps] == [f"step{i}" for i in range(6)]  # no step ran twice
+    first, second = steps[0][1], steps[3][1]
+    assert first != second and {pid for _, pid in steps[:3]} == {first} and {pid for _, pid in steps[3:]} == {second}
+    assert table_rows(app, "archive", "attempts_count", "deliveries_count") == [(2, 2)]
+
+
+def test_bystanders_in_a_crashed_buffer_are_not_counted(app: JobQueue, tmp_path: Path,
+                                                        workers: list[Worker]) -> None:
+    rt.noop.bulk([()] * 30)  # warm-up: the process then fetches the crash job with the others behind it
+    poison = rt.crash.delay()
+    bystanders = rt.short.bulk([()] * 20)
+    worker = start(workers, tmp_path, "--burst", "--concurrency", "1")
+    assert worker.wait(60) == 0, worker.text()[-3000:]
+    assert poison.status() == "failed"
+    by_id = {job_id: (attempts, deliveries) for job_id, attempts, deliveries
+             in table_rows(app, "archive", "id", "attempts_count", "deliveries_count")}
+    assert {by_id[h.id] for h in bystanders} == {(1, 1)}  # only the delivery that ran them counts
+    assert by_id[poison.id] == (2, 3)  # two deliveries killed their process; the third refused it

@@ -222,22 +222,31 @@ def test_heartbeat_renews_only_forward_and_only_its_own(app: JobQueue, add) -> N
     (mine,) = app.store.acquire(WORKER, None, 1, 10.0, now=now)
     (theirs,) = app.store.acquire("other".ljust(32, "x"), None, 1, 10.0, now=now)
     assert app.store.extend_lease(mine.id, mine.lease_token, now + timedelta(hours=1))
-    assert app.store.heartbeat([WORKER], 30.0, now=now) == 0  # an extended lease is not shortened
+    assert app.store.extend_lease(mine.id, mine.lease_token, now + timedelta(seconds=5))  # still held...
+    assert app.store.heartbeat([WORKER], 30.0, now=now) == 0  # ...and neither shortens the extended lease
     leases = {r["id"]: r["lease_expires_at"] for r in rows(app)}
     assert leases[mine.id] == now + timedelta(hours=1) and leases[theirs.id] == now + timedelta(seconds=10)
     app.store.heartbeat(["other".ljust(32, "x")], 30.0, now=now)
     assert {r["id"]: r["lease_expires_at"] for r in rows(app)}[theirs.id] == now + timedelta(seconds=30)
 
 
-def test_release_worker_returns_everything_it_held_counting_only_the_running_one(app: JobQueue, add) -> None:  # type: ignore[no-untyped-def]
-    add.bulk([(i, i) for i in range(3)])
-    held = app.store.acquire(WORKER, None, 3, LEASE)
-    assert app.store.release_worker(WORKER, running_id=held[0].id) == 3
+def test_release_worker_returns_everything_it_held_counting_only_what_it_started(app: JobQueue, add) -> None:  # type: ignore[no-untyped-def]
+    add.bulk([(i, i) for i in range(4)])
+    held = app.store.acquire(WORKER, None, 4, LEASE)
+    started = [held[0].id, held[1].id]  # one finished (outcome unwritten), one running
+    assert app.store.release_worker(WORKER, started=started) == 4
     by_id = {r["id"]: r for r in rows(app)}
     assert {r["state"] for r in by_id.values()} == {"PENDING"}
-    assert by_id[held[0].id]["attempts_count"] == 1  # it was running: the attempt counts
-    assert by_id[held[1].id]["attempts_count"] == 0  # never started
-    assert {r["deliveries_count"] for r in by_id.values()} == {1}  # every delivery stays counted
+    counts = {i: (by_id[i]["attempts_count"], by_id[i]["deliveries_count"]) for i in by_id}
+    assert counts[held[0].id] == counts[held[1].id] == (1, 1)  # started: attempt and delivery count
+    assert counts[held[2].id] == counts[held[3].id] == (0, 0)  # never started: as if never fetched
+
+
+def test_release_worker_with_unknown_starts_counts_everything(app: JobQueue, add) -> None:  # type: ignore[no-untyped-def]
+    add.bulk([(1, 1), (2, 2)])
+    app.store.acquire(WORKER, None, 2, LEASE)
+    assert app.store.release_worker(WORKER, started=None) == 2
+    assert {(r["attempts_count"], r["deliveries_count"]) for r in rows(app)} == {(1, 1)}
 
 
 def test_release_token_undoes_an_acquisition_whose_reply_was_lost(app: JobQueue, add) -> None:  # type: ignore[no-untyped-def]
@@ -291,3 +300,16 @@ def test_enqueue_in_a_rolled_back_transaction_leaves_nothing(app: JobQueue, add)
     with app.engine.begin() as conn:
         h = add.apply_async((1, 1), connection=conn)
     assert h.status() == "pending"
+
+
+def test_bulk_unique_keys_per_item(app: JobQueue, add) -> None:  # type: ignore[no-untyped-def]
+    first = add.bulk([(1, 1), (2, 2), (3, 3)], unique_key=lambda item: f"k{item[0] % 2}")
+    assert first[0].id == first[2].id != first[1].id  # items 1 and 3 share key k1
+    again = add.bulk([(9, 9), (8, 8)], unique_key=["k1", None])
+    assert again[0].id == first[0].id and again[1].id not in {h.id for h in first}
+    assert len(rows(app)) == 3
+    from jobqueue import ConfigurationError
+    with pytest.raises(ConfigurationError, match="one key per item"):
+        add.bulk([(1, 1)], unique_key="same")
+    with pytest.raises(ConfigurationError, match="2 keys for 1 items"):
+        add.bulk([(1, 1)], unique_key=["a", "b"])

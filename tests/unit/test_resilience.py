@@ -88,3 +88,44 @@ def test_try_once_reports_an_outage_without_raising() -> None:
     guard = DatabaseGuard(logging.getLogger("test.guard"), "db")
     ok, value = guard.try_once(lambda: (_ for _ in ()).throw(outage()))
     assert (ok, value) == (False, None) and guard.outage_started is not None
+
+
+class FakeMySQLError(Exception):
+    pass
+
+
+FakeMySQLError.__module__ = "MySQLdb._exceptions"
+
+
+class FakeSQLiteError(Exception):
+    pass
+
+
+FakeSQLiteError.__module__ = "sqlite3"
+
+
+@pytest.mark.parametrize("orig, expected", [
+    (FakeMySQLError(2013, "Lost connection to server during query"), "outage"),
+    (FakeMySQLError(1213, "Deadlock found"), "contention"),
+    (FakeMySQLError(1153, "Got a packet bigger than 'max_allowed_packet'"), None),
+    (FakeSQLiteError("database is locked"), "contention"),
+    (FakeSQLiteError("too many SQL variables"), None),
+    (FakeSQLiteError("attempt to write a readonly database"), None),
+])
+def test_driver_errors_are_classified_by_what_they_mean(orig: Exception, expected: str | None) -> None:
+    assert resilience.classify(sa.exc.OperationalError("x", {}, orig)) == expected
+
+
+def test_contention_is_retried_without_an_outage_warning(caplog: pytest.LogCaptureFixture) -> None:
+    guard = DatabaseGuard(logging.getLogger("test.guard"), "db")
+    errors = iter([sa.exc.OperationalError("x", {}, FakeMySQLError(1213, "Deadlock found"))])
+
+    def deadlock_once() -> str:
+        error = next(errors, None)
+        if error is not None:
+            raise error
+        return "done"
+
+    with caplog.at_level(logging.INFO, "test.guard"):
+        assert guard.call(deadlock_once) == "done"
+    assert caplog.records == []

@@ -56,7 +56,7 @@ class Dialect:
     def __init__(self, tables: Tables) -> None:
         self.tables = tables
         self.message = tables.message
-        self._acquire_cache: dict[bool, Any] = {}
+        self._acquire_cache: dict[str, Any] = {}
         m = self.message
         self.returned = [m.c[name] for name in ACQUIRED_COLUMNS]
         self.lock_held_stmt = (
@@ -108,17 +108,29 @@ class Dialect:
 
     def acquire(self, connection: sa.Connection, params: AcquireParams) -> list[dict[str, Any]]:
         """Mark up to ``params.limit`` ready messages PROCESSING for this worker and return them."""
-        filtered = bool(params.queues)
-        stmt = self._acquire_cache.get(filtered)
+        queues = "all" if not params.queues else "one" if len(params.queues) == 1 else "many"
+        stmt = self._acquire_cache.get(queues)
         if stmt is None:
-            stmt = self._acquire_cache[filtered] = self.build_acquire(filtered)
+            stmt = self._acquire_cache[queues] = self.build_acquire(queues)
         rows = [dict(row) for row in connection.execute(stmt, params.binds()).mappings()]
         # RETURNING gives no order guarantee: restore delivery order.
         rows.sort(key=lambda r: (-r["priority"], r["next_attempt_at"], r["id"]))
         return rows
 
-    def build_acquire(self, filtered: bool) -> Any:
+    def build_acquire(self, queues: str) -> Any:
+        """The acquire statement for a worker serving "all" queues, "one" or "many"."""
         raise NotImplementedError
+
+    # -- leases ------------------------------------------------------------------------------------
+    def renew_leases(self, connection: sa.Connection, worker_ids: list[str], until: datetime) -> int:
+        """Move the leases of these workers' messages forward to ``until`` (never back)."""
+        m = self.message
+        return int(connection.execute(
+            sa.update(m).where(*self.renewable(worker_ids, until)).values(lease_expires_at=until)).rowcount)
+
+    def renewable(self, worker_ids: list[str], until: datetime) -> list[Any]:
+        m = self.message
+        return [m.c.worker_id.in_(worker_ids), m.c.state == PROCESSING, m.c.lease_expires_at < until]
 
     # -- outcomes ----------------------------------------------------------------------------------
     def lock_held(self, connection: sa.Connection, pairs: list[tuple[int, int]]) -> set[tuple[int, int]]:

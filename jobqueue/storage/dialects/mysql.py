@@ -7,6 +7,7 @@ INSERT ... RETURNING; MySQL 8 has not, and bulk inserts there read the ids from 
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 import sqlalchemy as sa
@@ -30,8 +31,23 @@ class MySQLDialect(Dialect):
         else:
             self._require(connection.dialect.server_version_info, (8, 0, 1), "MySQL")
 
-    def build_acquire(self, filtered: bool) -> Any:
-        return self.ready_select(self.returned, filtered).with_for_update(skip_locked=True)
+    def build_acquire(self, queues: str) -> Any:
+        stmt = self.ready_select(self.returned, queues != "all").with_for_update(skip_locked=True)
+        if queues == "many":
+            # With queue IN (a, b) InnoDB would sort every ready row of those queues, locking each one
+            # it reads before LIMIT applies, and concurrent workers would skip everything and take
+            # turns. Walking the priority-ordered index and filtering on queue stops at LIMIT rows.
+            stmt = stmt.with_hint(self.message, f"FORCE INDEX (ix_{self.tables.prefix}message_ready)")
+        return stmt
+
+    def renew_leases(self, connection: sa.Connection, worker_ids: list[str], until: datetime) -> int:
+        # Skip rows a worker is flushing right now instead of waiting on them (see PostgreSQL).
+        m = self.message
+        ids = list(connection.execute(
+            sa.select(m.c.id).where(*self.renewable(worker_ids, until)).with_for_update(skip_locked=True)).scalars())
+        if not ids:
+            return 0
+        return int(connection.execute(sa.update(m).where(m.c.id.in_(ids)).values(lease_expires_at=until)).rowcount)
 
     def acquire(self, connection: sa.Connection, params: AcquireParams) -> list[dict[str, Any]]:
         rows = super().acquire(connection, params)

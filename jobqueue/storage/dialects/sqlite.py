@@ -22,7 +22,7 @@ class SQLiteDialect(Dialect):
     def check_server(self, connection: sa.Connection) -> None:
         self._require(sqlite3.sqlite_version_info, (3, 35), "SQLite")
 
-    def build_acquire(self, filtered: bool) -> Any:
+    def build_acquire(self, queues: str) -> Any:
         m = self.message
-        ready = self.ready_select([m.c.id], filtered).scalar_subquery()
+        ready = self.ready_select([m.c.id], queues != "all").scalar_subquery()
         return sa.update(m).where(m.c.id.in_(ready)).values(self.acquired_values()).returning(*self.returned)
