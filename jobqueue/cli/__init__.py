@@ -31,9 +31,10 @@ def main() -> None:
 
 
 def _register() -> None:
-    from jobqueue.cli import db, enqueue, status, worker
+    from jobqueue.cli import db, enqueue, jobs, status, worker
 
     cli.add_command(db.db)
+    cli.add_command(jobs.jobs)
     cli.add_command(worker.worker)
     cli.add_command(enqueue.enqueue)
     cli.add_command(status.status)

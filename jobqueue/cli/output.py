@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import sys
 from datetime import date, datetime
 from decimal import Decimal
 from typing import Any, Sequence
@@ -22,12 +23,13 @@ def _cell(value: Any) -> str:
 
 
 def table(rows: Sequence[dict[str, Any]], columns: Sequence[str], empty: str = "(none)") -> str:
-    """Render ``rows`` as an aligned table no wider than the terminal (long cells are cut)."""
+    """Render ``rows`` as an aligned table; on a terminal, no wider than it (long cells are cut)."""
     if not rows:
         return empty
     cells = [[_cell(row.get(column)) for column in columns] for row in rows]
     widths = [max(len(column), *(len(line[i]) for line in cells)) for i, column in enumerate(columns)]
-    room = shutil.get_terminal_size((120, 24)).columns
+    # Piped into grep or a file, keep whole cells; on a terminal, fit its width.
+    room = shutil.get_terminal_size().columns if sys.stdout.isatty() else 10**6
     while sum(widths) + 2 * (len(widths) - 1) > room and max(widths) > 12:
         widest = widths.index(max(widths))
         widths[widest] -= 1

@@ -13,14 +13,6 @@ from tests.acceptance.cli import jobqueue
 from tests.apps import basic
 
 
-@pytest.fixture
-def app(db_url: str):  # type: ignore[no-untyped-def]
-    """The acceptance app, pointed at this test's database."""
-    basic.app.configure(database_url=db_url)
-    yield basic.app
-    basic.app.close()
-
-
 def count(app: JobQueue, table: str) -> int:
     with app.engine.connect() as conn:
         return int(conn.execute(sa.select(sa.func.count()).select_from(getattr(app.tables, table))).scalar_one())

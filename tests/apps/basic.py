@@ -38,3 +38,12 @@ def sleep(seconds: float) -> float:
 @app.task(name="basic.pid")
 def pid() -> int:
     return os.getpid()
+
+
+@app.task(name="basic.fail_once", retry_strategy=NoRetryStrategy())
+def fail_once(marker: str) -> str:
+    """Fails while the marker file is missing, creating it: a retry from the archive then succeeds."""
+    if not os.path.exists(marker):
+        open(marker, "w").close()
+        raise RuntimeError("first run fails")
+    return "second run works"

@@ -1,0 +1,193 @@
+"""``jobqueue jobs``: list, show, retry, cancel and purge jobs; the archive is the dead-letter queue."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+import click
+
+from jobqueue.cli.output import echo_json, table
+from jobqueue.cli.state import CliState, Group
+from jobqueue.clock import utcnow
+from jobqueue.duration import parse_age
+from jobqueue.errors import JobNotFound
+from jobqueue.serialization import loads_call
+from jobqueue.storage import deadletter, jobs as job_queries
+
+STATES = ["pending", "processing", "retryable", "completed", "failed", "cancelled"]
+ARCHIVED_STATES = ["completed", "failed", "cancelled"]
+
+
+@click.group(cls=Group)
+def jobs() -> None:
+    """Inspect jobs and work the dead-letter queue (failed jobs in the archive)."""
+
+
+@jobs.command("list")
+@click.option("--state", "states", multiple=True, type=click.Choice(STATES), help="Repeatable; default: all.")
+@click.option("--task", help="Only jobs of this task.")
+@click.option("--queue", help="Only jobs in this queue.")
+@click.option("--limit", default=50, show_default=True, type=click.IntRange(1, 100_000))
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.pass_obj
+def list_(state: CliState, /, states: tuple[str, ...], task: str | None, queue: str | None, limit: int,
+          as_json: bool) -> None:
+    """The newest jobs first, with their last error."""
+    rows = deadletter.list_jobs(state.app.store, states, task, queue, limit)
+    if as_json:
+        echo_json(rows)
+    else:
+        click.echo(table(rows, ["id", "task_name", "queue", "state", "attempts_count", "created_at", "when",
+                                "error_type", "error"], empty="no jobs match"))
+
+
+def _decoded(state: CliState, row: dict[str, Any]) -> dict[str, Any]:
+    serializer = state.app.serializer
+    out: dict[str, Any] = {}
+    try:
+        out["args"], out["kwargs"] = loads_call(serializer, row["payload"])
+    except Exception as exc:  # a payload this app cannot read is still worth showing the rest of
+        out["args"] = out["kwargs"] = f"<cannot decode: {exc}>"
+    for name in ("result", "checkpoint"):
+        if row.get(name) is not None:
+            try:
+                out[name] = serializer.loads(row[name])
+            except Exception as exc:
+                out[name] = f"<cannot decode: {exc}>"
+    return out
+
+
+@jobs.command()
+@click.argument("job_id", type=int)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.pass_obj
+def show(state: CliState, /, job_id: int, as_json: bool) -> None:
+    """One job: arguments, state, attempts, result or error with traceback, and its history."""
+    found = deadletter.job_row(state.app.store, job_id)
+    if found is None:
+        raise JobNotFound(f"job {job_id} not found: it never existed, was purged, or was not retained")
+    where, row = found
+    decoded = _decoded(state, row)
+    if as_json:
+        data = {k: v for k, v in row.items() if not isinstance(v, bytes)}
+        data.update(decoded, table=where, state=row["state"].lower())
+        echo_json(data)
+        return
+    error_type = row.get("error_type") or row.get("last_error_type")
+    error_message = row.get("error_message") or row.get("last_error_message")
+    traceback = row.get("error_traceback") or row.get("last_error_traceback")
+    lines = [
+        f"job {row['id']}  {row['task_name']}  {row['state']}  ({'active' if where == 'message' else 'archived'})",
+        f"queue {row['queue']}  priority {row['priority']}  attempts {row['attempts_count']}  "
+        f"deliveries {row['deliveries_count']}",
+        f"created      {row['created_at']}",
+        f"first try    {row.get('first_attempt_at') or '-'}",
+        f"last try     {row.get('last_attempt_at') or '-'}",
+    ]
+    if where == "message":
+        lines.append(f"next try     {row['next_attempt_at']}")
+    else:
+        lines.append(f"finished     {row.get('finished_at') or '-'}  (archived {row['archived_at']})")
+    for label in ("args", "kwargs", "result", "checkpoint"):
+        if label in decoded:
+            lines.append(f"{label:<12} {json.dumps(decoded[label], default=str)}")
+    for label in ("headers", "unique_key", "partition_key"):
+        if row.get(label):
+            lines.append(f"{label:<12} {row[label]}")
+    if error_type:
+        lines.append(f"{'last error' if where == 'message' else 'error':<12} {error_type}: {error_message}")
+    if traceback:
+        lines.append("traceback:")
+        lines.extend("  " + line for line in traceback.rstrip().splitlines())
+    for number, entry in enumerate(row.get("history") or [], 1):
+        lines.append(f"history {number}: {entry.get('state')} after {entry.get('attempts')} attempt(s), archived "
+                     f"{entry.get('archived_at')}: {entry.get('error_type')}: {entry.get('error_message')}")
+    click.echo("\n".join(lines))
+
+
+@jobs.command()
+@click.argument("job_ids", type=int, nargs=-1)
+@click.option("--all-failed", is_flag=True, help="Retry every failed job (with --task: of that task).")
+@click.option("--task", help="With --all-failed: only this task's failed jobs.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.pass_obj
+def retry(state: CliState, /, job_ids: tuple[int, ...], all_failed: bool, task: str | None, as_json: bool) -> None:
+    """Move failed or cancelled jobs back to the queue, same id, attempts reset, history kept."""
+    if bool(job_ids) == all_failed:
+        raise click.UsageError("give job ids, or --all-failed (optionally with --task), not both")
+    if task and not all_failed:
+        raise click.UsageError("--task goes with --all-failed")
+    store = state.app.store
+    if all_failed:
+        report = deadletter.RetryReport()
+        total = deadletter.count_archived(store, "failed", task)
+        with _progress(total, "retrying failed jobs") as bar:
+            after = 0
+            while ids := deadletter.archived_ids(store, "failed", task, limit=500, after_id=after):
+                batch = deadletter.retry(store, ids)
+                report.retried += batch.retried
+                report.refused.update(batch.refused)
+                bar.update(len(ids))
+                after = ids[-1]
+    else:
+        report = deadletter.retry(store, job_ids)
+    if as_json:
+        echo_json({"retried": report.retried, "refused": report.refused})
+    else:
+        click.echo(f"retried {len(report.retried)} job(s)" + (f": {_ids(report.retried)}" if report.retried else ""))
+        for job_id, reason in report.refused.items():
+            click.echo(f"job {job_id} not retried: {reason}", err=True)
+    if report.refused:
+        raise SystemExit(1)
+
+
+@jobs.command()
+@click.argument("job_ids", type=int, nargs=-1, required=True)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.pass_obj
+def cancel(state: CliState, /, job_ids: tuple[int, ...], as_json: bool) -> None:
+    """Cancel pending or retryable jobs: archived as cancelled, never run."""
+    store = state.app.store
+    results = {job_id: job_queries.cancel(store, job_id) for job_id in job_ids}
+    if as_json:
+        echo_json({"cancelled": [j for j, ok in results.items() if ok],
+                   "not_cancelled": [j for j, ok in results.items() if not ok]})
+    else:
+        for job_id, ok in results.items():
+            click.echo(f"job {job_id} cancelled" if ok else f"job {job_id} not cancelled: it is running, has "
+                       "ended or does not exist", err=not ok)
+    if not all(results.values()):
+        raise SystemExit(1)
+
+
+@jobs.command()
+@click.option("--state", "state_name", required=True, type=click.Choice(ARCHIVED_STATES))
+@click.option("--older-than", required=True, metavar="AGE", help="Archived longer ago than this: 90s, 30m, 24h, 7d, 2w.")
+@click.option("--task", help="Only this task's jobs.")
+@click.option("--batch-size", default=1000, show_default=True, type=click.IntRange(1, 100_000))
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.pass_obj
+def purge(state: CliState, /, state_name: str, older_than: str, task: str | None, batch_size: int,
+          as_json: bool) -> None:
+    """Delete archived jobs for good, in batches of short transactions."""
+    before = utcnow() - parse_age(older_than)
+    store = state.app.store
+    total = deadletter.count_archived(store, state_name, task, before)
+    with _progress(total, f"purging {state_name} jobs") as bar:
+        deleted = deadletter.purge(store, state_name, before, task, batch_size, progress=bar.update)
+    if as_json:
+        echo_json({"purged": deleted, "state": state_name, "archived_before": before})
+    else:
+        click.echo(f"purged {deleted} {state_name} job(s) archived before {before:%Y-%m-%d %H:%M:%S} UTC")
+
+
+def _progress(total: int, label: str) -> Any:
+    """A progress bar on stderr, so --json output on stdout stays clean."""
+    return click.progressbar(length=total, label=label, file=sys.stderr, show_pos=True)
+
+
+def _ids(ids: list[int], most: int = 20) -> str:
+    shown = ", ".join(map(str, ids[:most]))
+    return shown + (f" and {len(ids) - most} more" if len(ids) > most else "")

@@ -1,0 +1,162 @@
+"""The archive as a dead-letter queue: list, show, retry and purge jobs (``jobqueue jobs ...``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Callable, Iterable
+
+import sqlalchemy as sa
+
+from jobqueue.clock import utcnow
+from jobqueue.job import ACTIVE_STATES, FINAL_STATES, MessageState
+from jobqueue.storage.jobs import shared_columns
+from jobqueue.storage.store import Store
+
+ACTIVE = {s.value for s in ACTIVE_STATES}
+ARCHIVED = {s.value for s in FINAL_STATES}
+RETRYABLE_FROM_ARCHIVE = (MessageState.FAILED.value, MessageState.CANCELLED.value)
+HISTORY_TRACEBACK_CHARS = 20_000
+
+
+def list_jobs(store: Store, states: Iterable[str] = (), task: str | None = None, queue: str | None = None,
+              limit: int = 50) -> list[dict[str, Any]]:
+    """The newest jobs (highest ids first) in the given states, from both tables as needed."""
+    wanted = {s.upper() for s in states} or ACTIVE | ARCHIVED
+    m, a = store.tables.message, store.tables.archive
+    found: list[dict[str, Any]] = []
+    with store.reading() as conn:
+        for table, in_table, when in ((m, ACTIVE, "next_attempt_at"), (a, ARCHIVED, "archived_at")):
+            chosen = sorted(wanted & in_table)
+            if not chosen:
+                continue
+            stmt = sa.select(table.c.id, table.c.task_name, table.c.queue, table.c.state, table.c.priority,
+                             table.c.attempts_count, table.c.created_at, table.c[when].label("when"),
+                             (table.c.error_type if table is a else table.c.last_error_type).label("error_type"),
+                             (table.c.error_message if table is a else table.c.last_error_message).label("error"))
+            stmt = stmt.where(table.c.state.in_(chosen))
+            if task:
+                stmt = stmt.where(table.c.task_name == task)
+            if queue:
+                stmt = stmt.where(table.c.queue == queue)
+            found.extend(dict(row) for row in conn.execute(stmt.order_by(table.c.id.desc()).limit(limit)).mappings())
+    found.sort(key=lambda row: row["id"], reverse=True)
+    for row in found:
+        row["state"] = row["state"].lower()
+        if row["error"] and len(row["error"]) > 200:
+            row["error"] = row["error"][:199] + "~"
+    return found[:limit]
+
+
+def job_row(store: Store, job_id: int) -> tuple[str, dict[str, Any]] | None:
+    """The job's full row and which table it is in ("message" or "archive"), or None."""
+    with store.reading() as conn:
+        for name in ("message", "archive"):
+            table = getattr(store.tables, name)
+            row = conn.execute(sa.select(table).where(table.c.id == job_id)).mappings().first()
+            if row is not None:
+                return name, dict(row)
+    return None
+
+
+@dataclass
+class RetryReport:
+    retried: list[int] = field(default_factory=list)
+    refused: dict[int, str] = field(default_factory=dict)
+
+
+def _history_entry(row: dict[str, Any]) -> dict[str, Any]:
+    def iso(value: datetime | None) -> str | None:
+        return value.isoformat() if value is not None else None
+
+    traceback = row.get("error_traceback")
+    return {
+        "state": row["state"], "attempts": row["attempts_count"], "deliveries": row["deliveries_count"],
+        "first_attempt_at": iso(row.get("first_attempt_at")), "last_attempt_at": iso(row.get("last_attempt_at")),
+        "finished_at": iso(row.get("finished_at")), "archived_at": iso(row.get("archived_at")),
+        "error_type": row.get("error_type"), "error_message": row.get("error_message"),
+        "error_traceback": traceback[-HISTORY_TRACEBACK_CHARS:] if traceback else None,
+    }
+
+
+def retry(store: Store, job_ids: Iterable[int], now: datetime | None = None) -> RetryReport:
+    """Move FAILED or CANCELLED jobs back to PENDING under the same id, attempts reset.
+
+    The archived outcome is appended to the job's ``history``, so earlier failures stay readable;
+    the checkpoint is kept, so a job that saved progress resumes from it.
+    """
+    now = now or utcnow()
+    m, a = store.tables.message, store.tables.archive
+    columns = shared_columns(store.tables)
+    report = RetryReport()
+    for job_id in job_ids:
+        try:
+            with store.writing() as conn:
+                row = conn.execute(sa.select(a).where(a.c.id == job_id).with_for_update()).mappings().first()
+                if row is None:
+                    where = "still active" if _active(conn, store, job_id) else "not in the archive"
+                    report.refused[job_id] = f"{where}; only archived jobs can be retried"
+                    continue
+                if row["state"] not in RETRYABLE_FROM_ARCHIVE:
+                    report.refused[job_id] = f"{row['state'].lower()}; only failed or cancelled jobs are retried"
+                    continue
+                values = {name: row[name] for name in columns}
+                values.update(
+                    state=MessageState.PENDING.value, attempts_count=0, deliveries_count=0, first_attempt_at=None,
+                    last_attempt_at=None, next_attempt_at=now,
+                    history=list(row["history"] or []) + [_history_entry(dict(row))],
+                    last_error_type=row["error_type"], last_error_message=row["error_message"],
+                    last_error_traceback=row["error_traceback"],
+                )
+                conn.execute(sa.insert(m), values)
+                conn.execute(sa.delete(a).where(a.c.id == job_id))
+        except sa.exc.IntegrityError:
+            report.refused[job_id] = "an active job holds the same unique_key; cancel it or wait for it to end"
+            continue
+        report.retried.append(job_id)
+    return report
+
+
+def _active(conn: sa.Connection, store: Store, job_id: int) -> bool:
+    m = store.tables.message
+    return conn.execute(sa.select(m.c.id).where(m.c.id == job_id)).first() is not None
+
+
+def archived_ids(store: Store, state: str, task: str | None = None, before: datetime | None = None,
+                 limit: int = 1000, after_id: int = 0) -> list[int]:
+    """Ids of archived jobs in ``state`` (optionally of ``task``, archived before ``before``), ascending."""
+    a = store.tables.archive
+    stmt = sa.select(a.c.id).where(a.c.state == state.upper(), a.c.id > after_id)
+    if task:
+        stmt = stmt.where(a.c.task_name == task)
+    if before is not None:
+        stmt = stmt.where(a.c.archived_at < before)
+    with store.reading() as conn:
+        return [row[0] for row in conn.execute(stmt.order_by(a.c.id).limit(limit))]
+
+
+def count_archived(store: Store, state: str, task: str | None = None, before: datetime | None = None) -> int:
+    a = store.tables.archive
+    stmt = sa.select(sa.func.count()).select_from(a).where(a.c.state == state.upper())
+    if task:
+        stmt = stmt.where(a.c.task_name == task)
+    if before is not None:
+        stmt = stmt.where(a.c.archived_at < before)
+    with store.reading() as conn:
+        return int(conn.execute(stmt).scalar_one())
+
+
+def purge(store: Store, state: str, before: datetime | None, task: str | None = None, batch_size: int = 1000,
+          progress: Callable[[int], None] | None = None) -> int:
+    """Delete archived jobs in ``state`` archived before ``before``, one short transaction per batch."""
+    a = store.tables.archive
+    deleted = 0
+    while True:
+        ids = archived_ids(store, state, task, before, batch_size)
+        if not ids:
+            return deleted
+        with store.writing() as conn:
+            conn.execute(sa.delete(a).where(a.c.id.in_(ids), a.c.state == state.upper()))
+        deleted += len(ids)
+        if progress is not None:
+            progress(len(ids))

@@ -1,0 +1,89 @@
+"""``jobqueue jobs``: the dead-letter queue from the command line, on every backend."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from jobqueue import JobQueue
+from tests.acceptance.cli import jobqueue
+from tests.apps import basic
+
+
+def test_list_show_retry_a_failed_job(app: JobQueue, tmp_path: Path) -> None:
+    failing = basic.fail_once.delay(str(tmp_path / "marker"))
+    done = basic.add.delay(1, 2)
+    jobqueue("worker", "--burst", "--concurrency", "1")
+    assert failing.status() == "failed"
+
+    listed = json.loads(jobqueue("jobs", "list", "--state", "failed", "--task", "basic.fail_once", "--json").stdout)
+    assert [row["id"] for row in listed] == [failing.id]
+    assert listed[0]["error_type"] == "RuntimeError"
+    table = jobqueue("jobs", "list", "--state", "failed").stdout.splitlines()
+    assert len(table) == 3 and table[2].split()[:2] == [str(failing.id), "basic.fail_once"]
+    assert table[2].endswith("RuntimeError  first run fails")
+    assert done.status() == "completed"
+
+    shown = jobqueue("jobs", "show", str(failing.id)).stdout
+    assert "FAILED" in shown and "RuntimeError: first run fails" in shown
+    assert "traceback:" in shown and 'raise RuntimeError("first run fails")' in shown
+    assert "marker" in shown  # the arguments
+    detail = json.loads(jobqueue("jobs", "show", str(failing.id), "--json").stdout)
+    assert detail["attempts_count"] == 1 and detail["args"] == [str(tmp_path / "marker")]
+
+    out = jobqueue("jobs", "retry", str(failing.id)).stdout
+    assert f"retried 1 job(s): {failing.id}" in out
+    assert failing.status() == "pending"
+    jobqueue("worker", "--burst", "--concurrency", "1")
+    assert failing.get(timeout=5) == "second run works"  # the same id ran again
+    history = json.loads(jobqueue("jobs", "show", str(failing.id), "--json").stdout)["history"]
+    assert history[0]["error_message"] == "first run fails"
+    assert "history 1: FAILED" in jobqueue("jobs", "show", str(failing.id)).stdout
+
+
+def test_retry_all_failed_of_a_task(app: JobQueue) -> None:
+    failed = [basic.fail.delay(f"n{i}") for i in range(3)]
+    other = basic.fail_once.delay("/nonexistent/dir/marker")  # fails too (cannot create the marker)
+    jobqueue("worker", "--burst", "--concurrency", "2")
+    result = json.loads(jobqueue("jobs", "retry", "--all-failed", "--task", "basic.fail", "--json").stdout)
+    assert sorted(result["retried"]) == sorted(h.id for h in failed) and result["refused"] == {}
+    assert {h.status() for h in failed} == {"pending"} and other.status() == "failed"
+
+
+def test_retry_and_cancel_refusals_exit_non_zero(app: JobQueue) -> None:
+    done = basic.add.delay(1, 1)
+    jobqueue("worker", "--burst", "--concurrency", "1")
+    refused = jobqueue("jobs", "retry", str(done.id), check=False)
+    assert refused.returncode == 1 and "only failed or cancelled" in refused.stderr
+    missing = jobqueue("jobs", "retry", "987654321", check=False)
+    assert missing.returncode == 1 and "not in the archive" in missing.stderr
+    usage = jobqueue("jobs", "retry", check=False)
+    assert usage.returncode == 2 and "--all-failed" in usage.stderr
+    pending = basic.add.delay(2, 2)
+    assert jobqueue("jobs", "cancel", str(pending.id)).returncode == 0
+    assert pending.status() == "cancelled"
+    again = jobqueue("jobs", "cancel", str(pending.id), check=False)
+    assert again.returncode == 1 and "not cancelled" in again.stderr
+
+
+def test_purge_with_progress(app: JobQueue) -> None:
+    basic.add.bulk([(i, i) for i in range(25)])
+    keep = basic.fail.delay("kept")
+    jobqueue("worker", "--burst", "--concurrency", "2")
+    result = jobqueue("jobs", "purge", "--state", "completed", "--older-than", "0s", "--batch-size", "10", "--json")
+    assert json.loads(result.stdout)["purged"] == 25
+    assert "purging completed jobs" in result.stderr  # the progress bar, on stderr
+    assert keep.status() == "failed"
+    assert json.loads(jobqueue("jobs", "list", "--json").stdout)[0]["id"] == keep.id
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (("jobs", "purge", "--state", "completed", "--older-than", "7x"), "90s, 30m, 24h, 7d or 2w"),
+    (("jobs", "purge", "--state", "pending", "--older-than", "1d"), "Invalid value for '--state'"),
+    (("jobs", "show", "987654321"), "not found"),
+])
+def test_bad_input(app: JobQueue, args: tuple[str, ...], fragment: str) -> None:
+    result = jobqueue(*args, check=False)
+    assert result.returncode != 0 and fragment in result.stderr
