@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import logging
+from datetime import timedelta
 from typing import Any, Callable, overload
 
 import sqlalchemy as sa
 
 from jobqueue.errors import ConfigurationError, UnknownTaskError
 from jobqueue.handle import JobHandle
+from jobqueue.periodic import Schedule, make_schedule
 from jobqueue.serialization import get_serializer
 from jobqueue.settings import Settings, parse_queues, resolve_database_url, setting_names
 from jobqueue.storage import schema_manager
@@ -18,6 +20,7 @@ from jobqueue.storage.tables import Tables, build_tables
 from jobqueue.task import Task, build_options
 
 logger = logging.getLogger("jobqueue")
+MAX_SCHEDULE_NAME = 200  # its jobs' unique keys add "@" and the fire time
 
 
 class JobQueue:
@@ -40,6 +43,7 @@ class JobQueue:
         self.settings = Settings(database_url=database_url, **settings)
         self.serializer = get_serializer(self.settings.serializer)
         self.registry: dict[str, Task] = {}
+        self.schedules: dict[str, Schedule] = {}
         self._url_override: str | None = None
         self._store: Store | None = None
         self._tables: Tables | None = None
@@ -133,6 +137,27 @@ class JobQueue:
             if options:
                 raise ConfigurationError("use @app.task or @app.task(**options), not both")
             return register(fn)
+        return register
+
+    def periodic(self, *, cron: str | None = None, every: timedelta | float | None = None, timezone: str = "UTC",
+                 name: str | None = None, args: tuple[Any, ...] | list[Any] = (),
+                 kwargs: dict[str, Any] | None = None) -> Callable[[Task], Task]:
+        """Run a task on a schedule: ``@app.periodic(cron="*/5 * * * *", timezone="Europe/Paris")`` or
+        ``@app.periodic(every=timedelta(minutes=5))``, written above ``@app.task``.
+
+        ``args``/``kwargs`` are passed to each run; ``name`` (default: the task's name) identifies the
+        schedule, so one task can have several. Checked now: a bad expression or timezone raises
+        ConfigurationError at import. Workers create the schedule when they start.
+        """
+        def register(task: Task) -> Task:
+            schedule = make_schedule(self, task, cron, every, timezone, name, args, kwargs)
+            if not 0 < len(schedule.name) <= MAX_SCHEDULE_NAME:
+                raise ConfigurationError(f"schedule name must be 1 to {MAX_SCHEDULE_NAME} characters")
+            if schedule.name in self.schedules:
+                raise ConfigurationError(f"schedule {schedule.name!r} is defined twice; give one of them name=")
+            self.schedules[schedule.name] = schedule
+            return task
+
         return register
 
     def get_task(self, name: str) -> Task:

@@ -53,6 +53,8 @@ def validate_task_name(name: Any) -> str:
         raise ConfigurationError(
             f"invalid task name {name!r}: use up to 255 letters, digits, '_', '.', ':' or '-', "
             "starting with a letter or '_'")
+    if name.startswith("jobqueue."):
+        raise ConfigurationError(f"task names starting with 'jobqueue.' are reserved; rename {name!r}")
     return name
 
 

@@ -31,10 +31,11 @@ def main() -> None:
 
 
 def _register() -> None:
-    from jobqueue.cli import db, enqueue, jobs, status, worker
+    from jobqueue.cli import db, enqueue, jobs, periodic, status, worker
 
     cli.add_command(db.db)
     cli.add_command(jobs.jobs)
+    cli.add_command(periodic.periodic)
     cli.add_command(worker.worker)
     cli.add_command(enqueue.enqueue)
     cli.add_command(status.status)

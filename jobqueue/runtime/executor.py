@@ -18,8 +18,11 @@ from jobqueue.context import Decision, JobContext, LeaseKeeper, activate, deacti
 from jobqueue.errors import (LeaseLost, MaxDeliveriesExceeded, Rejected, SerializationError,
                              SoftTimeLimitExceeded, UnknownTaskError)
 from jobqueue.job import ErrorInfo, Message, MessageState, Outcome, OutcomeKind
+from jobqueue.periodic import CATCH_UP_GRACE_SECONDS, SCHEDULE_TASK, Schedule, encode_state
 from jobqueue.retry import RetryStrategy, default_strategy, strategy_from_dict
 from jobqueue.serialization import loads_call
+
+from jobqueue.storage.schedules import fire_schedule
 
 if TYPE_CHECKING:
     from jobqueue.app import JobQueue
@@ -46,8 +49,14 @@ class Executor:
     """Turns messages into outcomes for one worker process."""
 
     def __init__(self, app: JobQueue, keeper: LeaseKeeper | None = None,
-                 ack_first: Callable[[Outcome], bool] | None = None) -> None:
+                 ack_first: Callable[[Outcome], bool] | None = None,
+                 writer: Callable[[Callable[[], Any]], Any] | None = None) -> None:
         self.app = app
+        # Runs a database write the executor makes itself (firing a schedule); a worker process
+        # passes its DatabaseGuard so the write retries through outages.
+        self.writer = writer or (lambda operation: operation())
+        # When the process should look for work again even if its queues look empty (a deferral).
+        self.wake_at: datetime | None = None
         self.settings = app.settings
         self.serializer = app.serializer
         self.keeper = keeper
@@ -64,6 +73,8 @@ class Executor:
     def execute(self, message: Message) -> Outcome | None:
         """Run ``message``; return its outcome, or None when there is nothing left to record."""
         started = utcnow()
+        if message.task_name == SCHEDULE_TASK:
+            return self._fire_schedule(message, started)
         task = self.app.registry.get(message.task_name)
         if task is None:
             known = ", ".join(sorted(self.app.registry)) or "none"
@@ -94,6 +105,27 @@ class Executor:
             error = ErrorInfo.from_exception(exc, traceback.format_exc())
             return self._after_error(task, policy, context, message, started, exc, error)
         return self._after_return(task, policy, context, message, started, result)
+
+    def _fire_schedule(self, message: Message, now: datetime) -> Outcome | None:
+        """Fire a schedule message: enqueue the job for its fire time and defer it to the next one."""
+        try:
+            schedule = Schedule.decode(message.payload)
+        except Exception as exc:  # unreadable: fail it; the next worker start creates it anew from code
+            return self._refused(message, now, SerializationError(f"unreadable schedule message: {exc}"))
+        grace = max(CATCH_UP_GRACE_SECONDS, 2 * self.settings.release_stuck_timeout)
+        fire = schedule.to_fire(message.next_attempt_at, now, grace)
+        next_fire = schedule.next_fire(fire)
+        fired = self.writer(lambda: fire_schedule(self.app.store, message, schedule, fire, next_fire,
+                                                  encode_state(fire), now))
+        if not fired:
+            logger.warning("schedule %s: lease lost before it fired for %s; the holder fires it", schedule.name, fire)
+            return None
+        if fire != message.next_attempt_at:
+            logger.warning("schedule %s missed its fires from %s; one catch-up run for %s", schedule.name,
+                           message.next_attempt_at, fire)
+        logger.info("schedule %s fired %s for %s; next at %s", schedule.name, schedule.task_name, fire, next_fire)
+        self.wake_at = next_fire
+        return None
 
     def _call(self, task: Task, context: JobContext, args: list[Any], kwargs: dict[str, Any]) -> Any:
         token = activate(context)
@@ -197,6 +229,7 @@ class Executor:
     def _deferred(self, message: Message, started: datetime, context: JobContext) -> Outcome:
         outcome = self._outcome(message, started, MessageState.PENDING, context=context)
         outcome.kind, outcome.next_attempt_at = OutcomeKind.DEFER, context.defer_until
+        self.wake_at = context.defer_until
         return outcome
 
     def _refused(self, message: Message, started: datetime, error: Exception) -> Outcome:

@@ -74,7 +74,9 @@ class WorkerProcess:
         self.pending_token: int | None = None
         self.keeper_stop = threading.Event()
         self.guard = DatabaseGuard(logger, f"database (worker process {os.getpid()})")
-        self.executor = Executor(app, keeper=StoreLeaseKeeper(app.store), ack_first=self._ack_first)
+        self.executor = Executor(app, keeper=StoreLeaseKeeper(app.store), ack_first=self._ack_first,
+                                 writer=self.guard.call)
+        self.wake_at: float | None = None  # monotonic time a deferred message of ours comes due
 
     # -- entry point -------------------------------------------------------------------------------
     def main(self) -> int:
@@ -155,6 +157,12 @@ class WorkerProcess:
         self.held.add_fetched(messages)
         interval = self.settings.min_fetch_interval if messages else self.settings.max_fetch_interval
         self.next_fetch_at = time.monotonic() + interval
+        if self.wake_at is not None:
+            # A message we deferred comes due before the next poll: look again right then.
+            if self.wake_at <= time.monotonic():
+                self.wake_at = None
+            else:
+                self.next_fetch_at = min(self.next_fetch_at, self.wake_at)
         self.spec.slot.set_idle(not messages and not len(self.held))
 
     def _undo_lost_acquire(self) -> None:
@@ -180,6 +188,10 @@ class WorkerProcess:
             raise
         pending = self.held.finish(outcome)
         duration = time.perf_counter() - began
+        if self.executor.wake_at is not None:
+            due_in = (self.executor.wake_at - utcnow()).total_seconds()
+            self.executor.wake_at = None
+            self.wake_at = min(self.wake_at or float("inf"), time.monotonic() + max(0.0, due_in))
         self.done += 1
         self.avg_duration = duration if self.avg_duration is None else (
             EWMA_WEIGHT * duration + (1 - EWMA_WEIGHT) * self.avg_duration)

@@ -8,6 +8,7 @@ from typing import TextIO
 
 import sqlalchemy as sa
 
+from jobqueue.periodic import SCHEDULE_TASK
 from jobqueue.storage.store import Store
 
 BAR_WIDTH = 30
@@ -25,7 +26,7 @@ class Progress:
 
     def remaining(self) -> int:
         m = self.store.tables.message
-        stmt = sa.select(sa.func.count()).select_from(m)
+        stmt = sa.select(sa.func.count()).select_from(m).where(m.c.task_name != SCHEDULE_TASK)
         if self.queues:
             stmt = stmt.where(m.c.queue.in_(self.queues))
         with self.store.reading() as conn:

@@ -31,6 +31,7 @@ from jobqueue.runtime.process import STOP_SIGNALS, ChildSpec, WorkerProcess, _dr
 from jobqueue.runtime.progress import Progress
 from jobqueue.runtime.resilience import DatabaseGuard
 from jobqueue.runtime.slot import Slot, SlotView
+from jobqueue.storage import schedules
 from jobqueue.storage.engine import mask_url
 
 if TYPE_CHECKING:
@@ -43,6 +44,7 @@ BURST_HORIZON_SECONDS = 5.0
 BURST_CHECK_SECONDS = 0.25
 RESPAWN_BACKOFF_MAX_SECONDS = 10.0
 QUICK_DEATHS_BEFORE_BACKOFF = 3
+SCHEDULE_SYNC_RETRIES = 10
 RETRY_SOON_SECONDS = 1.0
 
 
@@ -87,6 +89,7 @@ class Supervisor:
         self.app.check_schema()
         self.store = self.app.store
         self.executor = Executor(self.app)
+        self._sync_schedules()
         self.wake_r, self.wake_w = _pipe()
         self._install_signals()
         queues = ",".join(self.settings.queues) if self.settings.queues else "all queues"
@@ -102,6 +105,25 @@ class Supervisor:
                 self.meter.close(self._done())
             signal.set_wakeup_fd(-1)
             self.app.close()
+
+    def _sync_schedules(self) -> None:
+        """Create, update and retire schedule messages to match the code (before any child forks)."""
+        report = schedules.sync(self.store, self.app.schedules, set(self.app.registry), utcnow())
+        for attempt in range(SCHEDULE_SYNC_RETRIES):
+            if not report.busy:
+                break
+            time.sleep(0.2)  # a schedule being fired right now: its change waits a moment
+            busy = {name: s for name, s in self.app.schedules.items() if name in report.busy}
+            again = schedules.sync(self.store, busy, set(), utcnow())
+            report.updated += again.updated
+            report.busy = again.busy
+        for kind in ("created", "updated", "retired"):
+            names = getattr(report, kind)
+            if names:
+                logger.info("schedules %s: %s", kind, ", ".join(sorted(names)))
+        if report.busy:
+            logger.warning("schedules changed in code but busy being fired: %s; the change applies at the next "
+                           "start", ", ".join(sorted(report.busy)))
 
     def _install_signals(self) -> None:
         def on_signal(signum: int, frame: Any) -> None:

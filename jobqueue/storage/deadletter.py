@@ -10,6 +10,7 @@ import sqlalchemy as sa
 
 from jobqueue.clock import utcnow
 from jobqueue.job import ACTIVE_STATES, FINAL_STATES, MessageState
+from jobqueue.periodic import SCHEDULE_TASK
 from jobqueue.storage.jobs import shared_columns
 from jobqueue.storage.store import Store
 
@@ -37,6 +38,8 @@ def list_jobs(store: Store, states: Iterable[str] = (), task: str | None = None,
             stmt = stmt.where(table.c.state.in_(chosen))
             if task:
                 stmt = stmt.where(table.c.task_name == task)
+            elif table is m:
+                stmt = stmt.where(table.c.task_name != SCHEDULE_TASK)  # see `jobqueue periodic list`
             if queue:
                 stmt = stmt.where(table.c.queue == queue)
             found.extend(dict(row) for row in conn.execute(stmt.order_by(table.c.id.desc()).limit(limit)).mappings())

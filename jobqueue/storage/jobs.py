@@ -10,6 +10,7 @@ import sqlalchemy as sa
 
 from jobqueue.clock import utcnow
 from jobqueue.job import MessageState
+from jobqueue.periodic import SCHEDULE_TASK
 from jobqueue.storage.dialects.base import READY_LITERALS
 from jobqueue.storage.store import Store
 from jobqueue.storage.tables import Tables
@@ -77,6 +78,7 @@ def queue_counts(store: Store, now: datetime | None = None) -> list[dict[str, An
     m = store.tables.message
     ready = sa.and_(m.c.state.in_(READY_LITERALS), m.c.next_attempt_at <= now)
     stmt = (sa.select(m.c.queue, m.c.state, sa.func.count(), sa.func.min(sa.case((ready, m.c.next_attempt_at))))
+            .where(m.c.task_name != SCHEDULE_TASK)  # schedules are listed by `jobqueue periodic list`
             .group_by(m.c.queue, m.c.state).order_by(m.c.queue, m.c.state))
     queues: dict[str, dict[str, Any]] = {}
     with store.reading() as conn:

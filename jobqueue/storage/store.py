@@ -20,6 +20,7 @@ from sqlalchemy import orm
 from jobqueue.clock import utcnow
 from jobqueue.errors import ConfigurationError, SchemaError
 from jobqueue.job import Message, MessageState, Outcome, OutcomeKind
+from jobqueue.periodic import SCHEDULE_TASK
 from jobqueue.storage.dialects import AcquireParams, Dialect, dialect_for
 from jobqueue.storage.dialects.base import PROCESSING, READY_LITERALS
 from jobqueue.storage.tables import Tables, Timestamp
@@ -126,10 +127,11 @@ class Store:
                     ids[i] = new_id
             for i, row in enumerate(rows):
                 if row.get("unique_key") is not None:
-                    ids[i] = self._insert_unique(conn, dialect, row)
+                    ids[i] = self.insert_unique(conn, dialect, row)
         return ids
 
-    def _insert_unique(self, conn: sa.Connection, dialect: Dialect, row: dict[str, Any]) -> int:
+    def insert_unique(self, conn: sa.Connection, dialect: Dialect, row: dict[str, Any]) -> int:
+        """Insert ``row`` or return the id of the active message holding its (task_name, unique_key)."""
         m = self.tables.message
         existing = sa.select(m.c.id).where(m.c.task_name == row["task_name"], m.c.unique_key == row["unique_key"])
         for _ in range(UNIQUE_RETRIES):
@@ -265,7 +267,8 @@ class Store:
         """True while the queues hold a message PROCESSING or due before ``horizon`` (for --burst)."""
         m = self.tables.message
         due = sa.and_(m.c.state.in_(READY_LITERALS), m.c.next_attempt_at <= sa.bindparam("h", type_=Timestamp))
-        stmt = sa.select(m.c.id).where(sa.or_(m.c.state == PROCESSING, due)).limit(1)
+        # Schedule messages never end: they do not count as work waiting.
+        stmt = sa.select(m.c.id).where(sa.or_(m.c.state == PROCESSING, due), m.c.task_name != SCHEDULE_TASK).limit(1)
         if queues:
             stmt = stmt.where(m.c.queue.in_(queues))
         with self.reading() as conn:

@@ -1,0 +1,183 @@
+"""Periodic tasks: schedules, their fire times, and the never-completing messages that drive them.
+
+A schedule is a cron expression in an IANA timezone (parsed by cronsim, which follows Debian cron
+through DST changes: a local time skipped by spring-forward fires just after the change, one repeated
+by fall-back fires once, and wildcard-hour expressions keep firing in real time) or a fixed interval.
+Times here are naive UTC, like everything stored; the math is pure and takes ``now``.
+
+Each schedule is one message (task ``jobqueue.schedule``, unique key = schedule name) that is never
+acked: firing it enqueues the real job and defers the message to the next fire time, in one fenced
+transaction (see ``Store.fire_schedule``). Workers create, update and retire the schedule messages
+when they start (``sync_schedules``).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from typing import TYPE_CHECKING, Any, Iterator
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from cronsim import CronSim, CronSimError
+
+from jobqueue.errors import ConfigurationError
+
+if TYPE_CHECKING:
+    from jobqueue.app import JobQueue
+    from jobqueue.task import Task
+
+logger = logging.getLogger("jobqueue.periodic")
+
+SCHEDULE_TASK = "jobqueue.schedule"
+SCHEDULE_PRIORITY = 32767  # a due schedule message goes before any backlog: it only enqueues
+CATCH_UP_GRACE_SECONDS = 60.0
+LOOK_BACK_WINDOWS = tuple(timedelta(seconds=s) for s in (60, 3600, 86400, 32 * 86400, 400 * 86400, 4000 * 86400,
+                                                          40_000 * 86400))
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """When a task fires: ``cron`` in ``timezone``, or ``every`` fixed interval."""
+
+    name: str
+    task_name: str
+    cron: str | None = None
+    every_seconds: float | None = None
+    timezone: str = "UTC"
+    queue: str = "default"
+    priority: int = 0
+    payload: bytes = b""
+    tz: ZoneInfo = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if (self.cron is None) == (self.every_seconds is None):
+            raise ConfigurationError(f"schedule {self.name!r}: give cron= or every=, exactly one")
+        try:
+            object.__setattr__(self, "tz", ZoneInfo(self.timezone))
+        except (ZoneInfoNotFoundError, ValueError):
+            raise ConfigurationError(f"schedule {self.name!r}: unknown timezone {self.timezone!r}; use an IANA "
+                                     "name such as 'UTC' or 'Europe/Paris'") from None
+        if self.cron is not None:
+            try:
+                CronSim(self.cron, datetime.now(self.tz))
+            except CronSimError as exc:
+                raise ConfigurationError(f"schedule {self.name!r}: invalid cron expression {self.cron!r} ({exc}); "
+                                         "five fields: minute hour day-of-month month day-of-week") from None
+        elif not self.every_seconds or self.every_seconds <= 0:
+            raise ConfigurationError(f"schedule {self.name!r}: every= must be a positive duration")
+
+    @property
+    def expression(self) -> str:
+        """The schedule as people read it: the cron expression, or ``every 300 s``."""
+        return self.cron if self.cron is not None else f"every {self.every_seconds:g} s"
+
+    # -- fire times (naive UTC in, naive UTC out) --------------------------------------------------
+    def first_fire(self, now: datetime) -> datetime:
+        """The first fire time of a schedule created at ``now``: an interval later, or the next cron time."""
+        return self.next_fire(now)
+
+    def next_fire(self, after: datetime) -> datetime:
+        """The first fire time strictly after ``after``."""
+        if self.every_seconds is not None:
+            return after + timedelta(seconds=self.every_seconds)
+        local = after.replace(tzinfo=timezone.utc).astimezone(self.tz)
+        return _utc(next(iter(CronSim(self.cron or "", local))))
+
+    def fires(self, after: datetime) -> Iterator[datetime]:
+        """Fire times strictly after ``after``, in order."""
+        if self.every_seconds is not None:
+            step = timedelta(seconds=self.every_seconds)
+            at = after + step
+            while True:
+                yield at
+                at += step
+        local = after.replace(tzinfo=timezone.utc).astimezone(self.tz)
+        for when in CronSim(self.cron or "", local):
+            yield _utc(when)
+
+    def latest_fire(self, scheduled: datetime, now: datetime) -> datetime:
+        """The last fire time at or before ``now``, counting from ``scheduled`` (itself a fire time)."""
+        if self.every_seconds is not None:
+            step = self.every_seconds
+            return scheduled + timedelta(seconds=step * ((now - scheduled).total_seconds() // step))
+        # cronsim only walks forward: look back over growing windows and walk forward inside the first
+        # one that holds a fire time. A minute schedule is found in the first window however long
+        # the outage was; a yearly one in the fifth.
+        for window in LOOK_BACK_WINDOWS:
+            start = max(scheduled, now - window)
+            latest = None
+            for when in self.fires(start):
+                if when > now:
+                    break
+                latest = when
+            if latest is not None:
+                return latest
+            if start == scheduled:
+                break
+        return scheduled
+
+    def to_fire(self, scheduled: datetime, now: datetime, grace_seconds: float) -> datetime:
+        """Which fire time a run at ``now`` of the message due at ``scheduled`` stands for.
+
+        A few seconds late (within ``grace_seconds``, which covers a crashed worker's lease running
+        out), it is ``scheduled`` itself: every fire time gets its job. Later than that, the workers
+        were down: one catch-up run for the latest missed fire, not one per missed fire.
+        """
+        if (now - scheduled).total_seconds() <= grace_seconds:
+            return scheduled
+        return self.latest_fire(scheduled, now)
+
+    # -- the stored form ---------------------------------------------------------------------------
+    def definition(self) -> dict[str, Any]:
+        """What the schedule message stores; comparing it tells whether code changed the schedule."""
+        return {"name": self.name, "task": self.task_name, "cron": self.cron, "every_seconds": self.every_seconds,
+                "timezone": self.timezone, "queue": self.queue, "priority": self.priority,
+                "payload": base64.b64encode(self.payload).decode("ascii")}
+
+    @classmethod
+    def from_definition(cls, data: dict[str, Any]) -> Schedule:
+        return cls(name=data["name"], task_name=data["task"], cron=data.get("cron"),
+                   every_seconds=data.get("every_seconds"), timezone=data.get("timezone", "UTC"),
+                   queue=data.get("queue", "default"), priority=data.get("priority", 0),
+                   payload=base64.b64decode(data.get("payload", "")))
+
+    def encode(self) -> bytes:
+        return json.dumps(self.definition(), sort_keys=True).encode("utf-8")
+
+    @classmethod
+    def decode(cls, payload: bytes) -> Schedule:
+        return cls.from_definition(json.loads(payload))
+
+
+def _utc(when: datetime) -> datetime:
+    return when.astimezone(timezone.utc).replace(tzinfo=None)
+
+
+def fire_key(name: str, fire: datetime) -> str:
+    """The unique key of the job a schedule enqueues for one fire time."""
+    return f"{name}@{fire.isoformat()}"
+
+
+def schedule_state(checkpoint: bytes | None) -> dict[str, Any]:
+    return json.loads(checkpoint) if checkpoint else {}
+
+
+def encode_state(last_fire: datetime) -> bytes:
+    return json.dumps({"last_fire": last_fire.isoformat()}).encode("utf-8")
+
+
+def make_schedule(app: JobQueue, task: Task, cron: str | None, every: timedelta | float | None, timezone_name: str,
+                  name: str | None, args: tuple[Any, ...] | list[Any], kwargs: dict[str, Any] | None) -> Schedule:
+    """Build and check a task's schedule when ``@app.periodic`` runs (errors surface at import)."""
+    from jobqueue.serialization import dumps_call
+    from jobqueue.task import Task as TaskClass
+
+    if not isinstance(task, TaskClass):
+        raise ConfigurationError("@app.periodic goes above @app.task: it schedules a task, not a plain function")
+    seconds = every.total_seconds() if isinstance(every, timedelta) else every
+    payload = dumps_call(app.serializer, tuple(args), dict(kwargs or {}))
+    return Schedule(name=name or task.name, task_name=task.name, cron=cron, every_seconds=seconds,
+                    timezone=timezone_name, queue=task.queue, priority=task.options.priority, payload=payload)

@@ -1,0 +1,68 @@
+"""Periodic tasks under real supervisors: exactly one job per fire time, however many workers run."""
+
+from __future__ import annotations
+
+import json
+import signal
+from datetime import datetime, timedelta
+from pathlib import Path
+
+import sqlalchemy as sa
+
+from jobqueue import JobQueue
+from jobqueue.clock import utcnow
+from tests.acceptance.cli import jobqueue
+from tests.runtime.harness import REPORTS, Worker, wait_for
+
+
+def fire_times(app: JobQueue) -> list[datetime]:
+    times = []
+    with app.engine.connect() as conn:
+        for table in (app.tables.message, app.tables.archive):
+            for (headers,) in conn.execute(sa.select(table.c.headers).where(table.c.task_name == "pd.tick")):
+                times.append(datetime.fromisoformat(headers["fire_time"]))
+    return sorted(times)
+
+
+def test_three_supervisors_one_job_per_fire_time(db_url: str, backend: str, tmp_path: Path) -> None:
+    app = JobQueue(db_url)
+    supervisors = [Worker(tmp_path, "--concurrency", "2", app="tests.apps.periodic:app", name=f"sup{i}")
+                   for i in range(3)]
+    try:
+        wait_for(lambda: len(fire_times(app)) >= 10, 40, "ten fires of the every-second schedule")
+        for supervisor in supervisors:
+            supervisor.signal(signal.SIGTERM)
+        assert [s.wait(30) for s in supervisors] == [0, 0, 0]
+    finally:
+        for supervisor in supervisors:
+            supervisor.close()
+    times = fire_times(app)
+    assert len(times) == len(set(times)), "two jobs for one fire time"
+    gaps = [(b - a).total_seconds() for a, b in zip(times, times[1:])]
+    assert gaps and all(gap == 1.0 for gap in gaps), f"gaps between fire times: {gaps}"
+    created = sum(s.text().count("schedules created") for s in supervisors)
+    assert created == 1  # one supervisor created the schedule; the others found it
+    REPORTS.append(f"periodic[{backend}]: 3 supervisors, {len(times)} fires of an every-second schedule, "
+                   "0 duplicates, no gap over 1 s")
+    app.close()
+
+
+def test_periodic_list_and_an_edit_after_restart(db_url: str, tmp_path: Path) -> None:
+    jobqueue("worker", "--burst", "--concurrency", "1", app="tests.apps.periodic:app")
+    listed = {s["name"]: s for s in json.loads(jobqueue("periodic", "list", "--json", app="tests.apps.periodic:app").stdout)}
+    assert listed["pd.tick"]["expression"] == "every 1 s"
+    assert listed["morning-report"]["timezone"] == "Europe/Paris" and listed["morning-report"]["expression"] == "0 7 * * *"
+    next_report = datetime.fromisoformat(listed["morning-report"]["next_fire"])
+    assert next_report.minute == 0 and next_report.hour in (5, 6)  # 07:00 in Paris is 05:00 or 06:00 UTC
+    table = jobqueue("periodic", "list", app="tests.apps.periodic:app").stdout
+    assert "morning-report" in table and "07:00:00 CE" in table  # shown in the schedule's own timezone
+
+    # A restart with the edited code: the new expression and its next fire; the deleted one retired.
+    run = jobqueue("worker", "--burst", "--concurrency", "1", app="tests.apps.periodic_edited:app")
+    assert "schedules updated: pd.tick" in run.stderr and "schedules retired: morning-report" in run.stderr
+    edited = {s["name"]: s for s in json.loads(
+        jobqueue("periodic", "list", "--json", app="tests.apps.periodic_edited:app").stdout)}
+    assert set(edited) == {"pd.tick"} and edited["pd.tick"]["expression"] == "*/15 * * * *"
+    next_fire = datetime.fromisoformat(edited["pd.tick"]["next_fire"])
+    assert next_fire.minute % 15 == 0 and next_fire.second == 0
+    assert next_fire - utcnow() <= timedelta(minutes=15)

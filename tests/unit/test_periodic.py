@@ -1,0 +1,132 @@
+"""Schedule math: next fire times (DST included), catch-up, validation, the decorator."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+import pytest
+from freezegun import freeze_time
+
+from jobqueue import ConfigurationError, JobQueue, SerializationError
+from jobqueue.clock import utcnow
+from jobqueue.periodic import Schedule
+
+
+def cron(expression: str, zone: str = "UTC") -> Schedule:
+    return Schedule(name="s", task_name="t", cron=expression, timezone=zone)
+
+
+def fires(schedule: Schedule, start: datetime, count: int) -> list[str]:
+    out, at = [], start
+    for _ in range(count):
+        at = schedule.next_fire(at)
+        out.append(at.strftime("%m-%d %H:%M"))
+    return out
+
+
+# Europe/Paris: spring forward 2026-03-29 02:00 CET -> 03:00 CEST; fall back 2026-10-25 03:00 CEST -> 02:00 CET.
+# America/New_York: spring forward 2026-03-08 02:00 EST -> 03:00 EDT; fall back 2026-11-01 02:00 EDT -> 01:00 EST.
+
+
+def test_daily_job_in_the_skipped_hour_fires_just_after_the_change() -> None:
+    with freeze_time("2026-03-28 12:00:00"):
+        first = cron("30 2 * * *", "Europe/Paris").first_fire(utcnow())
+    assert first == datetime(2026, 3, 29, 1, 0)  # 03:00 CEST: 02:30 did not exist that night
+    assert fires(cron("30 2 * * *", "Europe/Paris"), first, 2) == ["03-30 00:30", "03-31 00:30"]  # 02:30 CEST
+
+
+def test_daily_job_in_the_repeated_hour_fires_once() -> None:
+    with freeze_time("2026-10-24 12:00:00"):
+        first = cron("30 2 * * *", "Europe/Paris").first_fire(utcnow())
+    assert first == datetime(2026, 10, 25, 0, 30)  # the first 02:30 (CEST)
+    assert cron("30 2 * * *", "Europe/Paris").next_fire(first) == datetime(2026, 10, 26, 1, 30)  # next day, CET
+
+
+def test_wildcard_hour_keeps_real_time_spacing_across_both_changes() -> None:
+    every_half_hour = cron("*/30 * * * *", "America/New_York")
+    spring = fires(every_half_hour, datetime(2026, 3, 8, 6, 0), 4)  # from 01:00 EST
+    assert spring == ["03-08 06:30", "03-08 07:00", "03-08 07:30", "03-08 08:00"]  # 01:30 EST, 03:00 EDT, ...
+    autumn = fires(every_half_hour, datetime(2026, 11, 1, 5, 0), 4)  # from 01:00 EDT
+    assert autumn == ["11-01 05:30", "11-01 06:00", "11-01 06:30", "11-01 07:00"]  # 01:30 EDT, 01:00 EST, ...
+
+
+def test_hourly_job_during_fall_back_fires_each_real_hour() -> None:
+    hourly = cron("0 * * * *", "Europe/Paris")
+    assert fires(hourly, datetime(2026, 10, 24, 23, 30), 4) == ["10-25 00:00", "10-25 01:00", "10-25 02:00",
+                                                               "10-25 03:00"]
+
+
+def test_every_first_fires_one_interval_after_creation() -> None:
+    schedule = Schedule(name="s", task_name="t", every_seconds=300)
+    with freeze_time("2026-05-01 10:00:00"):
+        assert schedule.first_fire(utcnow()) == datetime(2026, 5, 1, 10, 5)
+    assert schedule.next_fire(datetime(2026, 5, 1, 10, 5)) == datetime(2026, 5, 1, 10, 10)
+
+
+def test_a_late_fire_within_the_grace_is_the_scheduled_one() -> None:
+    schedule = Schedule(name="s", task_name="t", every_seconds=1)
+    due = datetime(2026, 5, 1, 10, 0, 0)
+    assert schedule.to_fire(due, due + timedelta(seconds=30), grace_seconds=60) == due  # backfilled, no gap
+
+
+def test_after_downtime_one_catch_up_for_the_latest_missed_fire() -> None:
+    every_minute = Schedule(name="s", task_name="t", every_seconds=60)
+    due = datetime(2026, 5, 1, 10, 0, 0)
+    now = due + timedelta(hours=1, seconds=20)
+    fire = every_minute.to_fire(due, now, grace_seconds=60)
+    assert fire == datetime(2026, 5, 1, 11, 0, 0)
+    assert every_minute.next_fire(fire) == datetime(2026, 5, 1, 11, 1, 0)  # then on schedule again
+    quarter = cron("*/15 * * * *", "Europe/Paris")
+    assert quarter.to_fire(due, now, 60) == datetime(2026, 5, 1, 11, 0, 0)
+
+
+@pytest.mark.parametrize("expression, latest", [
+    ("* * * * *", datetime(2026, 5, 1, 10, 0)),
+    ("0 0 1 1 *", datetime(2026, 1, 1)),  # yearly
+    ("0 12 29 2 *", datetime(2024, 2, 29, 12)),  # leap days only: the one just after the outage began
+])
+def test_catch_up_after_a_very_long_outage_finds_the_latest_fire(expression: str, latest: datetime) -> None:
+    assert cron(expression).latest_fire(datetime(2024, 1, 1), datetime(2026, 5, 1, 10, 0, 30)) == latest
+
+
+@pytest.mark.parametrize("kwargs, fragment", [
+    ({"cron": "61 * * * *"}, "invalid cron expression"),
+    ({"cron": "* * *"}, "invalid cron expression"),
+    ({"cron": "* * * * *", "timezone": "Mars/Olympus"}, "unknown timezone"),
+    ({"cron": "* * * * *", "every_seconds": 5}, "exactly one"),
+    ({}, "exactly one"),
+    ({"every_seconds": 0}, "positive"),
+])
+def test_invalid_schedules(kwargs: dict, fragment: str) -> None:
+    with pytest.raises(ConfigurationError, match=fragment):
+        Schedule(name="s", task_name="t", **kwargs)
+
+
+def test_stored_definition_round_trips() -> None:
+    schedule = Schedule(name="n", task_name="t", cron="0 9 * * MON", timezone="Europe/Paris", queue="q",
+                        priority=3, payload=b"[[1],{}]")
+    assert Schedule.decode(schedule.encode()) == schedule
+
+
+def test_decorator(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    app = JobQueue(f"sqlite:///{tmp_path}/x.sqlite3")
+
+    @app.periodic(every=timedelta(minutes=5), args=(1,), kwargs={"b": 2})
+    @app.periodic(cron="0 8 * * *", timezone="Europe/Paris", name="morning")
+    @app.task
+    def report(a: int = 0, b: int = 0) -> int:
+        return a + b
+
+    assert set(app.schedules) == {report.name, "morning"}
+    assert app.schedules[report.name].every_seconds == 300
+    assert app.schedules["morning"].cron == "0 8 * * *"
+    assert report(1, b=2) == 3  # still a task
+
+    with pytest.raises(ConfigurationError, match="above @app.task"):
+        app.periodic(every=60)(lambda: None)  # type: ignore[arg-type]
+    with pytest.raises(ConfigurationError, match="defined twice"):
+        app.periodic(every=60, name="morning")(report)
+    with pytest.raises(SerializationError, match="cannot serialize"):
+        app.periodic(every=60, name="bad", args=(object(),))(report)
+    with pytest.raises(ConfigurationError, match="reserved"):
+        app.task(name="jobqueue.schedule")(lambda: None)
