@@ -92,13 +92,13 @@ class JobQueue:
     def close(self) -> None:
         """Close every pooled connection (a later use reconnects)."""
         if self._store is not None:
-            self._store.engine.dispose()
+            self._store.dispose()
             self._store = None
 
     def after_fork(self) -> None:
         """In a forked child: drop the parent's pooled connections without closing them under it."""
         if self._store is not None:
-            self._store.engine.dispose(close=False)
+            self._store.dispose(close=False)
 
     # -- schema ------------------------------------------------------------------------------------
     def init_schema(self) -> str:

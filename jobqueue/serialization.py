@@ -22,6 +22,7 @@ from typing import Any, Callable, Protocol
 from jobqueue.errors import ConfigurationError, SerializationError
 
 TAG = "__jq__"
+TAG_BYTES = TAG.encode("ascii")
 SUPPORTED = "str, int, float, bool, None, list, tuple, dict, datetime, date, UUID, Decimal, bytes"
 
 
@@ -114,6 +115,8 @@ class JSONSerializer:
 
     def loads(self, data: bytes) -> Any:
         try:
+            if TAG_BYTES not in data:
+                return json.loads(data)  # nothing tagged: the C decoder alone, no Python hook per dict
             return json.loads(data, object_hook=_decode_object)
         except (ValueError, UnicodeDecodeError, TypeError) as exc:
             raise SerializationError(f"corrupt payload: not valid JSON ({exc})") from exc

@@ -43,6 +43,8 @@ class Settings:
     overfetch_factor: float = _opt(1.0, "Buffer capacity as a multiple of fetch_batch_size.")
     min_fetch_interval: float = _opt(0.0, "Seconds between fetches while fetches come back full.")
     max_fetch_interval: float = _opt(1.0, "Seconds between fetches while the queues are empty (polling).")
+    idle_poll_interval: float = _opt(0.05, "Seconds between the supervisor's checks for new work while its "
+                                     "processes idle (SQLite, MySQL; PostgreSQL is notified).")
     flush_interval: float = _opt(0.5, "Most seconds an outcome waits in the buffer before it is written.")
     release_stuck_interval: float = _opt(5.0, "Seconds between scans for expired leases.")
     release_stuck_timeout: float = _opt(30.0, "Lease (visibility timeout) in seconds, renewed by heartbeats.")
@@ -69,8 +71,8 @@ class Settings:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ConfigurationError(f"{name} must be an integer >= 1, got {value!r}")
-        for name in ("min_fetch_interval", "max_fetch_interval", "flush_interval", "release_stuck_interval",
-                     "release_stuck_timeout", "graceful_timeout"):
+        for name in ("min_fetch_interval", "max_fetch_interval", "idle_poll_interval", "flush_interval",
+                     "release_stuck_interval", "release_stuck_timeout", "graceful_timeout"):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0:
                 raise ConfigurationError(f"{name} must be a number of seconds >= 0, got {value!r}")

@@ -278,6 +278,10 @@ class WorkerProcess:
             if handed:
                 logger.info("worker process %s: handed back %s unstarted message(s) waiting behind a slow job",
                             os.getpid(), handed)
+                try:
+                    self.store.notify()  # idle processes anywhere take them now, not at their next poll
+                except Exception as exc:
+                    logger.debug("could not notify: %s", exc)
 
     def _shutdown(self) -> None:
         # Hand back what we hold but never started, uncounted, then write everything out, trying

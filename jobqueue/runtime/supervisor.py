@@ -31,6 +31,7 @@ from jobqueue.runtime.process import STOP_SIGNALS, ChildSpec, WorkerProcess, _dr
 from jobqueue.runtime.progress import Progress
 from jobqueue.runtime.resilience import DatabaseGuard
 from jobqueue.runtime.slot import Slot, SlotView
+from jobqueue.runtime.wakeup import make_waker
 from jobqueue.storage import schedules
 from jobqueue.storage.engine import mask_url
 
@@ -98,9 +99,11 @@ class Supervisor:
         self.meter = Progress(self.store, self.settings.queues) if self.progress else None
         for index in range(self.size):
             self._spawn(index)
+        self.waker = make_waker(self.store, self.settings.queues, self.settings.idle_poll_interval)
         try:
             return self._loop()
         finally:
+            self.waker.close()
             if self.meter is not None:
                 self.meter.close(self._done())
             signal.set_wakeup_fd(-1)
@@ -158,9 +161,33 @@ class Supervisor:
                 self.meter.update(self._done())
 
     def _wait(self) -> None:
+        """Sleep until a child exits, a signal arrives, news of work arrives or the tick ends."""
         waitables: list[Any] = [self.wake_r] + [c.process.sentinel for c in self.children.values()]
-        if mp_connection.wait(waitables, timeout=TICK_SECONDS):
+        news_fd = self.waker.fileno()
+        if news_fd is not None:
+            waitables.append(news_fd)
+        idle = self._idle_children()
+        timeout = TICK_SECONDS
+        poll_due = self.waker.due_in(time.monotonic()) if idle else None
+        if poll_due is not None:
+            timeout = min(timeout, poll_due)
+        ready = mp_connection.wait(waitables, timeout=timeout)
+        if self.wake_r in ready:
             _drain(self.wake_r)
+        # A LISTEN connection is read whenever it has something, lest it stay readable; pollers only
+        # ask while someone idles.
+        if (news_fd is not None and news_fd in ready) or (poll_due is not None and idle):
+            if self.waker.check(time.monotonic()) and idle:
+                for child in idle:
+                    _poke(child.spec.wake_w)
+
+    def _idle_children(self) -> list[Child]:
+        idle = []
+        for child in self.children.values():
+            view = child.spec.slot.read()
+            if view is not None and view.idle:
+                idle.append(child)
+        return idle
 
     # -- children ----------------------------------------------------------------------------------
     def _spawn(self, index: int) -> None:
@@ -350,6 +377,14 @@ def _child_main(app: JobQueue, spec: ChildSpec) -> None:
     finally:
         logging.shutdown()
     sys.exit(code)
+
+
+def _poke(fd: int) -> None:
+    """Wake a child from its idle wait (a full pipe means it is being woken already)."""
+    try:
+        os.write(fd, b"!")
+    except (BlockingIOError, BrokenPipeError, OSError):
+        pass
 
 
 def _pipe() -> tuple[int, int]:

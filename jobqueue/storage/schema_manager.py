@@ -29,11 +29,13 @@ def init_schema(engine: sa.Engine, tables: Tables) -> str:
     Returns a sentence saying what was done.
     """
     with engine.begin() as conn:
-        dialect_for(conn.dialect.name, tables).check_server(conn)
+        dialect = dialect_for(conn.dialect.name, tables)
+        dialect.check_server(conn)
         version = installed_version(conn, tables)
         if version is not None and version > SCHEMA_VERSION:
             raise SchemaError(_newer(version, tables))
         tables.metadata.create_all(conn, checkfirst=True)
+        dialect.after_create(conn)
         if version == SCHEMA_VERSION:
             return f"jobqueue schema {SCHEMA_VERSION} ({tables.prefix}*) is up to date"
         conn.execute(sa.insert(tables.schema_version), {"version": SCHEMA_VERSION, "applied_at": utcnow()})

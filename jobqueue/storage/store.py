@@ -23,6 +23,7 @@ from jobqueue.job import Message, MessageState, Outcome, OutcomeKind
 from jobqueue.periodic import SCHEDULE_TASK
 from jobqueue.storage.dialects import AcquireParams, Dialect, dialect_for
 from jobqueue.storage.dialects.base import PROCESSING, READY_LITERALS
+from jobqueue.storage.engine import create_engine
 from jobqueue.storage.tables import Tables, Timestamp
 
 UNIQUE_RETRIES = 10
@@ -66,22 +67,13 @@ class Store:
         self.tables = tables
         self.dialect = dialect_for(engine.dialect.name, tables)
         self._dialects: dict[str, Dialect] = {engine.dialect.name: self.dialect}
-        m = tables.message
-        self._delete_ids = sa.delete(m).where(m.c.id.in_(sa.bindparam("ids", expanding=True)))
-        self._requeue = sa.update(m).where(m.c.id == sa.bindparam("b_id")).values(
-            state=sa.bindparam("b_state"),
-            next_attempt_at=sa.bindparam("b_next", type_=Timestamp),
-            attempts_count=sa.bindparam("b_attempts"),
-            deliveries_count=sa.bindparam("b_deliveries"),
-            checkpoint=sa.bindparam("b_checkpoint", type_=m.c.checkpoint.type),
-            # A hand-back or deferral carries no error: keep the last one recorded.
-            last_error_type=sa.func.coalesce(sa.bindparam("b_error_type", type_=sa.String), m.c.last_error_type),
-            last_error_message=sa.func.coalesce(sa.bindparam("b_error_message", type_=sa.Text),
-                                                m.c.last_error_message),
-            last_error_traceback=sa.func.coalesce(sa.bindparam("b_error_traceback", type_=sa.Text),
-                                                  m.c.last_error_traceback),
-            worker_id=None, lease_token=None, acquired_at=None, lease_expires_at=None,
-        )
+        self._autocommit_engine: sa.Engine | None = None
+
+    def dispose(self, close: bool = True) -> None:
+        """Drop every pooled connection; ``close=False`` in a forked child, whose parent still uses them."""
+        for engine in (self.engine, self._autocommit_engine):
+            if engine is not None:
+                engine.dispose(close=close)
 
     # -- connections -------------------------------------------------------------------------------
     def dialect_of(self, connection: sa.Connection) -> Dialect:
@@ -119,6 +111,9 @@ class Store:
         Rows with a ``unique_key`` return the id of the active message holding that key, if any.
         """
         ids: list[int] = [0] * len(rows)
+        if connection is None and len(rows) == 1 and rows[0].get("unique_key") is None:
+            with schema_errors(self.tables.prefix), self._single_statement() as conn:
+                return self.dialect.insert_messages(conn, rows)
         with self.writing(connection) as conn:
             dialect = self.dialect_of(conn)
             plain = [i for i, row in enumerate(rows) if row.get("unique_key") is None]
@@ -151,9 +146,9 @@ class Store:
         now = now or utcnow()
         params = AcquireParams(worker_id=worker_id, token=token or new_lease_token(), queues=queues,
                                limit=limit, now=now, lease_expires_at=now + _seconds(lease_seconds))
-        with schema_errors(self.tables.prefix), self.engine.begin() as conn:
-            rows = self.dialect.acquire(conn, params)
-        return [Message(**row) for row in rows]
+        single = self.dialect.one_statement_acquire
+        with schema_errors(self.tables.prefix), self._single_statement() if single else self.engine.begin() as conn:
+            return self.dialect.acquire(conn, params)
 
     # -- outcomes ----------------------------------------------------------------------------------
     def flush(self, outcomes: list[Outcome], now: datetime | None = None) -> FlushResult:
@@ -162,22 +157,27 @@ class Store:
         if not outcomes:
             return result
         now = now or utcnow()
-        pairs = [(o.message.id, o.message.lease_token) for o in outcomes]
-        with self.engine.begin() as conn:
-            held = self.dialect.lock_held(conn, pairs)
-            for outcome in outcomes:
-                key = (outcome.message.id, outcome.message.lease_token)
-                (result.applied if key in held else result.lost).append(outcome)
-            finals = [o for o in result.applied if o.kind is OutcomeKind.ARCHIVE]
-            if finals:
-                conn.execute(self._delete_ids, {"ids": [o.message.id for o in finals]})
-                rows = [archive_row(o, now) for o in finals if o.retain]
-                if rows:
-                    conn.execute(sa.insert(self.tables.archive), rows)
-            updates = [requeue_binds(o) for o in result.applied if o.kind is not OutcomeKind.ARCHIVE]
-            if updates:
-                conn.execute(self._requeue, updates)
+        with self._single_statement() if self.dialect.one_statement_outcomes else self.engine.begin() as conn:
+            applied = self.dialect.apply_outcomes(conn, outcomes, now)
+        for outcome in outcomes:
+            key = (outcome.message.id, outcome.message.lease_token)
+            (result.applied if key in applied else result.lost).append(outcome)
         return result
+
+    @contextmanager
+    def _single_statement(self) -> Iterator[sa.Connection]:
+        """A connection for one statement that is its own transaction: one round trip where BEGIN,
+        the statement and COMMIT take three. SQLite keeps its (local, cheap) IMMEDIATE transaction."""
+        if not self.dialect.autocommit:
+            with self.engine.begin() as conn:
+                yield conn
+            return
+        if self._autocommit_engine is None:
+            # Its own pool, always in autocommit: switching a pooled MySQL connection in and out of
+            # autocommit would cost a round trip each way.
+            self._autocommit_engine = create_engine(self.engine.url, isolation_level="AUTOCOMMIT")
+        with self._autocommit_engine.connect() as conn:
+            yield conn
 
     def held_message(self, message_id: int, token: int) -> Message | None:
         """Load a message if it is still PROCESSING under ``token`` (for the supervisor's time limits)."""
@@ -274,6 +274,22 @@ class Store:
         with self.reading() as conn:
             return conn.execute(stmt, {"h": horizon}).first() is not None
 
+    def has_ready(self, queues: tuple[str, ...] | None, now: datetime) -> bool:
+        """True if a message of these queues is due now (one indexed lookup, for idle polling)."""
+        m = self.tables.message
+        stmt = sa.select(m.c.id).where(m.c.state.in_(READY_LITERALS), m.c.next_attempt_at <= now).limit(1)
+        if queues:
+            stmt = stmt.where(m.c.queue.in_(queues))
+        with self.reading() as conn:
+            return conn.execute(stmt).first() is not None
+
+    def notify(self) -> None:
+        """Wake idle workers now (PostgreSQL: NOTIFY; elsewhere their supervisors poll anyway)."""
+        stmt = self.dialect.notify_statement()
+        if stmt is not None:
+            with self._single_statement() as conn:
+                conn.execute(stmt)
+
     # -- worker registry ---------------------------------------------------------------------------
     def register_worker(self, row: dict[str, Any]) -> None:
         with schema_errors(self.tables.prefix), self.engine.begin() as conn:
@@ -294,39 +310,3 @@ class Store:
 
 def _seconds(value: float) -> timedelta:
     return timedelta(seconds=value)
-
-
-def archive_row(outcome: Outcome, now: datetime) -> dict[str, Any]:
-    m = outcome.message
-    error = outcome.error
-    return {
-        "id": m.id, "task_name": m.task_name, "queue": m.queue, "priority": m.priority,
-        "state": outcome.state.value, "payload": m.payload, "headers": m.headers,
-        "unique_key": m.unique_key, "partition_key": m.partition_key, "checkpoint": outcome.checkpoint,
-        "options": m.options, "history": m.history, "attempts_count": m.attempts_count,
-        "deliveries_count": m.deliveries_count, "created_at": m.created_at,
-        "first_attempt_at": m.first_attempt_at or outcome.started_at,
-        "last_attempt_at": outcome.started_at or m.acquired_at, "finished_at": outcome.finished_at,
-        "archived_at": now, "result": outcome.result,
-        "error_type": error.type if error else None,
-        "error_message": error.message if error else None,
-        "error_traceback": error.traceback if error else None,
-    }
-
-
-def requeue_binds(outcome: Outcome) -> dict[str, Any]:
-    m = outcome.message
-    error = outcome.error
-    unstarted = outcome.kind is OutcomeKind.RETURN
-    return {
-        "b_id": m.id,
-        "b_state": outcome.state.value,
-        "b_next": outcome.next_attempt_at or m.next_attempt_at,
-        # A recorded outcome resets deliveries (SPEC 3); handing back unstarted uncounts both.
-        "b_attempts": m.attempts_count - 1 if unstarted else m.attempts_count,
-        "b_deliveries": m.deliveries_count - 1 if unstarted else 0,
-        "b_checkpoint": outcome.checkpoint,
-        "b_error_type": error.type if error else None,
-        "b_error_message": error.message if error else None,
-        "b_error_traceback": error.traceback if error else None,
-    }

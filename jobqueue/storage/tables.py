@@ -22,10 +22,29 @@ Id = sa.BigInteger().with_variant(sa.Integer(), "sqlite")  # INTEGER PRIMARY KEY
 Blob = sa.LargeBinary().with_variant(mysql.LONGBLOB(), *_MYSQL)  # BLOB stops at 64 KiB on MySQL
 LongText = sa.Text().with_variant(mysql.MEDIUMTEXT(), *_MYSQL)
 Timestamp = sa.DateTime().with_variant(mysql.DATETIME(fsp=6), *_MYSQL)  # DATETIME drops microseconds
-Json = sa.JSON()
+Json = sa.JSON(none_as_null=True)  # None is SQL NULL, not the JSON text 'null' (parsed back on every read)
 
 _READY = sa.text("state IN ('%s')" % "', '".join(READY_STATES))
 _PROCESSING = sa.text("state = 'PROCESSING'")
+
+
+def notify_channel(prefix: str) -> str:
+    """The PostgreSQL channel the message table's insert trigger notifies."""
+    return f"{prefix}new"
+
+
+def postgresql_notify_ddl(prefix: str) -> list[str]:
+    """The trigger that wakes idle workers on PostgreSQL; `db init` runs it (add it to Alembic too).
+
+    Statement-level: one notification per INSERT statement however many rows, delivered at COMMIT.
+    """
+    return [
+        f"CREATE OR REPLACE FUNCTION {prefix}notify() RETURNS trigger LANGUAGE plpgsql AS "
+        f"$$ BEGIN PERFORM pg_notify('{notify_channel(prefix)}', ''); RETURN NULL; END $$",
+        f"DROP TRIGGER IF EXISTS {prefix}message_notify ON {prefix}message",
+        f"CREATE TRIGGER {prefix}message_notify AFTER INSERT ON {prefix}message "
+        f"FOR EACH STATEMENT EXECUTE FUNCTION {prefix}notify()",
+    ]
 
 
 @dataclass(frozen=True)
@@ -88,8 +107,15 @@ def build_tables(prefix: str = "jobqueue_", metadata: sa.MetaData | None = None)
              message.c.id, postgresql_where=_READY, sqlite_where=_READY)
     sa.Index(f"ix_{prefix}message_lease", message.c.state, message.c.lease_expires_at,
              postgresql_where=_PROCESSING, sqlite_where=_PROCESSING)
-    # One active message per (task, unique_key); NULL keys never collide.
-    sa.Index(f"uq_{prefix}message_unique", message.c.task_name, message.c.unique_key, unique=True)
+    # metadata.create_all (an application's own Alembic or tests) creates the trigger too.
+    for statement in postgresql_notify_ddl(prefix):
+        ddl = sa.DDL(statement)  # type: ignore[no-untyped-call]
+        sa.event.listen(message, "after_create", ddl.execute_if(dialect="postgresql"))
+    # One active message per (task, unique_key). Partial where the database allows it, so that the
+    # many messages without a key add no entry to it on enqueue or on any update.
+    _keyed = sa.text("unique_key IS NOT NULL")
+    sa.Index(f"uq_{prefix}message_unique", message.c.task_name, message.c.unique_key, unique=True,
+             postgresql_where=_keyed, sqlite_where=_keyed)
 
     archive = sa.Table(
         f"{prefix}archive", md,
@@ -106,7 +132,6 @@ def build_tables(prefix: str = "jobqueue_", metadata: sa.MetaData | None = None)
     )
     sa.Index(f"ix_{prefix}archive_archived_at", archive.c.archived_at)
     sa.Index(f"ix_{prefix}archive_state", archive.c.state, archive.c.archived_at)
-    _keyed = sa.text("unique_key IS NOT NULL")
     sa.Index(f"ix_{prefix}archive_unique", archive.c.task_name, archive.c.unique_key,
              postgresql_where=_keyed, sqlite_where=_keyed)
 

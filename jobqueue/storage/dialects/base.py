@@ -6,6 +6,7 @@ with named bind parameters, so SQLAlchemy's compiled cache serves every later ca
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Sequence
@@ -13,7 +14,8 @@ from typing import Any, Sequence
 import sqlalchemy as sa
 
 from jobqueue.errors import ConfigurationError
-from jobqueue.job import READY_STATES
+from jobqueue.job import READY_STATES, Message, Outcome, OutcomeKind
+from jobqueue.storage.outcomes import archive_row, requeue_binds
 from jobqueue.storage.tables import Tables, Timestamp
 
 # Literal states (not bind parameters) so that PostgreSQL and SQLite can prove a query matches the
@@ -21,12 +23,21 @@ from jobqueue.storage.tables import Tables, Timestamp
 READY_LITERALS: list[sa.ColumnClause[Any]] = [sa.literal_column(f"'{state}'") for state in READY_STATES]
 PROCESSING: sa.ColumnClause[Any] = sa.literal_column("'PROCESSING'")
 
-# The columns a worker needs from an acquired message.
+# The columns a worker needs from an acquired message, in the order of Message's fields.
 ACQUIRED_COLUMNS = (
     "id", "task_name", "queue", "priority", "payload", "headers", "attempts_count", "deliveries_count",
     "lease_token", "created_at", "first_attempt_at", "next_attempt_at", "acquired_at", "unique_key",
     "partition_key", "checkpoint", "options", "history",
 )
+
+
+# The columns enqueue writes, in the order the driver-level bulk paths send them.
+ENQUEUE_COLUMNS = ("task_name", "queue", "priority", "state", "payload", "headers", "unique_key", "partition_key",
+                   "options", "attempts_count", "deliveries_count", "created_at", "next_attempt_at")
+
+
+def json_text(value: Any) -> str | None:
+    return None if value is None else json.dumps(value, separators=(",", ":"))
 
 
 @dataclass(frozen=True)
@@ -52,6 +63,13 @@ class Dialect:
     """Statements for one database. Subclasses override what their database does differently."""
 
     name = "generic"
+    # True when acquire / apply_outcomes are a single statement each, so they can run in autocommit:
+    # one round trip, where BEGIN, the statement and COMMIT take three.
+    one_statement_acquire = False
+    one_statement_outcomes = False
+    # Whether single statements run in autocommit (a network round trip saved); not on SQLite,
+    # whose transactions cost no round trips and must begin IMMEDIATE.
+    autocommit = True
 
     def __init__(self, tables: Tables) -> None:
         self.tables = tables
@@ -59,12 +77,38 @@ class Dialect:
         self._acquire_cache: dict[str, Any] = {}
         m = self.message
         self.returned = [m.c[name] for name in ACQUIRED_COLUMNS]
+        # ids and tokens as two plain IN lists: one primary-key scan. A tuple IN of (id, token)
+        # pairs makes PostgreSQL plan one index probe per pair. The exact pairs are checked after.
+        self.delete_ids = sa.delete(m).where(m.c.id.in_(sa.bindparam("ids", expanding=True)))
+        self.requeue = sa.update(m).where(m.c.id == sa.bindparam("b_id")).values(
+            state=sa.bindparam("b_state"),
+            next_attempt_at=sa.bindparam("b_next", type_=Timestamp),
+            attempts_count=sa.bindparam("b_attempts"),
+            deliveries_count=sa.bindparam("b_deliveries"),
+            checkpoint=sa.bindparam("b_checkpoint", type_=m.c.checkpoint.type),
+            # A hand-back or deferral carries no error: keep the last one recorded.
+            last_error_type=sa.func.coalesce(sa.bindparam("b_error_type", type_=sa.String), m.c.last_error_type),
+            last_error_message=sa.func.coalesce(sa.bindparam("b_error_message", type_=sa.Text),
+                                                m.c.last_error_message),
+            last_error_traceback=sa.func.coalesce(sa.bindparam("b_error_traceback", type_=sa.Text),
+                                                  m.c.last_error_traceback),
+            worker_id=None, lease_token=None, acquired_at=None, lease_expires_at=None,
+        )
         self.lock_held_stmt = (
             sa.select(m.c.id, m.c.lease_token)
-            .where(sa.tuple_(m.c.id, m.c.lease_token).in_(sa.bindparam("pairs", expanding=True)),
+            .where(m.c.id.in_(sa.bindparam("ids", expanding=True)),
+                   m.c.lease_token.in_(sa.bindparam("tokens", expanding=True)),
                    m.c.state == PROCESSING)
             .with_for_update()
         )
+
+    # -- schema and notifications ----------------------------------------------------------------
+    def after_create(self, connection: sa.Connection) -> None:
+        """DDL beyond the tables that `db init` (re)applies: nothing by default."""
+
+    def notify_statement(self) -> Any:
+        """A statement that wakes idle workers at once, or None where supervisors poll instead."""
+        return None
 
     # -- server ------------------------------------------------------------------------------------
     def check_server(self, connection: sa.Connection) -> None:
@@ -106,15 +150,15 @@ class Dialect:
             "last_attempt_at": now,
         }
 
-    def acquire(self, connection: sa.Connection, params: AcquireParams) -> list[dict[str, Any]]:
+    def acquire(self, connection: sa.Connection, params: AcquireParams) -> list[Message]:
         """Mark up to ``params.limit`` ready messages PROCESSING for this worker and return them."""
         queues = "all" if not params.queues else "one" if len(params.queues) == 1 else "many"
         stmt = self._acquire_cache.get(queues)
         if stmt is None:
             stmt = self._acquire_cache[queues] = self.build_acquire(queues)
-        rows = [dict(row) for row in connection.execute(stmt, params.binds()).mappings()]
+        rows = [Message(*row) for row in connection.execute(stmt, params.binds()).all()]
         # RETURNING gives no order guarantee: restore delivery order.
-        rows.sort(key=lambda r: (-r["priority"], r["next_attempt_at"], r["id"]))
+        rows.sort(key=lambda r: (-r.priority, r.next_attempt_at, r.id))
         return rows
 
     def build_acquire(self, queues: str) -> Any:
@@ -140,7 +184,29 @@ class Dialect:
         """
         if not pairs:
             return set()
-        return {(row[0], row[1]) for row in connection.execute(self.lock_held_stmt, {"pairs": pairs})}
+        wanted = set(pairs)
+        binds = {"ids": sorted({p[0] for p in pairs}), "tokens": sorted({p[1] for p in pairs})}
+        return {(row[0], row[1]) for row in connection.execute(self.lock_held_stmt, binds)} & wanted
+
+    def apply_outcomes(self, connection: sa.Connection, outcomes: list[Outcome],
+                       now: datetime) -> set[tuple[int, int]]:
+        """Apply outcomes whose delivery still holds its message; return those (id, token) pairs.
+
+        COMPLETED and FAILED rows move to the archive (insert and delete in one transaction);
+        the others are updated in place with one executemany.
+        """
+        held = self.lock_held(connection, [(o.message.id, o.message.lease_token) for o in outcomes])
+        applied = [o for o in outcomes if (o.message.id, o.message.lease_token) in held]
+        finals = [o for o in applied if o.kind is OutcomeKind.ARCHIVE]
+        if finals:
+            connection.execute(self.delete_ids, {"ids": [o.message.id for o in finals]})
+            rows = [archive_row(o, now) for o in finals if o.retain]
+            if rows:
+                connection.execute(sa.insert(self.tables.archive), rows)
+        updates = [requeue_binds(o) for o in applied if o.kind is not OutcomeKind.ARCHIVE]
+        if updates:
+            connection.execute(self.requeue, updates)
+        return held
 
     # -- enqueue -----------------------------------------------------------------------------------
     def insert_messages(self, connection: sa.Connection, rows: list[dict[str, Any]]) -> list[int]:
@@ -148,8 +214,24 @@ class Dialect:
         m = self.message
         if len(rows) == 1:
             return [connection.execute(sa.insert(m).returning(m.c.id), rows[0]).scalar_one()]
+        fast = self.insert_many(connection, rows)
+        if fast is not None:
+            return fast
         result = connection.execute(sa.insert(m).returning(m.c.id, sort_by_parameter_order=True), rows)
         return list(result.scalars())
+
+    def insert_many(self, connection: sa.Connection, rows: list[dict[str, Any]]) -> list[int] | None:
+        """A driver-level bulk insert (the hot path of ``bulk()``), or None to use the generic one.
+
+        SQLAlchemy's executemany processes every value of every row in Python; the overrides hand
+        the driver rows it can send as they are.
+        """
+        return None
+
+    def plain_insert(self, marker: str) -> str:
+        """``INSERT INTO message (ENQUEUE_COLUMNS) VALUES (marker, ...)`` for exec_driver_sql."""
+        columns = ", ".join(ENQUEUE_COLUMNS)
+        return f"INSERT INTO {self.message.name} ({columns}) VALUES ({', '.join([marker] * len(ENQUEUE_COLUMNS))})"
 
     # The dialect's INSERT with ON CONFLICT (PostgreSQL and SQLite share the syntax).
     insert_on_conflict: Any = None
@@ -158,6 +240,7 @@ class Dialect:
         """Insert ``row`` unless an active message has its (task_name, unique_key); None if one has."""
         m = self.message
         stmt = (self.insert_on_conflict(m).values(row)
-                .on_conflict_do_nothing(index_elements=[m.c.task_name, m.c.unique_key])
+                .on_conflict_do_nothing(index_elements=[m.c.task_name, m.c.unique_key],
+                                        index_where=m.c.unique_key.isnot(None))
                 .returning(m.c.id))
         return connection.execute(stmt).scalar()

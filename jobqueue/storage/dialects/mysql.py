@@ -13,7 +13,8 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.dialects import mysql
 
-from jobqueue.storage.dialects.base import AcquireParams, Dialect
+from jobqueue.job import Message
+from jobqueue.storage.dialects.base import ENQUEUE_COLUMNS, AcquireParams, Dialect, json_text
 
 
 class MySQLDialect(Dialect):
@@ -49,37 +50,49 @@ class MySQLDialect(Dialect):
             return 0
         return int(connection.execute(sa.update(m).where(m.c.id.in_(ids)).values(lease_expires_at=until)).rowcount)
 
-    def acquire(self, connection: sa.Connection, params: AcquireParams) -> list[dict[str, Any]]:
-        rows = super().acquire(connection, params)
-        if not rows:
-            return rows
+    def acquire(self, connection: sa.Connection, params: AcquireParams) -> list[Message]:
+        messages = super().acquire(connection, params)
+        if not messages:
+            return messages
         binds = params.binds()
-        binds["ids"] = [row["id"] for row in rows]
+        binds["ids"] = [m.id for m in messages]
         connection.execute(self.mark_acquired, binds)
-        for row in rows:
-            row.update(
-                attempts_count=row["attempts_count"] + 1,
-                deliveries_count=row["deliveries_count"] + 1,
-                lease_token=params.token,
-                acquired_at=params.now,
-                first_attempt_at=row["first_attempt_at"] or params.now,
-            )
-        return rows
+        for m in messages:  # what the UPDATE just wrote, as RETURNING would have said
+            m.attempts_count += 1
+            m.deliveries_count += 1
+            m.lease_token = params.token
+            m.acquired_at = params.now
+            m.first_attempt_at = m.first_attempt_at or params.now
+        return messages
 
     def insert_messages(self, connection: sa.Connection, rows: list[dict[str, Any]]) -> list[int]:
-        if connection.dialect.insert_returning:  # MariaDB
+        if connection.dialect.insert_returning or len(rows) > 1:  # MariaDB, or a bulk path below
             return super().insert_messages(connection, rows)
-        m = self.message
-        if len(rows) > 1 and self._consecutive_ids(connection):
-            first = connection.execute(sa.insert(m).values(rows)).lastrowid
-            return list(range(first, first + len(rows)))
-        return [int(connection.execute(sa.insert(m).values(row)).lastrowid) for row in rows]
+        return [int(connection.execute(sa.insert(self.message).values(rows[0])).lastrowid)]
 
-    @staticmethod
-    def _consecutive_ids(connection: sa.Connection) -> bool:
-        # A multi-row INSERT gets consecutive ids unless innodb_autoinc_lock_mode is 2 (interleaved).
-        mode = connection.exec_driver_sql("SELECT @@innodb_autoinc_lock_mode").scalar()
-        return mode is not None and int(mode) < 2
+    def insert_many(self, connection: sa.Connection, rows: list[dict[str, Any]]) -> list[int] | None:
+        # One multi-row INSERT statement: its ids are consecutive from lastrowid unless
+        # innodb_autoinc_lock_mode is 2 (interleaved). Built here rather than by mysqlclient's
+        # executemany, which splits long batches into several statements.
+        if not self._consecutive_ids(connection):
+            if connection.dialect.insert_returning:
+                return None  # MariaDB: INSERT ... RETURNING with SQLAlchemy
+            return [int(connection.execute(sa.insert(self.message).values(row)).lastrowid) for row in rows]
+        params: list[Any] = []
+        for row in rows:
+            params.extend(json_text(row[c]) if c in ("headers", "options") else row[c] for c in ENQUEUE_COLUMNS)
+        one = "(" + ", ".join(["%s"] * len(ENQUEUE_COLUMNS)) + ")"
+        sql = self.plain_insert("%s").rsplit(" VALUES ", 1)[0] + " VALUES " + ", ".join([one] * len(rows))
+        first = connection.exec_driver_sql(sql, tuple(params)).lastrowid
+        return list(range(first, first + len(rows)))
+
+    def _consecutive_ids(self, connection: sa.Connection) -> bool:
+        # A server setting that cannot change while the server runs: asked once per dialect object.
+        if self._lock_mode is None:
+            self._lock_mode = int(connection.exec_driver_sql("SELECT @@innodb_autoinc_lock_mode").scalar() or 0)
+        return self._lock_mode < 2
+
+    _lock_mode: int | None = None
 
     def insert_unique(self, connection: sa.Connection, row: dict[str, Any]) -> int | None:
         m = self.message

@@ -2,18 +2,35 @@
 
 from __future__ import annotations
 
+import base64
+import io
+import json
 from datetime import datetime
 from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
 
-from jobqueue.storage.dialects.base import Dialect
+from jobqueue.job import Outcome, OutcomeKind
+from jobqueue.storage.dialects.base import ENQUEUE_COLUMNS, PROCESSING, Dialect
+from jobqueue.storage.outcomes import requeue_binds
+from jobqueue.storage.tables import notify_channel, postgresql_notify_ddl
 
 
 class PostgreSQLDialect(Dialect):
     name = "postgresql"
+    one_statement_acquire = True
+    one_statement_outcomes = True
     insert_on_conflict = staticmethod(postgresql.insert)
+
+    _apply_outcomes: Any = None
+
+    def after_create(self, connection: sa.Connection) -> None:
+        for statement in postgresql_notify_ddl(self.tables.prefix):
+            connection.exec_driver_sql(statement)
+
+    def notify_statement(self) -> Any:
+        return sa.select(sa.func.pg_notify(notify_channel(self.tables.prefix), ""))
 
     def check_server(self, connection: sa.Connection) -> None:
         self._require(connection.dialect.server_version_info, (13,), "PostgreSQL")
@@ -21,8 +38,21 @@ class PostgreSQLDialect(Dialect):
     def build_acquire(self, queues: str) -> Any:
         m = self.message
         ready = self.ready_select([m.c.id], queues != "all").with_for_update(skip_locked=True).cte("ready")
-        return (sa.update(m).where(m.c.id == ready.c.id)
+        # id = ANY(ARRAY(SELECT ...)): the chosen ids become one array, then primary-key lookups.
+        # A join with the CTE lets the planner hash-join against a scan of the whole backlog.
+        chosen = sa.func.array(sa.select(ready.c.id).scalar_subquery())
+        return (sa.update(m).where(m.c.id == sa.any_(chosen))
                 .values(self.acquired_values()).returning(*self.returned))
+
+    def insert_many(self, connection: sa.Connection, rows: list[dict[str, Any]]) -> list[int] | None:
+        return copy_messages(connection, self.message, rows)
+
+    def apply_outcomes(self, connection: sa.Connection, outcomes: list[Outcome],
+                       now: datetime) -> set[tuple[int, int]]:
+        if self._apply_outcomes is None:
+            self._apply_outcomes = build_apply_outcomes(self.message, self.tables.archive)
+        rows = connection.execute(self._apply_outcomes, outcome_binds(outcomes, now)).all()
+        return {(row[0], row[1]) for row in rows}
 
     def renew_leases(self, connection: sa.Connection, worker_ids: list[str], until: datetime) -> int:
         # Rows a worker is flushing right now are skipped, not waited for: waiting could deadlock
@@ -31,3 +61,152 @@ class PostgreSQLDialect(Dialect):
         locked = sa.select(m.c.id).where(*self.renewable(worker_ids, until)).with_for_update(skip_locked=True)
         stmt = sa.update(m).where(m.c.id.in_(locked.scalar_subquery())).values(lease_expires_at=until)
         return int(connection.execute(stmt).rowcount)
+
+
+# Outcomes travel as one JSON document per kind, which json_to_recordset turns back into typed rows
+# on the server: one literal to send and parse, where one array literal per field and row cost more
+# on both sides than the statement itself. Bytes travel base64-encoded.
+FINAL_FIELDS = (("id", "bigint"), ("token", "bigint"), ("state", "text"), ("result", "text"),
+                ("checkpoint", "text"), ("etype", "text"), ("emsg", "text"), ("etb", "text"),
+                ("started", "timestamp"), ("finished", "timestamp"), ("attempts", "integer"),
+                ("deliveries", "integer"), ("retain", "boolean"), ("first", "timestamp"))
+REQUEUE_FIELDS = (("id", "bigint"), ("token", "bigint"), ("state", "text"), ("next", "timestamp"),
+                  ("attempts", "integer"), ("deliveries", "integer"), ("checkpoint", "text"),
+                  ("etype", "text"), ("emsg", "text"), ("etb", "text"))
+_TYPES = {"bigint": sa.BigInteger, "text": sa.Text, "timestamp": sa.DateTime, "integer": sa.Integer,
+          "boolean": sa.Boolean}
+
+
+def _recordset(param: str, fields: tuple[tuple[str, str], ...], name: str) -> Any:
+    rows = (sa.func.json_to_recordset(sa.cast(sa.bindparam(param, type_=sa.Text), postgresql.JSON))
+            .table_valued(*[sa.column(field, _TYPES[kind]) for field, kind in fields])
+            .render_derived(name=f"{name}_rows", with_types=True))
+    return sa.select(rows).cte(name)
+
+
+def _bytes(column: Any) -> Any:
+    return sa.func.decode(column, sa.literal_column("'base64'"))
+
+
+def build_apply_outcomes(m: sa.Table, a: sa.Table) -> Any:
+    """Every outcome of a flush in one statement, fenced, with the archive filled server-side.
+
+    DELETE ... RETURNING moves finished messages (payload and all, without sending them back) into
+    INSERT INTO archive; UPDATE requeues the others; both apply only where the message is still
+    PROCESSING under the delivery's lease token. The result is the (id, token) pairs applied. The
+    ids also come as an array so that both find their rows through the primary key.
+    """
+    fin = _recordset("fin", FINAL_FIELDS, "fin")
+    req = _recordset("req", REQUEUE_FIELDS, "req")
+    ids = sa.cast(sa.bindparam("ids", type_=sa.Text), postgresql.ARRAY(sa.BigInteger))
+    moved = (sa.delete(m)
+             .where(m.c.id == sa.any_(ids), m.c.id == fin.c.id, m.c.lease_token == fin.c.token,
+                    m.c.state == PROCESSING)
+             .returning(m.c.id, m.c.lease_token, m.c.task_name, m.c.queue, m.c.priority, m.c.payload, m.c.headers,
+                        m.c.unique_key, m.c.partition_key, m.c.options, m.c.history, m.c.created_at,
+                        m.c.first_attempt_at)
+             .cte("moved"))
+    matched = sa.and_(fin.c.id == moved.c.id, fin.c.token == moved.c.lease_token)
+    archived = sa.insert(a).from_select(
+        ["id", "task_name", "queue", "priority", "state", "payload", "headers", "unique_key", "partition_key",
+         "checkpoint", "options", "history", "attempts_count", "deliveries_count", "created_at", "first_attempt_at",
+         "last_attempt_at", "finished_at", "archived_at", "result", "error_type", "error_message", "error_traceback"],
+        sa.select(moved.c.id, moved.c.task_name, moved.c.queue, moved.c.priority, fin.c.state, moved.c.payload,
+                  moved.c.headers, moved.c.unique_key, moved.c.partition_key, _bytes(fin.c.checkpoint),
+                  moved.c.options, moved.c.history, fin.c.attempts, fin.c.deliveries, moved.c.created_at,
+                  sa.func.coalesce(moved.c.first_attempt_at, fin.c.first), fin.c.started, fin.c.finished,
+                  sa.bindparam("now", type_=sa.DateTime), _bytes(fin.c.result), fin.c.etype, fin.c.emsg, fin.c.etb)
+        .join_from(moved, fin, matched).where(fin.c.retain),
+    ).cte("archived")
+    requeued = (sa.update(m)
+                .where(m.c.id == sa.any_(ids), m.c.id == req.c.id, m.c.lease_token == req.c.token,
+                       m.c.state == PROCESSING)
+                .values(state=req.c.state, next_attempt_at=req.c.next, attempts_count=req.c.attempts,
+                        deliveries_count=req.c.deliveries, checkpoint=_bytes(req.c.checkpoint),
+                        # A hand-back or deferral carries no error: keep the last one recorded.
+                        last_error_type=sa.func.coalesce(req.c.etype, m.c.last_error_type),
+                        last_error_message=sa.func.coalesce(req.c.emsg, m.c.last_error_message),
+                        last_error_traceback=sa.func.coalesce(req.c.etb, m.c.last_error_traceback),
+                        worker_id=None, lease_token=None, acquired_at=None, lease_expires_at=None)
+                .returning(m.c.id, req.c.token)
+                .cte("requeued"))
+    return sa.union_all(sa.select(moved.c.id, moved.c.lease_token).add_cte(archived),
+                        sa.select(requeued.c.id, requeued.c.token))
+
+
+def _b64(data: bytes | None) -> str | None:
+    return None if data is None else base64.b64encode(data).decode("ascii")
+
+
+def _iso(when: datetime | None) -> str | None:
+    return None if when is None else when.isoformat()
+
+
+def outcome_binds(outcomes: list[Outcome], now: datetime) -> dict[str, Any]:
+    """The bind values of build_apply_outcomes: the ids, and a JSON document per kind of outcome."""
+    finals, requeues = [], []
+    for outcome in outcomes:
+        m = outcome.message
+        error = outcome.error
+        if outcome.kind is OutcomeKind.ARCHIVE:
+            started = _iso(outcome.started_at or m.acquired_at)
+            row: dict[str, Any] = {
+                "id": m.id, "token": m.lease_token, "state": outcome.state.value, "started": started,
+                "finished": _iso(outcome.finished_at), "attempts": m.attempts_count,
+                "deliveries": m.deliveries_count, "retain": outcome.retain, "first": started}
+            # Only what is set: a missing key reads as NULL, and most outcomes carry no result or error.
+            if outcome.result is not None:
+                row["result"] = _b64(outcome.result)
+            if outcome.checkpoint is not None:
+                row["checkpoint"] = _b64(outcome.checkpoint)
+            if error is not None:
+                row.update(etype=error.type, emsg=error.message, etb=error.traceback)
+            finals.append(row)
+        else:
+            b = requeue_binds(outcome)
+            requeues.append({
+                "id": b["b_id"], "token": b["b_token"], "state": b["b_state"], "next": _iso(b["b_next"]),
+                "attempts": b["b_attempts"], "deliveries": b["b_deliveries"], "checkpoint": _b64(b["b_checkpoint"]),
+                "etype": b["b_error_type"], "emsg": b["b_error_message"], "etb": b["b_error_traceback"]})
+    return {"ids": "{" + ",".join(str(o.message.id) for o in outcomes) + "}", "now": now,
+            "fin": json.dumps(finals), "req": json.dumps(requeues)}
+
+
+def _copy_text(value: Any) -> str:
+    """A value in COPY's text format."""
+    if value is None:
+        return "\\N"
+    if isinstance(value, bytes):
+        return "\\\\x" + value.hex()
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if isinstance(value, dict):
+        value = json.dumps(value, separators=(",", ":"))
+    text = str(value)
+    if any(c in text for c in "\\\t\n\r"):
+        text = text.replace("\\", "\\\\").replace("\t", "\\t").replace("\n", "\\n").replace("\r", "\\r")
+    return text
+
+
+def copy_messages(connection: sa.Connection, table: sa.Table, rows: list[dict[str, Any]]) -> list[int]:
+    """Bulk-insert with COPY: ids reserved from the sequence first (one round trip), then the rows.
+
+    COPY is parsed as data, not as SQL: several times cheaper on the server than multi-row VALUES.
+    """
+    sequence = f"{table.name}_id_seq"
+    ids = [row[0] for row in connection.exec_driver_sql(
+        f"SELECT nextval('{sequence}') FROM generate_series(1, {len(rows)})").all()]
+    buffer = io.StringIO()
+    for job_id, row in zip(ids, rows):
+        buffer.write(str(job_id))
+        for column in ENQUEUE_COLUMNS:
+            buffer.write("\t")
+            buffer.write(_copy_text(row[column]))
+        buffer.write("\n")
+    buffer.seek(0)
+    cursor = connection.connection.driver_connection.cursor()  # type: ignore[union-attr]
+    try:
+        cursor.copy_expert(f"COPY {table.name} (id, {', '.join(ENQUEUE_COLUMNS)}) FROM STDIN", buffer)
+    finally:
+        cursor.close()
+    return ids

@@ -12,12 +12,34 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.dialects import sqlite
 
-from jobqueue.storage.dialects.base import Dialect
+from jobqueue.storage.dialects.base import ENQUEUE_COLUMNS, Dialect, json_text
+
+SQLITE_DATETIME = "%Y-%m-%d %H:%M:%S.%f"  # what SQLAlchemy's DateTime stores on SQLite
+
+
+def sqlite_values(row: dict[str, Any]) -> tuple[Any, ...]:
+    values = []
+    for column in ENQUEUE_COLUMNS:
+        value = row[column]
+        if column in ("headers", "options"):
+            value = json_text(value)
+        elif column in ("created_at", "next_attempt_at"):
+            value = value.strftime(SQLITE_DATETIME)
+        values.append(value)
+    return tuple(values)
 
 
 class SQLiteDialect(Dialect):
     name = "sqlite"
+    autocommit = False
     insert_on_conflict = staticmethod(sqlite.insert)
+
+    def insert_many(self, connection: sa.Connection, rows: list[dict[str, Any]]) -> list[int] | None:
+        # One executemany in one write transaction: with AUTOINCREMENT and the write lock held, the
+        # ids are the consecutive run ending at last_insert_rowid().
+        connection.exec_driver_sql(self.plain_insert("?"), [sqlite_values(row) for row in rows])
+        last = connection.exec_driver_sql("SELECT last_insert_rowid()").scalar_one()
+        return list(range(last - len(rows) + 1, last + 1))
 
     def check_server(self, connection: sa.Connection) -> None:
         self._require(sqlite3.sqlite_version_info, (3, 35), "SQLite")

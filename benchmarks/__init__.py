@@ -1,0 +1,1 @@
+"""jobqueue's benchmark suite: ``python -m benchmarks --help`` (see docs/performance.md)."""

@@ -1,0 +1,116 @@
+"""The scenarios: each measures jobqueue and, where one exists, the raw-SQL reference, interleaved."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from datetime import datetime
+from typing import Any
+
+import sqlalchemy as sa
+
+from benchmarks import raw
+from benchmarks.common import Measure, interleave, report
+from benchmarks.worker import BenchWorker, fresh_app, queue_empty, wait_until
+
+
+WORKER_OPTIONS: list[str] = []  # extra `jobqueue worker` options (--worker-option on the command line)
+
+
+def enqueue(url: str, backend: str, runs: int, jobs: int, processes: int, json_path: str | None) -> dict[str, Any]:
+    """Enqueue one by one (a commit each) and in bulk, against the raw single and multi-row inserts."""
+    references = raw.references(url, runs, jobs, processes)
+
+    def single() -> float:
+        from benchmarks.tasks import noop
+        fresh_app(url)
+        n = max(500, jobs // 10)
+        started = time.perf_counter()
+        for _ in range(n):
+            noop.delay()
+        return n / (time.perf_counter() - started)
+
+    def bulk() -> float:
+        from benchmarks.tasks import noop
+        fresh_app(url)
+        started = time.perf_counter()
+        noop.bulk([()] * (jobs * 2))
+        return jobs * 2 / (time.perf_counter() - started)
+
+    measures = interleave(runs, {"raw single insert": references["raw single insert"], "delay()": single,
+                                 "raw bulk insert": references["raw bulk insert"], "bulk()": bulk},
+                          units=dict.fromkeys(["raw single insert", "delay()", "raw bulk insert", "bulk()"], "jobs/s"))
+    return report("enqueue", backend, measures, {"delay() / raw single": ("delay()", "raw single insert"),
+                                                 "bulk() / raw bulk": ("bulk()", "raw bulk insert")},
+                  {"jobs": jobs}, json_path)
+
+
+def processing(url: str, backend: str, runs: int, jobs: int, processes: int,
+               json_path: str | None) -> dict[str, Any]:
+    """No-op jobs enqueued beforehand, processed by a worker with ``processes`` processes."""
+    references = raw.references(url, runs, jobs, processes)
+
+    walls: list[float] = []
+
+    def ours() -> float:
+        from benchmarks.tasks import noop
+        app = fresh_app(url)
+        noop.bulk([()] * jobs)
+        app.close()
+        started = time.perf_counter()
+        worker = BenchWorker(url, "--concurrency", str(processes), *WORKER_OPTIONS)
+        try:
+            wait_until(queue_empty(app))
+            walls.append(jobs / (time.perf_counter() - started))
+        finally:
+            worker.stop()
+        return jobs / processing_span(app)
+
+    units = dict.fromkeys(["raw cycle", "raw claim+archive", "jobqueue"], "jobs/s")
+    measures = interleave(runs, {"raw cycle": references["raw cycle"],
+                                 "raw claim+archive": references["raw claim+archive"], "jobqueue": ours}, units)
+    measures.append(Measure("jobqueue, wall clock incl. start-up", "jobs/s", walls))
+    return report(f"processing {jobs} no-op jobs, {processes} processes", backend, measures,
+                  {"jobqueue / raw cycle": ("jobqueue", "raw cycle"),
+                   "jobqueue / raw claim+archive": ("jobqueue", "raw claim+archive")},
+                  {"jobs": jobs, "processes": processes}, json_path)
+
+
+def processing_span(app: Any) -> float:
+    """Seconds from the first job's start to the last job's end, from the archive."""
+    a = app.tables.archive
+    with app.engine.connect() as conn:
+        first, last = conn.execute(sa.select(sa.func.min(a.c.last_attempt_at), sa.func.max(a.c.finished_at))).one()
+    return max((last - first).total_seconds(), 1e-6)
+
+
+def latency(url: str, backend: str, runs: int, jobs: int, processes: int, json_path: str | None) -> dict[str, Any]:
+    """Enqueue-to-start latency on an idle worker: jobs enqueued one at a time, 20 ms apart."""
+    from benchmarks.tasks import noop
+    count = min(jobs, 200)
+    p50 = Measure("p50", "ms", higher_is_better=False)
+    p99 = Measure("p99", "ms", higher_is_better=False)
+    for _ in range(runs):
+        app = fresh_app(url)
+        worker = BenchWorker(url, "--concurrency", str(processes))
+        try:
+            time.sleep(2.0)  # the worker is up and idle
+            handles = []
+            for _ in range(count):
+                handles.append(noop.delay())
+                time.sleep(0.02)
+            wait_until(queue_empty(app))
+        finally:
+            worker.stop()
+        a = app.tables.archive
+        with app.engine.connect() as conn:
+            rows = conn.execute(sa.select(a.c.created_at, a.c.last_attempt_at)).all()
+        samples = sorted((started - created).total_seconds() * 1000 for created, started in rows)
+        p50.values.append(statistics.median(samples))
+        p99.values.append(samples[min(len(samples) - 1, int(len(samples) * 0.99))])
+        app.close()
+    return report("enqueue-to-start latency on an idle worker", backend, [p50, p99], {}, {"jobs": count}, json_path)
+
+
+SCENARIOS = {"enqueue": enqueue, "processing": processing, "latency": latency}
+__all__ = ["SCENARIOS", "datetime"]

@@ -1,0 +1,162 @@
+"""How a supervisor learns that new work arrived, so idle worker processes start it at once.
+
+- PostgreSQL notifies: a statement-level trigger on the message table calls pg_notify (delivered at
+  COMMIT, so a rolled-back enqueue wakes nobody), and the supervisor LISTENs on one connection.
+- SQLite has no notifications, but ``PRAGMA data_version`` changes whenever another connection
+  commits, and reading it touches no table: the supervisor checks it every ``idle_poll_interval``.
+- MySQL/MariaDB: the supervisor asks one indexed question ("is anything ready?") every
+  ``idle_poll_interval`` for the whole pool, instead of every idle process polling.
+
+Pollers run only while some process idles. The processes keep their own slow poll
+(``max_fetch_interval``) as the fallback, and for delayed jobs coming due.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from jobqueue.clock import utcnow
+from jobqueue.storage.store import Store
+from jobqueue.storage.tables import notify_channel
+
+logger = logging.getLogger("jobqueue.supervisor")
+
+
+class Waker:
+    """Base: nothing to wait on, never says there is news."""
+
+    def fileno(self) -> int | None:
+        """A descriptor that becomes readable on news, or None."""
+        return None
+
+    def due_in(self, now: float) -> float | None:
+        """Seconds until the next poll, or None when this waker does not poll."""
+        return None
+
+    def check(self, now: float) -> bool:
+        """Consume what arrived; True if there may be new work."""
+        return False
+
+    def close(self) -> None:
+        pass
+
+
+class PostgresWaker(Waker):
+    """LISTEN on the prefix's channel; the insert trigger NOTIFYs it."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self.channel = notify_channel(store.tables.prefix)
+        self.connection: Any = None
+        self.retry_at = 0.0
+        self._connect()
+
+    def _connect(self) -> None:
+        try:
+            connection = self.store.engine.raw_connection()
+            driver: Any = connection.driver_connection
+            driver.autocommit = True  # LISTEN outside any transaction; notifications arrive as they come
+            cursor = connection.cursor()
+            cursor.execute(f"LISTEN {self.channel}")
+            cursor.close()
+            self.connection = connection
+        except Exception as exc:  # no notifications for now: the processes' own polling covers it
+            logger.debug("cannot LISTEN yet (%s); processes poll meanwhile", exc)
+            self.connection = None
+            self.retry_at = time.monotonic() + 5.0
+
+    def fileno(self) -> int | None:
+        return self.connection.driver_connection.fileno() if self.connection is not None else None
+
+    def due_in(self, now: float) -> float | None:
+        return None if self.connection is not None else max(0.0, self.retry_at - now)
+
+    def check(self, now: float) -> bool:
+        if self.connection is None:
+            if now >= self.retry_at:
+                self._connect()
+            return False
+        try:
+            raw = self.connection.driver_connection
+            raw.poll()
+            news = bool(raw.notifies)
+            raw.notifies.clear()
+            return news
+        except Exception as exc:  # the server went away: listen again later, poll meanwhile
+            logger.debug("LISTEN connection lost (%s)", exc)
+            self.close()
+            self.retry_at = now + 1.0
+            return True
+
+    def close(self) -> None:
+        if self.connection is not None:
+            try:
+                self.connection.invalidate()
+            except Exception:
+                pass
+            self.connection = None
+
+
+class PollingWaker(Waker):
+    """Ask the database every ``interval`` while processes idle."""
+
+    def __init__(self, store: Store, interval: float) -> None:
+        self.store = store
+        self.interval = interval
+        self.next_at = 0.0
+        self.last_seen: Any = None
+
+    def due_in(self, now: float) -> float | None:
+        return max(0.0, self.next_at - now)
+
+    def check(self, now: float) -> bool:
+        if now < self.next_at:
+            return False
+        self.next_at = now + self.interval
+        try:
+            return self.poll()
+        except Exception as exc:  # an outage: the supervisor's guard reports it elsewhere
+            logger.debug("idle poll failed: %s", exc)
+            return False
+
+    def poll(self) -> bool:
+        raise NotImplementedError
+
+
+class SQLiteWaker(PollingWaker):
+    """``PRAGMA data_version`` changes when another connection commits; reading it reads no table."""
+
+    def __init__(self, store: Store, interval: float) -> None:
+        super().__init__(store, interval)
+        self.connection = store.engine.raw_connection()
+
+    def poll(self) -> bool:
+        version = self.connection.cursor().execute("PRAGMA data_version").fetchone()[0]
+        changed = self.last_seen is not None and version != self.last_seen
+        self.last_seen = version
+        return changed
+
+    def close(self) -> None:
+        self.connection.close()
+
+
+class ReadyQueryWaker(PollingWaker):
+    """One indexed query for the whole pool: is any message of our queues due?"""
+
+    def __init__(self, store: Store, interval: float, queues: tuple[str, ...] | None) -> None:
+        super().__init__(store, interval)
+        self.queues = queues
+
+    def poll(self) -> bool:
+        return self.store.has_ready(self.queues, utcnow())
+
+
+def make_waker(store: Store, queues: tuple[str, ...] | None, interval: float) -> Waker:
+    name = store.engine.dialect.name
+    if name == "postgresql":
+        return PostgresWaker(store)
+    if name == "sqlite":
+        return SQLiteWaker(store, interval)
+    return ReadyQueryWaker(store, interval, queues)
