@@ -195,7 +195,14 @@ def _cycle_worker(url: str, inserts: int, batch: int) -> None:
             step = min(batch, remaining)
             raw.insert_bulk(step, batch, conn)
             remaining -= step
-        if not raw.claim_and_archive(conn, batch) and not remaining:
+        try:
+            claimed = raw.claim_and_archive(conn, batch)
+        except Exception as exc:  # InnoDB may pick two claimers as a deadlock: retry, as any consumer would
+            if "1213" not in str(exc) and "Deadlock" not in str(exc):
+                raise
+            conn.rollback()
+            continue
+        if not claimed and not remaining:
             break
     conn.close()
 

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import json
+import os
 import statistics
+import subprocess
+import sys
 import time
 from datetime import datetime
 from typing import Any
@@ -114,3 +118,80 @@ def latency(url: str, backend: str, runs: int, jobs: int, processes: int, json_p
 
 SCENARIOS = {"enqueue": enqueue, "processing": processing, "latency": latency}
 __all__ = ["SCENARIOS", "datetime"]
+
+
+def jobqueue_like_peers(url: str, jobs: int, processes: int) -> dict[str, float]:
+    """jobqueue measured exactly as the peers are: polled from outside, wall clock and 10%-90% steady rate."""
+    from benchmarks.peers import _common
+    from benchmarks.tasks import noop
+
+    app = fresh_app(url)
+    noop.bulk([()] * jobs)
+    a = app.tables.archive
+    engine = sa.create_engine(url, poolclass=sa.pool.NullPool)
+    conn = engine.connect()
+    count_stmt = sa.select(sa.func.count()).select_from(a)
+
+    def done() -> int:
+        value = int(conn.execute(count_stmt).scalar_one())
+        conn.commit()
+        return value
+
+    command = [sys.executable, "-m", "jobqueue", "--app", "benchmarks.tasks:app", "--log-level", "WARNING",
+               "worker", "--concurrency", str(processes), *WORKER_OPTIONS]
+    try:
+        return _common.run_processing(jobs, lambda: _common.Workers(
+            "jobqueue", [command], env={"JOBQUEUE_DATABASE_URL": url}), done)
+    finally:
+        conn.close()
+        engine.dispose()
+        app.close()
+
+
+def compare(url: str, backend: str, runs: int, jobs: int, processes: int, json_path: str | None) -> dict[str, Any]:
+    """jobqueue next to pgqueuer, procrastinate and huey (those installed in PEERS_PYTHON's environment)."""
+    peers_python = os.environ.get("PEERS_PYTHON", sys.executable)
+    names = [n for n in ("pgqueuer", "procrastinate", "huey")
+             if backend == "postgresql" or n == "huey"]
+    raw_cycle = raw.references(url, runs, jobs, processes)["raw cycle"]
+    measures: dict[str, Measure] = {}
+
+    def add(name: str, unit: str, value: float) -> None:
+        measures.setdefault(name, Measure(name, unit)).values.append(value)
+
+    for round_number in range(runs):
+        add("raw cycle", "jobs/s", raw_cycle())
+        ours = jobqueue_like_peers(url, jobs, processes)
+        add("jobqueue steady", "jobs/s", ours["steady"])
+        add("jobqueue wall", "jobs/s", ours["wall"])
+        for name in names:
+            out = subprocess.run([peers_python, "-m", "benchmarks.peers", name], capture_output=True, text=True,
+                                 env=dict(os.environ, PEERS_JOBS=str(jobs), PEERS_PROCESSES=str(processes),
+                                          PYTHONPATH=os.getcwd()))
+            lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
+            if not lines:
+                print(f"  {name}: not available ({out.stderr.strip().splitlines()[-1:]})", file=sys.stderr)
+                continue
+            result = json.loads(lines[-1])
+            label = result["peer"]
+            add(f"{label} steady", "jobs/s", result["processing"]["steady"])
+            add(f"{label} wall", "jobs/s", result["processing"]["wall"])
+            add(f"{label} enqueue single", "jobs/s", result["enqueue_single"])
+            add(f"{label} enqueue bulk", "jobs/s", result["enqueue_bulk"])
+            add(f"{label} latency p50", "ms", result["latency_p50_ms"])
+            add(f"{label} latency p99", "ms", result["latency_p99_ms"])
+        print(f"  round {round_number + 1}/{runs} done", file=sys.stderr)
+    ratios = {"jobqueue steady / raw cycle": ("jobqueue steady", "raw cycle")}
+    for name in list(measures):
+        if name.endswith(" steady") and not name.startswith("jobqueue"):
+            ratios[f"jobqueue steady / {name}"] = ("jobqueue steady", name)
+            ratios[f"jobqueue wall / {name[:-7]} wall"] = ("jobqueue wall", name[:-7] + " wall")
+    return report(f"compare: {jobs} no-op jobs, {processes} processes", backend, list(measures.values()), ratios,
+                  {"jobs": jobs, "processes": processes}, json_path)
+
+
+SCENARIOS["compare"] = compare
+
+from benchmarks.operations import OPERATIONS  # noqa: E402
+
+SCENARIOS.update(OPERATIONS)

@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import os
 import time
 
 from jobqueue import JobQueue
+
+if os.environ.get("JOBQUEUE_BENCH_COUNT"):
+    from benchmarks.counting import install
+
+    install(os.environ["JOBQUEUE_BENCH_COUNT"])
 
 app = JobQueue()
 
@@ -15,5 +21,6 @@ def noop() -> None:
 
 
 @app.task(name="bench.sleep")
-def sleep(seconds: float) -> None:
+def sleep(seconds: float) -> int:
     time.sleep(seconds)
+    return os.getpid()

@@ -101,3 +101,28 @@ class Outcome:
     keep_checkpoint: bool = True
     retain: bool = True
     extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Batch:
+    """The rows of one bulk enqueue: the columns they all share, and per row a payload and a key.
+
+    Every column but ``payload`` and ``unique_key`` is the same for all rows of a ``bulk()`` call,
+    so the fast insert paths format those once per batch instead of once per row.
+    """
+
+    common: dict[str, Any]
+    payloads: list[bytes]
+    unique_keys: list[str | None]
+
+    def __len__(self) -> int:
+        return len(self.payloads)
+
+    def row(self, index: int) -> dict[str, Any]:
+        return {**self.common, "payload": self.payloads[index], "unique_key": self.unique_keys[index]}
+
+    def rows(self) -> list[dict[str, Any]]:
+        return [self.row(i) for i in range(len(self))]
+
+    def take(self, indexes: list[int]) -> Batch:
+        return Batch(self.common, [self.payloads[i] for i in indexes], [self.unique_keys[i] for i in indexes])

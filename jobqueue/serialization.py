@@ -23,7 +23,10 @@ from jobqueue.errors import ConfigurationError, SerializationError
 
 TAG = "__jq__"
 TAG_BYTES = TAG.encode("ascii")
+FLAT = (str, int, float, bool, type(None))
 SUPPORTED = "str, int, float, bool, None, list, tuple, dict, datetime, date, UUID, Decimal, bytes"
+# One encoder for every payload: json.dumps with non-default options builds a new one per call.
+_JSON = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
 
 
 class Serializer(Protocol):
@@ -36,11 +39,14 @@ class Serializer(Protocol):
 
 def dumps_call(serializer: Serializer, args: tuple[Any, ...] | list[Any], kwargs: dict[str, Any]) -> bytes:
     """Serialize a call's arguments; errors name the argument (``args[1]``, ``kwargs['when']``)."""
-    if not isinstance(kwargs, dict) or not all(isinstance(key, str) for key in kwargs):
+    if not isinstance(kwargs, dict) or kwargs and not all(isinstance(key, str) for key in kwargs):
         raise SerializationError("kwargs must be a dict with string keys")
     if serializer.name == "json":
-        encoded = [_encode(list(args), "args"), _encode(kwargs, "kwargs")]
-        return json.dumps(encoded, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+        if ((not args or all(type(v) in FLAT for v in args))
+                and (not kwargs or TAG not in kwargs and all(type(v) in FLAT for v in kwargs.values()))):
+            # Flat arguments (the common case): the encoder alone, no walk to tag anything.
+            return _JSON.encode([list(args), kwargs]).encode("utf-8")
+        return _JSON.encode([_encode(list(args), "args"), _encode(kwargs, "kwargs")]).encode("utf-8")
     return serializer.dumps([list(args), kwargs], path="arguments")
 
 
@@ -110,8 +116,7 @@ class JSONSerializer:
     name = "json"
 
     def dumps(self, obj: Any, path: str = "value") -> bytes:
-        encoded = _encode(obj, path)
-        return json.dumps(encoded, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+        return _JSON.encode(_encode(obj, path)).encode("utf-8")
 
     def loads(self, data: bytes) -> Any:
         try:

@@ -16,7 +16,7 @@ from jobqueue.clock import to_naive_utc, utcnow
 from jobqueue.context import JobContext, activate, deactivate
 from jobqueue.errors import ConfigurationError, SerializationError
 from jobqueue.handle import JobHandle
-from jobqueue.job import MessageState
+from jobqueue.job import Batch, MessageState
 from jobqueue.retry import RetryStrategy
 from jobqueue.serialization import dumps_call
 from jobqueue.settings import validate_queue_name
@@ -187,8 +187,8 @@ class Task:
                                      retry_strategy)
         items = list(items)
         keys = self._bulk_keys(items, unique_key)
-        now = utcnow()
-        rows = []
+        common = self._row((), {}, options, utcnow())
+        payloads = []
         args: Sequence[Any]
         for index, item in enumerate(items):
             if isinstance(item, dict):
@@ -198,13 +198,12 @@ class Task:
             else:
                 raise SerializationError(f"bulk item {index} is a {type(item).__name__}: give a tuple of "
                                          "positional arguments (for one argument: (value,)) or a dict of kwargs")
-            row = self._row(args, kwargs, options, now, path=f"item {index}: ")
-            row["unique_key"] = keys[index]
-            rows.append(row)
+            payloads.append(self._payload(args, kwargs, index))
         ids: list[int] = []
         store = self.app.store
-        for start in range(0, len(rows), batch_size):
-            ids.extend(store.enqueue(rows[start:start + batch_size], connection=connection))
+        for start in range(0, len(items), batch_size):
+            end = start + batch_size
+            ids.extend(store.enqueue_batch(Batch(common, payloads[start:end], keys[start:end]), connection=connection))
         return [JobHandle(self.app, job_id) for job_id in ids]
 
     @staticmethod
@@ -243,19 +242,23 @@ class Task:
             "options": {"retry": retry_strategy.to_dict()} if retry_strategy is not None else None,
         }
 
-    def _row(self, args: Sequence[Any], kwargs: dict[str, Any], options: dict[str, Any], now: datetime,
-             path: str = "") -> dict[str, Any]:
+    def _payload(self, args: Sequence[Any], kwargs: dict[str, Any], item: int | None = None) -> bytes:
         if not isinstance(args, (tuple, list)):
-            raise SerializationError(f"{path}args must be a tuple or list, got {type(args).__name__}")
+            raise SerializationError(f"{_item(item)}args must be a tuple or list, got {type(args).__name__}")
         try:
             payload = dumps_call(self.app.serializer, args, kwargs)
         except SerializationError as exc:
-            raise SerializationError(f"{path}task {self.name}: {exc}") from None
+            raise SerializationError(f"{_item(item)}task {self.name}: {exc}") from None
         limit = self.app.settings.max_payload_bytes
         if len(payload) > limit:
             raise SerializationError(
-                f"{path}task {self.name}: arguments serialize to {len(payload)} bytes, over max_payload_bytes="
+                f"{_item(item)}task {self.name}: arguments serialize to {len(payload)} bytes, over max_payload_bytes="
                 f"{limit}; store large data elsewhere and pass a reference (or raise max_payload_bytes)")
+        return payload
+
+    def _row(self, args: Sequence[Any], kwargs: dict[str, Any], options: dict[str, Any],
+             now: datetime) -> dict[str, Any]:
+        payload = self._payload(args, kwargs)
         return {
             "task_name": self.name, "queue": options["queue"], "priority": options["priority"],
             "state": MessageState.PENDING.value, "payload": payload, "headers": options["headers"],
@@ -263,3 +266,8 @@ class Task:
             "options": options["options"], "attempts_count": 0, "deliveries_count": 0,
             "created_at": now, "next_attempt_at": options["eta"] or now,
         }
+
+
+def _item(index: int | None) -> str:
+    """Where a bulk() error happened: "item 3: " (nothing for a single call)."""
+    return "" if index is None else f"item {index}: "

@@ -45,3 +45,16 @@ def requeue_binds(outcome: Outcome) -> dict[str, Any]:
         "b_error_message": error.message if error else None,
         "b_error_traceback": error.traceback if error else None,
     }
+
+
+# Archive columns copied from the message row, and those the outcome supplies (in this order).
+COPIED = ("id", "task_name", "queue", "priority", "payload", "headers", "unique_key", "partition_key", "options",
+          "history", "created_at")
+SUPPLIED = ("state", "checkpoint", "attempts_count", "deliveries_count", "first_attempt_at", "last_attempt_at",
+            "finished_at", "archived_at", "result", "error_type", "error_message", "error_traceback")
+
+
+def supplied_values(outcome: Outcome, now: datetime) -> tuple[Any, ...]:
+    """The SUPPLIED archive values of a COMPLETED or FAILED outcome, in SUPPLIED order."""
+    row = archive_row(outcome, now)
+    return tuple(row[column] for column in SUPPLIED)

@@ -19,7 +19,7 @@ from sqlalchemy import orm
 
 from jobqueue.clock import utcnow
 from jobqueue.errors import ConfigurationError, SchemaError
-from jobqueue.job import Message, MessageState, Outcome, OutcomeKind
+from jobqueue.job import Batch, Message, MessageState, Outcome, OutcomeKind
 from jobqueue.periodic import SCHEDULE_TASK
 from jobqueue.storage.dialects import AcquireParams, Dialect, dialect_for
 from jobqueue.storage.dialects.base import PROCESSING, READY_LITERALS
@@ -112,8 +112,8 @@ class Store:
         """
         ids: list[int] = [0] * len(rows)
         if connection is None and len(rows) == 1 and rows[0].get("unique_key") is None:
-            with schema_errors(self.tables.prefix), self._single_statement() as conn:
-                return self.dialect.insert_messages(conn, rows)
+            with schema_errors(self.tables.prefix):
+                return [self._insert_one(rows[0])]
         with self.writing(connection) as conn:
             dialect = self.dialect_of(conn)
             plain = [i for i, row in enumerate(rows) if row.get("unique_key") is None]
@@ -123,6 +123,20 @@ class Store:
             for i, row in enumerate(rows):
                 if row.get("unique_key") is not None:
                     ids[i] = self.insert_unique(conn, dialect, row)
+        return ids
+
+    def enqueue_batch(self, batch: Batch, connection: Any = None) -> list[int]:
+        """Insert a bulk batch (one round trip for its unkeyed rows) and return the ids in order."""
+        ids: list[int] = [0] * len(batch)
+        plain = [i for i, key in enumerate(batch.unique_keys) if key is None]
+        with self.writing(connection) as conn:
+            dialect = self.dialect_of(conn)
+            if plain:
+                for i, new_id in zip(plain, dialect.insert_batch(conn, batch.take(plain))):
+                    ids[i] = new_id
+            for i, key in enumerate(batch.unique_keys):
+                if key is not None:
+                    ids[i] = self.insert_unique(conn, dialect, batch.row(i))
         return ids
 
     def insert_unique(self, conn: sa.Connection, dialect: Dialect, row: dict[str, Any]) -> int:
@@ -164,19 +178,44 @@ class Store:
             (result.applied if key in applied else result.lost).append(outcome)
         return result
 
-    @contextmanager
-    def _single_statement(self) -> Iterator[sa.Connection]:
-        """A connection for one statement that is its own transaction: one round trip where BEGIN,
-        the statement and COMMIT take three. SQLite keeps its (local, cheap) IMMEDIATE transaction."""
-        if not self.dialect.autocommit:
-            with self.engine.begin() as conn:
-                yield conn
-            return
+    def _insert_one(self, row: dict[str, Any]) -> int:
+        """One INSERT in autocommit on a pooled DB-API connection (SQLite autocommits a lone INSERT too)."""
+        engine = self._autocommit() if self.dialect.autocommit else self.engine
+        dbapi = engine.dialect.loaded_dbapi
+        fairy = engine.raw_connection()
+        try:
+            cursor = fairy.cursor()
+            try:
+                return self.dialect.insert_one(cursor, row)
+            finally:
+                cursor.close()
+        except dbapi.Error as exc:
+            # Wrapped as SQLAlchemy would, so SchemaError and the outage logic recognise it.
+            invalidated = engine.dialect.is_disconnect(exc, fairy.dbapi_connection, None)
+            if invalidated:
+                fairy.invalidate()
+            raise sa.exc.DBAPIError.instance(self.dialect.insert_one_sql(), None, exc, dbapi.Error,
+                                             connection_invalidated=invalidated) from exc
+        finally:
+            fairy.close()
+
+    def _autocommit(self) -> sa.Engine:
         if self._autocommit_engine is None:
             # Its own pool, always in autocommit: switching a pooled MySQL connection in and out of
             # autocommit would cost a round trip each way.
             self._autocommit_engine = create_engine(self.engine.url, isolation_level="AUTOCOMMIT")
-        with self._autocommit_engine.connect() as conn:
+        return self._autocommit_engine
+
+    @contextmanager
+    def _single_statement(self) -> Iterator[sa.Connection]:
+        """A connection for one statement that is its own transaction: one round trip where BEGIN,
+        the statement and COMMIT take three. SQLite keeps its IMMEDIATE transaction (local, cheap,
+        and needed where a statement reads before it writes)."""
+        if not self.dialect.autocommit:
+            with self.engine.begin() as conn:
+                yield conn
+            return
+        with self._autocommit().connect() as conn:
             yield conn
 
     def held_message(self, message_id: int, token: int) -> Message | None:

@@ -61,6 +61,24 @@ def test_enqueue_options_are_stored(app: JobQueue, add) -> None:  # type: ignore
     assert h.status() == "pending"
 
 
+def test_bulk_stores_the_same_rows_as_apply_async(app: JobQueue, add) -> None:  # type: ignore[no-untyped-def]
+    # bulk() writes the values its rows share through each database's own fast path (COPY,
+    # session variables, one shared tuple): the rows must equal what apply_async writes.
+    when = datetime(2030, 5, 6, 7, 8, 9, 123456)
+    options = dict(eta=when, queue="other", priority=-3, headers={"trace": "a%s'b\"", "n": [1, 2]},
+                   partition_key="p'1")
+    single = add.apply_async((1, 2), **options)
+    many = add.bulk([(1, 2), (3, 4)], **options)
+    stored = rows(app)
+    assert [r["id"] for r in stored] == [single.id] + [h.id for h in many]
+    ignore = {"id", "payload", "created_at"}
+    first = {k: v for k, v in stored[0].items() if k not in ignore}
+    for row in stored[1:]:
+        assert {k: v for k, v in row.items() if k not in ignore} == first
+    assert first["headers"] == {"trace": "a%s'b\"", "n": [1, 2]} and first["next_attempt_at"] == when
+    assert app.serializer.loads(stored[2]["payload"]) == [[3, 4], {}]
+
+
 def test_unique_key_returns_the_active_job(app: JobQueue, add) -> None:  # type: ignore[no-untyped-def]
     first = add.apply_async((1, 1), unique_key="k1")
     again = add.apply_async((2, 2), unique_key="k1")
@@ -313,3 +331,16 @@ def test_bulk_unique_keys_per_item(app: JobQueue, add) -> None:  # type: ignore[
         add.bulk([(1, 1)], unique_key="same")
     with pytest.raises(ConfigurationError, match="2 keys for 1 items"):
         add.bulk([(1, 1)], unique_key=["a", "b"])
+
+
+def test_enqueue_into_missing_tables_names_the_command(db_url: str) -> None:
+    from jobqueue import SchemaError
+    app = JobQueue(db_url, table_prefix="missing_")
+
+    @app.task(name="t.missing")
+    def job(x: int) -> None: ...
+
+    for enqueue in (lambda: job.delay(1), lambda: job.bulk([(1,), (2,)]), lambda: job.apply_async((1,), unique_key="k")):
+        with pytest.raises(SchemaError, match="jobqueue db init"):
+            enqueue()
+    app.close()

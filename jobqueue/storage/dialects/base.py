@@ -14,7 +14,7 @@ from typing import Any, Sequence
 import sqlalchemy as sa
 
 from jobqueue.errors import ConfigurationError
-from jobqueue.job import READY_STATES, Message, Outcome, OutcomeKind
+from jobqueue.job import READY_STATES, Batch, Message, Outcome, OutcomeKind
 from jobqueue.storage.outcomes import archive_row, requeue_binds
 from jobqueue.storage.tables import Tables, Timestamp
 
@@ -31,9 +31,10 @@ ACQUIRED_COLUMNS = (
 )
 
 
-# The columns enqueue writes, in the order the driver-level bulk paths send them.
-ENQUEUE_COLUMNS = ("task_name", "queue", "priority", "state", "payload", "headers", "unique_key", "partition_key",
-                   "options", "attempts_count", "deliveries_count", "created_at", "next_attempt_at")
+# The columns every row of a bulk batch shares (all the enqueued columns but payload and unique_key),
+# in the order the driver-level bulk paths send them.
+SHARED_COLUMNS = ("task_name", "queue", "priority", "state", "headers", "partition_key", "options",
+                  "attempts_count", "deliveries_count", "created_at", "next_attempt_at")
 
 
 def json_text(value: Any) -> str | None:
@@ -214,24 +215,49 @@ class Dialect:
         m = self.message
         if len(rows) == 1:
             return [connection.execute(sa.insert(m).returning(m.c.id), rows[0]).scalar_one()]
-        fast = self.insert_many(connection, rows)
-        if fast is not None:
-            return fast
         result = connection.execute(sa.insert(m).returning(m.c.id, sort_by_parameter_order=True), rows)
         return list(result.scalars())
 
-    def insert_many(self, connection: sa.Connection, rows: list[dict[str, Any]]) -> list[int] | None:
-        """A driver-level bulk insert (the hot path of ``bulk()``), or None to use the generic one.
+    def insert_batch(self, connection: sa.Connection, batch: Batch) -> list[int]:
+        """Insert a bulk batch of unkeyed rows in one round trip and return their ids in order.
 
-        SQLAlchemy's executemany processes every value of every row in Python; the overrides hand
-        the driver rows it can send as they are.
+        This generic version lets SQLAlchemy process every value of every row; the dialects
+        override it with driver-level paths that format the columns the rows share once.
         """
-        return None
+        return self.insert_messages(connection, batch.rows())
 
-    def plain_insert(self, marker: str) -> str:
-        """``INSERT INTO message (ENQUEUE_COLUMNS) VALUES (marker, ...)`` for exec_driver_sql."""
-        columns = ", ".join(ENQUEUE_COLUMNS)
-        return f"INSERT INTO {self.message.name} ({columns}) VALUES ({', '.join([marker] * len(ENQUEUE_COLUMNS))})"
+    # -- the single-row hot path (delay() outside a transaction) --
+    marker = "%s"  # the driver's parameter marker
+
+    def format_value(self, column: str, value: Any) -> Any:
+        """A column value as the driver takes it without SQLAlchemy's type processing."""
+        return json_text(value) if column in ("headers", "options") else value
+
+    def insert_one_sql(self) -> str:
+        if self._insert_one_sql is None:
+            values = "(" + ", ".join([self.marker] * (len(SHARED_COLUMNS) + 2)) + ")"
+            self._insert_one_sql = self.batch_insert_sql(values, with_key=True) + self.returning_id
+        return self._insert_one_sql
+
+    def insert_one(self, cursor: Any, row: dict[str, Any]) -> int:
+        """Insert one unkeyed row on a DB-API cursor with a precompiled statement; return its id.
+
+        This is the path every ``delay()`` outside a transaction takes: it goes straight to the
+        driver, without SQLAlchemy's per-statement machinery, which cost more client CPU than the
+        insert itself.
+        """
+        params = (row["payload"], row["unique_key"],
+                  *[self.format_value(column, row[column]) for column in SHARED_COLUMNS])
+        cursor.execute(self.insert_one_sql(), params)
+        return int(cursor.fetchone()[0] if self.returning_id else cursor.lastrowid)
+
+    _insert_one_sql: str | None = None
+    returning_id = " RETURNING id"  # "" where the driver's lastrowid gives the id
+
+    def batch_insert_sql(self, values: str, with_key: bool = False) -> str:
+        """``INSERT INTO message (payload[, unique_key], SHARED_COLUMNS) VALUES <values>`` for exec_driver_sql."""
+        key = ", unique_key" if with_key else ""
+        return f"INSERT INTO {self.message.name} (payload{key}, {', '.join(SHARED_COLUMNS)}) VALUES {values}"
 
     # The dialect's INSERT with ON CONFLICT (PostgreSQL and SQLite share the syntax).
     insert_on_conflict: Any = None

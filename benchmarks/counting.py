@@ -1,0 +1,42 @@
+"""Count the statements every process of a benchmark worker runs (JOBQUEUE_BENCH_COUNT=directory).
+
+Each statement appends its first word to ``<directory>/<pid>``: fine for an idle worker, which runs
+few; not meant for throughput runs. sqlite3's trace callback sees every statement (the
+supervisor's raw ``PRAGMA data_version`` polls included); elsewhere SQLAlchemy's events do.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy import event
+
+
+def install(directory: str) -> None:
+    Path(directory).mkdir(parents=True, exist_ok=True)
+
+    def record(statement: str) -> None:
+        words = statement.strip().split(None, 1)
+        with open(os.path.join(directory, str(os.getpid())), "a") as out:
+            out.write((words[0].upper() if words else "?") + "\n")
+
+    @event.listens_for(sa.engine.Engine, "connect")
+    def on_connect(dbapi_connection: Any, _record: Any) -> None:
+        if hasattr(dbapi_connection, "set_trace_callback"):
+            dbapi_connection.set_trace_callback(record)
+
+    @event.listens_for(sa.engine.Engine, "before_cursor_execute")
+    def on_execute(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        if conn.dialect.name != "sqlite":
+            record(statement)
+
+
+def counts(directory: str) -> dict[int, int]:
+    """Statements so far per process id."""
+    out = {}
+    for path in Path(directory).glob("*"):
+        out[int(path.name)] = sum(1 for _ in open(path))
+    return out
