@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import logging
+import os
+import weakref
+from contextlib import contextmanager
 from datetime import timedelta
-from typing import Any, Callable, overload
+from typing import TYPE_CHECKING, Any, Callable, Iterator, overload
 
 import sqlalchemy as sa
 
@@ -12,12 +15,15 @@ from jobqueue.errors import ConfigurationError, UnknownTaskError
 from jobqueue.handle import JobHandle
 from jobqueue.periodic import Schedule, make_schedule
 from jobqueue.serialization import get_serializer
-from jobqueue.settings import Settings, parse_queues, resolve_database_url, setting_names
+from jobqueue.settings import DATABASE_URL_ENV, Settings, parse_queues, resolve_database_url, setting_names
 from jobqueue.storage import schema_manager
-from jobqueue.storage.engine import create_engine, mask_url
+from jobqueue.storage.engine import create_engine, mask_url, same_database
 from jobqueue.storage.store import Store
 from jobqueue.storage.tables import Tables, build_tables
 from jobqueue.task import Task, build_options
+
+if TYPE_CHECKING:
+    from jobqueue.contrib import Framework
 
 logger = logging.getLogger("jobqueue")
 MAX_SCHEDULE_NAME = 200  # its jobs' unique keys add "@" and the fire time
@@ -47,6 +53,8 @@ class JobQueue:
         self._url_override: str | None = None
         self._store: Store | None = None
         self._tables: Tables | None = None
+        self._framework: Framework | None = None
+        INSTANCES.add(self)
 
     def __repr__(self) -> str:
         return f"<JobQueue {mask_url(self.database_url)} tasks={len(self.registry)}>"
@@ -54,7 +62,73 @@ class JobQueue:
     # -- configuration -----------------------------------------------------------------------------
     @property
     def database_url(self) -> str:
-        return resolve_database_url(self._url_override, self.settings.database_url)
+        framework = self.framework
+        if framework is None:
+            return resolve_database_url(self._url_override, self.settings.database_url)
+        url = framework.database_url()
+        for source, other in (("--database-url", self._url_override), (DATABASE_URL_ENV, os.environ.get(DATABASE_URL_ENV)),
+                              ("the URL given to JobQueue()", self.settings.database_url)):
+            if other and not same_database(other, url):
+                raise ConfigurationError(
+                    f"{source} names {mask_url(other)}, but under {framework.name} jobqueue uses "
+                    f"{framework.name}'s database ({mask_url(url)}), so that jobs commit with your data; "
+                    f"remove {source} or point {framework.name} at that database")
+        return url
+
+    # -- frameworks --------------------------------------------------------------------------------
+    @property
+    def framework(self) -> Framework | None:
+        """The web framework integration this queue is bound to (Django is found on its own)."""
+        if self._framework is None and self.settings.database_url is None:
+            from jobqueue.contrib import detect_framework
+
+            framework = detect_framework()
+            if framework is not None:
+                self.bind_framework(framework)
+        return self._framework
+
+    def bind_framework(self, framework: Framework) -> None:
+        """Use ``framework``'s database, connection and job scope (what ``init_app`` does).
+
+        Binding again to the same framework replaces the binding (the last Flask app made by an
+        app factory wins); binding to another framework is an error.
+        """
+        if self._framework is not None and self._framework.name != framework.name:
+            raise ConfigurationError(f"this JobQueue is bound to {self._framework.name}; it cannot also use "
+                                     f"{framework.name}")
+        self.close()
+        self._framework = framework
+        self.database_url  # noqa: B018 -- a URL naming another database fails now, not at first use
+
+    def init_app(self, flask_app: Any, db: Any = None) -> None:
+        """Flask: use Flask-SQLAlchemy's database and session (``db``, or the one registered on the app)."""
+        from jobqueue.contrib.flask import init_app
+
+        init_app(self, flask_app, db)
+
+    @contextmanager
+    def enqueue_connection(self, connection: Any = None) -> Iterator[Any]:
+        """The connection an enqueue writes through: the caller's, the framework's, or None (our own)."""
+        framework = self.framework if connection is None else None
+        if framework is None:
+            yield connection
+            return
+        with framework.connection() as ambient:
+            yield ambient
+
+    @contextmanager
+    def job_scope(self) -> Iterator[None]:
+        """The framework's per-job scope (Flask's app context, Django's connection hygiene)."""
+        if self._framework is None:
+            yield
+            return
+        with self._framework.job_scope():
+            yield
+
+    def before_fork(self) -> None:
+        """In the supervisor, before forking: let the framework drop connections a child must not share."""
+        if self._framework is not None:
+            self._framework.before_fork()
 
     def configure(self, *, database_url: str | None = None, **changes: Any) -> None:
         """Change settings after creation (the CLI applies its options here).
@@ -185,6 +259,9 @@ class JobQueue:
         if overrides:
             self.configure(**overrides)
         return run_supervisor(self, burst=burst, progress=progress)
+
+
+INSTANCES: weakref.WeakSet[JobQueue] = weakref.WeakSet()  # every JobQueue made, for integrations to find
 
 
 def _origin(fn: Callable[..., Any]) -> str:

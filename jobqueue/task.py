@@ -164,7 +164,8 @@ class Task:
         options = self._call_options(eta, countdown, queue, priority, headers, unique_key, partition_key,
                                      retry_strategy)
         row = self._row(args, kwargs or {}, options, utcnow())
-        return JobHandle(self.app, self.app.store.enqueue([row], connection=connection)[0])
+        with self.app.enqueue_connection(connection) as conn:
+            return JobHandle(self.app, self.app.store.enqueue([row], connection=conn)[0])
 
     def bulk(self, items: Iterable[Sequence[Any] | dict[str, Any]], *, batch_size: int = BULK_BATCH_SIZE,
              eta: datetime | None = None, countdown: float | None = None, queue: str | None = None,
@@ -201,9 +202,10 @@ class Task:
             payloads.append(self._payload(args, kwargs, index))
         ids: list[int] = []
         store = self.app.store
-        for start in range(0, len(items), batch_size):
-            end = start + batch_size
-            ids.extend(store.enqueue_batch(Batch(common, payloads[start:end], keys[start:end]), connection=connection))
+        with self.app.enqueue_connection(connection) as conn:
+            for start in range(0, len(items), batch_size):
+                end = start + batch_size
+                ids.extend(store.enqueue_batch(Batch(common, payloads[start:end], keys[start:end]), connection=conn))
         return [JobHandle(self.app, job_id) for job_id in ids]
 
     @staticmethod

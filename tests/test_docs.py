@@ -30,7 +30,9 @@ def python_blocks() -> list[tuple[str, int, str]]:
 def test_python_block_runs(doc: str, number: int, code: str, tmp_path: Path) -> None:
     script = tmp_path / f"{Path(doc).stem}_{number}.py"
     script.write_text(code)
-    env = dict(os.environ, JOBQUEUE_DATABASE_URL=f"sqlite:///{tmp_path}/docs.sqlite3", PYTHONPATH=str(ROOT))
+    # The working directory is a fresh folder: the default sqlite:///jobqueue.sqlite3 is made there.
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env.pop("JOBQUEUE_DATABASE_URL", None)
     result = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True,
                             timeout=120)
     assert result.returncode == 0, f"{doc} block {number} failed:\n{result.stdout}\n{result.stderr}"

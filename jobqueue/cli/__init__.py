@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import click
 
 from jobqueue.cli.state import CliState, Group, setup_logging
+
+if TYPE_CHECKING:
+    from jobqueue.app import JobQueue
 
 
 @click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -19,15 +24,38 @@ from jobqueue.cli.state import CliState, Group, setup_logging
 @click.pass_context
 def cli(ctx: click.Context, app_spec: str | None, database_url: str | None, log_json: bool, log_level: str) -> None:
     """jobqueue: a job queue in the SQL database you already have."""
+    _start(ctx, app_spec, database_url, log_json, log_level)
+
+
+def _start(ctx: click.Context, app_spec: str | None, database_url: str | None, log_json: bool, log_level: str,
+           app: JobQueue | None = None) -> None:
     state = ctx.ensure_object(CliState)
     state.app_spec = app_spec or state.app_spec
     state.database_url = database_url or state.database_url
     state.log_json, state.log_level = log_json, log_level
+    if app is not None:
+        state.use(app)
     setup_logging(state)
 
 
 def main() -> None:
     cli(prog_name="jobqueue")
+
+
+def bound_cli(app: JobQueue, name: str = "jobqueue") -> click.Group:
+    """The jobqueue commands on a given app, for ``flask jobqueue`` and ``manage.py jobqueue``.
+
+    The same commands and global options as ``jobqueue``, less ``--app``: the app is this one.
+    """
+    @click.pass_context
+    def bound(ctx: click.Context, app_spec: str | None, database_url: str | None, log_json: bool,
+              log_level: str) -> None:
+        if app_spec:
+            raise click.UsageError(f"--app does not apply here: the app is {app!r}")
+        _start(ctx, None, database_url, log_json, log_level, app=app)
+
+    return Group(name=name, commands=cli.commands, params=list(cli.params), callback=bound, help=cli.help,
+                 context_settings=cli.context_settings)
 
 
 def _register() -> None:

@@ -31,6 +31,7 @@ class CliState:
     log_json: bool = False
     log_level: str = "INFO"
     _app: JobQueue | None = field(default=None, repr=False)
+    _given: bool = field(default=False, repr=False)
 
     @property
     def app(self) -> JobQueue:
@@ -40,9 +41,15 @@ class CliState:
                 self._app.configure(database_url=self.database_url)
         return self._app
 
+    def use(self, app: JobQueue) -> None:
+        """Use this app (``flask jobqueue``, ``manage.py jobqueue``) rather than --app/JOBQUEUE_APP."""
+        self._app, self._given = app, True
+        if self.database_url:
+            app.configure(database_url=self.database_url)
+
     @property
     def has_app(self) -> bool:
-        return bool(self.app_spec or os.environ.get(APP_ENV))
+        return self._given or bool(self.app_spec or os.environ.get(APP_ENV))
 
 
 def load_app(spec: str | None) -> JobQueue:

@@ -135,9 +135,10 @@ class Executor:
             signal.setitimer(signal.ITIMER_REAL, soft)
         self.in_handler = True
         try:
-            if task.options.bind:
-                return task.fn(context, *args, **kwargs)
-            return task.fn(*args, **kwargs)
+            with self.app.job_scope():  # a framework's per-job scope: Flask's app context, say
+                if task.options.bind:
+                    return task.fn(context, *args, **kwargs)
+                return task.fn(*args, **kwargs)
         finally:
             self.in_handler = False
             if soft:

@@ -56,6 +56,7 @@ class ChildSpec:
     slot: Slot
     wake_r: int
     wake_w: int
+    more_w: int = -1  # the supervisor's "wake another idle process" pipe
 
 
 class WorkerProcess:
@@ -155,6 +156,8 @@ class WorkerProcess:
 
         messages = self.guard.call(acquire, give_up=lambda: self.stopping, on_retry=self._undo_lost_acquire)
         self.held.add_fetched(messages)
+        if messages and len(messages) >= limit and self.spec.more_w >= 0:
+            poke(self.spec.more_w)  # a full batch: more may be waiting, so the supervisor wakes a sibling
         interval = self.settings.min_fetch_interval if messages else self.settings.max_fetch_interval
         self.next_fetch_at = time.monotonic() + interval
         if self.wake_at is not None:
@@ -300,6 +303,14 @@ class WorkerProcess:
 def capacity_of(fetch_batch_size: int, overfetch_factor: float) -> int:
     """How many messages a process may hold unstarted (and how many outcomes make it flush)."""
     return max(1, int(fetch_batch_size * overfetch_factor))
+
+
+def poke(fd: int) -> None:
+    """Write a byte to a wake-up pipe (a full pipe means the reader is being woken already)."""
+    try:
+        os.write(fd, b"!")
+    except OSError:
+        pass
 
 
 def _drain(fd: int) -> None:

@@ -27,7 +27,7 @@ from jobqueue.clock import utcnow
 from jobqueue.errors import ConfigurationError, TimeLimitExceeded
 from jobqueue.job import ErrorInfo
 from jobqueue.runtime.executor import Executor
-from jobqueue.runtime.process import STOP_SIGNALS, ChildSpec, WorkerProcess, _drain, capacity_of
+from jobqueue.runtime.process import STOP_SIGNALS, ChildSpec, WorkerProcess, _drain, capacity_of, poke
 from jobqueue.runtime.progress import Progress
 from jobqueue.runtime.resilience import DatabaseGuard
 from jobqueue.runtime.slot import Slot, SlotView
@@ -92,6 +92,7 @@ class Supervisor:
         self.executor = Executor(self.app)
         self._sync_schedules()
         self.wake_r, self.wake_w = _pipe()
+        self.more_r, self.more_w = _pipe()
         self._install_signals()
         queues = ",".join(self.settings.queues) if self.settings.queues else "all queues"
         logger.info("jobqueue worker %s: %s processes on %s serving %s; tasks: %s", self.supervisor_id[:8],
@@ -107,6 +108,8 @@ class Supervisor:
             if self.meter is not None:
                 self.meter.close(self._done())
             signal.set_wakeup_fd(-1)
+            for fd in (self.wake_r, self.wake_w, self.more_r, self.more_w):
+                os.close(fd)
             self.app.close()
 
     def _sync_schedules(self) -> None:
@@ -162,7 +165,7 @@ class Supervisor:
 
     def _wait(self) -> None:
         """Sleep until a child exits, a signal arrives, news of work arrives or the tick ends."""
-        waitables: list[Any] = [self.wake_r] + [c.process.sentinel for c in self.children.values()]
+        waitables: list[Any] = [self.wake_r, self.more_r] + [c.process.sentinel for c in self.children.values()]
         news_fd = self.waker.fileno()
         if news_fd is not None:
             waitables.append(news_fd)
@@ -174,12 +177,18 @@ class Supervisor:
         ready = mp_connection.wait(waitables, timeout=timeout)
         if self.wake_r in ready:
             _drain(self.wake_r)
+        # Idle processes are woken one per piece of news, not all at once: one new job wakes one
+        # process, and a process whose fetch came back full asks (more_r) for a sibling to join it.
+        wanted = 0
+        if self.more_r in ready:
+            _drain(self.more_r)
+            wanted += 1
         # A LISTEN connection is read whenever it has something, lest it stay readable; pollers only
         # ask while someone idles.
         if (news_fd is not None and news_fd in ready) or (poll_due is not None and idle):
-            if self.waker.check(time.monotonic()) and idle:
-                for child in idle:
-                    _poke(child.spec.wake_w)
+            wanted += self.waker.check(time.monotonic())
+        for child in idle[:wanted]:
+            poke(child.spec.wake_w)
 
     def _idle_children(self) -> list[Child]:
         idle = []
@@ -191,10 +200,12 @@ class Supervisor:
 
     # -- children ----------------------------------------------------------------------------------
     def _spawn(self, index: int) -> None:
+        self.app.before_fork()
         wake_r, wake_w = _pipe()
         capacity = capacity_of(self.settings.fetch_batch_size, self.settings.overfetch_factor)
         spec = ChildSpec(index=index, worker_id=uuid.uuid4().hex, supervisor_id=self.supervisor_id,
-                         slot=Slot.create(self.context, capacity), wake_r=wake_r, wake_w=wake_w)
+                         slot=Slot.create(self.context, capacity), wake_r=wake_r, wake_w=wake_w,
+                         more_w=self.more_w)
         process = self.context.Process(target=_child_main, args=(self.app, spec), name=f"jobqueue-worker-{index}")
         # Block stop signals across fork: a SIGTERM sent before the child installs its own handler
         # then waits for it instead of hitting the supervisor's handler copied into the child.
@@ -377,14 +388,6 @@ def _child_main(app: JobQueue, spec: ChildSpec) -> None:
     finally:
         logging.shutdown()
     sys.exit(code)
-
-
-def _poke(fd: int) -> None:
-    """Wake a child from its idle wait (a full pipe means it is being woken already)."""
-    try:
-        os.write(fd, b"!")
-    except (BlockingIOError, BrokenPipeError, OSError):
-        pass
 
 
 def _pipe() -> tuple[int, int]:

@@ -7,6 +7,8 @@
 - MySQL/MariaDB: the supervisor asks one indexed question ("is anything ready?") every
   ``idle_poll_interval`` for the whole pool, instead of every idle process polling.
 
+The supervisor wakes one idle process per piece of news; a process whose fetch comes back full
+asks for a sibling, so a burst draws in the whole pool while a trickle wakes one process per job.
 Pollers run only while some process idles. The processes keep their own slow poll
 (``max_fetch_interval``) as the fallback, and for delayed jobs coming due.
 """
@@ -35,9 +37,9 @@ class Waker:
         """Seconds until the next poll, or None when this waker does not poll."""
         return None
 
-    def check(self, now: float) -> bool:
-        """Consume what arrived; True if there may be new work."""
-        return False
+    def check(self, now: float) -> int:
+        """Consume what arrived; how many pieces of news (0: nothing new)."""
+        return 0
 
     def close(self) -> None:
         pass
@@ -73,22 +75,22 @@ class PostgresWaker(Waker):
     def due_in(self, now: float) -> float | None:
         return None if self.connection is not None else max(0.0, self.retry_at - now)
 
-    def check(self, now: float) -> bool:
+    def check(self, now: float) -> int:
         if self.connection is None:
             if now >= self.retry_at:
                 self._connect()
-            return False
+            return 0
         try:
             raw = self.connection.driver_connection
             raw.poll()
-            news = bool(raw.notifies)
+            news = len(raw.notifies)  # one per committed INSERT statement
             raw.notifies.clear()
             return news
         except Exception as exc:  # the server went away: listen again later, poll meanwhile
             logger.debug("LISTEN connection lost (%s)", exc)
             self.close()
             self.retry_at = now + 1.0
-            return True
+            return 1
 
     def close(self) -> None:
         if self.connection is not None:
@@ -111,15 +113,15 @@ class PollingWaker(Waker):
     def due_in(self, now: float) -> float | None:
         return max(0.0, self.next_at - now)
 
-    def check(self, now: float) -> bool:
+    def check(self, now: float) -> int:
         if now < self.next_at:
-            return False
+            return 0
         self.next_at = now + self.interval
         try:
-            return self.poll()
+            return int(self.poll())
         except Exception as exc:  # an outage: the supervisor's guard reports it elsewhere
             logger.debug("idle poll failed: %s", exc)
-            return False
+            return 0
 
     def poll(self) -> bool:
         raise NotImplementedError

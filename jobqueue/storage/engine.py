@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import sqlalchemy as sa
@@ -27,6 +28,29 @@ def mask_url(url: str | sa.URL) -> str:
         return "<unparseable database URL>"
 
 
+LOCAL_HOSTS = {None, "", "localhost", "127.0.0.1", "::1"}
+DEFAULT_PORTS = {"postgresql": 5432, "mysql": 3306}
+DEFAULT_DRIVERS = {"postgresql": "postgresql+psycopg2", "mysql": "mysql+mysqldb", "mariadb": "mariadb+mysqldb"}
+
+
+def same_database(first: str | sa.URL, second: str | sa.URL) -> bool:
+    """True when two URLs name the same database (drivers, users and passwords aside)."""
+    a, b = sa.make_url(first), sa.make_url(second)
+    backend = backend_name(a)
+    if backend != backend_name(b):
+        return False
+    if backend == "sqlite":
+        return _sqlite_path(a) == _sqlite_path(b)
+    host_a = "localhost" if a.host in LOCAL_HOSTS else a.host
+    host_b = "localhost" if b.host in LOCAL_HOSTS else b.host
+    port_a, port_b = a.port or DEFAULT_PORTS[backend], b.port or DEFAULT_PORTS[backend]
+    return (host_a, port_a, a.database) == (host_b, port_b, b.database)
+
+
+def _sqlite_path(url: sa.URL) -> str:
+    return os.path.realpath(url.database) if url.database else ""
+
+
 def backend_name(url: str | sa.URL) -> str:
     """Return "sqlite", "postgresql" or "mysql" for a URL, or raise ConfigurationError."""
     try:
@@ -49,6 +73,9 @@ def create_engine(url: str | sa.URL, **kwargs: Any) -> sa.Engine:
     """Create an engine configured for jobqueue's access pattern on its database."""
     parsed = sa.make_url(url)
     backend = backend_name(parsed)
+    if parsed.drivername in DEFAULT_DRIVERS:
+        # A URL without a driver gets the one jobqueue installs (SQLAlchemy 2.1 would pick psycopg 3).
+        parsed = parsed.set(drivername=DEFAULT_DRIVERS[parsed.drivername])
     options: dict[str, Any] = {"pool_size": 2, "max_overflow": 8}
     if backend == "sqlite":
         if parsed.database in (None, "", ":memory:"):
@@ -111,3 +138,4 @@ def _configure_sqlite(engine: sa.Engine) -> None:
         # Straight on the driver: the event runs twice per worker batch.
         driver: Any = connection.connection.driver_connection
         driver.execute("BEGIN" if connection.get_execution_options().get(READONLY) else "BEGIN IMMEDIATE")
+

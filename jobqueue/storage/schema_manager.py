@@ -29,17 +29,28 @@ def init_schema(engine: sa.Engine, tables: Tables) -> str:
     Returns a sentence saying what was done.
     """
     with engine.begin() as conn:
-        dialect = dialect_for(conn.dialect.name, tables)
-        dialect.check_server(conn)
-        version = installed_version(conn, tables)
-        if version is not None and version > SCHEMA_VERSION:
-            raise SchemaError(_newer(version, tables))
-        tables.metadata.create_all(conn, checkfirst=True)
-        dialect.after_create(conn)
-        if version == SCHEMA_VERSION:
-            return f"jobqueue schema {SCHEMA_VERSION} ({tables.prefix}*) is up to date"
-        conn.execute(sa.insert(tables.schema_version), {"version": SCHEMA_VERSION, "applied_at": utcnow()})
+        return init_schema_on(conn, tables)
+
+
+def init_schema_on(conn: sa.Connection, tables: Tables) -> str:
+    """:func:`init_schema` inside the caller's transaction (a Django migration's, say)."""
+    dialect = dialect_for(conn.dialect.name, tables)
+    dialect.check_server(conn)
+    version = installed_version(conn, tables)
+    if version is not None and version > SCHEMA_VERSION:
+        raise SchemaError(_newer(version, tables))
+    tables.metadata.create_all(conn, checkfirst=True)
+    dialect.after_create(conn)
+    if version == SCHEMA_VERSION:
+        return f"jobqueue schema {SCHEMA_VERSION} ({tables.prefix}*) is up to date"
+    conn.execute(sa.insert(tables.schema_version), {"version": SCHEMA_VERSION, "applied_at": utcnow()})
     return f"created jobqueue schema {SCHEMA_VERSION} ({tables.prefix}*)"
+
+
+def drop_schema_on(conn: sa.Connection, tables: Tables) -> None:
+    """Drop the jobqueue tables, and everything in them (unapplying the Django migration)."""
+    tables.metadata.drop_all(conn, checkfirst=True)
+    dialect_for(conn.dialect.name, tables).after_drop(conn)
 
 
 def check_schema(engine: sa.Engine, tables: Tables) -> None:

@@ -15,7 +15,6 @@ from datetime import datetime, timedelta
 from typing import Any, Iterator
 
 import sqlalchemy as sa
-from sqlalchemy import orm
 
 from jobqueue.clock import utcnow
 from jobqueue.errors import ConfigurationError, SchemaError
@@ -38,6 +37,18 @@ def new_lease_token() -> int:
 class FlushResult:
     applied: list[Outcome] = field(default_factory=list)
     lost: list[Outcome] = field(default_factory=list)
+
+
+def _session_connection(session: Any) -> sa.Connection:
+    """The Connection of a Session (or scoped session: Flask-SQLAlchemy's db.session), in its transaction."""
+    from sqlalchemy import orm  # imported only here: workers never need the ORM
+
+    if isinstance(session, orm.scoped_session):
+        session = session()
+    if not isinstance(session, orm.Session):
+        raise ConfigurationError(
+            f"connection must be a SQLAlchemy Connection or Session, not {type(session).__name__}")
+    return session.connection()
 
 
 def missing_table(exc: sa.exc.DBAPIError) -> bool:
@@ -91,11 +102,8 @@ class Store:
                     yield conn
             elif isinstance(connection, sa.Connection):
                 yield connection
-            elif isinstance(connection, orm.Session):
-                yield connection.connection()
             else:
-                raise ConfigurationError(
-                    f"connection must be a SQLAlchemy Connection or Session, not {type(connection).__name__}")
+                yield _session_connection(connection)
 
     @contextmanager
     def reading(self) -> Iterator[sa.Connection]:

@@ -11,6 +11,8 @@ import time
 from pathlib import Path
 from typing import Callable
 
+import sqlalchemy as sa
+
 from tests.acceptance.cli import ROOT
 
 REPORTS: list[str] = []  # printed at the end of the session (conftest's terminal summary)
@@ -93,3 +95,48 @@ def runs(path: Path) -> list[tuple[str, int, int]]:
 def repeated(events: list[tuple[str, int, int]], event: str) -> dict[int, int]:
     counts = collections.Counter(job_id for name, job_id, _ in events if name == event)
     return {job_id: n for job_id, n in counts.items() if n > 1}
+
+
+def others_in_transaction(engine: sa.Engine) -> bool:
+    """True if another connection to the test database holds an open transaction right now."""
+    import sqlite3
+
+    if engine.dialect.name == "sqlite":
+        probe = sqlite3.connect(engine.url.database or "", timeout=0, isolation_level=None)
+        try:
+            probe.execute("BEGIN IMMEDIATE")
+            probe.execute("ROLLBACK")
+            return False
+        except sqlite3.OperationalError:
+            return True
+        finally:
+            probe.close()
+    if engine.dialect.name == "postgresql":
+        query = ("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                 "AND pid <> pg_backend_pid() AND xact_start IS NOT NULL")
+        with engine.connect() as conn:
+            return bool(conn.execute(sa.text(query)).scalar())
+    # MySQL: innodb_trx needs the PROCESS privilege; try to lock every row instead.
+    try:
+        with engine.begin() as conn:
+            for table in ("message", "worker"):
+                conn.execute(sa.text(f"SELECT id FROM jobqueue_{table} FOR UPDATE NOWAIT")).all()
+        return False
+    except sa.exc.OperationalError:
+        return True
+
+
+def freeze(worker: Worker, engine: sa.Engine, tries: int = 200) -> None:
+    """SIGSTOP ``worker`` at a moment it holds no transaction open.
+
+    A process frozen inside a transaction keeps its locks (and SQLite's write lock) until it runs
+    again, so the other worker in the test could not release its lease until then.
+    """
+    for _ in range(tries):
+        worker.signal(signal.SIGSTOP)
+        time.sleep(0.05)
+        if not others_in_transaction(engine):
+            return
+        worker.signal(signal.SIGCONT)
+        time.sleep(0.013)
+    raise AssertionError("could not stop the worker outside a transaction")

@@ -18,7 +18,7 @@ import sqlalchemy as sa
 from jobqueue import JobFailed, JobQueue
 from jobqueue.clock import utcnow
 from tests.apps import runtime as rt
-from tests.runtime.harness import REPORTS, Worker, repeated, runs, wait_for
+from tests.runtime.harness import REPORTS, Worker, freeze, repeated, runs, wait_for
 
 
 @pytest.fixture
@@ -195,7 +195,7 @@ def test_expired_lease_is_redelivered_and_the_late_ack_is_fenced(app: JobQueue, 
     lease = ("--release-stuck-timeout", "2", "--release-stuck-interval", "0.5", "--max-fetch-interval", "0.2")
     first = start(workers, tmp_path, "--concurrency", "1", *lease, name="first")
     wait_for(lambda: runs(tmp_path / "runs.txt"), 30, "the job to start")
-    first.signal(signal.SIGSTOP)  # its supervisor stops renewing the lease; the job runs on
+    freeze(first, app.engine)  # its supervisor stops renewing the lease; the job runs on
     try:
         second = start(workers, tmp_path, "--concurrency", "1", "--burst", *lease, name="second")
         assert second.wait(60) == 0, second.text()[-3000:]

@@ -60,3 +60,28 @@ def test_passwords_are_masked() -> None:
 def test_bad_urls(url: str, fragment: str) -> None:
     with pytest.raises(ConfigurationError, match=fragment):
         backend_name(url) if "sqlite" not in url else create_engine(url)
+
+
+@pytest.mark.parametrize("first, second, same", [
+    ("postgresql://a:pw@localhost/app", "postgresql+psycopg2://b@127.0.0.1:5432/app", True),
+    ("postgresql://localhost/app", "postgresql://localhost/other", False),
+    ("postgresql://db1/app", "postgresql://db2/app", False),
+    ("postgresql://localhost:5433/app", "postgresql://localhost/app", False),
+    ("mysql+mysqldb://root@localhost/app", "mariadb://root@localhost:3306/app", True),
+    ("sqlite:///data/../data/app.sqlite3", "sqlite:///data/app.sqlite3", True),
+    ("sqlite:///app.sqlite3", "sqlite:///other.sqlite3", False),
+    ("sqlite:///app.sqlite3", "postgresql://localhost/app.sqlite3", False),
+])
+def test_same_database_ignores_drivers_users_and_spellings_of_localhost(first: str, second: str, same: bool) -> None:
+    from jobqueue.storage.engine import same_database
+
+    assert same_database(first, second) is same
+
+
+def test_a_url_without_a_driver_gets_the_installed_one() -> None:
+    from jobqueue.storage.engine import create_engine
+
+    # SQLAlchemy 2.1 alone would pick psycopg 3, which jobqueue does not install.
+    engine = create_engine("postgresql://user@localhost/app")
+    assert engine.dialect.driver == "psycopg2"
+    engine.dispose()

@@ -107,6 +107,9 @@ class Dialect:
     def after_create(self, connection: sa.Connection) -> None:
         """DDL beyond the tables that `db init` (re)applies: nothing by default."""
 
+    def after_drop(self, connection: sa.Connection) -> None:
+        """Drop what :meth:`after_create` made that dropping the tables leaves behind."""
+
     def notify_statement(self) -> Any:
         """A statement that wakes idle workers at once, or None where supervisors poll instead."""
         return None
@@ -270,3 +273,4 @@ class Dialect:
                                         index_where=m.c.unique_key.isnot(None))
                 .returning(m.c.id))
         return connection.execute(stmt).scalar()
+

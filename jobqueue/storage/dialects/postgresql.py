@@ -30,6 +30,9 @@ class PostgreSQLDialect(Dialect):
         for statement in postgresql_notify_ddl(self.tables.prefix):
             connection.exec_driver_sql(statement)
 
+    def after_drop(self, connection: sa.Connection) -> None:
+        connection.exec_driver_sql(f"DROP FUNCTION IF EXISTS {self.tables.prefix}notify()")
+
     def notify_statement(self) -> Any:
         return sa.select(sa.func.pg_notify(notify_channel(self.tables.prefix), ""))
 
@@ -46,6 +49,8 @@ class PostgreSQLDialect(Dialect):
                 .values(self.acquired_values()).returning(*self.returned))
 
     def insert_batch(self, connection: sa.Connection, batch: Batch) -> list[int]:
+        if connection.dialect.driver != "psycopg2":  # COPY is written for psycopg2's copy_expert
+            return super().insert_batch(connection, batch)
         return copy_batch(connection, self.message, batch)
 
     def apply_outcomes(self, connection: sa.Connection, outcomes: list[Outcome],

@@ -1,0 +1,43 @@
+"""Settings of the example shop. The database comes from SHOP_DATABASE_URL (an SQLAlchemy-style URL:
+sqlite:///shop.sqlite3, postgresql://user:password@host/name, mysql://user:password@host/name)."""
+
+import os
+from pathlib import Path
+
+from sqlalchemy.engine import make_url
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+SECRET_KEY = os.environ.get("SHOP_SECRET_KEY", "example-only-not-secret")
+DEBUG = True
+ALLOWED_HOSTS = ["*"]
+USE_TZ = True
+TIME_ZONE = "UTC"
+ROOT_URLCONF = "shopsite.urls"
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+INSTALLED_APPS = [
+    "django.contrib.contenttypes",
+    "django_tasks",               # Django's task API (the backport; Django 6 has it as django.tasks)
+    "jobqueue.contrib.django",    # jobqueue's tables (migrate) and `manage.py jobqueue ...`
+    "shop",
+]
+
+JOBQUEUE = {"APP": "shop.tasks:app", "DATABASE": "default"}
+TASKS = {"default": {"BACKEND": "jobqueue.contrib.django.backend.JobQueueBackend"}}
+
+
+def database_from_url(url: str) -> dict:
+    parsed = make_url(url)
+    backend = parsed.get_backend_name()
+    if backend == "sqlite":
+        name = parsed.database or "shop.sqlite3"
+        return {"ENGINE": "django.db.backends.sqlite3", "NAME": str(BASE_DIR / name),
+                "TEST": {"NAME": str(BASE_DIR / f"test_{Path(name).name}")}}
+    engine = {"postgresql": "django.db.backends.postgresql", "mysql": "django.db.backends.mysql",
+              "mariadb": "django.db.backends.mysql"}[backend]
+    return {"ENGINE": engine, "NAME": parsed.database, "USER": parsed.username or "",
+            "PASSWORD": parsed.password or "", "HOST": parsed.host or "", "PORT": str(parsed.port or "")}
+
+
+DATABASES = {"default": database_from_url(os.environ.get("SHOP_DATABASE_URL", "sqlite:///shop.sqlite3"))}
+

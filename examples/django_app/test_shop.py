@@ -1,0 +1,115 @@
+"""The example shop, driven by Django's test client against a real database, with real workers.
+
+Run from this folder: ``pytest`` (SQLite), or ``SHOP_DATABASE_URL=postgresql://... pytest``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+from django.db import transaction
+from django.test import Client
+
+from shop.models import Order
+from shop.tasks import app, confirm_order, send_receipt
+
+HERE = Path(__file__).resolve().parent
+
+
+def manage(*args: str) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ)
+    env.pop("JOBQUEUE_DATABASE_URL", None)
+    return subprocess.run([sys.executable, "manage.py", *args], cwd=HERE, env=env, capture_output=True,
+                          text=True, timeout=120)
+
+
+def jobs() -> tuple[int, int]:
+    """(messages, archived jobs) in the jobqueue tables."""
+    with app.store.reading() as conn:
+        return (conn.execute(sa.select(sa.func.count()).select_from(app.tables.message)).scalar_one(),
+                conn.execute(sa.select(sa.func.count()).select_from(app.tables.archive)).scalar_one())
+
+
+def place(client: Client, item: str, quantity: int):  # type: ignore[no-untyped-def]
+    return client.post("/orders/", data=json.dumps({"item": item, "quantity": quantity}),
+                       content_type="application/json")
+
+
+def test_a_declined_payment_leaves_no_order_and_no_job() -> None:
+    response = place(Client(), "yacht", 500)
+    assert response.status_code == 402
+    assert Order.objects.count() == 0
+    assert jobs() == (0, 0)
+
+
+def test_orders_are_confirmed_and_receipts_sent_by_the_worker() -> None:
+    client = Client()
+    placed = [place(client, f"book {i}", i + 1).json() for i in range(3)]
+    assert jobs() == (6, 0)
+    assert client.get(f"/receipts/{placed[0]['receipt']}/").json()["status"] == "READY"
+    worker = manage("jobqueue", "worker", "--burst", "--concurrency", "2")
+    assert worker.returncode == 0, worker.stderr
+    assert jobs() == (0, 6)  # each job ran once
+    for order in placed:
+        shown = client.get(f"/orders/{order['id']}/").json()
+        assert shown["status"] == "confirmed" and shown["confirmation"] == f"CONF-{order['id']:06d}"
+        receipt = client.get(f"/receipts/{order['receipt']}/").json()
+        assert receipt["status"] == "SUCCESSFUL" and receipt["attempts"] == 1
+        assert receipt["receipt"]["order"] == order["id"]
+
+
+def test_delay_inside_atomic_commits_or_rolls_back_with_it() -> None:
+    with pytest.raises(RuntimeError), transaction.atomic():
+        confirm_order.delay(1)
+        send_receipt.enqueue(1)
+        raise RuntimeError("roll back")
+    assert jobs() == (0, 0)
+    with transaction.atomic():
+        handle = confirm_order.delay(2)
+        with transaction.atomic():  # a savepoint, rolled back alone
+            confirm_order.delay(3)
+            transaction.set_rollback(True)
+    assert jobs() == (1, 0)
+    assert handle.status() == "pending"
+
+
+def test_results_read_back_through_the_task_api() -> None:
+    order = Order.objects.create(item="lamp", quantity=1)
+    result = send_receipt.enqueue(order.id)
+    assert result.status == "READY" and not result.is_finished
+    assert manage("jobqueue", "worker", "--burst", "--concurrency", "1").returncode == 0
+    result.refresh()
+    assert result.status == "SUCCESSFUL" and result.is_finished
+    assert result.return_value == {"order": order.id, "text": "Thank you for buying 1 x lamp."}
+    again = send_receipt.get_result(result.id)
+    assert again.return_value == result.return_value and again.finished_at is not None
+    assert again.enqueued_at.tzinfo is not None  # aware, as Django's API promises with USE_TZ
+
+
+def test_a_failed_django_task_reports_its_error() -> None:
+    result = send_receipt.enqueue(999_999)  # no such order: Order.DoesNotExist, retried, then failed
+    worker = manage("jobqueue", "worker", "--burst", "--concurrency", "1")
+    assert worker.returncode == 0, worker.stderr
+    result.refresh()
+    assert result.status == "FAILED"
+    assert result.errors and result.errors[-1].exception_class_path == "shop.models.Order.DoesNotExist"
+    assert "does not exist" in result.errors[-1].traceback.lower()
+
+
+def test_the_migration_made_what_db_init_makes() -> None:
+    checked = manage("jobqueue", "db", "check")
+    assert checked.returncode == 0, checked.stderr
+    again = manage("jobqueue", "db", "init")
+    assert "up to date" in again.stdout
+
+
+def test_manage_py_jobqueue_refuses_another_database(tmp_path: Path) -> None:
+    refused = manage("jobqueue", "--database-url", f"sqlite:///{tmp_path}/other.sqlite3", "status")
+    assert refused.returncode == 1
+    assert "Django's database" in refused.stderr and "other.sqlite3" in refused.stderr

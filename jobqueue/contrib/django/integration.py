@@ -1,0 +1,169 @@
+"""Django's side of the binding: the JOBQUEUE setting, the database URL, Django's own connection.
+
+``JOBQUEUE = {"APP": "shop.tasks:app", "DATABASE": "default"}`` (both keys optional). The queue uses
+the Django database named by ``DATABASE``: workers connect to it with jobqueue's own connections,
+and ``delay()`` in a web process writes through Django's connection for that alias, so inside
+``transaction.atomic()`` a rollback leaves no job.
+"""
+
+from __future__ import annotations
+
+import os
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any, Iterator
+
+import sqlalchemy as sa
+
+from jobqueue.contrib import Framework
+from jobqueue.errors import ConfigurationError
+
+if TYPE_CHECKING:
+    from jobqueue.app import JobQueue
+
+SETTING_KEYS = ("APP", "DATABASE")
+VENDORS = {"postgresql": "postgresql+psycopg2", "mysql": "mysql+mysqldb", "sqlite": "sqlite"}
+# OPTIONS Django reads itself; the rest are driver connection arguments, passed on to jobqueue's.
+DJANGO_ONLY_OPTIONS = {"isolation_level", "assume_role", "pool", "server_side_binding", "transaction_mode",
+                       "init_command", "conn_max_age", "timeout"}
+
+
+def jobqueue_setting() -> dict[str, Any]:
+    """``settings.JOBQUEUE``, checked."""
+    from django.conf import settings
+
+    value = getattr(settings, "JOBQUEUE", None) or {}
+    if not isinstance(value, dict):
+        raise ConfigurationError("settings.JOBQUEUE must be a dict such as "
+                                 "{'APP': 'shop.tasks:app', 'DATABASE': 'default'}")
+    unknown = sorted(set(value) - set(SETTING_KEYS))
+    if unknown:
+        raise ConfigurationError(f"unknown key(s) in settings.JOBQUEUE: {', '.join(unknown)}; "
+                                 f"known: {', '.join(SETTING_KEYS)}")
+    return value
+
+
+def database_alias() -> str:
+    from django.db import connections
+
+    alias = jobqueue_setting().get("DATABASE", "default")
+    if alias not in connections.settings:
+        raise ConfigurationError(f"settings.JOBQUEUE['DATABASE'] is {alias!r}, which settings.DATABASES does not "
+                                 f"define (it has: {', '.join(connections.settings)})")
+    return str(alias)
+
+
+def database_url(alias: str) -> sa.URL:
+    """The SQLAlchemy URL of a Django database, for jobqueue's own connections (workers, the CLI)."""
+    from django.db import connections
+
+    connection = connections[alias]
+    vendor = connection.vendor
+    if vendor not in VENDORS:
+        raise ConfigurationError(f"Django database {alias!r} is {vendor}; jobqueue runs on PostgreSQL, "
+                                 "MySQL/MariaDB and SQLite")
+    config = connection.settings_dict
+    name = str(config.get("NAME") or "")
+    if vendor == "sqlite":
+        if not name or name == ":memory:" or "mode=memory" in name:
+            raise ConfigurationError(
+                f"Django database {alias!r} is an in-memory SQLite database, which worker processes cannot "
+                "share; give NAME a file path (and, for tests, DATABASES[...]['TEST']['NAME'] too)")
+        return sa.URL.create("sqlite", database=os.path.abspath(name))
+    options = {key: str(value) for key, value in (config.get("OPTIONS") or {}).items()
+               if key not in DJANGO_ONLY_OPTIONS and isinstance(value, (str, int)) and not isinstance(value, bool)}
+    port = config.get("PORT")
+    return sa.URL.create(VENDORS[vendor], username=config.get("USER") or None,
+                         password=config.get("PASSWORD") or None, host=config.get("HOST") or None,
+                         port=int(port) if port else None, database=name or None, query=options)
+
+
+class DjangoIntegration(Framework):
+    """Binds a JobQueue to one Django database alias."""
+
+    name = "Django"
+
+    def __init__(self, alias: str) -> None:
+        self.alias = alias
+        self._engine: sa.Engine | None = None
+
+    @classmethod
+    def from_settings(cls) -> DjangoIntegration:
+        return cls(database_alias())
+
+    def database_url(self) -> str:
+        return database_url(self.alias).render_as_string(hide_password=False)
+
+    @contextmanager
+    def connection(self) -> Iterator[Any]:
+        # Django's own connection for the alias, in whatever transaction Django has it in: inside
+        # transaction.atomic() the job commits or rolls back with it; outside, Django autocommits.
+        with self.engine().connect() as connection:
+            yield connection
+
+    def engine(self) -> sa.Engine:
+        if self._engine is None:
+            from django.db import connections
+
+            from jobqueue.storage.borrowed import borrowed_engine
+
+            wrapper = connections[self.alias]
+
+            def current() -> Any:
+                owner = connections[self.alias]  # Django keeps one connection per thread
+                owner.ensure_connection()
+                return owner.connection
+
+            self._engine = borrowed_engine(wrapper.vendor, wrapper.Database.__name__.split(".")[0], current)
+        return self._engine
+
+    @contextmanager
+    def job_scope(self) -> Iterator[None]:
+        # What Django does around a request: drop connections that broke or outlived CONN_MAX_AGE.
+        from django.db import close_old_connections
+
+        close_old_connections()
+        try:
+            yield
+        finally:
+            close_old_connections()
+
+    def before_fork(self) -> None:
+        # A connection opened in the supervisor must not be shared by its children.
+        from django.db import connections
+
+        connections.close_all()
+
+
+def configured_app() -> JobQueue:
+    """The JobQueue the Django project uses: ``JOBQUEUE['APP']``, else the one its modules made.
+
+    ``tasks`` modules of the installed apps are imported first (as Celery's autodiscovery does), so
+    their tasks, including those written for Django's task API, are registered.
+    """
+    from django.utils.module_loading import autodiscover_modules
+
+    from jobqueue.app import INSTANCES
+    from jobqueue.cli.state import load_app
+    from jobqueue.contrib.django import backend
+
+    autodiscover_modules("tasks")
+    spec = jobqueue_setting().get("APP")
+    if spec:
+        app = load_app(str(spec))
+    else:
+        fallback = backend.default_app()
+        candidates = [jq for jq in INSTANCES if jq is not fallback and jq.settings.database_url is None and jq.registry]
+        if len(candidates) > 1:
+            raise ConfigurationError(
+                f"this project has {len(candidates)} JobQueue objects with tasks; name the one to use in "
+                "settings.JOBQUEUE = {'APP': 'module:attribute'}")
+        app = candidates[0] if candidates else fallback
+    bind(app)
+    backend.register_known(app)
+    return app
+
+
+def bind(app: JobQueue) -> None:
+    """Bind ``app`` to the configured Django database (a JobQueue made without a URL binds itself)."""
+    if app.framework is None:
+        app.bind_framework(DjangoIntegration.from_settings())

@@ -1,0 +1,77 @@
+"""Flask and Flask-SQLAlchemy: jobs in the request's transaction, jobs run in an app context.
+
+::
+
+    db = SQLAlchemy(app)
+    jq = JobQueue()
+    jq.init_app(app, db)   # db may be left out when Flask-SQLAlchemy is registered on the app
+
+Inside an app context, ``delay()`` writes through ``db.session``: the job is committed by the
+application's ``db.session.commit()`` and is gone on rollback (Flask-SQLAlchemy rolls back an
+uncommitted session when the app context ends). Outside an app context it is written and committed
+at once on jobqueue's own connection. Workers run every job inside an app context, so tasks use
+``db.session`` as views do. ``flask jobqueue <command>`` runs the jobqueue CLI on this app.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any, Iterator
+
+from jobqueue.contrib import Framework
+from jobqueue.errors import ConfigurationError
+
+if TYPE_CHECKING:
+    from jobqueue.app import JobQueue
+
+
+class FlaskIntegration(Framework):
+    name = "Flask"
+
+    def __init__(self, flask_app: Any, db: Any) -> None:
+        self.flask_app = flask_app
+        self.db = db
+        self._url: str | None = None
+
+    def database_url(self) -> str:
+        if self._url is None:
+            # db.engine, not the config: Flask-SQLAlchemy resolves relative SQLite paths against the
+            # app's instance folder, and the worker must open the very same file.
+            with self.flask_app.app_context():
+                self._url = self.db.engine.url.render_as_string(hide_password=False)
+        return self._url
+
+    @contextmanager
+    def connection(self) -> Iterator[Any]:
+        from flask import current_app, has_app_context
+
+        owner = current_app._get_current_object() if has_app_context() else None  # type: ignore[attr-defined]
+        if owner is self.flask_app:
+            yield self.db.session
+        else:
+            yield None
+
+    @contextmanager
+    def job_scope(self) -> Iterator[None]:
+        with self.flask_app.app_context():
+            yield
+
+    def before_fork(self) -> None:
+        # Pooled connections must not be shared with forked children.
+        with self.flask_app.app_context():
+            for engine in self.db.engines.values():
+                engine.dispose()
+
+
+def init_app(jq: JobQueue, flask_app: Any, db: Any = None) -> None:
+    """Bind ``jq`` to a Flask app and its Flask-SQLAlchemy ``db``, and add ``flask jobqueue``."""
+    if db is None:
+        db = flask_app.extensions.get("sqlalchemy")
+        if db is None:
+            raise ConfigurationError("init_app(app, db): Flask-SQLAlchemy is not registered on this app; "
+                                     "pass db, or call db.init_app(app) first")
+    jq.bind_framework(FlaskIntegration(flask_app, db))
+    flask_app.extensions["jobqueue"] = jq
+    from jobqueue.cli import bound_cli
+
+    flask_app.cli.add_command(bound_cli(jq, "jobqueue"))

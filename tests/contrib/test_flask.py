@@ -1,0 +1,122 @@
+"""The Flask example shop (examples/flask_app) driven by Flask's test client on each database.
+
+A request writes an order and its confirmation job in one transaction: a declined payment rolls
+both back; a committed order's job is run once by ``flask jobqueue worker``, inside an app context.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+from types import ModuleType
+from typing import Any, Iterator
+
+import pytest
+import sqlalchemy as sa
+
+from jobqueue.errors import ConfigurationError
+from tests.acceptance.cli import ROOT
+
+SHOP_DIR = ROOT / "examples" / "flask_app"
+_module: ModuleType | None = None
+
+
+def shop_module() -> ModuleType:
+    """examples/flask_app/shop.py, imported once under its own name (Django's example has a "shop")."""
+    global _module
+    if _module is None:
+        spec = importlib.util.spec_from_file_location("flask_shop", SHOP_DIR / "shop.py")
+        assert spec is not None and spec.loader is not None
+        _module = importlib.util.module_from_spec(spec)
+        sys.modules["flask_shop"] = _module
+        spec.loader.exec_module(_module)
+    return _module
+
+
+@pytest.fixture
+def shop(db_url: str) -> Iterator[tuple[ModuleType, Any]]:
+    module = shop_module()
+    flask_app = module.create_app(db_url)
+    with flask_app.app_context():
+        module.db.create_all()
+        module.db.session.execute(sa.delete(module.Order))
+        module.db.session.commit()
+    yield module, flask_app
+    with flask_app.app_context():
+        module.db.engine.dispose()
+    module.jq.close()
+
+
+def flask_cli(*args: str, db_url: str) -> subprocess.CompletedProcess[str]:
+    """``flask --app shop ...`` run from the example's folder, as its README says."""
+    env = dict(os.environ, SHOP_DATABASE_URL=db_url, PYTHONPATH=str(ROOT))
+    env.pop("JOBQUEUE_DATABASE_URL", None)
+    return subprocess.run([sys.executable, "-m", "flask", "--app", "shop", *args], cwd=SHOP_DIR, env=env,
+                          capture_output=True, text=True, timeout=120)
+
+
+def jobs(module: ModuleType) -> tuple[int, int]:
+    with module.jq.store.reading() as conn:
+        tables = module.jq.tables
+        return (conn.execute(sa.select(sa.func.count()).select_from(tables.message)).scalar_one(),
+                conn.execute(sa.select(sa.func.count()).select_from(tables.archive)).scalar_one())
+
+
+def test_declined_payment_rolls_back_the_order_and_its_job(shop) -> None:  # type: ignore[no-untyped-def]
+    module, flask_app = shop
+    response = flask_app.test_client().post("/orders", json={"item": "yacht", "quantity": 500})
+    assert response.status_code == 402, response.text
+    with flask_app.app_context():
+        assert module.db.session.scalar(sa.select(sa.func.count()).select_from(module.Order)) == 0
+    assert jobs(module) == (0, 0)
+
+
+def test_a_placed_order_is_confirmed_once_by_the_worker(shop, db_url: str) -> None:  # type: ignore[no-untyped-def]
+    module, flask_app = shop
+    client = flask_app.test_client()
+    placed = [client.post("/orders", json={"item": f"book {i}", "quantity": i + 1}).json for i in range(3)]
+    assert jobs(module) == (3, 0)
+    assert client.get(f"/orders/{placed[0]['id']}").json["status"] == "placed"
+    result = flask_cli("jobqueue", "worker", "--burst", "--concurrency", "2", db_url=db_url)
+    assert result.returncode == 0, result.stderr
+    assert jobs(module) == (0, 3)
+    for order in placed:
+        shown = client.get(f"/orders/{order['id']}").json
+        assert shown["status"] == "confirmed" and shown["confirmation"] == f"CONF-{order['id']:06d}"
+        assert module.jq.job(order["job"]).get(timeout=5) == shown["confirmation"]
+
+
+def test_an_uncommitted_session_takes_its_jobs_with_it(shop) -> None:  # type: ignore[no-untyped-def]
+    module, flask_app = shop
+    with flask_app.app_context():
+        module.confirm_order.delay(1)  # through db.session, never committed
+    assert jobs(module) == (0, 0)
+    with flask_app.app_context():
+        module.confirm_order.delay(2)
+        module.db.session.commit()
+    assert jobs(module) == (1, 0)
+    module.confirm_order.delay(3)  # outside an app context: jobqueue's own connection, committed at once
+    assert jobs(module) == (2, 0)
+
+
+def test_flask_jobqueue_commands_use_the_apps_database(shop, db_url: str, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    module, flask_app = shop
+    flask_app.test_client().post("/orders", json={"item": "pen", "quantity": 1})
+    status = flask_cli("jobqueue", "status", "--json", db_url=db_url)
+    assert status.returncode == 0, status.stderr
+    assert '"pending": 1' in status.stdout.replace("'", '"')
+    other = f"sqlite:///{tmp_path / 'other.sqlite3'}"
+    refused = flask_cli("jobqueue", "--database-url", other, "status", db_url=db_url)
+    assert refused.returncode == 1
+    assert "Flask's database" in refused.stderr and "other.sqlite3" in refused.stderr
+
+
+def test_init_app_needs_flask_sqlalchemy(shop) -> None:  # type: ignore[no-untyped-def]
+    from flask import Flask
+
+    from jobqueue import JobQueue
+
+    with pytest.raises(ConfigurationError, match="Flask-SQLAlchemy is not registered"):
+        JobQueue().init_app(Flask("bare"))
