@@ -195,3 +195,11 @@ SCENARIOS["compare"] = compare
 from benchmarks.operations import OPERATIONS  # noqa: E402
 
 SCENARIOS.update(OPERATIONS)
+
+
+def _spark(*args: Any) -> dict[str, Any]:
+    from benchmarks.spark import spark_enqueue  # needs jobqueue[spark]
+    return spark_enqueue(*args)
+
+
+SCENARIOS["spark"] = _spark

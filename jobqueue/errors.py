@@ -68,3 +68,7 @@ class JobCancelled(JobQueueError):
     def __init__(self, job_id: int) -> None:
         self.job_id = job_id
         super().__init__(f"job {job_id} was cancelled")
+
+
+class ExportError(JobQueueError):
+    """An archive export could not be verified; nothing was purged."""

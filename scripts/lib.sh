@@ -26,6 +26,13 @@ ensure_debs() {  # ensure_debs PKG...: apt-get install the ones that are missing
   as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 }
 
+ensure_java() {  # Java 17 or later, for Spark
+  local version
+  version=$(java -version 2>&1 | sed -n 's/.* version "\([0-9]*\).*/\1/p' | head -1 || true)
+  [ -n "$version" ] && [ "$version" -ge 17 ] && return 0
+  ensure_debs openjdk-17-jre-headless
+}
+
 ensure_python() {  # a Python >= 3.10 with venv, and headers when C extensions must build ($1 = yes)
   command -v "$PYTHON" >/dev/null || ensure_debs python3
   "$PYTHON" -c 'import sys; assert sys.version_info >= (3, 10), sys.version' \

@@ -9,6 +9,7 @@ cd "$(dirname "$0")/.."
 
 ensure_debs gcc pkg-config libmariadb-dev postgresql mariadb-server mariadb-client procps
 ensure_python yes
+ensure_java
 start_postgres
 start_mariadb
 create_test_roles

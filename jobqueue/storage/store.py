@@ -147,6 +147,46 @@ class Store:
                     ids[i] = self.insert_unique(conn, dialect, batch.row(i))
         return ids
 
+    def enqueue_new(self, batch: Batch) -> int:
+        """Insert the rows of a keyed batch (one task) whose key no job holds, active or archived.
+
+        For pipelines that run again: a key seen before, even that of a job long finished, adds
+        nothing. Returns how many rows were inserted; a key repeated within the batch counts once.
+        """
+        m = self.tables.message
+        task = batch.common["task_name"]
+        rows: dict[str, dict[str, Any]] = {}
+        for index, key in enumerate(batch.unique_keys):
+            if key is None:
+                raise ConfigurationError(f"row {index} of a keyed batch has no unique_key")
+            rows.setdefault(key, batch.row(index))
+        with self.writing() as conn:
+            dialect = self.dialect_of(conn)
+            seen = self._archived_keys(conn, task, list(rows))
+            fresh = [row for key, row in rows.items() if key not in seen]
+            if not fresh:
+                return 0
+            inserted = dialect.insert_new(conn, fresh)
+            # A job holding one of these keys may have been archived between the check and the
+            # insert, letting ours in. Check again (on MySQL with a locking read, which sees the latest
+            # commits under REPEATABLE READ) and drop those rows of ours, still uncommitted.
+            raced = self._archived_keys(conn, task, [key for _, key in inserted], locking=True)
+            if raced:
+                drop = [row_id for row_id, key in inserted if key in raced]
+                conn.execute(sa.delete(m).where(m.c.id.in_(drop)))
+                return len(inserted) - len(drop)
+        return len(inserted)
+
+    def _archived_keys(self, conn: sa.Connection, task: str, keys: list[str], locking: bool = False) -> set[str]:
+        a = self.tables.archive
+        found: set[str] = set()
+        for start in range(0, len(keys), 1000):
+            stmt = sa.select(a.c.unique_key).where(a.c.task_name == task, a.c.unique_key.in_(keys[start:start + 1000]))
+            if locking and conn.dialect.name in ("mysql", "mariadb"):  # elsewhere a new statement sees them
+                stmt = stmt.with_for_update(read=True)
+            found.update(conn.execute(stmt).scalars())
+        return found
+
     def insert_unique(self, conn: sa.Connection, dialect: Dialect, row: dict[str, Any]) -> int:
         """Insert ``row`` or return the id of the active message holding its (task_name, unique_key)."""
         m = self.tables.message

@@ -274,3 +274,12 @@ class Dialect:
                 .returning(m.c.id))
         return connection.execute(stmt).scalar()
 
+    def insert_new(self, connection: sa.Connection, rows: list[dict[str, Any]]) -> list[tuple[int, str]]:
+        """Insert keyed ``rows`` (all of one task), skipping those whose unique_key an active message
+        holds; return the (id, unique_key) of the rows inserted. One round trip per page of rows."""
+        m = self.message
+        stmt = (self.insert_on_conflict(m)
+                .on_conflict_do_nothing(index_elements=[m.c.task_name, m.c.unique_key],
+                                        index_where=m.c.unique_key.isnot(None))
+                .returning(m.c.id, m.c.unique_key))
+        return [(row[0], row[1]) for row in connection.execute(stmt, rows)]

@@ -128,6 +128,20 @@ class MySQLDialect(Dialect):
 
     _lock_mode: int | None = None
 
+    def insert_new(self, connection: sa.Connection, rows: list[dict[str, Any]]) -> list[tuple[int, str]]:
+        # IGNORE skips the duplicate keys (it would turn other errors into warnings too, but every
+        # value is checked before it gets here). MariaDB returns the inserted rows; on MySQL they
+        # are found again by their keys and the exact created_at they were given.
+        m = self.message
+        insert = sa.insert(m).prefix_with("IGNORE")
+        if connection.dialect.insert_returning:
+            return [(row[0], row[1]) for row in connection.execute(insert.returning(m.c.id, m.c.unique_key), rows)]
+        connection.execute(insert, rows)
+        mine = sa.select(m.c.id, m.c.unique_key).where(
+            m.c.task_name == rows[0]["task_name"], m.c.created_at == rows[0]["created_at"],
+            m.c.unique_key.in_([row["unique_key"] for row in rows]))
+        return [(row[0], row[1]) for row in connection.execute(mine)]
+
     def insert_unique(self, connection: sa.Connection, row: dict[str, Any]) -> int | None:
         m = self.message
         # On a duplicate key, LAST_INSERT_ID(id) makes lastrowid the existing row's id.

@@ -1,0 +1,84 @@
+"""``jobqueue report`` and ``jobqueue archive export``: the Spark pipeline over the archive."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import click
+
+from jobqueue.cli.output import echo_json
+from jobqueue.cli.state import CliState, Group
+from jobqueue.duration import parse_age
+
+MASTER_HELP = "Spark master URL (default local[*]: this machine's cores)."
+
+
+def _spark(master: str | None) -> tuple[Any, Any]:
+    """The jobqueue.spark module and a session, or a one-line error naming the install command."""
+    try:
+        import jobqueue.spark as spark
+    except ImportError as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(f"starting Spark on {master or 'local[*]'}...", err=True)
+    return spark, spark.get_session(master)
+
+
+@click.command()
+@click.option("--since", default="24h", show_default=True, metavar="AGE",
+              help="Jobs archived within this age: 90s, 30m, 24h, 7d, 2w; 'all' for the whole archive.")
+@click.option("--out", required=True, type=click.Path(dir_okay=False, writable=True), help="The HTML file to write.")
+@click.option("--master", help=MASTER_HELP)
+@click.pass_obj
+def report(state: CliState, /, since: str, out: str, master: str | None) -> None:
+    """Write one self-contained HTML report on the archive: counts, failure rates, queue wait
+    and run time percentiles, throughput per minute, with plots."""
+    age = None if since.lower() == "all" else parse_age(since)
+    app = state.app
+    spark, session = _spark(master)
+    jobs = spark.write_report(session, app.database_url, out, since=age, table_prefix=app.settings.table_prefix)
+    click.echo(f"wrote {out}: {jobs:,} archived job(s)")
+
+
+@click.group(cls=Group)
+def archive() -> None:
+    """Export the archive to Parquet (and purge what was exported)."""
+
+
+@archive.command("export")
+@click.option("--to", "path", required=True, help="Directory (or cluster URI) the Parquet files go under.")
+@click.option("--older-than", metavar="AGE", help="Only jobs archived longer ago than this (default: all).")
+@click.option("--purge", is_flag=True, help="Then delete the exported rows, once the files are read back and checked.")
+@click.option("--batch-size", default=1000, show_default=True, type=click.IntRange(1, 100_000),
+              help="Rows deleted per transaction when purging.")
+@click.option("--master", help=MASTER_HELP)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.pass_obj
+def export(state: CliState, /, path: str, older_than: str | None, purge: bool, batch_size: int,
+           master: str | None, as_json: bool) -> None:
+    """Append archived jobs to Parquet, partitioned by date and queue."""
+    age = parse_age(older_than) if older_than else None
+    app = state.app
+    spark, session = _spark(master)
+    bars: list[Any] = []  # the purge's progress bar, once the export is verified
+
+    def on_verified(count: int) -> None:
+        click.echo(f"exported and verified {count:,} job(s)", err=True)
+        if purge:
+            bars.append(click.progressbar(length=count, label="purging exported jobs", file=sys.stderr,
+                                          show_pos=True))
+
+    result = spark.export_archive(session, app.database_url, path, older_than=age, purge=purge,
+                                  table_prefix=app.settings.table_prefix, batch_size=batch_size,
+                                  progress=lambda count: bars[0].update(count),
+                                  on_verified=on_verified)
+    for bar in bars:
+        bar.render_finish()
+    if as_json:
+        echo_json({"path": result.path, "export_batch": result.batch, "archived_before": result.cutoff,
+                   "exported": result.exported, "purged": result.purged})
+        return
+    click.echo(f"exported {result.exported:,} job(s) archived before {result.cutoff:%Y-%m-%d %H:%M:%S} UTC "
+               f"to {result.path} (export_batch {result.batch})")
+    if purge:
+        click.echo(f"purged {result.purged:,} exported job(s) from the archive")

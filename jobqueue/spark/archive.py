@@ -1,0 +1,128 @@
+"""``read_archive``: the archive table as a DataFrame, read in parallel by ranges of ids."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+from typing import Any, Iterator
+
+import sqlalchemy as sa
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.types import (BinaryType, IntegerType, LongType, StringType, StructField, StructType,
+                               TimestampType)
+
+from jobqueue.clock import to_naive_utc, utcnow
+from jobqueue.errors import ConfigurationError
+from jobqueue.spark.enqueue import executor_url
+from jobqueue.storage.engine import create_engine
+from jobqueue.storage.tables import build_tables
+
+ROWS_PER_RANGE = 50_000  # at most this many ids per read task, so that big archives spread out
+
+_TYPES = {"id": LongType(), "priority": IntegerType(), "attempts_count": IntegerType(),
+          "deliveries_count": IntegerType(), "payload": BinaryType(), "checkpoint": BinaryType(),
+          "result": BinaryType()}
+_JSON = ("headers", "options", "history")
+_TIMES = ("created_at", "first_attempt_at", "last_attempt_at", "finished_at", "archived_at")
+
+# Every archive column: JSON columns as their JSON text, blobs as binary, times as TIMESTAMP (UTC).
+ARCHIVE_SCHEMA = StructType([
+    StructField(column.name, _TYPES.get(column.name, TimestampType() if column.name in _TIMES else StringType()),
+                nullable=column.nullable or column.name == "id")
+    for column in build_tables().archive.columns
+])
+
+
+def read_archive(spark: SparkSession, database_url: str, since: datetime | timedelta | None = None,
+                 until: datetime | timedelta | None = None, *, table_prefix: str = "jobqueue_",
+                 partitions: int | None = None) -> DataFrame:
+    """The archive (completed, failed and cancelled jobs) as a DataFrame with :data:`ARCHIVE_SCHEMA`.
+
+    ``since``/``until`` bound ``archived_at`` (a datetime, naive meaning UTC, or a timedelta meaning
+    that long ago): ``since <= archived_at < until``. The id span is cut into ``partitions`` ranges
+    (default: enough for the cluster's cores, at most 50,000 ids each), each read by one task over
+    its own connection.
+    """
+    now = utcnow()
+    window = _Window(_instant(since, now), _instant(until, now))
+    spec = _ReadSpec(executor_url(database_url), table_prefix, window)
+    low, high = spec.id_span()
+    if low is None or high is None:
+        return spark.createDataFrame([], ARCHIVE_SCHEMA)
+    span = high - low + 1
+    if partitions is None:
+        partitions = max(spark.sparkContext.defaultParallelism, -(-span // ROWS_PER_RANGE))
+    if partitions < 1:
+        raise ConfigurationError(f"partitions must be at least 1, got {partitions}")
+    partitions = min(partitions, span)
+    step = -(-span // partitions)
+    ranges = [(start, min(start + step, high + 1)) for start in range(low, high + 1, step)]
+    rdd = spark.sparkContext.parallelize(ranges, len(ranges)).flatMap(spec.read_range)
+    return spark.createDataFrame(rdd, ARCHIVE_SCHEMA)
+
+
+def _instant(value: datetime | timedelta | None, now: datetime) -> datetime | None:
+    if value is None:
+        return None
+    if isinstance(value, timedelta):
+        return now - value
+    if isinstance(value, datetime):
+        return to_naive_utc(value)
+    raise ConfigurationError(f"since and until take a datetime or a timedelta, got {type(value).__name__}")
+
+
+@dataclass(frozen=True)
+class _Window:
+    since: datetime | None
+    until: datetime | None
+
+    def where(self, archived_at: Any) -> list[Any]:
+        clauses = []
+        if self.since is not None:
+            clauses.append(archived_at >= self.since)
+        if self.until is not None:
+            clauses.append(archived_at < self.until)
+        return clauses
+
+
+@dataclass(frozen=True)
+class _ReadSpec:
+    url: str
+    prefix: str
+    window: _Window
+
+    def id_span(self) -> tuple[int | None, int | None]:
+        archive = build_tables(self.prefix).archive
+        engine = create_engine(self.url)
+        try:
+            with engine.connect() as conn:
+                low, high = conn.execute(sa.select(sa.func.min(archive.c.id), sa.func.max(archive.c.id))
+                                         .where(*self.window.where(archive.c.archived_at))).one()
+        finally:
+            engine.dispose()
+        return low, high
+
+    def read_range(self, bounds: tuple[int, int]) -> Iterator[tuple[Any, ...]]:
+        archive = build_tables(self.prefix).archive
+        stmt = (sa.select(archive).where(archive.c.id >= bounds[0], archive.c.id < bounds[1],
+                                         *self.window.where(archive.c.archived_at))
+                .order_by(archive.c.id))
+        engine = create_engine(self.url)
+        try:
+            with engine.connect() as conn:
+                result = conn.execution_options(stream_results=True, yield_per=2000).execute(stmt)
+                for row in result:
+                    yield tuple(_spark_value(name, value) for name, value in zip(result.keys(), row))
+        finally:
+            engine.dispose()
+
+
+def _spark_value(name: str, value: Any) -> Any:
+    if value is None:
+        return None
+    if name in _JSON:
+        return json.dumps(value, separators=(",", ":"))
+    if isinstance(value, datetime):
+        return value.replace(tzinfo=timezone.utc)  # stored as naive UTC; aware, Spark keeps the instant
+    return value

@@ -1,0 +1,164 @@
+"""``enqueue_dataframe``: one job per DataFrame row, each partition writing through its own connection."""
+
+from __future__ import annotations
+
+import itertools
+import os
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any, Iterable, Iterator, Mapping, Sequence
+
+import sqlalchemy as sa
+from pyspark.sql import DataFrame, Row
+from pyspark.sql import functions as F
+from pyspark.sql.types import TimestampType
+
+from jobqueue.clock import utcnow
+from jobqueue.errors import ConfigurationError, SerializationError
+from jobqueue.job import Batch
+from jobqueue.retry import RetryStrategy
+from jobqueue.serialization import dumps_call, get_serializer
+from jobqueue.storage.engine import create_engine
+from jobqueue.storage.store import Store
+from jobqueue.storage.tables import build_tables
+from jobqueue.task import Task
+
+DEFAULT_BATCH_SIZE = 1000
+
+
+def enqueue_dataframe(df: DataFrame, task: Task, args: Sequence[str] | None = None,
+                      kwargs: Mapping[str, str] | None = None, *, unique_key: str | None = None,
+                      queue: str | None = None, priority: int | None = None, eta: datetime | None = None,
+                      countdown: float | None = None, headers: dict[str, Any] | None = None,
+                      partition_key: str | None = None, retry_strategy: RetryStrategy | None = None,
+                      batch_size: int = DEFAULT_BATCH_SIZE, database_url: str | None = None) -> int:
+    """Enqueue one call of ``task`` per row of ``df`` and return how many jobs were inserted.
+
+    Args:
+        args: column names whose values are the positional arguments, in order.
+        kwargs: ``{parameter: column}`` for keyword arguments.
+        unique_key: a column (cast to string) whose value is the job's unique key. A key any job
+            of this task already has, active or archived, is skipped, so running the same pipeline
+            again enqueues nothing twice. A null key is an error.
+        batch_size: rows per INSERT round trip in each partition.
+        database_url: where the executors connect; default the task's app's URL. On a cluster it
+            must reach the database from every executor.
+
+    The other options are ``apply_async``'s, the same for every row. Executors get the task's name
+    and the URL, never the task object: the function does not have to be importable there.
+    """
+    if not isinstance(task, Task):
+        raise ConfigurationError(f"task must be a task (a function decorated with @app.task), got {task!r}")
+    if not isinstance(batch_size, int) or not 1 <= batch_size <= 100_000:
+        raise ConfigurationError(f"batch_size must be an integer from 1 to 100000, got {batch_size!r}")
+    if isinstance(args, str):
+        raise ConfigurationError(f"args takes a list of column names, for one column: args=[{args!r}]")
+    arg_columns = list(args or [])
+    kwarg_columns = dict(kwargs or {})
+    if not all(isinstance(name, str) for name in kwarg_columns):
+        raise ConfigurationError("kwargs maps parameter names (strings) to column names")
+    wanted = arg_columns + list(kwarg_columns.values()) + ([unique_key] if unique_key is not None else [])
+    missing = [name for name in wanted if name not in df.columns]
+    if missing:
+        raise ConfigurationError(f"column(s) {', '.join(map(repr, missing))} not in the DataFrame; "
+                                 f"its columns: {', '.join(df.columns)}")
+    options = task._call_options(eta, countdown, queue, priority, headers, None, partition_key, retry_strategy)
+    common = task._row((), {}, options, utcnow())
+    for column in ("payload", "unique_key"):
+        del common[column]
+    app = task.app
+    fields = {field.name: field for field in df.schema.fields}
+    spec = _EnqueueSpec(
+        url=executor_url(database_url or app.database_url), prefix=app.settings.table_prefix,
+        serializer=app.settings.serializer, max_payload_bytes=app.settings.max_payload_bytes,
+        task_name=task.name, common=common, positional=len(arg_columns), keywords=tuple(kwarg_columns),
+        keyed=unique_key is not None, batch_size=batch_size,
+        instants=tuple(isinstance(fields[name].dataType, TimestampType) for name in wanted),
+    )
+    selected = [F.col(name) for name in arg_columns + list(kwarg_columns.values())]
+    if unique_key is not None:
+        selected.append(F.col(unique_key).cast("string"))
+    return int(df.select(*selected).rdd.mapPartitions(spec.write).sum())
+
+
+def executor_url(url: str | sa.URL) -> str:
+    """The URL as executors should see it: a relative SQLite path made absolute (their working
+    directory may differ), the password kept (``str(URL)`` would mask it)."""
+    parsed = sa.make_url(url)
+    if parsed.get_backend_name() == "sqlite" and parsed.database and parsed.database != ":memory:" \
+            and not parsed.database.startswith("file:") and not os.path.isabs(parsed.database):
+        parsed = parsed.set(database=os.path.abspath(parsed.database))
+    return parsed.render_as_string(hide_password=False)
+
+
+@dataclass(frozen=True)
+class _EnqueueSpec:
+    """What an executor needs to write its partition: picklable, no task object."""
+
+    url: str
+    prefix: str
+    serializer: str
+    max_payload_bytes: int
+    task_name: str
+    common: dict[str, Any]
+    positional: int
+    keywords: tuple[str, ...]
+    keyed: bool
+    batch_size: int
+    instants: tuple[bool, ...]
+
+    def write(self, rows: Iterable[Row]) -> Iterator[int]:
+        store = Store(create_engine(self.url), build_tables(self.prefix))
+        serializer = get_serializer(self.serializer)
+        inserted = 0
+        try:
+            iterator = iter(rows)
+            while chunk := list(itertools.islice(iterator, self.batch_size)):
+                payloads, keys = [], []
+                for row in chunk:
+                    values = [_plain(value, instant) for value, instant in zip(row, self.instants)]
+                    payloads.append(self._payload(serializer, values))
+                    keys.append(self._key(values[-1]) if self.keyed else None)
+                batch = Batch(self.common, payloads, keys)
+                inserted += store.enqueue_new(batch) if self.keyed else len(store.enqueue_batch(batch))
+        finally:
+            store.dispose()
+        yield inserted
+
+    def _payload(self, serializer: Any, values: list[Any]) -> bytes:
+        args = values[:self.positional]
+        kwargs = dict(zip(self.keywords, values[self.positional:self.positional + len(self.keywords)]))
+        try:
+            payload = dumps_call(serializer, args, kwargs)
+        except SerializationError as exc:
+            raise SerializationError(f"task {self.task_name}: a row's {exc}") from None
+        if len(payload) > self.max_payload_bytes:
+            raise SerializationError(f"task {self.task_name}: a row's arguments serialize to {len(payload)} bytes, "
+                                     f"over max_payload_bytes={self.max_payload_bytes}")
+        return payload
+
+    def _key(self, key: Any) -> str:
+        if key is None:
+            raise ConfigurationError(f"task {self.task_name}: a row has a null unique_key; drop or fill "
+                                     "null keys first, e.g. df.where(df.key.isNotNull())")
+        if not 0 < len(key) <= 255:
+            raise ConfigurationError(f"task {self.task_name}: unique_key {key[:40]!r} must be 1 to 255 characters")
+        return str(key)
+
+
+def _plain(value: Any, instant: bool = False) -> Any:
+    """A Spark value as the serializer takes it: structs as dicts, binary as bytes, and a
+    TIMESTAMP (an instant, which PySpark hands over as naive local time) as an aware UTC datetime."""
+    if isinstance(value, Row):
+        return {key: _plain(item) for key, item in value.asDict().items()}
+    if isinstance(value, datetime):
+        if instant and value.tzinfo is None:
+            return value.astimezone(timezone.utc)
+        return value
+    if isinstance(value, bytearray):
+        return bytes(value)
+    if isinstance(value, list):
+        return [_plain(item) for item in value]
+    if isinstance(value, dict):
+        return {key: _plain(item) for key, item in value.items()}
+    return value

@@ -1,0 +1,33 @@
+"""A SparkSession set up for jobqueue's jobs, local by default."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from pyspark.sql import SparkSession
+
+DEFAULT_MASTER = "local[*]"
+
+
+def get_session(master: str | None = None, app_name: str = "jobqueue") -> SparkSession:
+    """The active SparkSession, or a new one on ``master`` (default ``local[*]``).
+
+    Python workers get this interpreter (``PYSPARK_PYTHON``), or they would import from another
+    Python; times are read and shown in UTC, as jobqueue stores them; the web UI stays off.
+    """
+    active = SparkSession.getActiveSession()
+    if active is not None and master is None:
+        return active
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    master = master or DEFAULT_MASTER
+    if master.startswith("local"):
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    session = (SparkSession.builder.master(master).appName(app_name)
+               .config("spark.ui.enabled", "false")
+               .config("spark.sql.session.timeZone", "UTC")
+               .config("spark.sql.shuffle.partitions", "8" if master.startswith("local") else "200")
+               .getOrCreate())
+    session.sparkContext.setLogLevel("WARN")
+    return session

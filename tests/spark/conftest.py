@@ -1,0 +1,21 @@
+"""One local SparkSession for the whole test session: two cores, small shuffles, no web UI."""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Iterator
+
+import pytest
+
+if not os.environ.get("JOBQUEUE_TEST_REQUIRE_ALL"):
+    pytest.importorskip("pyspark", reason='the Spark tests need pip install "jobqueue[spark]"')
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[Any]:
+    from jobqueue.spark import get_session
+
+    session = get_session("local[2]")
+    session.conf.set("spark.sql.shuffle.partitions", "2")
+    yield session
+    session.stop()

@@ -1,0 +1,133 @@
+"""read_archive, the statistics, the HTML report and the Parquet export, against SQL on the same archive."""
+
+from __future__ import annotations
+
+import json
+import re
+from datetime import timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+from jobqueue import JobQueue
+from jobqueue.cli import cli
+from jobqueue.clock import utcnow
+from tests.conftest import only
+from tests.spark import archive_data as data
+
+
+def utc_minute(value: Any) -> str:
+    """A TIMESTAMP as PySpark returns it (naive local time) as its UTC minute."""
+    return f"{value.astimezone(timezone.utc):%Y-%m-%d %H:%M}"
+
+
+def run_cli(*args: str) -> Any:
+    result = CliRunner().invoke(cli, list(args), catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    return result
+
+
+def test_read_archive_returns_every_row_and_column(spark: Any, app: JobQueue, db_url: str) -> None:
+    from jobqueue.spark import ARCHIVE_SCHEMA, read_archive
+
+    rows = data.fill_archive(app, 1200)
+    df = read_archive(spark, db_url, partitions=5)
+    assert df.schema == ARCHIVE_SCHEMA
+    assert df.rdd.getNumPartitions() == 5
+    found = {row.id: row for row in df.collect()}
+    assert sorted(found) == [row["id"] for row in rows]
+    sample = rows[99]  # id 100: headers set, microsecond times
+    got = found[100]
+    assert got.payload == sample["payload"] and json.loads(got.headers) == sample["headers"]
+    assert got.created_at.astimezone(timezone.utc).replace(tzinfo=None) == sample["created_at"]
+    assert got.archived_at.astimezone(timezone.utc).replace(tzinfo=None) == sample["archived_at"]
+    # since/until bound archived_at: since <= archived_at < until
+    cutoff = utcnow() - timedelta(days=1)
+    older = read_archive(spark, db_url, until=cutoff)
+    assert sorted(r.id for r in older.select("id").collect()) == data.ids_archived_before(app, cutoff)
+    newer = read_archive(spark, db_url, since=timedelta(days=1))
+    assert newer.count() + older.count() == len(rows)
+
+
+def test_statistics_equal_sql_group_by(spark: Any, app: JobQueue, db_url: str, backend: str) -> None:
+    from jobqueue.spark import archive_stats, read_archive, throughput
+
+    data.fill_archive(app, 3000)
+    archive = read_archive(spark, db_url).cache()
+    stats = {(r.task_name, r.queue): r.asDict() for r in archive_stats(archive).collect()}
+    expected = data.group_counts(app)
+    assert set(stats) == set(expected) and len(stats) == 8
+    waits = data.durations(app, "created_at", "first_attempt_at")
+    runs = data.durations(app, "last_attempt_at", "finished_at")
+    for group, want in expected.items():
+        got = stats[group]
+        for key in ("total", "completed", "failed", "cancelled", "attempts_max"):
+            assert got[key] == want[key], (group, key)
+        assert got["failure_rate"] == pytest.approx(want["failure_rate"], abs=1e-12)
+        assert got["attempts_avg"] == pytest.approx(want["attempts_avg"], abs=1e-9)
+        for kind, values in (("wait", waits[group]), ("run", runs[group])):
+            for p in (50, 95, 99):
+                assert got[f"{kind}_p{p}"] == pytest.approx(data.percentile(values, p / 100), abs=1e-6), (group, kind, p)
+    if backend == "postgresql":  # the database's own percentile_cont agrees
+        for kind, start, end in (("wait", "created_at", "first_attempt_at"), ("run", "last_attempt_at", "finished_at")):
+            for group, values in data.postgresql_percentiles(app, start, end).items():
+                assert [stats[group][f"{kind}_p{p}"] for p in (50, 95, 99)] == pytest.approx(values, abs=1e-6)
+    minutes = {(utc_minute(r.minute), r.state): r.jobs for r in throughput(archive).collect()}
+    assert minutes == data.per_minute(app)
+    archive.unpersist()
+
+
+@only("sqlite", "postgresql")
+def test_the_report_is_one_offline_file_with_the_sql_numbers(spark: Any, app: JobQueue, tmp_path: Path) -> None:
+    data.fill_archive(app, 2000)
+    out = tmp_path / "report.html"
+    result = run_cli("report", "--since", "all", "--out", str(out))
+    assert "wrote" in result.stdout and "2,000 archived job(s)" in result.stdout
+    text = out.read_text()
+    assert "<script" not in text.lower()
+    assert not re.findall(r'(?:src|href)\s*=\s*["\'](?!#)', text), "the report must need no other file"
+    assert text.count("<svg") == 4
+    rows = re.findall(r"<tr><td>([^<]+)</td><td>([^<]+)</td><td>([\d,]+)</td><td>([\d,]+)</td><td>([\d,]+)</td>"
+                      r"<td>([\d,]+)</td><td>([^<]+)</td>", text)
+    expected = data.group_counts(app)
+    assert len(rows) == len(expected) == 8
+    for task, queue, total, completed, failed, cancelled, rate in rows:
+        want = expected[(task, queue)]
+        assert [int(v.replace(",", "")) for v in (total, completed, failed, cancelled)] == [
+            want["total"], want["completed"], want["failed"], want["cancelled"]]
+        assert rate == f"{want['failure_rate'] * 100:.2f}%"
+    # --since keeps the window: nothing was archived in the last second... except nothing
+    empty = tmp_path / "empty.html"
+    run_cli("report", "--since", "1s", "--out", str(empty))
+    assert "No jobs were archived in this window" in empty.read_text()
+
+
+def test_export_then_purge_keeps_every_purged_row_in_parquet(spark: Any, app: JobQueue, tmp_path: Path) -> None:
+    rows = data.fill_archive(app, 2500)
+    target = tmp_path / "archive-parquet"
+    cutoff = utcnow() - timedelta(days=1)
+    older = data.ids_archived_before(app, cutoff)
+    assert 0 < len(older) < len(rows)
+    result = run_cli("archive", "export", "--to", str(target), "--older-than", "1d", "--purge", "--batch-size",
+                     "300", "--json")
+    report = json.loads(result.stdout)
+    assert report["exported"] == report["purged"] == len(older)
+    exported = spark.read.parquet(str(target))
+    assert sorted(r.id for r in exported.select("id").collect()) == older  # every purged row is in Parquet
+    assert data.archive_ids(app) == sorted(set(r["id"] for r in rows) - set(older))  # the rest stays
+    partitions = {p.relative_to(target).as_posix() for p in target.glob("date=*/queue=*")}
+    assert partitions and all(re.fullmatch(r"date=\d{4}-\d{2}-\d{2}/queue=(default|bulk)", p) for p in partitions)
+    by_id = {r["id"]: r for r in rows}
+    first = exported.where(exported.id == older[0]).collect()[0]
+    want = by_id[older[0]]
+    assert first.payload == want["payload"] and first.state == want["state"] and first.queue == want["queue"]
+    assert first.finished_at.astimezone(timezone.utc).replace(tzinfo=None) == want["finished_at"]  # to the µs
+    assert str(first.date) == f"{want['archived_at']:%Y-%m-%d}"
+    # A second export appends the rest as another batch; without --purge the archive keeps them.
+    again = json.loads(run_cli("archive", "export", "--to", str(target), "--json").stdout)
+    assert again["exported"] == len(rows) - len(older) and again["purged"] == 0
+    assert len(data.archive_ids(app)) == len(rows) - len(older)
+    batches = {r.export_batch: r["count"] for r in spark.read.parquet(str(target)).groupBy("export_batch").count().collect()}
+    assert batches == {report["export_batch"]: len(older), again["export_batch"]: len(rows) - len(older)}

@@ -1,0 +1,121 @@
+"""enqueue_dataframe on SQLite, PostgreSQL and MariaDB, checked against the tables and a real worker."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from decimal import Decimal
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+
+from jobqueue import JobQueue
+from jobqueue.errors import ConfigurationError
+from jobqueue.serialization import loads_call
+from tests.acceptance.cli import jobqueue
+from tests.apps import pipeline
+from tests.conftest import only
+
+ROWS = 100_000
+
+
+@pytest.fixture
+def score(db_url: str) -> Any:
+    """The pipeline app's task, its app pointed at this test's database."""
+    pipeline.app.configure(database_url=db_url)
+    yield pipeline.score
+    pipeline.app.close()
+
+
+def users(spark: Any, count: int, start: int = 0) -> Any:
+    from pyspark.sql import functions as F
+
+    return spark.range(start, start + count, numPartitions=4).select(
+        F.col("id").alias("user_id"), (F.col("id") % 7 / 2).alias("weight"),
+        F.concat(F.lit("user-"), F.col("id")).alias("key"))
+
+
+def messages(app: JobQueue) -> list[tuple[Any, ...]]:
+    m = app.tables.message
+    with app.engine.connect() as conn:
+        return [tuple(r) for r in conn.execute(sa.select(m.c.task_name, m.c.unique_key, m.c.payload, m.c.queue,
+                                                         m.c.priority, m.c.state))]
+
+
+def test_a_dataframe_is_enqueued_once_and_a_keyed_rerun_adds_nothing(spark: Any, score: Any, app: JobQueue) -> None:
+    from jobqueue.spark import enqueue_dataframe
+
+    df = users(spark, ROWS)
+    assert enqueue_dataframe(df, score, args=["user_id"], kwargs={"weight": "weight"}, unique_key="key",
+                             queue="scoring", priority=3) == ROWS
+    assert enqueue_dataframe(df, score, args=["user_id"], kwargs={"weight": "weight"}, unique_key="key",
+                             queue="scoring") == 0
+    rows = messages(app)
+    assert len(rows) == ROWS
+    assert {r[1] for r in rows} == {f"user-{i}" for i in range(ROWS)}
+    assert {(r[0], r[3], r[4], r[5]) for r in rows} == {("pipeline.score", "scoring", 3, "PENDING")}
+    calls = {r[1]: loads_call(app.serializer, r[2]) for r in rows}
+    assert calls["user-12"] == ([12], {"weight": 2.5})
+    # A bigger DataFrame: only the new keys go in.
+    assert enqueue_dataframe(users(spark, ROWS + 500), score, args=["user_id"], unique_key="key") == 500
+    assert len(messages(app)) == ROWS + 500
+
+
+def test_unkeyed_rows_are_all_enqueued_with_their_values(spark: Any, score: Any, app: JobQueue) -> None:
+    from pyspark.sql import functions as F
+
+    from jobqueue.spark import enqueue_dataframe
+
+    seen = datetime(2026, 3, 1, 12, 30, 15, 250_000, tzinfo=timezone.utc)
+    df = (users(spark, 5000)
+          .withColumn("seen_at", F.lit(seen))
+          .withColumn("weight", F.col("weight").cast("decimal(10,2)")))
+    assert enqueue_dataframe(df, score, args=["user_id", "weight", "seen_at"], batch_size=700) == 5000
+    assert enqueue_dataframe(df, score, args=["user_id", "weight", "seen_at"]) == 5000  # no key: twice
+    rows = messages(app)
+    assert len(rows) == 10_000 and all(r[1] is None for r in rows)
+    args = sorted(loads_call(app.serializer, r[2])[0] for r in rows)
+    # A TIMESTAMP is an instant: it arrives as the same instant, whatever the executor's time zone.
+    assert args[:2] == [[0, Decimal("0.00"), seen]] * 2
+    assert args[-1] == [4999, Decimal("0.50"), seen]
+
+
+def test_archived_keys_are_skipped_and_the_jobs_run(spark: Any, score: Any, app: JobQueue, db_url: str) -> None:
+    from jobqueue.spark import enqueue_dataframe
+
+    assert enqueue_dataframe(users(spark, 300), score, args=["user_id"], kwargs={"weight": "weight"},
+                             unique_key="key") == 300
+    jobqueue("worker", "--burst", "--concurrency", "2", app="tests.apps.pipeline:app",
+             env={"JOBQUEUE_DATABASE_URL": db_url})
+    a = app.tables.archive
+    with app.engine.connect() as conn:
+        archived = conn.execute(sa.select(a.c.unique_key, a.c.state, a.c.result)).all()
+    assert len(archived) == 300 and {r[1] for r in archived} == {"COMPLETED"}
+    assert app.serializer.loads(dict((r[0], r[2]) for r in archived)["user-12"]) == {
+        "user_id": 12, "score": 30.0, "seen_at": None}
+    assert messages(app) == []
+    # 300 finished keys and 100 new ones: only the new ones are enqueued.
+    assert enqueue_dataframe(users(spark, 400), score, args=["user_id"], unique_key="key") == 100
+    assert sorted(r[1] for r in messages(app)) == sorted(f"user-{i}" for i in range(300, 400))
+
+
+@only("sqlite")
+def test_bad_input_is_refused_with_the_fix(spark: Any, score: Any, app: JobQueue) -> None:
+    from pyspark.sql import functions as F
+
+    from jobqueue.spark import enqueue_dataframe
+
+    df = users(spark, 10)
+    with pytest.raises(ConfigurationError, match=r"'uid' not in the DataFrame; its columns: user_id, weight, key"):
+        enqueue_dataframe(df, score, args=["uid"])
+    with pytest.raises(ConfigurationError, match=r"args=\['user_id'\]"):
+        enqueue_dataframe(df, score, args="user_id")  # type: ignore[arg-type]
+    with pytest.raises(ConfigurationError, match="decorated with @app.task"):
+        enqueue_dataframe(df, pipeline.score.fn, args=["user_id"])
+    with pytest.raises(ConfigurationError, match="batch_size"):
+        enqueue_dataframe(df, score, args=["user_id"], batch_size=0)
+    with pytest.raises(Exception, match="null unique_key; drop or fill null keys first"):
+        enqueue_dataframe(df.withColumn("key", F.lit(None).cast("string")), score, args=["user_id"], unique_key="key")
+    with pytest.raises(Exception, match="cannot serialize|not serializable|unsupported"):
+        enqueue_dataframe(df.withColumn("interval", F.expr("INTERVAL 3 DAYS")), score, args=["interval"])
+    assert messages(app) == []
