@@ -16,9 +16,19 @@ except ImportError as exc:  # pragma: no cover - depends on the installation
 from jobqueue.spark.archive import ARCHIVE_SCHEMA, read_archive
 from jobqueue.spark.enqueue import enqueue_dataframe
 from jobqueue.spark.export import ExportResult, export_archive
-from jobqueue.spark.report import render_report, write_report
 from jobqueue.spark.session import get_session
 from jobqueue.spark.stats import archive_stats, throughput
+
+
+
+def __getattr__(name: str) -> object:
+    # The report needs matplotlib, which executors (they import this package) need not have.
+    if name in ("render_report", "write_report"):
+        from jobqueue.spark import report
+
+        return getattr(report, name)
+    raise AttributeError(f"module 'jobqueue.spark' has no attribute {name!r}")
+
 
 __all__ = [
     "ARCHIVE_SCHEMA", "ExportResult", "archive_stats", "enqueue_dataframe", "export_archive", "get_session",

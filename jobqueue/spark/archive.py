@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Any, Iterator
 
@@ -16,6 +16,7 @@ from jobqueue.clock import to_naive_utc, utcnow
 from jobqueue.errors import ConfigurationError
 from jobqueue.spark.enqueue import executor_url
 from jobqueue.storage.engine import create_engine
+from jobqueue.storage.store import schema_errors
 from jobqueue.storage.tables import build_tables
 
 ROWS_PER_RANGE = 50_000  # at most this many ids per read task, so that big archives spread out
@@ -41,18 +42,18 @@ def read_archive(spark: SparkSession, database_url: str, since: datetime | timed
 
     ``since``/``until`` bound ``archived_at`` (a datetime, naive meaning UTC, or a timedelta meaning
     that long ago): ``since <= archived_at < until``. The id span is cut into ``partitions`` ranges
-    (default: enough for the cluster's cores, at most 50,000 ids each), each read by one task over
-    its own connection.
+    (default: one per core, more for big archives, about 50,000 rows each on average), each read
+    by one task over its own connection.
     """
     now = utcnow()
     window = _Window(_instant(since, now), _instant(until, now))
     spec = _ReadSpec(executor_url(database_url), table_prefix, window)
-    low, high = spec.id_span()
+    low, high, rows = spec.id_span()
     if low is None or high is None:
         return spark.createDataFrame([], ARCHIVE_SCHEMA)
     span = high - low + 1
-    if partitions is None:
-        partitions = max(spark.sparkContext.defaultParallelism, -(-span // ROWS_PER_RANGE))
+    if partitions is None:  # by rows, not ids: a window's ids can be far apart (retried jobs keep theirs)
+        partitions = max(spark.sparkContext.defaultParallelism, -(-rows // ROWS_PER_RANGE))
     if partitions < 1:
         raise ConfigurationError(f"partitions must be at least 1, got {partitions}")
     partitions = min(partitions, span)
@@ -88,20 +89,22 @@ class _Window:
 
 @dataclass(frozen=True)
 class _ReadSpec:
-    url: str
+    url: str = field(repr=False)  # holds the password
     prefix: str
     window: _Window
 
-    def id_span(self) -> tuple[int | None, int | None]:
+    def id_span(self) -> tuple[int | None, int | None, int]:
+        """The lowest and highest id in the window, and how many rows it holds."""
         archive = build_tables(self.prefix).archive
         engine = create_engine(self.url)
         try:
-            with engine.connect() as conn:
-                low, high = conn.execute(sa.select(sa.func.min(archive.c.id), sa.func.max(archive.c.id))
-                                         .where(*self.window.where(archive.c.archived_at))).one()
+            with schema_errors(self.prefix), engine.connect() as conn:
+                low, high, rows = conn.execute(
+                    sa.select(sa.func.min(archive.c.id), sa.func.max(archive.c.id), sa.func.count())
+                    .where(*self.window.where(archive.c.archived_at))).one()
         finally:
             engine.dispose()
-        return low, high
+        return low, high, int(rows)
 
     def read_range(self, bounds: tuple[int, int]) -> Iterator[tuple[Any, ...]]:
         archive = build_tables(self.prefix).archive

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import itertools
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Any, Iterable, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 import sqlalchemy as sa
 from pyspark.sql import DataFrame, Row
 from pyspark.sql import functions as F
-from pyspark.sql.types import TimestampType
+from pyspark.sql.types import ArrayType, BinaryType, DataType, MapType, StructType, TimestampType
 
 from jobqueue.clock import utcnow
 from jobqueue.errors import ConfigurationError, SerializationError
@@ -55,8 +55,11 @@ def enqueue_dataframe(df: DataFrame, task: Task, args: Sequence[str] | None = No
         raise ConfigurationError(f"args takes a list of column names, for one column: args=[{args!r}]")
     arg_columns = list(args or [])
     kwarg_columns = dict(kwargs or {})
-    if not all(isinstance(name, str) for name in kwarg_columns):
-        raise ConfigurationError("kwargs maps parameter names (strings) to column names")
+    if not all(isinstance(name, str) for name in [*arg_columns, *kwarg_columns, *kwarg_columns.values()]):
+        raise ConfigurationError("args lists column names and kwargs maps parameter names to column names, "
+                                 "all as strings (select or alias computed columns first)")
+    if unique_key is not None and not isinstance(unique_key, str):
+        raise ConfigurationError(f"unique_key takes a column name, got {unique_key!r}")
     wanted = arg_columns + list(kwarg_columns.values()) + ([unique_key] if unique_key is not None else [])
     missing = [name for name in wanted if name not in df.columns]
     if missing:
@@ -67,13 +70,13 @@ def enqueue_dataframe(df: DataFrame, task: Task, args: Sequence[str] | None = No
     for column in ("payload", "unique_key"):
         del common[column]
     app = task.app
-    fields = {field.name: field for field in df.schema.fields}
+    schema = {column.name: column.dataType for column in df.schema.fields}
     spec = _EnqueueSpec(
         url=executor_url(database_url or app.database_url), prefix=app.settings.table_prefix,
         serializer=app.settings.serializer, max_payload_bytes=app.settings.max_payload_bytes,
         task_name=task.name, common=common, positional=len(arg_columns), keywords=tuple(kwarg_columns),
         keyed=unique_key is not None, batch_size=batch_size,
-        instants=tuple(isinstance(fields[name].dataType, TimestampType) for name in wanted),
+        types=tuple(schema[name] for name in wanted),
     )
     selected = [F.col(name) for name in arg_columns + list(kwarg_columns.values())]
     if unique_key is not None:
@@ -95,7 +98,7 @@ def executor_url(url: str | sa.URL) -> str:
 class _EnqueueSpec:
     """What an executor needs to write its partition: picklable, no task object."""
 
-    url: str
+    url: str = field(repr=False)  # holds the password
     prefix: str
     serializer: str
     max_payload_bytes: int
@@ -105,18 +108,19 @@ class _EnqueueSpec:
     keywords: tuple[str, ...]
     keyed: bool
     batch_size: int
-    instants: tuple[bool, ...]
+    types: tuple[DataType, ...]
 
     def write(self, rows: Iterable[Row]) -> Iterator[int]:
         store = Store(create_engine(self.url), build_tables(self.prefix))
         serializer = get_serializer(self.serializer)
+        converters = [_converter(data_type) for data_type in self.types]
         inserted = 0
         try:
             iterator = iter(rows)
             while chunk := list(itertools.islice(iterator, self.batch_size)):
                 payloads, keys = [], []
                 for row in chunk:
-                    values = [_plain(value, instant) for value, instant in zip(row, self.instants)]
+                    values = [convert(value) for convert, value in zip(converters, row)]
                     payloads.append(self._payload(serializer, values))
                     keys.append(self._key(values[-1]) if self.keyed else None)
                 batch = Batch(self.common, payloads, keys)
@@ -146,19 +150,25 @@ class _EnqueueSpec:
         return str(key)
 
 
-def _plain(value: Any, instant: bool = False) -> Any:
-    """A Spark value as the serializer takes it: structs as dicts, binary as bytes, and a
-    TIMESTAMP (an instant, which PySpark hands over as naive local time) as an aware UTC datetime."""
-    if isinstance(value, Row):
-        return {key: _plain(item) for key, item in value.asDict().items()}
-    if isinstance(value, datetime):
-        if instant and value.tzinfo is None:
-            return value.astimezone(timezone.utc)
-        return value
-    if isinstance(value, bytearray):
-        return bytes(value)
-    if isinstance(value, list):
-        return [_plain(item) for item in value]
-    if isinstance(value, dict):
-        return {key: _plain(item) for key, item in value.items()}
+def _converter(data_type: DataType) -> Callable[[Any], Any]:
+    """How to turn a Spark value of ``data_type`` into what the serializer takes: structs as dicts,
+    binary as bytes, and a TIMESTAMP (an instant, which PySpark hands over as naive local time) as
+    an aware UTC datetime, at any depth. TIMESTAMP_NTZ stays naive."""
+    if isinstance(data_type, TimestampType):
+        return lambda value: value.astimezone(timezone.utc) if value is not None and value.tzinfo is None else value
+    if isinstance(data_type, StructType):
+        fields = [(field.name, _converter(field.dataType)) for field in data_type.fields]
+        return lambda value: None if value is None else {name: convert(value[name]) for name, convert in fields}
+    if isinstance(data_type, ArrayType):
+        item = _converter(data_type.elementType)
+        return lambda value: None if value is None else [item(v) for v in value]
+    if isinstance(data_type, MapType):
+        key, item = _converter(data_type.keyType), _converter(data_type.valueType)
+        return lambda value: None if value is None else {key(k): item(v) for k, v in value.items()}
+    if isinstance(data_type, BinaryType):
+        return lambda value: None if value is None else bytes(value)
+    return _same
+
+
+def _same(value: Any) -> Any:
     return value

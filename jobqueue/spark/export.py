@@ -3,14 +3,15 @@ exactly the rows whose export was read back and checked."""
 
 from __future__ import annotations
 
+import itertools
 import secrets
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime, timedelta, timezone
 from typing import Callable
 
 import sqlalchemy as sa
 from pyspark import StorageLevel
-from pyspark.sql import SparkSession
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from jobqueue.clock import utcnow
@@ -18,6 +19,7 @@ from jobqueue.errors import ConfigurationError, ExportError
 from jobqueue.spark.archive import read_archive
 from jobqueue.spark.enqueue import executor_url
 from jobqueue.storage.engine import create_engine
+from jobqueue.storage.store import schema_errors
 from jobqueue.storage.tables import build_tables
 
 
@@ -38,19 +40,20 @@ def export_archive(spark: SparkSession, database_url: str, path: str, *, older_t
     Parquet files under ``path``, partitioned by ``date`` (of ``archived_at``, UTC) and ``queue``.
 
     Every row gets an ``export_batch`` column naming this export. The files are read back and the
-    batch's ids compared with the ids read from the database; only then, with ``purge=True``, are
-    those rows deleted from the archive, ``batch_size`` ids per transaction (``progress`` is called
-    with each batch's count). A mismatch raises :class:`ExportError` and deletes nothing.
+    batch's ids compared with the ids read from the database (``on_verified`` is called with the
+    count); only then, with ``purge=True``, are those rows deleted from the archive, ``batch_size``
+    per transaction (``progress`` is called with each batch's count). A mismatch raises
+    :class:`ExportError` and deletes nothing.
     """
     if batch_size < 1:
         raise ConfigurationError("batch_size must be at least 1")
     cutoff = utcnow() - (older_than or timedelta(0))
     batch = f"{cutoff:%Y%m%dT%H%M%S}-{secrets.token_hex(4)}"
     archive = read_archive(spark, database_url, until=cutoff, table_prefix=table_prefix)
-    archive = archive.persist(StorageLevel.MEMORY_AND_DISK)  # written and counted from one read
+    archive = archive.persist(StorageLevel.MEMORY_AND_DISK)  # written and checked from one read
     try:
-        expected = sorted(row.id for row in archive.select("id").collect())
-        if not expected:
+        exported = archive.count()
+        if not exported:
             return ExportResult(path, batch, cutoff, 0, 0)
         zone = spark.conf.get("spark.sql.session.timeZone") or "UTC"
         rows = (archive.withColumn("date", F.date_format(F.to_utc_timestamp("archived_at", zone), "yyyy-MM-dd"))
@@ -61,35 +64,44 @@ def export_archive(spark: SparkSession, database_url: str, path: str, *, older_t
             rows.write.mode("append").partitionBy("date", "queue").parquet(path)
         finally:
             spark.conf.set("spark.sql.parquet.outputTimestampType", previous or "INT96")
+        written = spark.read.parquet(path).where(F.col("export_batch") == batch).select("id", "archived_at")
+        # Compared inside Spark, so that no list of ids has to fit on the driver.
+        missing = archive.select("id").exceptAll(written.select("id")).count()
+        unexpected = written.select("id").exceptAll(archive.select("id")).count()
     finally:
         archive.unpersist()
-    written = sorted(row.id for row in spark.read.parquet(path).where(F.col("export_batch") == batch)
-                     .select("id").collect())
-    if written != expected:
-        missing, extra = len(set(expected) - set(written)), len(written) - len(set(written))
-        raise ExportError(f"export {batch} to {path} does not match the archive: {len(written)} rows read back "
-                          f"for {len(expected)} exported ({missing} missing, {extra} duplicated); nothing purged")
+    if missing or unexpected:
+        raise ExportError(f"export {batch} to {path} does not match the archive: of {exported} rows read, "
+                          f"{missing} are missing from the files and {unexpected} ids there are extra or "
+                          f"repeated; nothing was purged. Remove that batch's rows (export_batch = '{batch}') "
+                          "from the files before exporting again")
     if on_verified is not None:
-        on_verified(len(expected))
-    purged = _purge(database_url, table_prefix, expected, cutoff, batch_size, progress) if purge else 0
-    return ExportResult(path, batch, cutoff, len(expected), purged)
+        on_verified(exported)
+    purged = _purge(written, database_url, table_prefix, batch_size, progress) if purge else 0
+    return ExportResult(path, batch, cutoff, exported, purged)
 
 
-def _purge(database_url: str, prefix: str, ids: list[int], cutoff: datetime, batch_size: int,
+def _purge(written: DataFrame, database_url: str, prefix: str, batch_size: int,
            progress: Callable[[int], None] | None) -> int:
-    """Delete exported rows, one short transaction per batch. ``archived_at < cutoff`` keeps a job
-    that was retried and archived again since its export."""
+    """Delete the exported rows, one short transaction per batch, streamed from the files in id
+    order. Each row goes only if its ``archived_at`` is still the exported one: a job retried and
+    archived again since keeps its new row."""
     archive = build_tables(prefix).archive
+    key = sa.tuple_(archive.c.id, archive.c.archived_at)
     engine = create_engine(executor_url(database_url))
     deleted = 0
     try:
-        for start in range(0, len(ids), batch_size):
-            chunk = ids[start:start + batch_size]
-            with engine.begin() as conn:
-                deleted += conn.execute(sa.delete(archive).where(archive.c.id.in_(chunk),
-                                                                 archive.c.archived_at < cutoff)).rowcount
+        rows = written.orderBy("id").toLocalIterator()
+        while chunk := [(row.id, _naive_utc(row.archived_at)) for row in itertools.islice(rows, batch_size)]:
+            with schema_errors(prefix), engine.begin() as conn:
+                deleted += conn.execute(sa.delete(archive).where(key.in_(chunk))).rowcount
             if progress is not None:
                 progress(len(chunk))
     finally:
         engine.dispose()
     return deleted
+
+
+def _naive_utc(value: datetime) -> datetime:
+    """A TIMESTAMP as PySpark returns it (naive local time) as the database stores it (naive UTC)."""
+    return value.astimezone(timezone.utc).replace(tzinfo=None)

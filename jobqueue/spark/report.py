@@ -12,8 +12,11 @@ from collections import defaultdict
 from datetime import datetime, timedelta, timezone
 from typing import Any, Sequence
 
-from matplotlib.dates import date2num
-from matplotlib.figure import Figure
+try:
+    from matplotlib.dates import date2num
+    from matplotlib.figure import Figure
+except ImportError as exc:  # pragma: no cover - depends on the installation
+    raise ImportError('the report draws its plots with matplotlib: pip install "jobqueue[spark]"') from exc
 from pyspark.sql import DataFrame, Row, SparkSession
 
 from jobqueue.clock import utcnow

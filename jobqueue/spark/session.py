@@ -13,16 +13,16 @@ DEFAULT_MASTER = "local[*]"
 def get_session(master: str | None = None, app_name: str = "jobqueue") -> SparkSession:
     """The active SparkSession, or a new one on ``master`` (default ``local[*]``).
 
-    Python workers get this interpreter (``PYSPARK_PYTHON``), or they would import from another
-    Python; times are read and shown in UTC, as jobqueue stores them; the web UI stays off.
+    On a local master, Python workers get this interpreter (``PYSPARK_PYTHON``), or they would
+    import from another Python; times are read and shown in UTC, as jobqueue stores them; the web UI stays off.
     """
     active = SparkSession.getActiveSession()
     if active is not None and master is None:
         return active
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     master = master or DEFAULT_MASTER
-    if master.startswith("local"):
+    if master.startswith("local"):  # on a cluster the executors' Python is the cluster's business
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+        os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     session = (SparkSession.builder.master(master).appName(app_name)
                .config("spark.ui.enabled", "false")

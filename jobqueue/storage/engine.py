@@ -86,6 +86,9 @@ def create_engine(url: str | sa.URL, **kwargs: Any) -> sa.Engine:
     elif backend == "postgresql":
         # execute_batch for UPDATE executemany: one round trip per page, not per row.
         options["executemany_mode"] = "values_plus_batch"
+        # Whatever the server's default: SKIP LOCKED acquires and the unique-key checks rely on
+        # each statement seeing the latest commits.
+        options["isolation_level"] = "READ COMMITTED"
         # A dead server or network is noticed (keepalives) instead of hanging a worker forever;
         # a lock wait that long is a fault, retried as contention. The planner settings keep every
         # statement on its index whatever the table statistics say (see POSTGRES_PLANNER).

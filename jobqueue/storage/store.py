@@ -163,27 +163,26 @@ class Store:
         with self.writing() as conn:
             dialect = self.dialect_of(conn)
             seen = self._archived_keys(conn, task, list(rows))
-            fresh = [row for key, row in rows.items() if key not in seen]
+            # In key order, so that two runs with overlapping keys lock index entries in one order.
+            fresh = [rows[key] for key in sorted(rows) if key not in seen]
             if not fresh:
                 return 0
             inserted = dialect.insert_new(conn, fresh)
             # A job holding one of these keys may have been archived between the check and the
-            # insert, letting ours in. Check again (on MySQL with a locking read, which sees the latest
-            # commits under REPEATABLE READ) and drop those rows of ours, still uncommitted.
-            raced = self._archived_keys(conn, task, [key for _, key in inserted], locking=True)
+            # insert, letting ours in. Check again (our engines run READ COMMITTED, so this new
+            # statement sees that commit) and drop those rows of ours, still uncommitted.
+            raced = self._archived_keys(conn, task, [key for _, key in inserted])
             if raced:
                 drop = [row_id for row_id, key in inserted if key in raced]
                 conn.execute(sa.delete(m).where(m.c.id.in_(drop)))
                 return len(inserted) - len(drop)
         return len(inserted)
 
-    def _archived_keys(self, conn: sa.Connection, task: str, keys: list[str], locking: bool = False) -> set[str]:
+    def _archived_keys(self, conn: sa.Connection, task: str, keys: list[str]) -> set[str]:
         a = self.tables.archive
         found: set[str] = set()
         for start in range(0, len(keys), 1000):
             stmt = sa.select(a.c.unique_key).where(a.c.task_name == task, a.c.unique_key.in_(keys[start:start + 1000]))
-            if locking and conn.dialect.name in ("mysql", "mariadb"):  # elsewhere a new statement sees them
-                stmt = stmt.with_for_update(read=True)
             found.update(conn.execute(stmt).scalars())
         return found
 

@@ -15,7 +15,17 @@ if not os.environ.get("JOBQUEUE_TEST_REQUIRE_ALL"):
 def spark() -> Iterator[Any]:
     from jobqueue.spark import get_session
 
-    session = get_session("local[2]")
+    # The JVM and the Python workers it starts run in another time zone than this process (whose
+    # time module read TZ long ago), so the tests show that instants survive the trip.
+    saved = os.environ.get("TZ")
+    os.environ["TZ"] = "America/New_York"
+    try:
+        session = get_session("local[2]")
+    finally:
+        if saved is None:
+            del os.environ["TZ"]
+        else:
+            os.environ["TZ"] = saved
     session.conf.set("spark.sql.shuffle.partitions", "2")
     yield session
     session.stop()

@@ -69,15 +69,18 @@ def test_unkeyed_rows_are_all_enqueued_with_their_values(spark: Any, score: Any,
     seen = datetime(2026, 3, 1, 12, 30, 15, 250_000, tzinfo=timezone.utc)
     df = (users(spark, 5000)
           .withColumn("seen_at", F.lit(seen))
-          .withColumn("weight", F.col("weight").cast("decimal(10,2)")))
+          .withColumn("weight", F.col("weight").cast("decimal(10,2)"))
+          .withColumn("seen", F.struct(F.col("seen_at").alias("at"), F.array(F.col("seen_at")).alias("all"),
+                                       F.lit(b"\x00\xff").alias("raw"))))
     assert enqueue_dataframe(df, score, args=["user_id", "weight", "seen_at"], batch_size=700) == 5000
-    assert enqueue_dataframe(df, score, args=["user_id", "weight", "seen_at"]) == 5000  # no key: twice
+    assert enqueue_dataframe(df, score, args=["user_id", "weight", "seen"]) == 5000  # no key: twice
     rows = messages(app)
     assert len(rows) == 10_000 and all(r[1] is None for r in rows)
-    args = sorted(loads_call(app.serializer, r[2])[0] for r in rows)
-    # A TIMESTAMP is an instant: it arrives as the same instant, whatever the executor's time zone.
-    assert args[:2] == [[0, Decimal("0.00"), seen]] * 2
-    assert args[-1] == [4999, Decimal("0.50"), seen]
+    args = sorted((loads_call(app.serializer, r[2])[0] for r in rows), key=lambda a: (a[0], isinstance(a[2], dict)))
+    # A TIMESTAMP is an instant: it arrives as the same instant, at any depth, whatever the
+    # executors' time zone (the fixture runs them in New York); structs come as dicts.
+    assert args[:2] == [[0, Decimal("0.00"), seen], [0, Decimal("0.00"), {"at": seen, "all": [seen], "raw": b"\x00\xff"}]]
+    assert args[-2] == [4999, Decimal("0.50"), seen]
 
 
 def test_archived_keys_are_skipped_and_the_jobs_run(spark: Any, score: Any, app: JobQueue, db_url: str) -> None:

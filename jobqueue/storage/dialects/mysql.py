@@ -13,6 +13,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.dialects import mysql
 
+from jobqueue.errors import ConfigurationError
 from jobqueue.job import Batch, Message, Outcome, OutcomeKind
 from jobqueue.storage.dialects.base import SHARED_COLUMNS, AcquireParams, Dialect
 from jobqueue.storage.outcomes import COPIED, SUPPLIED, requeue_binds, supplied_values
@@ -130,16 +131,21 @@ class MySQLDialect(Dialect):
 
     def insert_new(self, connection: sa.Connection, rows: list[dict[str, Any]]) -> list[tuple[int, str]]:
         # IGNORE skips the duplicate keys (it would turn other errors into warnings too, but every
-        # value is checked before it gets here). MariaDB returns the inserted rows; on MySQL they
-        # are found again by their keys and the exact created_at they were given.
+        # value is checked before it gets here). MariaDB returns the inserted rows. MySQL has no
+        # RETURNING: with consecutive auto-increment, the ids of one multi-row INSERT lie in
+        # [LAST_INSERT_ID(), + len(rows)), skipped rows leaving gaps, and no other row can be there.
         m = self.message
         insert = sa.insert(m).prefix_with("IGNORE")
         if connection.dialect.insert_returning:
             return [(row[0], row[1]) for row in connection.execute(insert.returning(m.c.id, m.c.unique_key), rows)]
-        connection.execute(insert, rows)
-        mine = sa.select(m.c.id, m.c.unique_key).where(
-            m.c.task_name == rows[0]["task_name"], m.c.created_at == rows[0]["created_at"],
-            m.c.unique_key.in_([row["unique_key"] for row in rows]))
+        if not self._consecutive_ids(connection):
+            raise ConfigurationError("keyed bulk inserts on MySQL without RETURNING need innodb_autoinc_lock_mode "
+                                     "0 or 1 (this server runs 2); use MariaDB, or enqueue keyed jobs one by one")
+        first = connection.execute(insert.values(rows)).lastrowid
+        if not first:
+            return []
+        mine = sa.select(m.c.id, m.c.unique_key).where(m.c.id >= first, m.c.id < first + len(rows),
+                                                       m.c.task_name == rows[0]["task_name"])
         return [(row[0], row[1]) for row in connection.execute(mine)]
 
     def insert_unique(self, connection: sa.Connection, row: dict[str, Any]) -> int | None:
