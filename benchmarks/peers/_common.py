@@ -217,3 +217,25 @@ def distribution_name(distribution: str) -> str:
         return f"{distribution} {version(distribution)}"
     except PackageNotFoundError:
         return f"{distribution} (not installed)"
+
+
+def name_attribute(distribution: str) -> Callable[[str], Any]:
+    """A module ``__getattr__`` computing ``NAME`` on access, from the installed distribution."""
+    def __getattr__(name: str) -> Any:
+        if name == "NAME":
+            return distribution_name(distribution)
+        raise AttributeError(name)
+
+    return __getattr__
+
+
+def importable(*modules: str) -> bool:
+    """Whether every one of ``modules`` imports."""
+    import importlib
+
+    try:
+        for module in modules:
+            importlib.import_module(module)
+    except ImportError:
+        return False
+    return True

@@ -23,20 +23,12 @@ DIRECTORY = Path("/tmp/peer-huey")
 TASKS_MODULE = "benchmarks.peers.huey_tasks"
 
 
-def __getattr__(name: str) -> Any:
-    """``NAME`` is computed on access, from the installed distribution."""
-    if name == "NAME":
-        return _common.distribution_name("huey")
-    raise AttributeError(name)
+__getattr__ = _common.name_attribute("huey")  # NAME, from the installed distribution
 
 
 def available() -> bool:
     """Whether huey imports."""
-    try:
-        import huey  # noqa: F401
-    except ImportError:
-        return False
-    return True
+    return _common.importable("huey")
 
 
 def _huey() -> SqliteHuey:

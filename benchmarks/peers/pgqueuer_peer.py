@@ -24,21 +24,12 @@ T = TypeVar("T")
 _url: str | None = None  # the server setup() was given; None until then (then PEERS_POSTGRES_URL or the default)
 
 
-def __getattr__(name: str) -> Any:
-    """``NAME`` is computed on access, from the installed distribution."""
-    if name == "NAME":
-        return _common.distribution_name("pgqueuer")
-    raise AttributeError(name)
+__getattr__ = _common.name_attribute("pgqueuer")  # NAME, from the installed distribution
 
 
 def available() -> bool:
     """Whether pgqueuer and asyncpg import."""
-    try:
-        import asyncpg  # noqa: F401
-        import pgqueuer  # noqa: F401
-    except ImportError:
-        return False
-    return True
+    return _common.importable("asyncpg", "pgqueuer")
 
 
 def dsn() -> str:

@@ -23,21 +23,12 @@ CONCURRENCY = 1  # procrastinate's default: jobs in flight per worker process
 _url: str | None = None  # the server setup() was given; None until then (then PEERS_POSTGRES_URL or the default)
 
 
-def __getattr__(name: str) -> Any:
-    """``NAME`` is computed on access, from the installed distribution."""
-    if name == "NAME":
-        return _common.distribution_name("procrastinate")
-    raise AttributeError(name)
+__getattr__ = _common.name_attribute("procrastinate")  # NAME, from the installed distribution
 
 
 def available() -> bool:
     """Whether procrastinate (and psycopg) import."""
-    try:
-        import procrastinate  # noqa: F401
-        import psycopg  # noqa: F401
-    except ImportError:
-        return False
-    return True
+    return _common.importable("procrastinate", "psycopg")
 
 
 def dsn() -> str:
