@@ -184,11 +184,10 @@ class Task:
         if isinstance(unique_key, str):
             raise ConfigurationError("one unique_key for a whole bulk() would make every item the same job; pass "
                                      "a function of the item, or a list with one key per item")
-        options = self._call_options(eta, countdown, queue, priority, headers, None, partition_key,
-                                     retry_strategy)
+        common = self.shared_row(eta=eta, countdown=countdown, queue=queue, priority=priority, headers=headers,
+                                 partition_key=partition_key, retry_strategy=retry_strategy)
         items = list(items)
         keys = self._bulk_keys(items, unique_key)
-        common = self._row((), {}, options, utcnow())
         payloads = []
         args: Sequence[Any]
         for index, item in enumerate(items):
@@ -207,6 +206,13 @@ class Task:
                 end = start + batch_size
                 ids.extend(store.enqueue_batch(Batch(common, payloads[start:end], keys[start:end]), connection=conn))
         return [JobHandle(self.app, job_id) for job_id in ids]
+
+    def shared_row(self, *, eta: datetime | None = None, countdown: float | None = None, queue: str | None = None,
+                   priority: int | None = None, headers: dict[str, Any] | None = None,
+                   partition_key: str | None = None, retry_strategy: RetryStrategy | None = None) -> dict[str, Any]:
+        """The columns every job of one bulk enqueue shares (``Batch.common``), options checked."""
+        options = self._call_options(eta, countdown, queue, priority, headers, None, partition_key, retry_strategy)
+        return self._row((), {}, options, utcnow())
 
     @staticmethod
     def _bulk_keys(items: list[Any], unique_key: Any) -> list[str | None]:

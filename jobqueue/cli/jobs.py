@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import json
-import sys
 from typing import Any
 
 import click
 
-from jobqueue.cli.output import echo_json, table
+from jobqueue.cli.output import echo_json, progress_bar, table
 from jobqueue.cli.state import CliState, Group
 from jobqueue.clock import utcnow
 from jobqueue.duration import parse_age
@@ -123,7 +122,7 @@ def retry(state: CliState, /, job_ids: tuple[int, ...], all_failed: bool, task: 
     if all_failed:
         report = deadletter.RetryReport()
         total = deadletter.count_archived(store, "failed", task)
-        with _progress(total, "retrying failed jobs") as bar:
+        with progress_bar(total, "retrying failed jobs") as bar:
             after = 0
             while ids := deadletter.archived_ids(store, "failed", task, limit=500, after_id=after):
                 batch = deadletter.retry(store, ids)
@@ -175,17 +174,12 @@ def purge(state: CliState, /, state_name: str, older_than: str, task: str | None
     before = utcnow() - parse_age(older_than)
     store = state.app.store
     total = deadletter.count_archived(store, state_name, task, before)
-    with _progress(total, f"purging {state_name} jobs") as bar:
+    with progress_bar(total, f"purging {state_name} jobs") as bar:
         deleted = deadletter.purge(store, state_name, before, task, batch_size, progress=bar.update)
     if as_json:
         echo_json({"purged": deleted, "state": state_name, "archived_before": before})
     else:
         click.echo(f"purged {deleted} {state_name} job(s) archived before {before:%Y-%m-%d %H:%M:%S} UTC")
-
-
-def _progress(total: int, label: str) -> Any:
-    """A progress bar on stderr, so --json output on stdout stays clean."""
-    return click.progressbar(length=total, label=label, file=sys.stderr, show_pos=True)
 
 
 def _ids(ids: list[int], most: int = 20) -> str:

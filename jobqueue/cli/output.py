@@ -55,3 +55,8 @@ def _default(value: Any) -> Any:
 
 def echo_json(data: Any) -> None:
     click.echo(json.dumps(data, default=_default, indent=2, ensure_ascii=False))
+
+
+def progress_bar(total: int, label: str) -> Any:
+    """A progress bar on stderr, so --json output on stdout stays clean."""
+    return click.progressbar(length=total, label=label, file=sys.stderr, show_pos=True)

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import sys
 from typing import Any
 
 import click
 
-from jobqueue.cli.output import echo_json
+from jobqueue.cli.output import echo_json, progress_bar
 from jobqueue.cli.state import CliState, Group
 from jobqueue.duration import parse_age
 
@@ -65,8 +64,7 @@ def export(state: CliState, /, path: str, older_than: str | None, purge: bool, b
     def on_verified(count: int) -> None:
         click.echo(f"exported and verified {count:,} job(s)", err=True)
         if purge:
-            bars.append(click.progressbar(length=count, label="purging exported jobs", file=sys.stderr,
-                                          show_pos=True))
+            bars.append(progress_bar(count, "purging exported jobs"))
 
     result = spark.export_archive(session, app.database_url, path, older_than=age, purge=purge,
                                   table_prefix=app.settings.table_prefix, batch_size=batch_size,

@@ -46,7 +46,7 @@ def read_archive(spark: SparkSession, database_url: str, since: datetime | timed
     by one task over its own connection.
     """
     now = utcnow()
-    window = _Window(_instant(since, now), _instant(until, now))
+    window = _Window(instant(since, now), instant(until, now))
     spec = _ReadSpec(executor_url(database_url), table_prefix, window)
     low, high, rows = spec.id_span()
     if low is None or high is None:
@@ -63,7 +63,7 @@ def read_archive(spark: SparkSession, database_url: str, since: datetime | timed
     return spark.createDataFrame(rdd, ARCHIVE_SCHEMA)
 
 
-def _instant(value: datetime | timedelta | None, now: datetime) -> datetime | None:
+def instant(value: datetime | timedelta | None, now: datetime) -> datetime | None:
     if value is None:
         return None
     if isinstance(value, timedelta):

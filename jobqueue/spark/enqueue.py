@@ -13,7 +13,6 @@ from pyspark.sql import DataFrame, Row
 from pyspark.sql import functions as F
 from pyspark.sql.types import ArrayType, BinaryType, DataType, MapType, StructType, TimestampType
 
-from jobqueue.clock import utcnow
 from jobqueue.errors import ConfigurationError, SerializationError
 from jobqueue.job import Batch
 from jobqueue.retry import RetryStrategy
@@ -65,10 +64,8 @@ def enqueue_dataframe(df: DataFrame, task: Task, args: Sequence[str] | None = No
     if missing:
         raise ConfigurationError(f"column(s) {', '.join(map(repr, missing))} not in the DataFrame; "
                                  f"its columns: {', '.join(df.columns)}")
-    options = task._call_options(eta, countdown, queue, priority, headers, None, partition_key, retry_strategy)
-    common = task._row((), {}, options, utcnow())
-    for column in ("payload", "unique_key"):
-        del common[column]
+    common = task.shared_row(eta=eta, countdown=countdown, queue=queue, priority=priority, headers=headers,
+                             partition_key=partition_key, retry_strategy=retry_strategy)
     app = task.app
     schema = {column.name: column.dataType for column in df.schema.fields}
     spec = _EnqueueSpec(

@@ -20,7 +20,7 @@ except ImportError as exc:  # pragma: no cover - depends on the installation
 from pyspark.sql import DataFrame, Row, SparkSession
 
 from jobqueue.clock import utcnow
-from jobqueue.spark.archive import read_archive
+from jobqueue.spark.archive import instant, read_archive
 from jobqueue.spark.stats import archive_stats, throughput
 from jobqueue.storage.engine import mask_url
 
@@ -44,8 +44,7 @@ def write_report(spark: SparkSession, database_url: str, out: str, *, since: dat
     """Read the archive (``since <= archived_at < until``), write the report to ``out`` and return
     how many jobs it covers."""
     now = utcnow()
-    since_at = now - since if isinstance(since, timedelta) else since
-    until_at = now - until if isinstance(until, timedelta) else until
+    since_at, until_at = instant(since, now), instant(until, now)
     archive = read_archive(spark, database_url, since_at, until_at, table_prefix=table_prefix).cache()
     try:
         text = render_report(archive, database_url=database_url, since=since_at, until=until_at)
@@ -165,8 +164,7 @@ def _throughput_plot(rows: list[Row]) -> str:
     span = (max(minutes) - min(minutes)).total_seconds() / 60 + 1
     size = next((m for m in BIN_MINUTES if span / m <= MAX_BARS), BIN_MINUTES[-1])  # minutes per bar
     for row, minute in zip(rows, minutes):
-        start = datetime.fromtimestamp(minute.replace(tzinfo=timezone.utc).timestamp() // (size * 60) * size * 60,
-                                       timezone.utc).replace(tzinfo=None)
+        start = minute - timedelta(minutes=(minute.hour * 60 + minute.minute) % size)  # sizes divide a day
         series[row["state"]][start] += row["jobs"]
     bins = sorted({start for counts in series.values() for start in counts})
     figure = Figure(figsize=(10, 3.2))
