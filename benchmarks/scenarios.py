@@ -41,11 +41,12 @@ def enqueue(url: str, backend: str, runs: int, jobs: int, processes: int, json_p
         noop.bulk([()] * (jobs * 2))
         return jobs * 2 / (time.perf_counter() - started)
 
-    measures = interleave(runs, {"raw single insert": references["raw single insert"], "delay()": single,
-                                 "raw bulk insert": references["raw bulk insert"], "bulk()": bulk},
-                          units=dict.fromkeys(["raw single insert", "delay()", "raw bulk insert", "bulk()"], "jobs/s"))
+    names = ["raw single insert", "raw bulk insert", "raw bulk insert, 1,000 rows"]
+    measures = interleave(runs, {**{name: references[name] for name in names}, "delay()": single, "bulk()": bulk},
+                          units=dict.fromkeys([*names, "delay()", "bulk()"], "jobs/s"))
     return report("enqueue", backend, measures, {"delay() / raw single": ("delay()", "raw single insert"),
-                                                 "bulk() / raw bulk": ("bulk()", "raw bulk insert")},
+                                                 "bulk() / raw bulk": ("bulk()", "raw bulk insert"),
+                                                 "bulk() / raw bulk, 1,000 rows": ("bulk()", "raw bulk insert, 1,000 rows")},
                   {"jobs": jobs}, json_path)
 
 

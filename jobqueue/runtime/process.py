@@ -29,6 +29,7 @@ from jobqueue.runtime.executor import Executor, StoreLeaseKeeper, log_outcome
 from jobqueue.runtime.holdings import Holdings
 from jobqueue.runtime.resilience import DatabaseGuard, GaveUp
 from jobqueue.runtime.slot import Slot
+from jobqueue.runtime.wakeup import ProcessListener, process_listener
 from jobqueue.storage.store import new_lease_token
 
 if TYPE_CHECKING:
@@ -78,6 +79,7 @@ class WorkerProcess:
         self.executor = Executor(app, keeper=StoreLeaseKeeper(app.store), ack_first=self._ack_first,
                                  writer=self.guard.call)
         self.wake_at: float | None = None  # monotonic time a deferred message of ours comes due
+        self.listener: ProcessListener | None = None  # PostgreSQL: this process's own LISTEN connection
 
     # -- entry point -------------------------------------------------------------------------------
     def main(self) -> int:
@@ -85,6 +87,7 @@ class WorkerProcess:
         self.app.after_fork()
         self.guard.what = f"database (worker process {os.getpid()})"
         self.store = self.app.store
+        self.listener = process_listener(self.store)
         row = {"id": self.spec.worker_id, "supervisor_id": self.spec.supervisor_id, "hostname": os.uname().nodename,
                "pid": os.getpid(), "queues": ",".join(self.settings.queues or ()) or None,
                "started_at": utcnow(), "heartbeat_at": utcnow(), "version": _version()}
@@ -100,6 +103,8 @@ class WorkerProcess:
             if keeper.is_alive():
                 keeper.join(KEEPER_JOIN_SECONDS)
             self._shutdown()
+            if self.listener is not None:
+                self.listener.close()
         return 0
 
     def _install_signals(self) -> None:
@@ -149,8 +154,14 @@ class WorkerProcess:
             # The token is ours before the statement runs, so an acquisition whose COMMIT reply was
             # lost (connection dropped) can be found and undone before we try again.
             self.pending_token = new_lease_token()
-            messages = self.store.acquire(self.spec.worker_id, self.settings.queues, limit,
-                                          self.settings.release_stuck_timeout, token=self.pending_token)
+            if self.listener is None:
+                messages = self.store.acquire(self.spec.worker_id, self.settings.queues, limit,
+                                              self.settings.release_stuck_timeout, token=self.pending_token)
+            else:
+                with self.listener.lock:
+                    messages = self.store.acquire(self.spec.worker_id, self.settings.queues, limit,
+                                                  self.settings.release_stuck_timeout, token=self.pending_token,
+                                                  connection=self.listener.connection())
             self.pending_token = None
             return messages
 
@@ -208,9 +219,22 @@ class WorkerProcess:
         timeout = self.next_fetch_at - time.monotonic()
         if timeout <= 0 or self.stopping:
             return
-        ready, _, _ = select.select([self.spec.wake_r], [], [], timeout)
-        if ready:
+        if self.listener is None:
+            ready, _, _ = select.select([self.spec.wake_r], [], [], timeout)
+        else:
+            with self.listener.lock:
+                # Heard during the last acquire, or while a job ran: that news may be newer than
+                # what the acquire saw.
+                if self.listener.take_news():
+                    self.next_fetch_at = 0.0
+                    return
+                news = self.listener.fileno()
+                ready, _, _ = select.select([self.spec.wake_r] + ([news] if news is not None else []), [], [], timeout)
+                if news in ready:
+                    self.listener.take_news()
+        if self.spec.wake_r in ready:
             _drain(self.spec.wake_r)
+        if ready:
             self.next_fetch_at = 0.0  # woken: work may have arrived
 
     def _recycle_due(self) -> bool:
@@ -265,6 +289,8 @@ class WorkerProcess:
     def _keeper(self) -> None:
         """Keeper thread: while a job runs, hand back the unstarted buffer and write overdue outcomes."""
         while not self.keeper_stop.wait(KEEPER_TICK_SECONDS):
+            if self.listener is not None:
+                self.listener.drain()
             taken, handed = self.held.take_for_keeper(HOARD_SECONDS, self.settings.flush_interval)
             if not taken:
                 continue

@@ -55,6 +55,7 @@ class Child:
     process: Any
     started: float
     timed_out: SlotView | None = None
+    poked_at: float = 0.0  # monotonic time the supervisor last woke it
 
 
 @dataclass
@@ -187,8 +188,13 @@ class Supervisor:
         # ask while someone idles.
         if (news_fd is not None and news_fd in ready) or (poll_due is not None and idle):
             wanted += self.waker.check(time.monotonic())
-        for child in idle[:wanted]:
-            poke(child.spec.wake_w)
+        if wanted:
+            # Who idles now, not before the wait: a process woken for the last news may be running
+            # that job already. Among the idle, the least recently woken first: one woken a moment
+            # ago may not have fetched yet.
+            for child in sorted(self._idle_children(), key=lambda c: c.poked_at)[:wanted]:
+                child.poked_at = time.monotonic()
+                poke(child.spec.wake_w)
 
     def _idle_children(self) -> list[Child]:
         idle = []

@@ -1,13 +1,16 @@
-"""How a supervisor learns that new work arrived, so idle worker processes start it at once.
+"""How idle worker processes learn that new work arrived, so that they start it at once.
 
 - PostgreSQL notifies: a statement-level trigger on the message table calls pg_notify (delivered at
-  COMMIT, so a rolled-back enqueue wakes nobody), and the supervisor LISTENs on one connection.
+  COMMIT, so a rolled-back enqueue wakes nobody). With psycopg2 each worker process LISTENs on the
+  connection it acquires on (:class:`ProcessListener`): the notification wakes it directly, and the
+  acquire that follows reaches a server process that is awake already. Otherwise the supervisor
+  LISTENs on one connection for the pool.
 - SQLite has no notifications, but ``PRAGMA data_version`` changes whenever another connection
   commits, and reading it touches no table: the supervisor checks it every ``idle_poll_interval``.
 - MySQL/MariaDB: the supervisor asks one indexed question ("is anything ready?") every
   ``idle_poll_interval`` for the whole pool, instead of every idle process polling.
 
-The supervisor wakes one idle process per piece of news; a process whose fetch comes back full
+Where the supervisor learns of work, it wakes one idle process per piece of news; a process whose fetch comes back full
 asks for a sibling, so a burst draws in the whole pool while a trickle wakes one process per job.
 Pollers run only while some process idles. The processes keep their own slow poll
 (``max_fetch_interval``) as the fallback, and for delayed jobs coming due.
@@ -16,6 +19,7 @@ Pollers run only while some process idles. The processes keep their own slow pol
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from typing import Any
 
@@ -136,7 +140,9 @@ class SQLiteWaker(PollingWaker):
 
     def poll(self) -> bool:
         version = self.connection.cursor().execute("PRAGMA data_version").fetchone()[0]
-        changed = self.last_seen is not None and version != self.last_seen
+        # The first reading counts as news: a commit made after a process's first (empty) fetch
+        # but before this reading would otherwise wait for that process's fallback poll.
+        changed = self.last_seen is None or version != self.last_seen
         self.last_seen = version
         return changed
 
@@ -155,10 +161,96 @@ class ReadyQueryWaker(PollingWaker):
         return self.store.has_ready(self.queues, utcnow())
 
 
+class ProcessListener:
+    """A worker process's own PostgreSQL connection: it LISTENs, and acquire runs on it.
+
+    Every idle process listening hears every notification, so a trickle of jobs costs one empty
+    acquire per extra idle process; in exchange nothing relays the news (one wake-up fewer, and
+    the supervisor's own work never delays it). The main thread holds ``lock`` while it acquires
+    or waits; while it runs jobs the keeper thread drains what arrives (:meth:`drain`), so that a
+    long job never leaves notifications piling up on the server.
+    """
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self.channel = notify_channel(store.tables.prefix)
+        self.fairy: Any = None
+        self.lock = threading.Lock()
+        self.heard = False  # drained by the keeper while a job ran
+
+    def connection(self) -> Any:
+        """The connection, LISTENing (opened again after a failure); the caller holds ``lock``."""
+        if self.fairy is not None and not self.fairy.is_valid:
+            self.close()
+        if self.fairy is None:
+            fairy = self.store.driver_connection()
+            try:
+                self.store.run_on_driver(lambda cursor, info: cursor.execute(f"LISTEN {self.channel}"),
+                                         f"LISTEN {self.channel}", fairy)
+            except BaseException:
+                if fairy.is_valid:
+                    fairy.invalidate()
+                raise
+            self.fairy = fairy
+            self.heard = True  # whatever was sent before we listened: look once
+        return self.fairy
+
+    def fileno(self) -> int | None:
+        return self.fairy.dbapi_connection.fileno() if self.fairy is not None and self.fairy.is_valid else None
+
+    def take_news(self) -> bool:
+        """Whether anything was heard since the last call; the caller holds ``lock``."""
+        heard, self.heard = self.heard, False
+        if self.fairy is None or not self.fairy.is_valid:
+            return heard
+        try:
+            raw = self.fairy.dbapi_connection
+            raw.poll()
+            heard = heard or bool(raw.notifies)
+            raw.notifies.clear()
+        except Exception as exc:  # the server went away: the next acquire reconnects (or meets the outage)
+            logger.debug("LISTEN connection lost (%s)", exc)
+            self.close()
+            return True
+        return heard
+
+    def drain(self) -> None:
+        """From the keeper thread: read what arrived while the main thread is busy elsewhere."""
+        if not self.lock.acquire(blocking=False):
+            return
+        try:
+            if self.fairy is not None and self.fairy.is_valid:
+                raw = self.fairy.dbapi_connection
+                raw.poll()
+                if raw.notifies:
+                    self.heard = True
+                    raw.notifies.clear()
+        except Exception as exc:
+            logger.debug("LISTEN connection lost (%s)", exc)
+            self.heard = True
+        finally:
+            self.lock.release()
+
+    def close(self) -> None:
+        # Closed rather than pooled, as it is still LISTENing (an invalidated one was returned already).
+        if self.fairy is not None and self.fairy.is_valid:
+            try:
+                self.fairy.invalidate()
+            except Exception:
+                pass
+        self.fairy = None
+
+
+def process_listener(store: Store) -> ProcessListener | None:
+    """A listener for a worker process where acquire can run on it (PostgreSQL with psycopg2)."""
+    return ProcessListener(store) if store.dialect.name == "postgresql" and store.acquires_on_driver else None
+
+
 def make_waker(store: Store, queues: tuple[str, ...] | None, interval: float) -> Waker:
     name = store.engine.dialect.name
     if name == "postgresql":
-        return PostgresWaker(store)
+        # Where the processes listen themselves, the supervisor has nothing to relay.
+        return Waker() if process_listener(store) is not None else PostgresWaker(store)
     if name == "sqlite":
         return SQLiteWaker(store, interval)
     return ReadyQueryWaker(store, interval, queues)

@@ -12,7 +12,7 @@ import secrets
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator, TypeVar
 
 import sqlalchemy as sa
 
@@ -26,6 +26,7 @@ from jobqueue.storage.engine import create_engine
 from jobqueue.storage.tables import Tables, Timestamp
 
 UNIQUE_RETRIES = 10
+T = TypeVar("T")
 
 
 def new_lease_token() -> int:
@@ -202,11 +203,19 @@ class Store:
 
     # -- acquire -----------------------------------------------------------------------------------
     def acquire(self, worker_id: str, queues: tuple[str, ...] | None, limit: int, lease_seconds: float,
-                now: datetime | None = None, token: int | None = None) -> list[Message]:
-        """Mark up to ``limit`` ready messages PROCESSING under a new lease token and return them."""
+                now: datetime | None = None, token: int | None = None, connection: Any = None) -> list[Message]:
+        """Mark up to ``limit`` ready messages PROCESSING under a new lease token and return them.
+
+        ``connection``: a pooled DB-API connection from :meth:`driver_connection` to run it on
+        (where :attr:`acquires_on_driver`), instead of one from the pool.
+        """
         now = now or utcnow()
         params = AcquireParams(worker_id=worker_id, token=token or new_lease_token(), queues=queues,
                                limit=limit, now=now, lease_expires_at=now + _seconds(lease_seconds))
+        if self.acquires_on_driver:
+            with schema_errors(self.tables.prefix):
+                return self.run_on_driver(lambda cursor, info: self.dialect.acquire_on_cursor(cursor, params, info),
+                                       "acquire", connection)
         single = self.dialect.one_statement_acquire
         with schema_errors(self.tables.prefix), self._single_statement() if single else self.engine.begin() as conn:
             return self.dialect.acquire(conn, params)
@@ -227,13 +236,33 @@ class Store:
 
     def _insert_one(self, row: dict[str, Any]) -> int:
         """One INSERT in autocommit on a pooled DB-API connection (SQLite autocommits a lone INSERT too)."""
+        return self.run_on_driver(lambda cursor, info: self.dialect.insert_one(cursor, row),
+                               self.dialect.insert_one_sql())
+
+    @property
+    def acquires_on_driver(self) -> bool:
+        """True where acquire runs straight on the DB-API driver (PostgreSQL with psycopg2)."""
+        return self.dialect.acquires_on_driver(self.engine.dialect.driver)
+
+    def driver_connection(self) -> Any:
+        """A pooled DB-API connection in autocommit, for the caller to keep (close() returns it)."""
+        return (self._autocommit() if self.dialect.autocommit else self.engine).raw_connection()
+
+    def run_on_driver(self, work: Callable[[Any, dict[str, Any]], T], statement: str, fairy: Any = None) -> T:
+        """Run ``work(cursor, info)`` in autocommit on a pooled DB-API connection, for the hot paths.
+
+        Straight on the driver, without SQLAlchemy's per-statement machinery: on an idle worker
+        that machinery took longer than the statement. ``info`` lives as long as the connection.
+        ``fairy``: the caller's own connection (from driver_connection) instead of the pool's.
+        """
         engine = self._autocommit() if self.dialect.autocommit else self.engine
         dbapi = engine.dialect.loaded_dbapi
-        fairy = engine.raw_connection()
+        owned = fairy is not None
+        fairy = fairy if owned else engine.raw_connection()
         try:
             cursor = fairy.cursor()
             try:
-                return self.dialect.insert_one(cursor, row)
+                return work(cursor, fairy.info)
             finally:
                 cursor.close()
         except dbapi.Error as exc:
@@ -241,10 +270,11 @@ class Store:
             invalidated = engine.dialect.is_disconnect(exc, fairy.dbapi_connection, None)
             if invalidated:
                 fairy.invalidate()
-            raise sa.exc.DBAPIError.instance(self.dialect.insert_one_sql(), None, exc, dbapi.Error,
+            raise sa.exc.DBAPIError.instance(statement, None, exc, dbapi.Error,
                                              connection_invalidated=invalidated) from exc
         finally:
-            fairy.close()
+            if not owned:
+                fairy.close()
 
     def _autocommit(self) -> sa.Engine:
         if self._autocommit_engine is None:

@@ -264,3 +264,28 @@ def test_bystanders_in_a_crashed_buffer_are_not_counted(app: JobQueue, tmp_path:
              in table_rows(app, "archive", "id", "attempts_count", "deliveries_count")}
     assert {by_id[h.id] for h in bystanders} == {(1, 1)}  # only the delivery that ran them counts
     assert by_id[poison.id] == (2, 3)  # two deliveries killed their process; the third refused it
+
+
+def test_an_idle_worker_starts_new_work_at_once_not_at_its_next_poll(app: JobQueue, tmp_path: Path,
+                                                                      workers: list[Worker]) -> None:
+    """Notifications (PostgreSQL) or the supervisor's cheap check (SQLite, MariaDB) wake idle processes,
+    also after one of them ran a long job; the fallback poll is 30 s here, so only a wake-up passes."""
+    start(workers, tmp_path, "--concurrency", "2", "--max-fetch-interval", "30")
+    wait_for(lambda: len(table_rows(app, "worker", "id")) == 2, 30, "two worker processes")
+
+    def completes_promptly(handle) -> float:  # type: ignore[no-untyped-def]
+        began = time.monotonic()
+        wait_for(lambda: handle.status() == "completed", 2, f"job {handle.id} to complete without polling")
+        return time.monotonic() - began
+
+    completes_promptly(rt.short.delay(0))  # both processes have fetched once and idle now
+    waits = [completes_promptly(rt.short.delay(0)) for _ in range(5)]
+    slow = rt.slow.delay(4.0)  # one process busy for 4 s: the other takes new work meanwhile
+    wait_for(lambda: runs(tmp_path / "runs.txt")[-1][0] == "start", 5, "the slow job to start")
+    waits += [completes_promptly(rt.short.delay(0)) for _ in range(3)]
+    wait_for(lambda: slow.status() == "completed", 10, "the slow job")
+    waits += [completes_promptly(rt.short.delay(0)) for _ in range(3)]  # both idle again, both hear
+    assert not repeated(runs(tmp_path / "runs.txt"), "run")
+    REPORTS.append(f"wake-up: idle worker completed each new job in at most {max(waits) * 1000:.0f} ms "
+                   f"(median {sorted(waits)[len(waits) // 2] * 1000:.0f} ms, polling every 30 s; "
+                   f"each: {' '.join(f'{w * 1000:.0f}' for w in waits)})")

@@ -12,6 +12,7 @@ from jobqueue import JobQueue
 from jobqueue.clock import utcnow
 from jobqueue.job import ErrorInfo, MessageState, Outcome, OutcomeKind
 from jobqueue.storage import jobs
+from tests.conftest import only
 
 WORKER = "w" * 32
 LEASE = 30.0
@@ -141,6 +142,64 @@ def test_acquire_respects_queues_and_limit(app: JobQueue, add) -> None:  # type:
     got += app.store.acquire(WORKER, ("a", "c"), 10, LEASE)
     assert len(got) == 6
     assert {m.queue for m in app.store.acquire(WORKER, None, 10, LEASE)} == {"b"}
+    add.bulk([(1, 1)] * 2, queue="a")
+    add.bulk([(1, 1)] * 2, queue="b")
+    assert [m.queue for m in app.store.acquire(WORKER, ("b",), 10, LEASE)] == ["b", "b"]
+
+
+def _plain_driver_connection(app: JobQueue):  # type: ignore[no-untyped-def]
+    """The pooled DB-API connection the store's next single statement will use (the pool is LIFO)."""
+    return app.store._autocommit().raw_connection()
+
+
+@only("postgresql")
+def test_prepared_acquire_survives_a_server_that_forgets_it(app: JobQueue, add, caplog) -> None:  # type: ignore[no-untyped-def]
+    """As behind a pooler in transaction mode: a missing prepared statement costs a retry, never a job."""
+    add.bulk([(1, 1)] * 10)
+    taken = [m.id for m in app.store.acquire(WORKER, None, 1, LEASE)]
+    for _ in range(6):  # a miss re-prepares on the next call, so every other call misses
+        fairy = _plain_driver_connection(app)
+        fairy.cursor().execute("DEALLOCATE ALL")  # the server forgets; our bookkeeping says prepared
+        fairy.close()
+        taken += [m.id for m in app.store.acquire(WORKER, None, 1, LEASE)]
+    assert len(taken) == len(set(taken)) == 7
+    assert "runs its statements unprepared" in caplog.text
+    taken += [m.id for m in app.store.acquire(WORKER, None, 10, LEASE)]  # plain from now on
+    assert sorted(taken) == [r["id"] for r in rows(app)]
+
+
+@only("postgresql")
+def test_prepared_acquire_when_our_bookkeeping_is_lost(app: JobQueue, add) -> None:  # type: ignore[no-untyped-def]
+    add.bulk([(1, 1)] * 3)
+    assert len(app.store.acquire(WORKER, None, 1, LEASE)) == 1
+    fairy = _plain_driver_connection(app)
+    fairy.info.clear()  # the statement is still prepared on the server: PREPARE fails as a duplicate
+    fairy.close()
+    assert len(app.store.acquire(WORKER, None, 5, LEASE)) == 2
+
+
+@only("postgresql")
+def test_prepared_acquire_keeps_the_ordered_index_walk(app: JobQueue, add) -> None:  # type: ignore[no-untyped-def]
+    """After five runs PostgreSQL may switch to a generic plan: it must still walk a ready index."""
+    add.bulk([(1, 1)] * 20, queue="a")
+    for queues in (None, ("a",), ("a", "b")):
+        for _ in range(7):
+            app.store.acquire(WORKER, queues, 1, LEASE)
+        dialect = app.store.dialect
+        prepared = dialect._prepared["all" if queues is None else "one" if len(queues) == 1 else "many"]  # type: ignore[attr-defined]
+        fairy = _plain_driver_connection(app)
+        cursor = fairy.cursor()
+        cursor.execute("SELECT generic_plans FROM pg_prepared_statements WHERE name = %s", (prepared.name,))
+        assert cursor.fetchone()[0] > 0, "PostgreSQL kept planning each call"
+        now = utcnow()
+        binds = {"now": now, "limit": 1, "token": 1, "worker_id": WORKER, "lease_expires_at": now,
+                 "queues": list(queues or ()), "queue": (queues or ("",))[0]}
+        cursor.execute("BEGIN")
+        cursor.execute("EXPLAIN " + prepared.execute, [{**prepared.defaults, **binds}[n] for n in prepared.names])
+        plan = "\n".join(row[0] for row in cursor.fetchall())
+        cursor.execute("ROLLBACK")
+        fairy.close()
+        assert "Index Scan using ix_jobqueue_message_ready" in plan and "Sort" not in plan, plan
 
 
 def test_concurrent_acquirers_never_share_a_message(app: JobQueue, add) -> None:  # type: ignore[no-untyped-def]

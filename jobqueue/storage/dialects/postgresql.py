@@ -1,21 +1,30 @@
-"""PostgreSQL: acquire in one statement, a CTE with FOR UPDATE SKIP LOCKED feeding UPDATE ... RETURNING."""
+"""PostgreSQL: acquire in one statement, a CTE with FOR UPDATE SKIP LOCKED feeding UPDATE ... RETURNING.
+
+Acquire, on the path from enqueue to a job's start, runs on the driver as a prepared statement:
+SQLAlchemy's execution and the server's parse and plan took longer than running it, and an idle
+worker pays for every instruction twice over (cold caches).
+"""
 
 from __future__ import annotations
 
 import base64
+import hashlib
 import io
 import json
+import logging
+import re
 from datetime import datetime
-from typing import Any
+from typing import Any, Sequence
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
 
-from jobqueue.job import Outcome, OutcomeKind
-from jobqueue.job import Batch
-from jobqueue.storage.dialects.base import PROCESSING, SHARED_COLUMNS, Dialect
+from jobqueue.job import Batch, Message, Outcome, OutcomeKind
+from jobqueue.storage.dialects.base import PROCESSING, SHARED_COLUMNS, AcquireParams, Dialect
 from jobqueue.storage.outcomes import requeue_binds
-from jobqueue.storage.tables import notify_channel, postgresql_notify_ddl
+from jobqueue.storage.tables import Tables, notify_channel, postgresql_notify_ddl
+
+logger = logging.getLogger("jobqueue.storage")
 
 
 class PostgreSQLDialect(Dialect):
@@ -25,6 +34,10 @@ class PostgreSQLDialect(Dialect):
     insert_on_conflict = staticmethod(postgresql.insert)
 
     _apply_outcomes: Any = None
+
+    def __init__(self, tables: Tables) -> None:
+        super().__init__(tables)
+        self._prepared: dict[str, Prepared] = {}
 
     def after_create(self, connection: sa.Connection) -> None:
         for statement in postgresql_notify_ddl(self.tables.prefix):
@@ -41,12 +54,33 @@ class PostgreSQLDialect(Dialect):
 
     def build_acquire(self, queues: str) -> Any:
         m = self.message
-        ready = self.ready_select([m.c.id], queues != "all").with_for_update(skip_locked=True).cte("ready")
+        ready = self.ready_select([m.c.id], queues != "all", queues == "one").with_for_update(skip_locked=True).cte("ready")
         # id = ANY(ARRAY(SELECT ...)): the chosen ids become one array, then primary-key lookups.
         # A join with the CTE lets the planner hash-join against a scan of the whole backlog.
         chosen = sa.func.array(sa.select(ready.c.id).scalar_subquery())
         return (sa.update(m).where(m.c.id == sa.any_(chosen))
                 .values(self.acquired_values()).returning(*self.returned))
+
+    def queue_filter(self, one: bool) -> Any:
+        # One parameter whatever the number of queues, so that a prepared statement serves every
+        # call. One queue is an equality: the ordered walk of the queue's ready index.
+        if one:
+            return self.message.c.queue == sa.bindparam("queue", type_=sa.String)
+        return self.message.c.queue == sa.any_(sa.bindparam("queues", type_=postgresql.ARRAY(sa.String)))
+
+    # -- the hot paths, prepared on the driver --
+    def acquires_on_driver(self, driver: str) -> bool:
+        return driver == "psycopg2"
+
+    def acquire_on_cursor(self, cursor: Any, params: AcquireParams, info: dict[str, Any]) -> list[Message]:
+        queues = "all" if not params.queues else "one" if len(params.queues) == 1 else "many"
+        prepared = self._prepared.get(queues)
+        if prepared is None:
+            prepared = self._prepared[queues] = Prepared.compile(self.build_acquire(queues))
+        prepared.run(cursor, params.binds(), info)
+        rows = [Message(*_driver_values(row)) for row in cursor.fetchall()]
+        rows.sort(key=lambda r: (-r.priority, r.next_attempt_at, r.id))  # RETURNING gives no order
+        return rows
 
     def insert_batch(self, connection: sa.Connection, batch: Batch) -> list[int]:
         if connection.dialect.driver != "psycopg2":  # COPY is written for psycopg2's copy_expert
@@ -211,3 +245,71 @@ def copy_batch(connection: sa.Connection, table: sa.Table, batch: Batch) -> list
     finally:
         cursor.close()
     return ids
+
+
+
+def _driver_values(row: Sequence[Any]) -> list[Any]:
+    """A row as psycopg2 returns it, with bytea as bytes (JSON comes parsed already)."""
+    return [bytes(v) if isinstance(v, memoryview) else v for v in row]
+
+
+class Prepared:
+    """A statement PREPAREd once per connection, then EXECUTEd by name: no parse or plan per call.
+
+    Where prepared statements do not last (a pooler in transaction mode hands each transaction
+    another server connection), a missing one costs one failed round trip and the statement runs
+    plain; after ``GIVE_UP_AFTER`` misses this statement always runs plain.
+    """
+
+    GIVE_UP_AFTER = 3
+    MISSING = "26000"  # invalid_sql_statement_name: not prepared on this server connection
+    DUPLICATE = "42P05"  # duplicate_prepared_statement: prepared already (our bookkeeping was lost)
+    CHANGED = "0A000"  # feature_not_supported: "cached plan must not change result type"
+
+    def __init__(self, sql: str, defaults: dict[str, Any] | None = None) -> None:
+        """``sql`` with psycopg2's ``%(name)s`` markers; ``run`` takes a dict of values over ``defaults``."""
+        self.sql = sql
+        self.defaults = defaults or {}
+        self.names = tuple(dict.fromkeys(re.findall(r"%\((\w+)\)s", sql)))
+        numbered = re.sub(r"%\((\w+)\)s", lambda m: f"${self.names.index(m.group(1)) + 1}", sql)
+        self.name = "jobqueue_" + hashlib.sha1(sql.encode()).hexdigest()[:16]
+        self.prepare = f"PREPARE {self.name} AS {numbered.replace('%%', '%')}"
+        self.execute = f"EXECUTE {self.name}" + (f" ({', '.join(['%s'] * len(self.names))})" if self.names else "")
+        self.misses = 0
+
+    @classmethod
+    def compile(cls, statement: Any) -> Prepared:
+        """A SQLAlchemy statement as its psycopg2 dialect renders it; literals it binds become defaults."""
+        compiled = statement.compile(dialect=postgresql.psycopg2.dialect())  # type: ignore[no-untyped-call]
+        return cls(str(compiled), {k: v for k, v in compiled.params.items() if v is not None})
+
+    def run(self, cursor: Any, params: dict[str, Any], info: dict[str, Any]) -> None:
+        """Execute on ``cursor`` (a connection in autocommit); ``info`` lasts as long as the connection."""
+        params = {**self.defaults, **params}
+        if self.misses >= self.GIVE_UP_AFTER:
+            cursor.execute(self.sql, params)
+            return
+        prepared: set[str] = info.setdefault("jobqueue_prepared", set())
+        if self.name not in prepared:
+            try:
+                cursor.execute(self.prepare)
+            except Exception as exc:
+                if getattr(exc, "pgcode", None) != self.DUPLICATE:
+                    raise
+            prepared.add(self.name)
+        args = [params[name] for name in self.names]
+        try:
+            cursor.execute(self.execute, args)
+        except Exception as exc:
+            code = getattr(exc, "pgcode", None)
+            if code not in (self.MISSING, self.CHANGED):
+                raise
+            prepared.discard(self.name)
+            if code == self.CHANGED:
+                cursor.execute(f"DEALLOCATE {self.name}")
+            else:
+                self.misses += 1
+                if self.misses == self.GIVE_UP_AFTER:
+                    logger.warning("prepared statements do not last on this database connection (a pooler "
+                                   "in transaction mode?): jobqueue runs its statements unprepared from now on")
+            cursor.execute(self.sql, params)
