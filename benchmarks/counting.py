@@ -2,7 +2,8 @@
 
 Each statement appends its first word to ``<directory>/<pid>``: fine for an idle worker, which runs
 few; not meant for throughput runs. sqlite3's trace callback sees every statement (the
-supervisor's raw ``PRAGMA data_version`` polls included); elsewhere SQLAlchemy's events do.
+supervisor's raw ``PRAGMA data_version`` polls included), and so does a cursor class on psycopg2
+(acquire runs on the driver there); on MySQL SQLAlchemy's events do.
 """
 
 from __future__ import annotations
@@ -27,10 +28,20 @@ def install(directory: str) -> None:
     def on_connect(dbapi_connection: Any, _record: Any) -> None:
         if hasattr(dbapi_connection, "set_trace_callback"):
             dbapi_connection.set_trace_callback(record)
+        elif type(dbapi_connection).__module__.startswith("psycopg2"):
+            # Every cursor, SQLAlchemy's and the driver-level hot paths' (acquire, delay()) alike.
+            import psycopg2.extensions
+
+            class CountingCursor(psycopg2.extensions.cursor):
+                def execute(self, query: Any, vars: Any = None) -> Any:
+                    record(query if isinstance(query, str) else query.decode())
+                    return super().execute(query, vars)
+
+            dbapi_connection.cursor_factory = CountingCursor
 
     @event.listens_for(sa.engine.Engine, "before_cursor_execute")
     def on_execute(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
-        if conn.dialect.name != "sqlite":
+        if conn.dialect.name == "mysql":
             record(statement)
 
 

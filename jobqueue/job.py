@@ -17,7 +17,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, Sequence
 
 
 class MessageState(str, enum.Enum):
@@ -112,7 +112,7 @@ class Batch:
     """
 
     common: dict[str, Any]
-    payloads: list[bytes]
+    payloads: Sequence[bytes]  # a list, or serialized as read (Task.bulk's streamed path)
     unique_keys: list[str | None]
 
     def __len__(self) -> int:

@@ -9,7 +9,7 @@ import re
 import sys
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Sequence
 
 from jobqueue.ack import AckPolicy
 from jobqueue.clock import to_naive_utc, utcnow
@@ -175,9 +175,10 @@ class Task:
              connection: Any = None) -> list[JobHandle]:
         """Enqueue one job per item (a tuple of positional args, or a dict of kwargs).
 
-        Each batch of ``batch_size`` is one round trip; handles come back in input order. Every item
-        is serialized before anything is written, so a bad item writes nothing. ``unique_key`` is a
-        function of the item or a list with one key per item (None: no key for that item).
+        Each batch of ``batch_size`` is one round trip (on PostgreSQL with psycopg2, outside a
+        transaction of yours, the rows stream in one COPY instead); handles come back in input
+        order. A bad item writes nothing. ``unique_key`` is a function of the item or a list with
+        one key per item (None: no key for that item).
         """
         if batch_size < 1:
             raise ConfigurationError("batch_size must be >= 1")
@@ -188,24 +189,31 @@ class Task:
                                  partition_key=partition_key, retry_strategy=retry_strategy)
         items = list(items)
         keys = self._bulk_keys(items, unique_key)
-        payloads = []
-        args: Sequence[Any]
-        for index, item in enumerate(items):
-            if isinstance(item, dict):
-                args, kwargs = (), item
-            elif isinstance(item, (tuple, list)):
-                args, kwargs = item, {}
-            else:
-                raise SerializationError(f"bulk item {index} is a {type(item).__name__}: give a tuple of "
-                                         "positional arguments (for one argument: (value,)) or a dict of kwargs")
-            payloads.append(self._payload(args, kwargs, index))
         ids: list[int] = []
         store = self.app.store
         with self.app.enqueue_connection(connection) as conn:
-            for start in range(0, len(items), batch_size):
-                end = start + batch_size
-                ids.extend(store.enqueue_batch(Batch(common, payloads[start:end], keys[start:end]), connection=conn))
+            if conn is None and unique_key is None and store.streams_bulk:
+                # Our own transaction, streamed: each item is serialized as the database reads the
+                # rows before it, and a bad item aborts the statement and the transaction.
+                ids = store.enqueue_batch(Batch(common, _Payloads(self, items), keys))
+            else:
+                payloads = [self._bulk_payload(item, index) for index, item in enumerate(items)]
+                for start in range(0, len(items), batch_size):
+                    end = start + batch_size
+                    ids.extend(store.enqueue_batch(Batch(common, payloads[start:end], keys[start:end]),
+                                                   connection=conn))
         return [JobHandle(self.app, job_id) for job_id in ids]
+
+    def _bulk_payload(self, item: Any, index: int) -> bytes:
+        args: Sequence[Any]
+        if isinstance(item, dict):
+            args, kwargs = (), item
+        elif isinstance(item, (tuple, list)):
+            args, kwargs = item, {}
+        else:
+            raise SerializationError(f"bulk item {index} is a {type(item).__name__}: give a tuple of "
+                                     "positional arguments (for one argument: (value,)) or a dict of kwargs")
+        return self._payload(args, kwargs, index)
 
     def shared_row(self, *, eta: datetime | None = None, countdown: float | None = None, queue: str | None = None,
                    priority: int | None = None, headers: dict[str, Any] | None = None,
@@ -279,3 +287,24 @@ class Task:
 def _item(index: int | None) -> str:
     """Where a bulk() error happened: "item 3: " (nothing for a single call)."""
     return "" if index is None else f"item {index}: "
+
+
+class _Payloads(Sequence[bytes]):
+    """A bulk's payloads, serialized when read (the streamed bulk path reads them once, in order)."""
+
+    def __init__(self, task: Task, items: list[Any]) -> None:
+        self.task = task
+        self.items = items
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, index: Any) -> Any:
+        if isinstance(index, slice):
+            return [self.task._bulk_payload(self.items[i], i) for i in range(*index.indices(len(self.items)))]
+        return self.task._bulk_payload(self.items[index], index)
+
+    def __iter__(self) -> Iterator[bytes]:
+        bulk_payload = self.task._bulk_payload
+        for index, item in enumerate(self.items):
+            yield bulk_payload(item, index)

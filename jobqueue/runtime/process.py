@@ -159,6 +159,8 @@ class WorkerProcess:
                                               self.settings.release_stuck_timeout, token=self.pending_token)
             else:
                 with self.listener.lock:
+                    # News so far is about commits this acquire sees: forget it (no empty acquire after).
+                    self.listener.take_news()
                     messages = self.store.acquire(self.spec.worker_id, self.settings.queues, limit,
                                                   self.settings.release_stuck_timeout, token=self.pending_token,
                                                   connection=self.listener.connection())

@@ -79,6 +79,7 @@ class Supervisor:
         self.respawn_at: dict[int, float] = {}
         self.quick_deaths: dict[int, int] = {}
         self.done_by_dead = 0
+        self.unspent = 0  # news of work that found no idle process to wake
         # Database work that failed during an outage, retried every tick until it succeeds.
         self.pending: list[tuple[str, Callable[[], Any]]] = []
         self.guard = DatabaseGuard(logger, "database (supervisor)")
@@ -188,13 +189,18 @@ class Supervisor:
         # ask while someone idles.
         if (news_fd is not None and news_fd in ready) or (poll_due is not None and idle):
             wanted += self.waker.check(time.monotonic())
+        wanted += self.unspent
         if wanted:
             # Who idles now, not before the wait: a process woken for the last news may be running
             # that job already. Among the idle, the least recently woken first: one woken a moment
             # ago may not have fetched yet.
-            for child in sorted(self._idle_children(), key=lambda c: c.poked_at)[:wanted]:
+            woken = sorted(self._idle_children(), key=lambda c: c.poked_at)[:wanted]
+            for child in woken:
                 child.poked_at = time.monotonic()
                 poke(child.spec.wake_w)
+            # News nobody idle could take (a process between its empty fetch and saying it idles)
+            # waits for the next process that idles; SQLite's data_version says it only once.
+            self.unspent = min(wanted - len(woken), self.size)
 
     def _idle_children(self) -> list[Child]:
         idle = []

@@ -3,8 +3,8 @@
 - PostgreSQL notifies: a statement-level trigger on the message table calls pg_notify (delivered at
   COMMIT, so a rolled-back enqueue wakes nobody). With psycopg2 each worker process LISTENs on the
   connection it acquires on (:class:`ProcessListener`): the notification wakes it directly, and the
-  acquire that follows reaches a server process that is awake already. Otherwise the supervisor
-  LISTENs on one connection for the pool.
+  acquire that follows reaches a server process that is awake already. With another driver
+  (psycopg 3, untested) the supervisor polls as on MySQL.
 - SQLite has no notifications, but ``PRAGMA data_version`` changes whenever another connection
   commits, and reading it touches no table: the supervisor checks it every ``idle_poll_interval``.
 - MySQL/MariaDB: the supervisor asks one indexed question ("is anything ready?") every
@@ -47,62 +47,6 @@ class Waker:
 
     def close(self) -> None:
         pass
-
-
-class PostgresWaker(Waker):
-    """LISTEN on the prefix's channel; the insert trigger NOTIFYs it."""
-
-    def __init__(self, store: Store) -> None:
-        self.store = store
-        self.channel = notify_channel(store.tables.prefix)
-        self.connection: Any = None
-        self.retry_at = 0.0
-        self._connect()
-
-    def _connect(self) -> None:
-        try:
-            connection = self.store.engine.raw_connection()
-            driver: Any = connection.driver_connection
-            driver.autocommit = True  # LISTEN outside any transaction; notifications arrive as they come
-            cursor = connection.cursor()
-            cursor.execute(f"LISTEN {self.channel}")
-            cursor.close()
-            self.connection = connection
-        except Exception as exc:  # no notifications for now: the processes' own polling covers it
-            logger.debug("cannot LISTEN yet (%s); processes poll meanwhile", exc)
-            self.connection = None
-            self.retry_at = time.monotonic() + 5.0
-
-    def fileno(self) -> int | None:
-        return self.connection.driver_connection.fileno() if self.connection is not None else None
-
-    def due_in(self, now: float) -> float | None:
-        return None if self.connection is not None else max(0.0, self.retry_at - now)
-
-    def check(self, now: float) -> int:
-        if self.connection is None:
-            if now >= self.retry_at:
-                self._connect()
-            return 0
-        try:
-            raw = self.connection.driver_connection
-            raw.poll()
-            news = len(raw.notifies)  # one per committed INSERT statement
-            raw.notifies.clear()
-            return news
-        except Exception as exc:  # the server went away: listen again later, poll meanwhile
-            logger.debug("LISTEN connection lost (%s)", exc)
-            self.close()
-            self.retry_at = now + 1.0
-            return 1
-
-    def close(self) -> None:
-        if self.connection is not None:
-            try:
-                self.connection.invalidate()
-            except Exception:
-                pass
-            self.connection = None
 
 
 class PollingWaker(Waker):
@@ -248,9 +192,8 @@ def process_listener(store: Store) -> ProcessListener | None:
 
 def make_waker(store: Store, queues: tuple[str, ...] | None, interval: float) -> Waker:
     name = store.engine.dialect.name
-    if name == "postgresql":
-        # Where the processes listen themselves, the supervisor has nothing to relay.
-        return Waker() if process_listener(store) is not None else PostgresWaker(store)
+    if name == "postgresql" and process_listener(store) is not None:
+        return Waker()  # the processes listen themselves: nothing to relay
     if name == "sqlite":
         return SQLiteWaker(store, interval)
     return ReadyQueryWaker(store, interval, queues)

@@ -240,13 +240,31 @@ class Store:
                                self.dialect.insert_one_sql())
 
     @property
+    def streams_bulk(self) -> bool:
+        """True where one Batch of any size streams to the server (PostgreSQL's COPY with psycopg2)."""
+        return self.dialect.streams_bulk(self.engine.dialect.driver)
+
+    @property
     def acquires_on_driver(self) -> bool:
         """True where acquire runs straight on the DB-API driver (PostgreSQL with psycopg2)."""
         return self.dialect.acquires_on_driver(self.engine.dialect.driver)
 
     def driver_connection(self) -> Any:
         """A pooled DB-API connection in autocommit, for the caller to keep (close() returns it)."""
-        return (self._autocommit() if self.dialect.autocommit else self.engine).raw_connection()
+        return self._checkout(self._driver_engine())
+
+    def _driver_engine(self) -> sa.Engine:
+        return self._autocommit() if self.dialect.autocommit else self.engine
+
+    @staticmethod
+    def _checkout(engine: sa.Engine) -> Any:
+        """``engine.raw_connection()``, its connect errors wrapped as SQLAlchemy wraps them for a
+        Connection (so that the outage logic recognises a server that is down)."""
+        dbapi = engine.dialect.loaded_dbapi
+        try:
+            return engine.raw_connection()
+        except dbapi.Error as exc:
+            raise sa.exc.DBAPIError.instance("connect", None, exc, dbapi.Error, connection_invalidated=True) from exc
 
     def run_on_driver(self, work: Callable[[Any, dict[str, Any]], T], statement: str, fairy: Any = None) -> T:
         """Run ``work(cursor, info)`` in autocommit on a pooled DB-API connection, for the hot paths.
@@ -255,10 +273,10 @@ class Store:
         that machinery took longer than the statement. ``info`` lives as long as the connection.
         ``fairy``: the caller's own connection (from driver_connection) instead of the pool's.
         """
-        engine = self._autocommit() if self.dialect.autocommit else self.engine
+        engine = self._driver_engine()
         dbapi = engine.dialect.loaded_dbapi
         owned = fairy is not None
-        fairy = fairy if owned else engine.raw_connection()
+        fairy = fairy if owned else self._checkout(engine)
         try:
             cursor = fairy.cursor()
             try:
@@ -269,7 +287,9 @@ class Store:
             # Wrapped as SQLAlchemy would, so SchemaError and the outage logic recognise it.
             invalidated = engine.dialect.is_disconnect(exc, fairy.dbapi_connection, None)
             if invalidated:
-                fairy.invalidate()
+                # As SQLAlchemy does on a disconnect: every connection pooled before now is stale
+                # too (a restarted server), and is replaced when next checked out.
+                engine.pool._invalidate(fairy, exc)
             raise sa.exc.DBAPIError.instance(statement, None, exc, dbapi.Error,
                                              connection_invalidated=invalidated) from exc
         finally:

@@ -10,6 +10,7 @@ import sqlalchemy as sa
 
 from jobqueue import JobQueue
 from jobqueue.clock import utcnow
+from jobqueue import SerializationError
 from jobqueue.job import ErrorInfo, MessageState, Outcome, OutcomeKind
 from jobqueue.storage import jobs
 from tests.conftest import only
@@ -80,6 +81,22 @@ def test_bulk_stores_the_same_rows_as_apply_async(app: JobQueue, add) -> None:  
     assert app.serializer.loads(stored[2]["payload"]) == [[3, 4], {}]
 
 
+def test_bulk_of_many_batches_keeps_order_and_a_bad_item_writes_nothing(app: JobQueue, add) -> None:  # type: ignore[no-untyped-def]
+    # PostgreSQL streams the whole bulk in one COPY, serializing items as the server reads the rows
+    # before them: a bad item far in must still leave nothing behind and name itself.
+    items = [(i, i) for i in range(2500)]
+    handles = add.bulk(items, batch_size=1000)
+    stored = rows(app)
+    assert [r["id"] for r in stored] == [h.id for h in handles] and len(handles) == 2500
+    assert [app.serializer.loads(r["payload"])[0] for r in stored] == [list(item) for item in items]
+    before = len(stored)
+    with pytest.raises(SerializationError, match="item 2100"):
+        add.bulk(items[:2100] + [(object(), 1)] + items[:10], batch_size=1000)
+    with pytest.raises(SerializationError, match="bulk item 1500 is a str"):
+        add.bulk(items[:1500] + ["not a tuple"], batch_size=1000)
+    assert len(rows(app)) == before
+
+
 def test_unique_key_returns_the_active_job(app: JobQueue, add) -> None:  # type: ignore[no-untyped-def]
     first = add.apply_async((1, 1), unique_key="k1")
     again = add.apply_async((2, 2), unique_key="k1")
@@ -147,57 +164,59 @@ def test_acquire_respects_queues_and_limit(app: JobQueue, add) -> None:  # type:
     assert [m.queue for m in app.store.acquire(WORKER, ("b",), 10, LEASE)] == ["b", "b"]
 
 
-def _plain_driver_connection(app: JobQueue):  # type: ignore[no-untyped-def]
-    """The pooled DB-API connection the store's next single statement will use (the pool is LIFO)."""
-    return app.store._autocommit().raw_connection()
-
-
 @only("postgresql")
 def test_prepared_acquire_survives_a_server_that_forgets_it(app: JobQueue, add, caplog) -> None:  # type: ignore[no-untyped-def]
     """As behind a pooler in transaction mode: a missing prepared statement costs a retry, never a job."""
     add.bulk([(1, 1)] * 10)
-    taken = [m.id for m in app.store.acquire(WORKER, None, 1, LEASE)]
-    for _ in range(6):  # a miss re-prepares on the next call, so every other call misses
-        fairy = _plain_driver_connection(app)
-        fairy.cursor().execute("DEALLOCATE ALL")  # the server forgets; our bookkeeping says prepared
-        fairy.close()
-        taken += [m.id for m in app.store.acquire(WORKER, None, 1, LEASE)]
-    assert len(taken) == len(set(taken)) == 7
-    assert "runs its statements unprepared" in caplog.text
-    taken += [m.id for m in app.store.acquire(WORKER, None, 10, LEASE)]  # plain from now on
+    own = app.store.driver_connection()  # one connection for all: the test knows what it prepared
+    try:
+        def take(limit: int) -> list[int]:
+            return [m.id for m in app.store.acquire(WORKER, None, limit, LEASE, connection=own)]
+        taken = take(1)
+        for _ in range(6):  # a miss re-prepares on the next call, so every other call misses
+            own.cursor().execute("DEALLOCATE ALL")  # the server forgets; our bookkeeping says prepared
+            taken += take(1)
+        assert len(taken) == len(set(taken)) == 7
+        assert "runs its statements unprepared" in caplog.text
+        taken += take(10)  # plain from now on
+    finally:
+        own.close()
     assert sorted(taken) == [r["id"] for r in rows(app)]
 
 
 @only("postgresql")
 def test_prepared_acquire_when_our_bookkeeping_is_lost(app: JobQueue, add) -> None:  # type: ignore[no-untyped-def]
     add.bulk([(1, 1)] * 3)
-    assert len(app.store.acquire(WORKER, None, 1, LEASE)) == 1
-    fairy = _plain_driver_connection(app)
-    fairy.info.clear()  # the statement is still prepared on the server: PREPARE fails as a duplicate
-    fairy.close()
-    assert len(app.store.acquire(WORKER, None, 5, LEASE)) == 2
+    own = app.store.driver_connection()
+    try:
+        assert len(app.store.acquire(WORKER, None, 1, LEASE, connection=own)) == 1
+        own.info.clear()  # the statement is still prepared on the server: PREPARE fails as a duplicate
+        assert len(app.store.acquire(WORKER, None, 5, LEASE, connection=own)) == 2
+    finally:
+        own.close()
 
 
 @only("postgresql")
 def test_prepared_acquire_keeps_the_ordered_index_walk(app: JobQueue, add) -> None:  # type: ignore[no-untyped-def]
-    """After five runs PostgreSQL may switch to a generic plan: it must still walk a ready index."""
+    """PostgreSQL may switch a prepared statement to its generic plan: that must walk a ready index too."""
     add.bulk([(1, 1)] * 20, queue="a")
     for queues in (None, ("a",), ("a", "b")):
-        for _ in range(7):
-            app.store.acquire(WORKER, queues, 1, LEASE)
+        app.store.acquire(WORKER, queues, 1, LEASE)
         dialect = app.store.dialect
         prepared = dialect._prepared["all" if queues is None else "one" if len(queues) == 1 else "many"]  # type: ignore[attr-defined]
-        fairy = _plain_driver_connection(app)
+        fairy = app.store.driver_connection()
         cursor = fairy.cursor()
-        cursor.execute("SELECT generic_plans FROM pg_prepared_statements WHERE name = %s", (prepared.name,))
-        assert cursor.fetchone()[0] > 0, "PostgreSQL kept planning each call"
         now = utcnow()
         binds = {"now": now, "limit": 1, "token": 1, "worker_id": WORKER, "lease_expires_at": now,
                  "queues": list(queues or ()), "queue": (queues or ("",))[0]}
         cursor.execute("BEGIN")
-        cursor.execute("EXPLAIN " + prepared.execute, [{**prepared.defaults, **binds}[n] for n in prepared.names])
+        cursor.execute("SET LOCAL plan_cache_mode = force_generic_plan")
+        cursor.execute(prepared.prepare.replace(prepared.name, "jobqueue_test_plan", 1))
+        cursor.execute("EXPLAIN " + prepared.execute.replace(prepared.name, "jobqueue_test_plan", 1),
+                       [{**prepared.defaults, **binds}[n] for n in prepared.names])
         plan = "\n".join(row[0] for row in cursor.fetchall())
         cursor.execute("ROLLBACK")
+        cursor.execute("DEALLOCATE jobqueue_test_plan")  # prepared statements outlive transactions
         fairy.close()
         assert "Index Scan using ix_jobqueue_message_ready" in plan and "Sort" not in plan, plan
 

@@ -14,7 +14,7 @@ import json
 import logging
 import re
 from datetime import datetime
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
@@ -70,6 +70,9 @@ class PostgreSQLDialect(Dialect):
 
     # -- the hot paths, prepared on the driver --
     def acquires_on_driver(self, driver: str) -> bool:
+        return driver == "psycopg2"
+
+    def streams_bulk(self, driver: str) -> bool:
         return driver == "psycopg2"
 
     def acquire_on_cursor(self, cursor: Any, params: AcquireParams, info: dict[str, Any]) -> list[Message]:
@@ -237,14 +240,47 @@ def copy_batch(connection: sa.Connection, table: sa.Table, batch: Batch) -> list
     ids = [row[0] for row in connection.exec_driver_sql(
         f"SELECT nextval('{table.name}_id_seq') FROM generate_series(1, {len(batch)})").all()]
     shared = "\t".join(_copy_text(batch.common[column]) for column in SHARED_COLUMNS)
-    text = "".join(f"{job_id}\t\\\\x{payload.hex()}\t{shared}\n" for job_id, payload in zip(ids, batch.payloads))
+    lines = (f"{job_id}\t\\\\x{payload.hex()}\t{shared}\n" for job_id, payload in zip(ids, batch.payloads))
+    stream = _CopyStream(lines)
     cursor = connection.connection.driver_connection.cursor()  # type: ignore[union-attr]
     try:
         cursor.copy_expert(f"COPY {table.name} (id, payload, {', '.join(SHARED_COLUMNS)}) FROM STDIN",
-                           io.StringIO(text))
+                           stream, size=COPY_CHUNK)
+    except Exception:
+        if stream.error is not None:  # psycopg2 reports a failed read() as a cancelled COPY: say what failed
+            raise stream.error from None
+        raise
     finally:
         cursor.close()
     return ids
+
+
+COPY_CHUNK = 1 << 16
+
+
+class _CopyStream(io.TextIOBase):
+    """COPY's text, made as psycopg2 reads it: the server parses one chunk while the next is built
+    (and, for a streamed bulk(), while its payloads are serialized)."""
+
+    def __init__(self, lines: Iterator[str]) -> None:
+        self.lines = lines
+        self.error: BaseException | None = None
+
+    def readable(self) -> bool:
+        return True
+
+    def read(self, size: int | None = -1) -> str:
+        parts, length = [], 0
+        try:
+            for line in self.lines:
+                parts.append(line)
+                length += len(line)
+                if size is not None and 0 <= size <= length:
+                    break
+        except BaseException as exc:  # a payload that cannot be serialized: the COPY is abandoned
+            self.error = exc
+            raise
+        return "".join(parts)
 
 
 
@@ -258,7 +294,7 @@ class Prepared:
 
     Where prepared statements do not last (a pooler in transaction mode hands each transaction
     another server connection), a missing one costs one failed round trip and the statement runs
-    plain; after ``GIVE_UP_AFTER`` misses this statement always runs plain.
+    plain; after ``GIVE_UP_AFTER`` misses in the life of the process this statement always runs plain.
     """
 
     GIVE_UP_AFTER = 3
@@ -281,7 +317,7 @@ class Prepared:
     def compile(cls, statement: Any) -> Prepared:
         """A SQLAlchemy statement as its psycopg2 dialect renders it; literals it binds become defaults."""
         compiled = statement.compile(dialect=postgresql.psycopg2.dialect())  # type: ignore[no-untyped-call]
-        return cls(str(compiled), {k: v for k, v in compiled.params.items() if v is not None})
+        return cls(str(compiled), {k: v for k, v in compiled.params.items() if not compiled.binds[k].required})
 
     def run(self, cursor: Any, params: dict[str, Any], info: dict[str, Any]) -> None:
         """Execute on ``cursor`` (a connection in autocommit); ``info`` lasts as long as the connection."""
