@@ -33,6 +33,12 @@ DEFAULT_PORTS = {"postgresql": 5432, "mysql": 3306}
 DEFAULT_DRIVERS = {"postgresql": "postgresql+psycopg2", "mysql": "mysql+mysqldb", "mariadb": "mariadb+mysqldb"}
 
 
+def streams_bulk(url: str | sa.URL) -> bool:
+    """Whether ``bulk()`` streams one COPY over this URL (PostgreSQL through psycopg2)."""
+    parsed = sa.make_url(url)
+    return DEFAULT_DRIVERS.get(parsed.drivername, parsed.drivername) == "postgresql+psycopg2"
+
+
 def same_database(first: str | sa.URL, second: str | sa.URL) -> bool:
     """True when two URLs name the same database (drivers, users and passwords aside)."""
     a, b = sa.make_url(first), sa.make_url(second)

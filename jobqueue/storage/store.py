@@ -240,11 +240,6 @@ class Store:
                                self.dialect.insert_one_sql())
 
     @property
-    def streams_bulk(self) -> bool:
-        """True where one Batch of any size streams to the server (PostgreSQL's COPY with psycopg2)."""
-        return self.dialect.streams_bulk(self.engine.dialect.driver)
-
-    @property
     def acquires_on_driver(self) -> bool:
         """True where acquire runs straight on the DB-API driver (PostgreSQL with psycopg2)."""
         return self.dialect.acquires_on_driver(self.engine.dialect.driver)

@@ -259,10 +259,6 @@ class Dialect:
         cursor.execute(self.insert_one_sql(), params)
         return int(cursor.fetchone()[0] if self.returning_id else cursor.lastrowid)
 
-    # Whether insert_batch streams a batch of any size to the server with the named driver.
-    def streams_bulk(self, driver: str) -> bool:
-        return False
-
     # Whether acquire can run straight on the named DB-API driver (acquire_on_cursor).
     def acquires_on_driver(self, driver: str) -> bool:
         return False

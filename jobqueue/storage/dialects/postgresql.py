@@ -72,9 +72,6 @@ class PostgreSQLDialect(Dialect):
     def acquires_on_driver(self, driver: str) -> bool:
         return driver == "psycopg2"
 
-    def streams_bulk(self, driver: str) -> bool:
-        return driver == "psycopg2"
-
     def acquire_on_cursor(self, cursor: Any, params: AcquireParams, info: dict[str, Any]) -> list[Message]:
         queues = "all" if not params.queues else "one" if len(params.queues) == 1 else "many"
         prepared = self._prepared.get(queues)
