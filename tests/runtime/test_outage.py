@@ -66,3 +66,35 @@ def test_server_restart_during_a_run_of_2000_jobs(backend: str, tmp_path: Path,
         twice = repeated(runs(tmp_path / "runs.txt"), "run")
         REPORTS.append(f"restart[{backend}]: server down {downtime:.1f} s mid-run; 2000/2000 completed, "
                        f"0 duplicate archive rows, {len(twice)} jobs ran twice, {warnings} outage warnings")
+
+
+@only("postgresql", "mysql")
+def test_an_idle_worker_hears_new_work_again_after_a_server_restart(backend: str, tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """Idle processes lose their connections (PostgreSQL: the one they LISTEN on) with the server;
+    they must reconnect without crashing and be woken by new work, not by their 30 s fallback poll."""
+    with private_server(backend) as server:
+        monkeypatch.setenv("JOBQUEUE_DATABASE_URL", server.url)
+        monkeypatch.setenv("JOBQUEUE_TEST_RUNS", str(tmp_path / "runs.txt"))
+        rt.app.configure(database_url=server.url)
+        rt.app.init_schema()
+        worker = Worker(tmp_path, "--concurrency", "2", "--max-fetch-interval", "30")
+        try:
+            first = rt.short.delay(0)
+            wait_for(lambda: first.status() == "completed", 30, "a job before the restart")
+            server.stop()
+            time.sleep(2)
+            server.start()
+            rt.app.close()  # the test's own pool died with the server too
+            began = time.monotonic()
+            after = rt.short.delay(0)
+            wait_for(lambda: after.status() == "completed", 20, "a job enqueued after the restart")
+            waited = time.monotonic() - began
+            log = worker.text()
+            assert "exited with" not in log and "crashed" not in log, log[-3000:]
+            assert worker.process.poll() is None, "the worker stopped"
+        finally:
+            worker.close()
+            rt.app.close()
+        REPORTS.append(f"restart[{backend}], idle worker: a job enqueued after the restart completed in {waited:.1f} s "
+                       "(fallback poll: 30 s)")
