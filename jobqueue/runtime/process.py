@@ -14,6 +14,7 @@ supervisor.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import select
@@ -154,16 +155,15 @@ class WorkerProcess:
             # The token is ours before the statement runs, so an acquisition whose COMMIT reply was
             # lost (connection dropped) can be found and undone before we try again.
             self.pending_token = new_lease_token()
-            if self.listener is None:
+            listener = self.listener
+            with listener.lock if listener is not None else contextlib.nullcontext():
+                connection = None
+                if listener is not None:
+                    listener.take_news()  # news so far is of commits this acquire sees: no empty acquire after
+                    connection = listener.connection()
                 messages = self.store.acquire(self.spec.worker_id, self.settings.queues, limit,
-                                              self.settings.release_stuck_timeout, token=self.pending_token)
-            else:
-                with self.listener.lock:
-                    # News so far is about commits this acquire sees: forget it (no empty acquire after).
-                    self.listener.take_news()
-                    messages = self.store.acquire(self.spec.worker_id, self.settings.queues, limit,
-                                                  self.settings.release_stuck_timeout, token=self.pending_token,
-                                                  connection=self.listener.connection())
+                                              self.settings.release_stuck_timeout, token=self.pending_token,
+                                              connection=connection)
             self.pending_token = None
             return messages
 

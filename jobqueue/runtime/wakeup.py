@@ -10,8 +10,9 @@
 - MySQL/MariaDB: the supervisor asks one indexed question ("is anything ready?") every
   ``idle_poll_interval`` for the whole pool, instead of every idle process polling.
 
-Where the supervisor learns of work, it wakes one idle process per piece of news; a process whose fetch comes back full
-asks for a sibling, so a burst draws in the whole pool while a trickle wakes one process per job.
+Where the supervisor learns of work, it wakes one idle process per piece of news; a process whose
+fetch comes back full asks for a sibling, so a burst draws in the whole pool while a trickle wakes
+one process per job.
 Pollers run only while some process idles. The processes keep their own slow poll
 (``max_fetch_interval``) as the fallback, and for delayed jobs coming due.
 """
@@ -135,8 +136,7 @@ class ProcessListener:
                 if fairy.is_valid:
                     fairy.invalidate()
                 raise
-            self.fairy = fairy
-            self.heard = True  # whatever was sent before we listened: look once
+            self.fairy = fairy  # what committed before the LISTEN, the acquire about to run sees
         return self.fairy
 
     def fileno(self) -> int | None:

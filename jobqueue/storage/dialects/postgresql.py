@@ -54,7 +54,8 @@ class PostgreSQLDialect(Dialect):
 
     def build_acquire(self, queues: str) -> Any:
         m = self.message
-        ready = self.ready_select([m.c.id], queues != "all", queues == "one").with_for_update(skip_locked=True).cte("ready")
+        ready = (self.ready_select([m.c.id], queues != "all", queues == "one")
+                 .with_for_update(skip_locked=True).cte("ready"))
         # id = ANY(ARRAY(SELECT ...)): the chosen ids become one array, then primary-key lookups.
         # A join with the CTE lets the planner hash-join against a scan of the whole backlog.
         chosen = sa.func.array(sa.select(ready.c.id).scalar_subquery())
