@@ -145,35 +145,33 @@ class ProcessListener:
     def take_news(self) -> bool:
         """Whether anything was heard since the last call; the caller holds ``lock``."""
         heard, self.heard = self.heard, False
-        if self.fairy is None or not self.fairy.is_valid:
-            return heard
-        try:
-            raw = self.fairy.dbapi_connection
-            raw.poll()
-            heard = heard or bool(raw.notifies)
-            raw.notifies.clear()
-        except Exception as exc:  # the server went away: the next acquire reconnects (or meets the outage)
-            logger.debug("LISTEN connection lost (%s)", exc)
-            self.close()
-            return True
-        return heard
+        return self._read() or heard
 
     def drain(self) -> None:
         """From the keeper thread: read what arrived while the main thread is busy elsewhere."""
         if not self.lock.acquire(blocking=False):
             return
         try:
-            if self.fairy is not None and self.fairy.is_valid:
-                raw = self.fairy.dbapi_connection
-                raw.poll()
-                if raw.notifies:
-                    self.heard = True
-                    raw.notifies.clear()
-        except Exception as exc:
-            logger.debug("LISTEN connection lost (%s)", exc)
-            self.heard = True
+            if self._read():
+                self.heard = True
         finally:
             self.lock.release()
+
+    def _read(self) -> bool:
+        """Read what arrived: True for a notification, or for a lost connection (look at once:
+        the next acquire reconnects, or meets the outage). The caller holds ``lock``."""
+        if self.fairy is None or not self.fairy.is_valid:
+            return False
+        try:
+            raw = self.fairy.dbapi_connection
+            raw.poll()
+            heard = bool(raw.notifies)
+            raw.notifies.clear()
+            return heard
+        except Exception as exc:
+            logger.debug("LISTEN connection lost (%s)", exc)
+            self.close()
+            return True
 
     def close(self) -> None:
         # Closed rather than pooled, as it is still LISTENing (an invalidated one was returned already).
