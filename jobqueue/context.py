@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import enum
+import math
 import signal
 from contextvars import ContextVar
 from datetime import datetime, timedelta
 from typing import Any, Protocol
 
 from jobqueue.clock import to_naive_utc, utcnow
-from jobqueue.errors import JobQueueError, LeaseLost
+from jobqueue.errors import JobQueueError, LeaseLost, SerializationError
 from jobqueue.job import Message
 from jobqueue.serialization import Serializer
 
@@ -46,10 +47,12 @@ class JobContext:
     ``checkpoint()`` and ``extend()`` write to the database at once.
     """
 
-    def __init__(self, message: Message | None, serializer: Serializer, keeper: LeaseKeeper | None = None) -> None:
+    def __init__(self, message: Message | None, serializer: Serializer, keeper: LeaseKeeper | None = None,
+                 max_state_bytes: int | None = None) -> None:
         self._message = message
         self._serializer = serializer
         self._keeper = keeper
+        self._max_state_bytes = max_state_bytes
         self._checkpoint = message.checkpoint if message else None
         self._state_cache: Any = None
         self._state_loaded = False
@@ -103,7 +106,12 @@ class JobContext:
         self._decide(Decision.ACK)
 
     def nack(self, delay_seconds: float | None = None) -> None:
-        """Retry the job by its retry strategy (after ``delay_seconds`` if given), or fail it if none is left."""
+        """Retry the job by its retry strategy (after ``delay_seconds`` if given), or fail it if none is left.
+
+        Raises TypeError or ValueError, deciding nothing, for a delay that is not a number of seconds.
+        """
+        if delay_seconds is not None:
+            from_now("nack(delay_seconds=...)", delay_seconds)
         self._decide(Decision.NACK)
         self.nack_delay_seconds = delay_seconds
 
@@ -112,9 +120,16 @@ class JobContext:
         self._decide(Decision.REJECT)
         self.reject_reason = reason
 
+    def _dump_state(self, state: Any, what: str) -> bytes:
+        data = self._serializer.dumps(state, path=what)
+        if self._max_state_bytes is not None and len(data) > self._max_state_bytes:
+            raise SerializationError(f"{what} serializes to {len(data)} bytes, over max_payload_bytes="
+                                     f"{self._max_state_bytes}; keep large data elsewhere and save a reference")
+        return data
+
     def checkpoint(self, state: Any) -> None:
         """Save ``state`` durably now; the next delivery reads it back as ``state``, even after a crash."""
-        data = None if state is None else self._serializer.dumps(state, path="checkpoint state")
+        data = None if state is None else self._dump_state(state, "checkpoint state")
         # Saved and remembered as one step: a soft-timeout alarm between the two would make the
         # job's outcome write back the previous checkpoint over the one just saved.
         masked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGALRM})
@@ -133,25 +148,46 @@ class JobContext:
         ``state``, when given, replaces the checkpoint the next run reads. The handler should
         return right after deferring; its return value is ignored.
         """
-        self._decide(Decision.DEFER)
         if until is None:
-            self.defer_until = utcnow()
+            when = utcnow()
         elif isinstance(until, datetime):
-            self.defer_until = to_naive_utc(until)
+            try:
+                when = to_naive_utc(until)
+            except OverflowError:
+                raise ValueError(f"defer(until=...): {until!r} is out of range once converted to UTC") from None
+        elif isinstance(until, (int, float)) and not isinstance(until, bool):
+            when = from_now("defer(until=...)", until)
         else:
-            self.defer_until = utcnow() + timedelta(seconds=float(until))
+            raise TypeError(f"defer(until=...) takes a datetime or a number of seconds from now, got "
+                            f"{type(until).__name__} {until!r}")
+        data = None if state is None else self._dump_state(state, "defer state")
+        self._decide(Decision.DEFER)  # only once the arguments are known to be good
+        self.defer_until = when
         if state is not None:
-            self._checkpoint = self._serializer.dumps(state, path="defer state")
+            self._checkpoint = data
             self._state_cache, self._state_loaded = state, True
 
     def extend(self, seconds: float) -> None:
         """Keep the lease for at least ``seconds`` more; raise LeaseLost if it was already taken."""
+        from_now("extend(seconds=...)", seconds)
         if self._message is not None and self._keeper is not None:
             if not self._keeper.extend_lease(self._message, seconds):
                 raise LeaseLost(f"job {self.id}: lease lost, cannot extend")
 
     def __repr__(self) -> str:
         return f"<JobContext id={self.id} task={self.task_name} attempt={self.attempt}>"
+
+
+def from_now(what: str, seconds: Any) -> datetime:
+    """``utcnow() + seconds``, refusing what is not a finite number of seconds that a date can hold."""
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)):
+        raise TypeError(f"{what} takes a number of seconds, got {type(seconds).__name__} {seconds!r}")
+    if not math.isfinite(seconds):
+        raise ValueError(f"{what} must be a finite number of seconds, got {seconds!r}")
+    try:
+        return utcnow() + timedelta(seconds=max(0.0, float(seconds)))
+    except OverflowError:
+        raise ValueError(f"{what}: {seconds!r} seconds from now is past the year 9999") from None
 
 
 def activate(context: JobContext | None) -> Any:

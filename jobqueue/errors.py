@@ -39,6 +39,15 @@ class MaxDeliveriesExceeded(JobQueueError):
     """Stored on a message failed without running because it was delivered too often (poison)."""
 
 
+class OutcomeRefused(JobQueueError):
+    """Stored on a job whose outcome the database refused to store (a value it cannot hold, a
+    statement over its packet limit); the job is failed with the database's reason instead."""
+
+
+class CorruptMessage(JobQueueError):
+    """Stored on a message whose row could not be read back (hand-edited or damaged columns)."""
+
+
 class Rejected(JobQueueError):
     """Stored on a message its handler rejected with ``reject()``."""
 

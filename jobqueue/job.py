@@ -15,7 +15,7 @@ rows in the archive table.
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Sequence
 
@@ -39,19 +39,58 @@ READY_STATES = (MessageState.PENDING.value, MessageState.RETRYABLE.value)
 FINAL_STATES = (MessageState.COMPLETED, MessageState.FAILED, MessageState.CANCELLED)
 
 
+ERROR_TYPE_LENGTH = 255
+ERROR_MESSAGE_LENGTH = 10_000
+ERROR_TRACEBACK_LENGTH = 60_000
+
+
 @dataclass(slots=True)
 class ErrorInfo:
-    """An exception as stored: type name, message and formatted traceback."""
+    """An exception as stored: type name, message and formatted traceback.
+
+    Built so that any exception can be stored: a ``str()`` that raises is replaced by the
+    exception's repr (or a note), NUL characters (which PostgreSQL text cannot hold) are written
+    as ``\\x00``, and each part is cut to what its column holds.
+    """
 
     type: str
     message: str
     traceback: str | None = None
 
+    def __post_init__(self) -> None:
+        self.type = storable_text(self.type)[:ERROR_TYPE_LENGTH]
+        self.message = storable_text(self.message)[:ERROR_MESSAGE_LENGTH]
+        if self.traceback is not None:
+            self.traceback = storable_text(self.traceback)[-ERROR_TRACEBACK_LENGTH:]
+
     @classmethod
     def from_exception(cls, exc: BaseException, traceback: str | None = None) -> ErrorInfo:
         kind = type(exc)
         name = kind.__qualname__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
-        return cls(type=name, message=str(exc)[:10_000], traceback=traceback[-60_000:] if traceback else None)
+        return cls(type=name, message=safe_str(exc), traceback=traceback)
+
+
+def safe_str(exc: BaseException) -> str:
+    """``str(exc)``, or a stand-in when the exception's own ``__str__`` raises."""
+    try:
+        return str(exc)
+    except Exception:
+        try:
+            return f"<str() of this {type(exc).__name__} raised; repr: {object.__repr__(exc)}>"
+        except Exception:
+            return "<unprintable exception>"
+
+
+def storable_text(text: object) -> str:
+    """Text every database can store: NUL written as ``\\x00``, unpaired surrogates escaped."""
+    value = text if isinstance(text, str) else str(text)
+    if "\x00" in value:
+        value = value.replace("\x00", "\\x00")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        value = value.encode("utf-8", "backslashreplace").decode("utf-8")
+    return value
 
 
 @dataclass(slots=True)
@@ -76,6 +115,7 @@ class Message:
     checkpoint: bytes | None = None
     options: dict[str, Any] | None = None
     history: list[Any] | None = None
+    corrupt: str | None = None  # why its row could not be read back (it is failed without running)
 
 
 class OutcomeKind(enum.Enum):
@@ -98,9 +138,8 @@ class Outcome:
     error: ErrorInfo | None = None
     next_attempt_at: datetime | None = None
     checkpoint: bytes | None = None
-    keep_checkpoint: bool = True
     retain: bool = True
-    extra: dict[str, Any] = field(default_factory=dict)
+    duration_seconds: float | None = None  # how long the handler ran, for the log line
 
 
 @dataclass

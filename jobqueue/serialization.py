@@ -41,13 +41,39 @@ def dumps_call(serializer: Serializer, args: tuple[Any, ...] | list[Any], kwargs
     """Serialize a call's arguments; errors name the argument (``args[1]``, ``kwargs['when']``)."""
     if not isinstance(kwargs, dict) or kwargs and not all(isinstance(key, str) for key in kwargs):
         raise SerializationError("kwargs must be a dict with string keys")
-    if serializer.name == "json":
+    if serializer.name != "json":
+        return serializer.dumps([list(args), kwargs], path="arguments")
+    try:
         if ((not args or all(type(v) in FLAT for v in args))
                 and (not kwargs or TAG not in kwargs and all(type(v) in FLAT for v in kwargs.values()))):
             # Flat arguments (the common case): the encoder alone, no walk to tag anything.
             return _JSON.encode([list(args), kwargs]).encode("utf-8")
         return _JSON.encode([_encode(list(args), "args"), _encode(kwargs, "kwargs")]).encode("utf-8")
-    return serializer.dumps([list(args), kwargs], path="arguments")
+    except ENCODING_ERRORS as exc:
+        parts = [(f"args[{i}]", value) for i, value in enumerate(args)] + [
+            (f"kwargs[{key!r}]", value) for key, value in kwargs.items()]
+        for path, value in parts:  # name the argument at fault
+            try:
+                _JSON.encode(_encode(value, path)).encode("utf-8")
+            except ENCODING_ERRORS as inner:
+                raise _unencodable(path, inner) from None
+        raise _unencodable("arguments", exc) from None
+
+
+# What json and str.encode raise for values of the right types that JSON still cannot carry.
+ENCODING_ERRORS = (ValueError, TypeError, RecursionError, OverflowError, UnicodeEncodeError)
+
+
+def _unencodable(path: str, exc: BaseException) -> SerializationError:
+    if isinstance(exc, RecursionError) or "Circular reference" in str(exc):
+        why = "it is nested too deeply or contains itself (a cyclic structure)"
+    elif isinstance(exc, UnicodeEncodeError):
+        why = "it holds text that is not valid Unicode (an unpaired surrogate such as '\\ud800')"
+    elif "integer string conversion" in str(exc) or isinstance(exc, OverflowError):
+        why = "it holds an integer too large to write as JSON (over 4,300 digits)"
+    else:
+        why = str(exc)
+    return SerializationError(f"{path}: cannot serialize as JSON: {why}")
 
 
 def loads_call(serializer: Serializer, data: bytes) -> tuple[list[Any], dict[str, Any]]:
@@ -116,14 +142,17 @@ class JSONSerializer:
     name = "json"
 
     def dumps(self, obj: Any, path: str = "value") -> bytes:
-        return _JSON.encode(_encode(obj, path)).encode("utf-8")
+        try:
+            return _JSON.encode(_encode(obj, path)).encode("utf-8")
+        except ENCODING_ERRORS as exc:
+            raise _unencodable(path, exc) from None
 
     def loads(self, data: bytes) -> Any:
         try:
             if TAG_BYTES not in data:
                 return json.loads(data)  # nothing tagged: the C decoder alone, no Python hook per dict
             return json.loads(data, object_hook=_decode_object)
-        except (ValueError, UnicodeDecodeError, TypeError) as exc:
+        except (ValueError, UnicodeDecodeError, TypeError, RecursionError) as exc:
             raise SerializationError(f"corrupt payload: not valid JSON ({exc})") from exc
 
 
@@ -135,7 +164,7 @@ class PickleSerializer:
     def dumps(self, obj: Any, path: str = "value") -> bytes:
         try:
             return pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
-        except Exception as exc:  # pickle raises many types: PicklingError, TypeError, AttributeError
+        except (Exception, RecursionError) as exc:  # PicklingError, TypeError, AttributeError, deep nesting
             raise SerializationError(f"{path}: cannot pickle: {exc}") from exc
 
     def loads(self, data: bytes) -> Any:

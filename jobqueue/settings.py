@@ -58,6 +58,13 @@ class Settings:
     def __post_init__(self) -> None:
         self._validate()
 
+    def __repr__(self) -> str:
+        from jobqueue.storage.engine import mask_url  # storage imports settings
+
+        fields = ", ".join(f"{f.name}={mask_url(value) if f.name == 'database_url' and value else value!r}"
+                           for f in dataclasses.fields(self) for value in [getattr(self, f.name)])
+        return f"Settings({fields})"
+
     def replace(self, **changes: Any) -> Settings:
         """Return a copy with ``changes`` applied, naming any unknown key."""
         unknown = sorted(set(changes) - {f.name for f in dataclasses.fields(self)})

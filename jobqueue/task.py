@@ -4,16 +4,17 @@ from __future__ import annotations
 
 import difflib
 import functools
+import json
 import os
 import re
 import sys
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Sequence
 
 from jobqueue.ack import AckPolicy
 from jobqueue.clock import to_naive_utc, utcnow
-from jobqueue.context import JobContext, activate, deactivate
+from jobqueue.context import JobContext, activate, deactivate, from_now
 from jobqueue.errors import ConfigurationError, SerializationError
 from jobqueue.handle import JobHandle
 from jobqueue.job import Batch, MessageState
@@ -201,7 +202,9 @@ class Task:
             return [JobHandle(self.app, job_id) for job_id in ids]
         payloads = [self._bulk_payload(item, index) for index, item in enumerate(items)]  # before any I/O
         store = self.app.store
-        with self.app.enqueue_connection(connection) as conn:
+        # All batches in one transaction: ours (committed once, after the last batch, so a dropped
+        # connection half-way leaves nothing) or the caller's.
+        with self.app.enqueue_connection(connection) as given, store.writing(given) as conn:
             for start in range(0, len(items), batch_size):
                 end = start + batch_size
                 ids.extend(store.enqueue_batch(Batch(common, payloads[start:end], keys[start:end]), connection=conn))
@@ -232,9 +235,9 @@ class Task:
         keys = [unique_key(item) for item in items] if callable(unique_key) else list(unique_key)
         if len(keys) != len(items):
             raise ConfigurationError(f"unique_key lists {len(keys)} keys for {len(items)} items; give one per item")
-        for key in keys:
-            if key is not None and (not isinstance(key, str) or not 0 < len(key) <= 255):
-                raise ConfigurationError(f"unique_key must be a string of 1 to 255 characters, got {key!r}")
+        for index, key in enumerate(keys):
+            if key is not None:
+                check_key(f"unique_key of item {index}", key)
         return keys
 
     def _call_options(self, eta: datetime | None, countdown: float | None, queue: str | None,
@@ -244,14 +247,17 @@ class Task:
             raise ConfigurationError("give eta or countdown, not both")
         if eta is not None and not isinstance(eta, datetime):
             raise ConfigurationError(f"eta must be a datetime, got {type(eta).__name__}")
-        when = to_naive_utc(eta) if eta is not None else None
+        try:
+            when = to_naive_utc(eta) if eta is not None else None
+        except OverflowError:
+            raise ConfigurationError(f"eta {eta!r} is out of range once converted to UTC") from None
         if countdown is not None:
-            when = utcnow() + timedelta(seconds=float(countdown))
-        if headers is not None and (not isinstance(headers, dict) or not all(isinstance(k, str) for k in headers)):
-            raise ConfigurationError("headers must be a dict with string keys")
+            when = from_now("countdown", countdown)
+        if headers is not None:
+            check_headers(headers)
         for label, key in (("unique_key", unique_key), ("partition_key", partition_key)):
-            if key is not None and (not isinstance(key, str) or not 0 < len(key) <= 255):
-                raise ConfigurationError(f"{label} must be a string of 1 to 255 characters, got {key!r}")
+            if key is not None:
+                check_key(label, key)
         if retry_strategy is not None and not isinstance(retry_strategy, RetryStrategy):
             raise ConfigurationError("retry_strategy must be a strategy from jobqueue.retry")
         return {
@@ -285,6 +291,33 @@ class Task:
             "options": options["options"], "attempts_count": 0, "deliveries_count": 0,
             "created_at": now, "next_attempt_at": options["eta"] or now,
         }
+
+
+def check_key(label: str, key: Any) -> str:
+    """A unique or partition key: 1 to 255 characters that every database can store."""
+    if not isinstance(key, str) or not 0 < len(key) <= 255:
+        raise ConfigurationError(f"{label} must be a string of 1 to 255 characters, got {key!r}")
+    if "\x00" in key:
+        raise ConfigurationError(f"{label} must not contain NUL characters (PostgreSQL cannot store them), "
+                                 f"got {key!r}")
+    try:
+        key.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ConfigurationError(f"{label} is not valid Unicode (it holds an unpaired surrogate), got {key!r}") from None
+    return key
+
+
+def check_headers(headers: Any) -> None:
+    """Headers are stored as a JSON object: string keys, and values JSON carries unchanged."""
+    if not isinstance(headers, dict) or not all(isinstance(key, str) for key in headers):
+        raise ConfigurationError("headers must be a dict with string keys")
+    for key, value in headers.items():
+        try:
+            json.dumps({key: value}, allow_nan=False, ensure_ascii=False).encode("utf-8")
+        except (TypeError, ValueError, RecursionError, UnicodeEncodeError) as exc:
+            kind = type(value).__name__
+            raise ConfigurationError(f"headers[{key!r}]: a {kind} cannot be stored as a JSON header value ({exc}); "
+                                     "use strings, numbers, booleans, None, lists and dicts of them") from None
 
 
 def _item(index: int | None) -> str:

@@ -16,8 +16,8 @@ import sqlalchemy as sa
 
 from jobqueue.app import JobQueue
 from jobqueue.errors import ConfigurationError, JobQueueError
-from jobqueue.settings import APP_ENV
-from jobqueue.storage.engine import mask_url
+from jobqueue.settings import APP_ENV, DATABASE_URL_ENV
+from jobqueue.storage.engine import mask_url, url_secrets
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(processName)s %(name)s: %(message)s"
 
@@ -126,9 +126,13 @@ class Group(click.Group):
 
 
 def mask_secrets(message: str, ctx: click.Context) -> str:
-    """Replace the --database-url text, password included, wherever a message repeats it."""
+    """Mask the database URLs in play (option, environment, app) and their passwords in ``message``."""
     state = ctx.find_object(CliState)
-    url = state.database_url if state else None
-    if url and url in message:
+    urls = [state.database_url if state else None, os.environ.get(DATABASE_URL_ENV)]
+    if state is not None and state._app is not None:
+        urls.append(state._app.settings.database_url)
+    for url in filter(None, urls):
         message = message.replace(url, mask_url(url))
+        for secret in url_secrets(url):
+            message = message.replace(secret, "***")
     return message

@@ -1,7 +1,9 @@
-"""Run one delivered message and turn what happened into an Outcome (seed 000's worker loop step).
+"""Run one delivered message and turn what happened into an Outcome.
 
-Order of checks: registered task, max_deliveries (poison), readable payload, then the handler. The
-outcome follows the context's explicit decision if the handler made one, else the ack policy.
+Order of checks: readable row, registered task, max_deliveries (poison), readable payload, then the
+handler. The outcome follows the context's explicit decision if the handler made one, else the ack
+policy. Whatever the job does (raise SystemExit, return a value that cannot be stored, pass a bad
+argument to ``nack``) ends that job with the real cause recorded, never the worker process.
 """
 
 from __future__ import annotations
@@ -15,13 +17,13 @@ from typing import TYPE_CHECKING, Any, Callable
 from jobqueue.ack import AckPolicy
 from jobqueue.clock import utcnow
 from jobqueue.context import Decision, JobContext, LeaseKeeper, activate, deactivate
-from jobqueue.errors import (LeaseLost, MaxDeliveriesExceeded, Rejected, SerializationError,
+from jobqueue.errors import (CorruptMessage, LeaseLost, MaxDeliveriesExceeded, Rejected, SerializationError,
                              SoftTimeLimitExceeded, UnknownTaskError)
 from jobqueue.job import ErrorInfo, Message, MessageState, Outcome, OutcomeKind
 from jobqueue.periodic import CATCH_UP_GRACE_SECONDS, SCHEDULE_TASK, Schedule, encode_state
 from jobqueue.retry import RetryStrategy, default_strategy, strategy_from_dict
+from jobqueue.runtime.resilience import GaveUp
 from jobqueue.serialization import loads_call
-
 from jobqueue.storage.schedules import fire_schedule
 
 if TYPE_CHECKING:
@@ -42,7 +44,7 @@ class StoreLeaseKeeper:
         return self.store.save_checkpoint(message.id, message.lease_token, data)
 
     def extend_lease(self, message: Message, seconds: float) -> bool:
-        return self.store.extend_lease(message.id, message.lease_token, utcnow() + timedelta(seconds=seconds))
+        return self.store.extend_lease(message.id, message.lease_token, seconds)
 
 
 class Executor:
@@ -71,8 +73,23 @@ class Executor:
             raise SoftTimeLimitExceeded("soft time limit exceeded")
 
     def execute(self, message: Message) -> Outcome | None:
-        """Run ``message``; return its outcome, or None when there is nothing left to record."""
+        """Run ``message``; return its outcome, or None when there is nothing left to record.
+
+        Never raises for anything the job did: a fault while deciding its outcome fails the job.
+        """
         started = utcnow()
+        try:
+            return self._execute(message, started)
+        except GaveUp:
+            raise  # the process is stopping during an outage
+        except Exception as exc:
+            logger.exception("job %s %s: could not decide its outcome", message.id, message.task_name)
+            return self._failed(message, started, ErrorInfo.from_exception(exc, traceback.format_exc()))
+
+    def _execute(self, message: Message, started: datetime) -> Outcome | None:
+        if message.corrupt is not None:
+            return self._refused(message, started, CorruptMessage(
+                f"its row could not be read: {message.corrupt}; it is failed without running"))
         if message.task_name == SCHEDULE_TASK:
             return self._fire_schedule(message, started)
         task = self.app.registry.get(message.task_name)
@@ -95,13 +112,13 @@ class Executor:
         if policy is AckPolicy.ACK_FIRST:
             self._ack_first(task, message, args, kwargs, started)
             return None
-        context = JobContext(message, self.serializer, self.keeper)
+        context = JobContext(message, self.serializer, self.keeper, max_state_bytes=self.settings.max_payload_bytes)
         try:
             result = self._call(task, context, args, kwargs)
         except LeaseLost as exc:
             logger.warning("job %s %s: %s; its outcome is dropped", message.id, message.task_name, exc)
             return None
-        except Exception as exc:
+        except BaseException as exc:  # SystemExit and KeyboardInterrupt from a job end the job, not the process
             error = ErrorInfo.from_exception(exc, traceback.format_exc())
             return self._after_error(task, policy, context, message, started, exc, error)
         return self._after_return(task, policy, context, message, started, result)
@@ -154,7 +171,7 @@ class Executor:
             return None
         try:
             self._call(task, JobContext(message, self.serializer, None), args, kwargs)
-        except Exception:
+        except BaseException:
             logger.exception("job %s %s raised after it was acked (ACK_FIRST: not retried)", message.id, task.name)
         return None
 
@@ -185,7 +202,7 @@ class Executor:
         return outcome
 
     def _after_error(self, task: Task, policy: AckPolicy, context: JobContext, message: Message,
-                     started: datetime, exc: Exception, error: ErrorInfo) -> Outcome:
+                     started: datetime, exc: BaseException, error: ErrorInfo) -> Outcome:
         decision = context.decision
         if decision is Decision.DEFER:
             return self._deferred(message, started, context)
@@ -228,9 +245,10 @@ class Executor:
         return self._nacked(task, message, message.acquired_at or utcnow(), None, error)
 
     def _deferred(self, message: Message, started: datetime, context: JobContext) -> Outcome:
+        until = context.defer_until or utcnow()
         outcome = self._outcome(message, started, MessageState.PENDING, context=context)
-        outcome.kind, outcome.next_attempt_at = OutcomeKind.DEFER, context.defer_until
-        self.wake_at = context.defer_until
+        outcome.kind, outcome.next_attempt_at = OutcomeKind.DEFER, until
+        self.wake_at = until
         return outcome
 
     def _refused(self, message: Message, started: datetime, error: Exception) -> Outcome:
@@ -252,20 +270,20 @@ class Executor:
                        checkpoint=context.checkpoint_bytes if context is not None else message.checkpoint)
 
 
-def log_outcome(outcome: Outcome, duration_seconds: float) -> None:
-    """One line per job outcome."""
+def log_outcome(outcome: Outcome) -> None:
+    """One line per job outcome, once it is written."""
     if not logger.isEnabledFor(logging.INFO):
         return
     m = outcome.message
-    ms = duration_seconds * 1000
+    ms = (outcome.duration_seconds or 0.0) * 1000
+    error = outcome.error
     if outcome.kind is OutcomeKind.RETRY:
         logger.info("job %s %s failed on attempt %s (%s: %s); retry at %s", m.id, m.task_name, m.attempts_count,
-                    outcome.error.type if outcome.error else "nack", outcome.error.message if outcome.error else "",
-                    outcome.next_attempt_at)
+                    error.type if error else "nack", error.message if error else "", outcome.next_attempt_at)
     elif outcome.kind is OutcomeKind.DEFER:
         logger.info("job %s %s deferred to %s", m.id, m.task_name, outcome.next_attempt_at)
     elif outcome.state is MessageState.FAILED:
         logger.warning("job %s %s failed on attempt %s after %.1f ms: %s: %s", m.id, m.task_name, m.attempts_count,
-                       ms, outcome.error.type if outcome.error else "?", outcome.error.message if outcome.error else "")
-    else:
+                       ms, error.type if error else "?", error.message if error else "")
+    elif outcome.kind is OutcomeKind.ARCHIVE:
         logger.info("job %s %s completed in %.1f ms", m.id, m.task_name, ms)

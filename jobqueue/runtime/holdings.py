@@ -1,15 +1,18 @@
 """What a worker process holds, shared by its loop and its keeper thread under one lock.
 
-- ``buffer``: acquired messages not started yet;
+- ``buffer``: acquired messages not started yet, listed by batch (lease token) in the shared slot,
+  so that the supervisor can take the buffer back while a slow job runs;
 - ``outcomes``: outcomes of finished deliveries not written yet;
 - ``returns``: messages handed back (unstarted) whose hand-back is not written yet;
 - ``started``: ids of messages this process started whose outcome is not written yet (the running
   one included). It is mirrored into the shared slot, so that when the process dies the supervisor
-  counts an attempt and a delivery for exactly these, and for none of the unstarted ones.
+  charges a delivery to the running one only, keeps the attempt of the finished ones, and returns
+  the unstarted ones as if never fetched.
 """
 
 from __future__ import annotations
 
+import collections
 import threading
 import time
 from collections import deque
@@ -32,28 +35,53 @@ class Holdings:
         self.slot = slot
         self.timeout_of = timeout_of
         self.buffer: deque[Message] = deque()
+        self.batches: collections.Counter[int] = collections.Counter()  # buffered messages per lease token
         self.outcomes: list[Outcome] = []
         self.returns: list[Outcome] = []
         self.started: set[int] = set()
         self.running: Message | None = None
         self.running_since: float | None = None
         self.oldest_outcome_at: float | None = None
+        self.taken_back = 0  # buffered messages the supervisor took back, for the log
 
     # -- the loop ----------------------------------------------------------------------------------
+    def can_fetch(self) -> bool:
+        """False while every batch entry of the slot is in use."""
+        return not self.slot.batches_full()
+
     def add_fetched(self, messages: list[Message]) -> None:
+        if not messages:
+            return
         with self.lock:
+            token = messages[0].lease_token  # one acquisition, one token
+            self.slot.add_batch(token)
             self.buffer.extend(messages)
+            self.batches[token] += len(messages)
 
     def start_next(self) -> Message | None:
-        """Take the next unstarted message and mark it running (None if the keeper took the buffer)."""
+        """Take the next unstarted message and mark it running (None if the buffer is empty).
+
+        Messages whose batch the supervisor took back are dropped here: they are in the queue again.
+        """
         with self.lock:
-            if not self.buffer:
-                return None
-            message = self.buffer.popleft()
-            self.running, self.running_since = message, time.monotonic()
-            self.started.add(message.id)
-            self.slot.start(message.id, message.lease_token, self.timeout_of(message))
-        return message
+            while self.buffer:
+                message = self.buffer.popleft()
+                token = message.lease_token
+                started = self.slot.start(message.id, token, self.timeout_of(message))
+                self._unbuffer(token)
+                if not started:
+                    self.taken_back += 1
+                    continue
+                self.running, self.running_since = message, time.monotonic()
+                self.started.add(message.id)
+                return message
+        return None
+
+    def _unbuffer(self, token: int) -> None:
+        self.batches[token] -= 1
+        if self.batches[token] <= 0:
+            del self.batches[token]
+            self.slot.drop_batch(token)
 
     def finish(self, outcome: Outcome | None) -> int:
         """Record the running message's outcome (None: nothing to write); return the pending count."""
@@ -67,11 +95,6 @@ class Holdings:
                 self._forget([message.id])
             self.slot.finish()
             return len(self.outcomes)
-
-    def abandon(self) -> None:
-        """The running job escaped the executor (the process is exiting): keep it counted as started."""
-        with self.lock:
-            self.running, self.running_since = None, None
 
     def __len__(self) -> int:
         return len(self.buffer)
@@ -103,30 +126,24 @@ class Holdings:
         self.slot.set_started(self.started)
 
     # -- the keeper --------------------------------------------------------------------------------
-    def take_for_keeper(self, hoard_seconds: float, flush_interval: float) -> tuple[list[Outcome], int]:
-        """While a job runs: hand back the buffer once the job is slow, and take overdue outcomes.
-
-        Returns what to write and how many messages were just handed back.
-        """
+    def take_overdue(self, flush_interval: float) -> list[Outcome]:
+        """While a job runs: the outcomes that have waited ``flush_interval`` (to write them now)."""
         now = time.monotonic()
         with self.lock:
-            handed = 0
-            if self.running_since is not None and now - self.running_since >= hoard_seconds and self.buffer:
-                handed = len(self.buffer)
-                self.returns.extend(hand_back(m) for m in self.buffer)
-                self.buffer.clear()
             overdue = self.oldest_outcome_at is not None and now - self.oldest_outcome_at >= flush_interval
-            if not self.returns and not (self.running_since is not None and overdue):
-                return [], handed
-            taken, self.returns = self.returns, []
-            if self.running_since is not None and overdue:
-                taken += self.outcomes
-                self.outcomes, self.oldest_outcome_at = [], None
-            return taken, handed
+            if self.running_since is None or not overdue:
+                return []
+            taken, self.outcomes, self.oldest_outcome_at = self.outcomes, [], None
+            return taken
 
     # -- leaving -----------------------------------------------------------------------------------
     def hand_back_all(self) -> None:
-        """On the way out: every unstarted message goes back, uncounted."""
+        """On the way out: every unstarted message still ours goes back, uncounted."""
         with self.lock:
-            self.returns.extend(hand_back(m) for m in self.buffer)
+            for message in self.buffer:
+                if self.slot.listed(message.lease_token):
+                    self.returns.append(hand_back(message))
+            for token in list(self.batches):
+                self.slot.drop_batch(token)
             self.buffer.clear()
+            self.batches.clear()

@@ -5,11 +5,14 @@ The process runs one job at a time. It fetches a batch sized to how long its job
 batches while slow jobs are fetched one at a time. Outcomes are written when the buffer runs dry,
 when ``flush_interval`` has passed, or when ``capacity`` of them wait.
 
-A keeper thread watches the running job: once it has run for ``HOARD_SECONDS`` it hands the
-unstarted rest of the buffer back to the queue, so nothing waits behind a slow job while another
-process idles, and it writes outcomes that would otherwise wait longer than ``flush_interval``.
-Leases of everything the process holds, buffered messages included (seed 004), are renewed by the
-supervisor.
+Once a job has run for ``HOARD_SECONDS``, the supervisor takes back the unstarted rest of the
+buffer (it works from outside the process, so a job holding the GIL cannot stop it), and a keeper
+thread writes outcomes that would otherwise wait longer than ``flush_interval``. Leases of
+everything the process holds, buffered messages included, are renewed by the supervisor.
+
+The process dies with its supervisor: on Linux the kernel sends it SIGKILL when the supervisor
+exits (a parent-death signal), and elsewhere the keeper notices the new parent within a tick. A
+process left running without a supervisor would run jobs whose leases nobody renews.
 """
 
 from __future__ import annotations
@@ -25,13 +28,14 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
 from jobqueue.clock import utcnow
-from jobqueue.job import Message, Outcome, OutcomeKind
+from jobqueue.job import Message, MessageState, Outcome, OutcomeKind
 from jobqueue.runtime.executor import Executor, StoreLeaseKeeper, log_outcome
 from jobqueue.runtime.holdings import Holdings
 from jobqueue.runtime.resilience import DatabaseGuard, GaveUp
 from jobqueue.runtime.slot import Slot
 from jobqueue.runtime.wakeup import ProcessListener, process_listener
-from jobqueue.storage.store import new_lease_token
+from jobqueue.runtime.writer import OutcomeWriter
+from jobqueue.storage.store import FlushResult, new_lease_token
 
 if TYPE_CHECKING:
     from jobqueue.app import JobQueue
@@ -40,12 +44,14 @@ logger = logging.getLogger("jobqueue.worker")
 
 PREFETCH_WINDOW_SECONDS = 0.1
 EWMA_WEIGHT = 0.2
-# A job running this long (twice what a whole batch was sized for) hands back the unstarted
-# messages behind it; the keeper checks this often.
+# A job running this long (twice what a whole batch was sized for) loses the unstarted messages
+# behind it to the supervisor, which returns them to the queue.
 HOARD_SECONDS = 2 * PREFETCH_WINDOW_SECONDS
 KEEPER_TICK_SECONDS = 0.1
 KEEPER_JOIN_SECONDS = 30.0
+FLUSH_BACKOFF_MAX_SECONDS = 30.0
 STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT}
+PR_SET_PDEATHSIG = 1
 
 
 @dataclass
@@ -59,6 +65,7 @@ class ChildSpec:
     wake_r: int
     wake_w: int
     more_w: int = -1  # the supervisor's "wake another idle process" pipe
+    supervisor_pid: int = 0
 
 
 class WorkerProcess:
@@ -79,11 +86,15 @@ class WorkerProcess:
         self.guard = DatabaseGuard(logger, f"database (worker process {os.getpid()})")
         self.executor = Executor(app, keeper=StoreLeaseKeeper(app.store), ack_first=self._ack_first,
                                  writer=self.guard.call)
+        self.writer = OutcomeWriter(app.store, self.guard)
+        # The keeper thread writes through its own guard: a guard's bookkeeping belongs to one thread.
+        self.keeper_writer = OutcomeWriter(app.store, DatabaseGuard(logger, "database (keeper)"))
         self.wake_at: float | None = None  # monotonic time a deferred message of ours comes due
         self.listener: ProcessListener | None = None  # PostgreSQL: this process's own LISTEN connection
 
     # -- entry point -------------------------------------------------------------------------------
     def main(self) -> int:
+        watch_supervisor(self.spec.supervisor_pid)
         self._install_signals()
         self.app.after_fork()
         self.guard.what = f"database (worker process {os.getpid()})"
@@ -135,7 +146,7 @@ class WorkerProcess:
                 self._idle_wait()
 
     def _fetch_due(self) -> bool:
-        if time.monotonic() < self.next_fetch_at:
+        if time.monotonic() < self.next_fetch_at or not self.held.can_fetch():
             return False
         # Top up only when a whole batch fits; an empty buffer always fetches.
         held = len(self.held)
@@ -193,17 +204,13 @@ class WorkerProcess:
     def _run_next(self) -> None:
         message = self.held.start_next()
         if message is None:
-            return  # the keeper handed the buffer back meanwhile
+            return  # the supervisor took the buffer back meanwhile
         began = time.perf_counter()
-        try:
-            outcome = self.executor.execute(message)
-        except BaseException:
-            # SystemExit or worse from the job: this process is going down with the message still
-            # started, so its death counts the attempt and the delivery (poison protection).
-            self.held.abandon()
-            raise
+        outcome = self.executor.execute(message)  # never raises for what the job did
         pending = self.held.finish(outcome)
         duration = time.perf_counter() - began
+        if outcome is not None:
+            outcome.duration_seconds = duration
         if self.executor.wake_at is not None:
             due_in = (self.executor.wake_at - utcnow()).total_seconds()
             self.executor.wake_at = None
@@ -211,8 +218,6 @@ class WorkerProcess:
         self.done += 1
         self.avg_duration = duration if self.avg_duration is None else (
             EWMA_WEIGHT * duration + (1 - EWMA_WEIGHT) * self.avg_duration)
-        if outcome is not None:
-            log_outcome(outcome, duration)
         if pending and (not len(self.held) or pending >= self.capacity
                         or time.monotonic() - self.last_flush >= self.settings.flush_interval):
             self._flush()
@@ -254,22 +259,40 @@ class WorkerProcess:
 
     # -- writing outcomes --------------------------------------------------------------------------
     def _flush(self, give_up: Callable[[], bool] = lambda: False) -> None:
-        taken = self.held.take_pending()
-        if not taken:
+        """Write every pending outcome; while the database refuses all writes, keep them and retry."""
+        backoff = 1.0
+        while True:
+            taken = self.held.take_pending()
+            if not taken:
+                return
+            try:
+                # Retrying is safe: outcomes are fenced, so any a lost COMMIT did apply come back as lost.
+                result = self.writer.write(taken, give_up=give_up)
+            except GaveUp:
+                self.held.restore(taken)
+                raise
+            except Exception:
+                self.held.restore(taken)
+                logger.exception("worker process %s: the database refuses to store %s outcome(s); they are kept "
+                                 "and written again in %.0f s", os.getpid(), len(taken), backoff)
+                deadline = time.monotonic() + backoff
+                while time.monotonic() < deadline and not give_up():
+                    time.sleep(0.1)
+                if give_up():
+                    raise GaveUp("the database refuses to store outcomes") from None
+                backoff = min(backoff * 2, FLUSH_BACKOFF_MAX_SECONDS)
+                continue
+            self.held.written(taken)
+            self.last_flush = time.monotonic()
+            self._report(result, self.guard.last_call_retried)
             return
-        try:
-            # Retrying is safe: outcomes are fenced, so any a lost COMMIT did apply come back as lost.
-            result = self.guard.call(lambda: self.store.flush(taken), give_up=give_up)
-        except BaseException:
-            self.held.restore(taken)
-            raise
-        self.held.written(taken)
-        self.last_flush = time.monotonic()
-        self._report_lost(result.lost, self.guard.last_call_retried)
 
     @staticmethod
-    def _report_lost(lost: list[Outcome], retried: bool) -> None:
-        for outcome in lost:
+    def _report(result: FlushResult, retried: bool) -> None:
+        """One line per outcome written; for one dropped by fencing, say that the lease was lost."""
+        for outcome in result.applied:
+            log_outcome(outcome)
+        for outcome in result.lost:
             if outcome.kind is OutcomeKind.RETURN:
                 continue  # a hand-back whose lease had gone anyway: nothing was lost
             if retried:
@@ -282,37 +305,31 @@ class WorkerProcess:
 
     def _ack_first(self, outcome: Outcome) -> bool:
         """Record one outcome before the handler runs (ACK_FIRST); False if the lease was lost."""
-        result = self.guard.call(lambda: self.store.flush([outcome]))
+        result = self.writer.write([outcome])
         if result.applied:
-            return True
+            return result.applied[0].state is MessageState.COMPLETED
         # After a lost COMMIT reply the retry finds the job archived: ours if it carries our stamp.
         return self.guard.last_call_retried and self.store.archived_with(outcome.message.id, outcome.finished_at)
 
     def _keeper(self) -> None:
-        """Keeper thread: while a job runs, hand back the unstarted buffer and write overdue outcomes."""
+        """Keeper thread: leave with the supervisor; while a job runs, write overdue outcomes."""
         while not self.keeper_stop.wait(KEEPER_TICK_SECONDS):
+            if orphaned(self.spec.supervisor_pid):
+                die_with_supervisor()
             if self.listener is not None:
                 self.listener.drain()
-            taken, handed = self.held.take_for_keeper(HOARD_SECONDS, self.settings.flush_interval)
+            taken = self.held.take_overdue(self.settings.flush_interval)
             if not taken:
                 continue
             try:
-                result = self.store.flush(taken)
+                result = self.keeper_writer.write(taken, give_up=lambda: True)
             except Exception as exc:
-                # Nothing is lost: what it took is written later (fenced, so writing twice is harmless),
-                # and handed-back messages never return to the buffer.
+                # Nothing is lost: what it took is written later (fenced, so writing twice is harmless).
                 logger.debug("keeper could not write %s outcome(s) yet: %s", len(taken), exc)
                 self.held.restore(taken)
                 continue
             self.held.written(taken)
-            self._report_lost(result.lost, retried=False)
-            if handed:
-                logger.info("worker process %s: handed back %s unstarted message(s) waiting behind a slow job",
-                            os.getpid(), handed)
-                try:
-                    self.store.notify()  # idle processes anywhere take them now, not at their next poll
-                except Exception as exc:
-                    logger.debug("could not notify: %s", exc)
+            self._report(result, retried=False)
 
     def _shutdown(self) -> None:
         # Hand back what we hold but never started, uncounted, then write everything out, trying
@@ -326,6 +343,34 @@ class WorkerProcess:
         except GaveUp:
             logger.error("worker process %s: could not write its outcomes before exiting; those jobs will run "
                          "again", os.getpid())
+
+
+def watch_supervisor(supervisor_pid: int) -> None:
+    """In a new worker process: die with the supervisor, whatever kills it.
+
+    On Linux the kernel sends SIGKILL the moment the supervisor exits (a parent-death signal); a
+    supervisor that died before this call is noticed at once. Elsewhere the keeper thread compares
+    the parent's pid every tick.
+    """
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass  # not Linux: the keeper's check is the only watch
+    if orphaned(supervisor_pid):
+        die_with_supervisor()
+
+
+def orphaned(supervisor_pid: int) -> bool:
+    return bool(supervisor_pid) and os.getppid() != supervisor_pid
+
+
+def die_with_supervisor() -> None:
+    """Stop at once: unsupervised, our leases are renewed by nobody, and a new supervisor will
+    hand our messages to others. Outcomes not yet written are lost; those jobs run again."""
+    os.kill(os.getpid(), signal.SIGKILL)
 
 
 def capacity_of(fetch_batch_size: int, overfetch_factor: float) -> int:

@@ -29,6 +29,12 @@ MYSQL_CONTENTION = {1205, 1213}
 SQLITE_CONTENTION = ("database is locked", "database table is locked", "database is busy")
 SQLITE_OUTAGE = ("disk i/o error", "unable to open database file")
 POSTGRES_CONTENTION = {"40001", "40P01", "55P03"}  # serialization failure, deadlock, lock not available
+# A server that turned read-only (a standby after failover, or one shutting down) and a session the
+# server ended (idle in transaction too long, administrator): wait for the new primary.
+POSTGRES_OUTAGE = {"25006", "57P01", "57P02", "57P03", "25P03"}
+# Consecutive "outage" failures of one call after which a server that answers a probe is taken to be
+# refusing that operation (a statement over MySQL's max_allowed_packet drops the connection).
+REFUSED_AFTER_FAILURES = 3
 
 
 def classify(exc: BaseException) -> str | None:
@@ -50,6 +56,8 @@ def classify(exc: BaseException) -> str | None:
             return "outage" if code in MYSQL_DISCONNECTS else None
         if getattr(orig, "pgcode", None) in POSTGRES_CONTENTION:
             return "contention"
+        if getattr(orig, "pgcode", None) in POSTGRES_OUTAGE:
+            return "outage"
         return "outage" if isinstance(exc, (sa.exc.OperationalError, sa.exc.InterfaceError)) else None
     if isinstance(exc, (sa.exc.DisconnectionError, ConnectionError)):
         return "outage"
@@ -82,6 +90,11 @@ def _stale_connection(state: tenacity.RetryCallState) -> bool:
 
 class GaveUp(Exception):
     """The caller's ``give_up()`` said to stop retrying during an outage."""
+
+
+class Refused(Exception):
+    """An operation failed like an outage again and again while the server answered other queries:
+    the server refuses this operation itself (``__cause__`` holds its last error)."""
 
 
 class DatabaseGuard:
@@ -120,12 +133,30 @@ class DatabaseGuard:
         self.outage_started, self.failures = None, 0
 
     def call(self, operation: Callable[[], T], give_up: Callable[[], bool] = lambda: False,
-             on_retry: Callable[[], None] | None = None) -> T:
+             on_retry: Callable[[], None] | None = None, probe: Callable[[], object] | None = None) -> T:
         """Run ``operation`` until it succeeds; raise GaveUp once ``give_up()`` is true during an outage.
 
         ``on_retry`` runs before each new attempt (inside the retry, so it may fail transiently too).
+        ``probe`` checks the server's health: when ``operation`` has failed like an outage
+        ``REFUSED_AFTER_FAILURES`` times in a row and the probe succeeds, the server is refusing the
+        operation itself and :class:`Refused` is raised instead of retrying for ever.
         """
         attempts = 0
+        refused = False
+
+        def should_retry(state: tenacity.RetryCallState) -> bool:
+            nonlocal refused
+            exc = state.outcome.exception() if state.outcome is not None else None
+            if exc is None or not is_transient(exc):
+                return False
+            if probe is not None and state.attempt_number >= REFUSED_AFTER_FAILURES and classify(exc) == "outage":
+                try:
+                    probe()
+                except Exception:
+                    return True  # the server is down indeed: an outage
+                refused = True
+                return False
+            return True
 
         def attempt() -> T:
             nonlocal attempts
@@ -137,7 +168,7 @@ class DatabaseGuard:
         backoff = (tenacity.wait_exponential(multiplier=BACKOFF_INITIAL_SECONDS, max=BACKOFF_MAX_SECONDS)
                    + tenacity.wait_random(0, BACKOFF_INITIAL_SECONDS))
         retrying = tenacity.Retrying(
-            retry=tenacity.retry_if_exception(is_transient),
+            retry=should_retry,
             # A first failure on a connection the server had closed retries at once, unlogged:
             # only a second failure is an outage (see fresh_connection_retry).
             wait=lambda state: 0.0 if _stale_connection(state) else backoff(state),
@@ -149,6 +180,10 @@ class DatabaseGuard:
             result = retrying(attempt)
         except BaseException as exc:
             self.last_call_retried = attempts > 1
+            if refused:
+                self.outage_started, self.failures = None, 0  # the server answers: this was no outage
+                raise Refused(f"the database refused this operation {attempts} times while answering "
+                              f"other queries: {exc}") from exc
             if is_transient(exc):
                 self._failed(exc)
                 raise GaveUp(str(exc)) from exc

@@ -1,10 +1,18 @@
 """What a worker process shares with its supervisor: a few integers behind a lock.
 
-The child writes what it is running (message id, lease token, hard deadline), whether it is idle,
-how many jobs it has done and the ids of the messages it started whose outcome is not written yet;
-the supervisor reads them to enforce time limits, release a dead child's messages (counting an
-attempt only for those it started), decide when --burst is done and show progress. The lock is created anew for each
-child: one killed while holding it takes it to the grave, not its replacement.
+The child writes what it is running (message id, lease token, hard deadline, since when), whether
+it is idle, how many jobs it has done, the ids of the messages it started whose outcome is not
+written yet, and the lease tokens of the batches still waiting in its buffer. The supervisor reads
+them to enforce time limits, to charge a dead child's messages fairly (only the running one counts a
+delivery), to decide when --burst is done, and to take back a buffer stuck behind a slow job.
+
+Taking back a buffer works even while the running job holds the GIL (a long C call): the
+supervisor removes the batches' tokens here, under the lock, before it returns their messages to
+the queue, and the child starts a buffered message only if its token is still listed, checked under
+the same lock. So a message the supervisor returned can never also be started by the child.
+
+The lock is created anew for each child: one killed while holding it takes it to the grave, not its
+replacement.
 """
 
 from __future__ import annotations
@@ -13,9 +21,10 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-RUNNING_ID, TOKEN, DEADLINE_NS, DONE, IDLE, STARTED_COUNT = range(6)
-SIZE = 6
+RUNNING_ID, TOKEN, DEADLINE_NS, DONE, IDLE, STARTED_COUNT, RUNNING_SINCE_NS, TOKEN_COUNT = range(8)
+SIZE = 8
 UNKNOWN = -1  # more started ids than the list holds: count every held message as started
+MAX_BATCHES = 16  # buffered batches a child may hold (it stops fetching when they are all in use)
 LOCK_TIMEOUT_SECONDS = 0.05
 
 
@@ -26,12 +35,23 @@ class SlotView:
     deadline_ns: int
     done: int
     idle: bool
+    running_since_ns: int = 0
+    buffered_batches: int = 0
+
+
+@dataclass(frozen=True)
+class Revoked:
+    """A buffer the supervisor took back: the batches' tokens, and the ids the child had started."""
+
+    tokens: list[int]
+    started: list[int] | None
 
 
 class Slot:
-    def __init__(self, array: Any, started: Any, lock: Any) -> None:
+    def __init__(self, array: Any, started: Any, tokens: Any, lock: Any) -> None:
         self.array = array
         self.started = started
+        self.tokens = tokens
         self.lock = lock
 
     @classmethod
@@ -39,14 +59,19 @@ class Slot:
         # Started-but-unwritten ids: the running one, pending outcomes (flushed at ``capacity``) and
         # up to two flushes in flight (the loop's and the keeper's).
         return cls(context.Array("q", SIZE, lock=False), context.Array("q", 4 * capacity + 16, lock=False),
-                   context.Lock())
+                   context.Array("q", MAX_BATCHES, lock=False), context.Lock())
 
     # -- the child's side --------------------------------------------------------------------------
-    def start(self, message_id: int, token: int, timeout_seconds: float | None) -> None:
-        deadline = time.monotonic_ns() + int(timeout_seconds * 1e9) if timeout_seconds else 0
+    def start(self, message_id: int, token: int, timeout_seconds: float | None) -> bool:
+        """Mark ``message_id`` running; False (and nothing marked) if the supervisor took its batch back."""
+        now = time.monotonic_ns()
+        deadline = now + int(timeout_seconds * 1e9) if timeout_seconds else 0
         with self.lock:
             a = self.array
-            a[RUNNING_ID], a[TOKEN], a[DEADLINE_NS], a[IDLE] = message_id, token, deadline, 0
+            if token not in self._tokens():
+                return False
+            a[RUNNING_ID], a[TOKEN], a[DEADLINE_NS], a[IDLE], a[RUNNING_SINCE_NS] = (message_id, token, deadline,
+                                                                                     0, now)
             count = a[STARTED_COUNT]
             if count != UNKNOWN:
                 if count < len(self.started):
@@ -54,6 +79,29 @@ class Slot:
                     a[STARTED_COUNT] = count + 1
                 else:
                     a[STARTED_COUNT] = UNKNOWN
+            return True
+
+    def batches_full(self) -> bool:
+        """True when no further buffered batch can be listed (the child then waits to fetch)."""
+        return bool(self.array[TOKEN_COUNT] >= MAX_BATCHES)
+
+    def add_batch(self, token: int) -> None:
+        with self.lock:
+            count = self.array[TOKEN_COUNT]
+            self.tokens[count] = token
+            self.array[TOKEN_COUNT] = count + 1
+
+    def drop_batch(self, token: int) -> None:
+        """The child started (or handed back) the last message of this batch: unlist it."""
+        with self.lock:
+            tokens = [t for t in self._tokens() if t != token]
+            for index, value in enumerate(tokens):
+                self.tokens[index] = value
+            self.array[TOKEN_COUNT] = len(tokens)
+
+    def listed(self, token: int) -> bool:
+        with self.lock:
+            return token in self._tokens()
 
     def set_started(self, ids: set[int]) -> None:
         with self.lock:
@@ -67,12 +115,15 @@ class Slot:
     def finish(self) -> None:
         with self.lock:
             a = self.array
-            a[RUNNING_ID] = a[TOKEN] = a[DEADLINE_NS] = 0
+            a[RUNNING_ID] = a[TOKEN] = a[DEADLINE_NS] = a[RUNNING_SINCE_NS] = 0
             a[DONE] += 1
 
     def set_idle(self, idle: bool) -> None:
         with self.lock:
             self.array[IDLE] = int(idle)
+
+    def _tokens(self) -> list[int]:
+        return [self.tokens[i] for i in range(self.array[TOKEN_COUNT])]
 
     # -- the supervisor's side ---------------------------------------------------------------------
     def read(self) -> SlotView | None:
@@ -84,12 +135,31 @@ class Slot:
         finally:
             self.lock.release()
 
+    def revoke_buffer(self, slow_since_ns: int) -> Revoked | None:
+        """Take back the buffered batches if a job has been running since before ``slow_since_ns``.
+
+        Returns the tokens taken and the ids started under them, or None (nothing to take, or the
+        lock is busy: try again next tick).
+        """
+        if not self.lock.acquire(timeout=LOCK_TIMEOUT_SECONDS):
+            return None
+        try:
+            a = self.array
+            if not a[RUNNING_ID] or not a[TOKEN_COUNT] or a[RUNNING_SINCE_NS] > slow_since_ns:
+                return None
+            tokens = self._tokens()
+            a[TOKEN_COUNT] = 0
+            return Revoked(tokens, self.started_ids())
+        finally:
+            self.lock.release()
+
     def started_ids(self) -> list[int] | None:
-        """For a dead child: the ids it started whose outcome it never wrote; None if it lost count."""
+        """The ids the child started whose outcome it never wrote; None if it lost count."""
         count = self.array[STARTED_COUNT]
         return None if count == UNKNOWN else [self.started[i] for i in range(count)]
 
     def read_raw(self) -> SlotView:
         """Read without the lock: for a dead child, which may have died holding it."""
         a = self.array
-        return SlotView(a[RUNNING_ID], a[TOKEN], a[DEADLINE_NS], a[DONE], bool(a[IDLE]))
+        return SlotView(a[RUNNING_ID], a[TOKEN], a[DEADLINE_NS], a[DONE], bool(a[IDLE]), a[RUNNING_SINCE_NS],
+                        a[TOKEN_COUNT])

@@ -2,10 +2,13 @@
 
 Every tick (0.1 s, or sooner when a child exits or a signal arrives) it: reaps dead children,
 records a hard-timeout kill as a failed attempt, returns the child's other messages to PENDING at
-once and forks a replacement; kills children past their job's hard timeout; renews the worker rows and the leases of every message the
-children hold; releases expired leases (other hosts' dead workers); stops on signals (first: warm,
-second: cold) or, with ``--burst``, once the queues are drained. Database work goes through a
-guard: an outage is logged once and the work is retried on later ticks, never blocking the loop.
+once and forks a replacement; kills children past their job's hard timeout; takes back the
+unstarted buffer of a child whose job has run past ``HOARD_SECONDS``; renews the worker rows and
+the leases of every message the children hold; releases expired leases (other hosts' dead
+workers); stops on signals (first: warm, second: cold) or, with ``--burst``, once the queues are
+drained. Database work goes through a guard: an outage is logged once and the work is retried on
+later ticks, never blocking the loop. No error ends the loop: the children would run on without
+anyone renewing their leases (they are killed by the kernel if the supervisor dies anyway).
 """
 
 from __future__ import annotations
@@ -27,9 +30,10 @@ from jobqueue.clock import utcnow
 from jobqueue.errors import ConfigurationError, TimeLimitExceeded
 from jobqueue.job import ErrorInfo
 from jobqueue.runtime.executor import Executor
-from jobqueue.runtime.process import STOP_SIGNALS, ChildSpec, WorkerProcess, _drain, capacity_of, poke
+from jobqueue.runtime.process import (HOARD_SECONDS, STOP_SIGNALS, ChildSpec, WorkerProcess, _drain, capacity_of,
+                                      poke)
 from jobqueue.runtime.progress import Progress
-from jobqueue.runtime.resilience import DatabaseGuard
+from jobqueue.runtime.resilience import DatabaseGuard, GaveUp
 from jobqueue.runtime.slot import Slot, SlotView
 from jobqueue.runtime.wakeup import make_waker
 from jobqueue.storage import schedules
@@ -47,6 +51,7 @@ RESPAWN_BACKOFF_MAX_SECONDS = 10.0
 QUICK_DEATHS_BEFORE_BACKOFF = 3
 SCHEDULE_SYNC_RETRIES = 10
 RETRY_SOON_SECONDS = 1.0
+LOOP_ERROR_PAUSE_SECONDS = 1.0
 
 
 @dataclass
@@ -76,10 +81,13 @@ class Supervisor:
         self.next_heartbeat = 0.0
         self.next_release = 0.0
         self.next_burst_check = 0.0
+        self.next_pending_retry = 0.0
         self.respawn_at: dict[int, float] = {}
         self.quick_deaths: dict[int, int] = {}
         self.done_by_dead = 0
         self.unspent = 0  # news of work that found no idle process to wake
+        self.meter: Progress | None = None
+        self.last_loop_error: tuple[str, float] | None = None
         # Database work that failed during an outage, retried every tick until it succeeds.
         self.pending: list[tuple[str, Callable[[], Any]]] = []
         self.guard = DatabaseGuard(logger, "database (supervisor)")
@@ -89,30 +97,46 @@ class Supervisor:
         if not self.app.registry:
             raise ConfigurationError("no tasks are registered: point the worker at your app with --app "
                                      "module:attribute (or JOBQUEUE_APP)")
-        self.app.check_schema()
-        self.store = self.app.store
-        self.executor = Executor(self.app)
-        self._sync_schedules()
         self.wake_r, self.wake_w = _pipe()
         self.more_r, self.more_w = _pipe()
         self._install_signals()
-        queues = ",".join(self.settings.queues) if self.settings.queues else "all queues"
-        logger.info("jobqueue worker %s: %s processes on %s serving %s; tasks: %s", self.supervisor_id[:8],
-                    self.size, mask_url(self.app.database_url), queues, ", ".join(sorted(self.app.registry)))
-        self.meter = Progress(self.store, self.settings.queues) if self.progress else None
-        for index in range(self.size):
-            self._spawn(index)
-        self.waker = make_waker(self.store, self.settings.queues, self.settings.idle_poll_interval)
         try:
+            if not self._start():
+                return 0  # stopped by a signal while waiting for the database
             return self._loop()
         finally:
-            self.waker.close()
+            # Whatever ended the loop, no child outlives it (they would run on unsupervised).
+            self._kill_all("supervisor exiting")
+            if hasattr(self, "waker"):
+                self.waker.close()
             if self.meter is not None:
                 self.meter.close(self._done())
             signal.set_wakeup_fd(-1)
             for fd in (self.wake_r, self.wake_w, self.more_r, self.more_w):
                 os.close(fd)
             self.app.close()
+
+    def _start(self) -> bool:
+        """Check the schema, create the schedules and fork the pool; wait out a database that is down."""
+        queues = ",".join(self.settings.queues) if self.settings.queues else "all queues"
+        logger.info("jobqueue worker %s: %s processes on %s serving %s; tasks: %s", self.supervisor_id[:8],
+                    self.size, mask_url(self.app.database_url), queues, ", ".join(sorted(self.app.registry)))
+        try:
+            self.guard.call(self.app.check_schema, give_up=lambda: self.signals > 0)
+            self.store = self.app.store
+            self.guard.call(self.store.repair_ids, give_up=lambda: self.signals > 0)
+            self.executor = Executor(self.app)
+            self.guard.call(self._sync_schedules, give_up=lambda: self.signals > 0)
+            self.waker = self.guard.call(
+                lambda: make_waker(self.store, self.settings.queues, self.settings.idle_poll_interval),
+                give_up=lambda: self.signals > 0)
+        except GaveUp:
+            logger.info("jobqueue worker %s stopped before it started", self.supervisor_id[:8])
+            return False
+        self.meter = Progress(self.store, self.settings.queues) if self.progress else None
+        for index in range(self.size):
+            self._spawn(index)
+        return True
 
     def _sync_schedules(self) -> None:
         """Create, update and retire schedule messages to match the code (before any child forks)."""
@@ -144,26 +168,47 @@ class Supervisor:
 
     def _loop(self) -> int:
         while True:
-            self._wait()
-            if self.signals >= 2:
-                return self._cold_stop()
-            if self.signals == 1 and not self.stopping:
-                self._begin_stop("signal received")
-            self._reap()
-            self._retry_pending()
-            if self.stopping and not self.children:
-                self._finish_pending()
-                logger.info("jobqueue worker %s stopped", self.supervisor_id[:8])
-                return 0
-            self._respawn_due()
-            self._enforce_time_limits()
-            self._maintenance()
-            if self.stopping and time.monotonic() > self.stop_deadline:
-                self._kill_all("graceful_timeout passed")
-            if self.burst and not self.stopping:
-                self._check_burst()
-            if self.meter is not None:
-                self.meter.update(self._done())
+            try:
+                code = self._tick()
+            except Exception as exc:
+                self._loop_error(exc)
+                continue
+            if code is not None:
+                return code
+
+    def _tick(self) -> int | None:
+        """One turn of the loop; an exit code once the supervisor is done."""
+        self._wait()
+        if self.signals >= 2:
+            return self._cold_stop()
+        if self.signals == 1 and not self.stopping:
+            self._begin_stop("signal received")
+        self._reap()
+        self._retry_pending()
+        if self.stopping and not self.children:
+            self._finish_pending()
+            logger.info("jobqueue worker %s stopped", self.supervisor_id[:8])
+            return 0
+        self._respawn_due()
+        self._enforce_time_limits()
+        self._take_back_buffers()
+        self._maintenance()
+        if self.stopping and time.monotonic() > self.stop_deadline:
+            self._kill_all("graceful_timeout passed")
+        if self.burst and not self.stopping:
+            self._check_burst()
+        if self.meter is not None:
+            self.meter.update(self._done())
+        return None
+
+    def _loop_error(self, exc: Exception) -> None:
+        """Log an error the loop met (once a minute for the same one) and pause a moment; go on."""
+        text = f"{type(exc).__name__}: {exc}"
+        now = time.monotonic()
+        if self.last_loop_error is None or self.last_loop_error[0] != text or now - self.last_loop_error[1] > 60:
+            logger.error("supervisor: %s; it keeps running and tries again", text, exc_info=exc)
+            self.last_loop_error = (text, now)
+        time.sleep(LOOP_ERROR_PAUSE_SECONDS if self.signals == 0 else 0)
 
     def _wait(self) -> None:
         """Sleep until a child exits, a signal arrives, news of work arrives or the tick ends."""
@@ -217,13 +262,20 @@ class Supervisor:
         capacity = capacity_of(self.settings.fetch_batch_size, self.settings.overfetch_factor)
         spec = ChildSpec(index=index, worker_id=uuid.uuid4().hex, supervisor_id=self.supervisor_id,
                          slot=Slot.create(self.context, capacity), wake_r=wake_r, wake_w=wake_w,
-                         more_w=self.more_w)
+                         more_w=self.more_w, supervisor_pid=os.getpid())
         process = self.context.Process(target=_child_main, args=(self.app, spec), name=f"jobqueue-worker-{index}")
         # Block stop signals across fork: a SIGTERM sent before the child installs its own handler
         # then waits for it instead of hitting the supervisor's handler copied into the child.
         previous = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
         try:
             process.start()
+        except OSError as exc:  # out of processes or memory: try again later, with the slot's backoff
+            os.close(wake_r)
+            os.close(wake_w)
+            logger.error("could not start worker process %s: %s", index, exc)
+            self.quick_deaths[index] = self.quick_deaths.get(index, 0) + 1
+            self.respawn_at[index] = time.monotonic() + self._respawn_delay(index)
+            return
         finally:
             signal.pthread_sigmask(signal.SIG_SETMASK, previous)
         os.close(wake_r)
@@ -252,15 +304,20 @@ class Supervisor:
         """Record a timeout kill, then return everything the dead child held, as one retried step.
 
         The timeout is recorded first: once the message is released its lease token is gone and the
-        kill could no longer be recorded as the failed attempt it was.
+        kill could no longer be recorded as the failed attempt it was. Of the rest, only the job
+        that was running when the child died is charged a delivery (it may have killed the child);
+        jobs it had finished without writing their outcomes keep their attempt but no delivery,
+        and unstarted ones go back as if never fetched.
         """
         worker_id, pid, timed_out = child.spec.worker_id, child.process.pid, child.timed_out
         started = child.spec.slot.started_ids()
+        view = child.spec.slot.read_raw()
+        running = view.running_id or None
 
         def release() -> None:
             if timed_out is not None:
                 self._record_timeout(timed_out)
-            released = self.store.release_worker(worker_id, started=started)
+            released = self.store.release_worker(worker_id, running=running, finished=started)
             if released:
                 logger.info("returned %s message(s) held by worker process pid %s to the queue", released, pid)
             self.store.remove_workers([worker_id])
@@ -280,17 +337,24 @@ class Supervisor:
         logger.warning("job %s %s killed after its timeout of %s s (%s)", message.id, message.task_name, limit, fate)
 
     def _schedule_respawn(self, index: int, child: Child) -> None:
-        # Replace a dead child at once. Only a slot whose children keep dying right after starting
-        # (a broken import, a database that refuses connections) backs off, so it is not a fork loop.
-        quick = time.monotonic() - child.started < 1.0
-        deaths = self.quick_deaths.get(index, 0) + 1 if quick else 0
-        self.quick_deaths[index] = deaths
-        delay = 0.0
-        if deaths >= QUICK_DEATHS_BEFORE_BACKOFF:
-            delay = min(RESPAWN_BACKOFF_MAX_SECONDS, 0.5 * 2 ** (deaths - QUICK_DEATHS_BEFORE_BACKOFF))
-            logger.warning("worker process %s died within a second of starting %s times in a row; next start in "
-                           "%.1f s", index, deaths, delay)
-        self.respawn_at[index] = time.monotonic() + delay
+        # Replace a dead child at once. Only a slot whose children keep dying right after starting,
+        # before running any job (a broken import, a database that refuses connections), backs off,
+        # so it is not a fork loop. A child killed by a job is the job's fault, not the slot's: poison
+        # protection ends that job, and the next child starts at once.
+        view = child.spec.slot.read_raw()
+        ran_a_job = bool(view.done or view.running_id)
+        quick = time.monotonic() - child.started < 1.0 and not ran_a_job
+        self.quick_deaths[index] = self.quick_deaths.get(index, 0) + 1 if quick else 0
+        self.respawn_at[index] = time.monotonic() + self._respawn_delay(index)
+
+    def _respawn_delay(self, index: int) -> float:
+        deaths = self.quick_deaths.get(index, 0)
+        if deaths < QUICK_DEATHS_BEFORE_BACKOFF:
+            return 0.0
+        delay = min(RESPAWN_BACKOFF_MAX_SECONDS, 0.5 * 2.0 ** (deaths - QUICK_DEATHS_BEFORE_BACKOFF))
+        logger.warning("worker process %s failed %s times in a row before running a job; next start in %.1f s",
+                       index, deaths, delay)
+        return delay
 
     def _respawn_due(self) -> None:
         now = time.monotonic()
@@ -309,26 +373,56 @@ class Supervisor:
                 child.timed_out = view
                 _kill(child.process.pid)
 
+    def _take_back_buffers(self) -> None:
+        """Return to the queue the unstarted messages waiting behind a job that has run too long.
+
+        Done from here, not by the child: a job holding the GIL (a long C call, a runaway regular
+        expression) stops every thread of its process. The child will not start them any more
+        once the slot no longer lists their batch, so they can be released at once.
+        """
+        slow_since = time.monotonic_ns() - int(HOARD_SECONDS * 1e9)
+        for child in self.children.values():
+            revoked = child.spec.slot.revoke_buffer(slow_since)
+            if revoked is None:
+                continue
+            worker_id, pid = child.spec.worker_id, child.process.pid
+
+            def release(tokens: list[int] = revoked.tokens, started: list[int] | None = revoked.started,
+                        pid: int | None = pid, worker_id: str = worker_id) -> None:
+                count = self.store.release_unstarted(worker_id, tokens, started)
+                if count:
+                    logger.info("handed back %s unstarted message(s) waiting behind a slow job in worker process "
+                                "pid %s", count, pid)
+                    self.unspent += 1  # an idle process of ours takes them now
+                    self.store.notify()  # and idle processes elsewhere
+
+            self._do(f"hand back the buffer of pid {pid}", release)
+
     # -- database work -----------------------------------------------------------------------------
     def _do(self, what: str, operation: Callable[[], Any]) -> None:
-        """Run ``operation`` now; during an outage keep it for the next ticks."""
+        """Run ``operation`` now; during an outage, or while the database refuses it, keep it for later."""
         try:
             ok, _ = self.guard.try_once(operation)
         except Exception:
-            logger.exception("could not %s", what)
-            return
+            logger.exception("could not %s; trying again", what)
+            ok = False
         if not ok:
             self.pending.append((what, operation))
 
     def _retry_pending(self) -> None:
+        now = time.monotonic()
+        if now < self.next_pending_retry:
+            return
         pending, self.pending = self.pending, []
         for what, operation in pending:
             self._do(what, operation)
+        self.next_pending_retry = now + (RETRY_SOON_SECONDS if self.pending else 0.0)
 
     def _finish_pending(self) -> None:
         deadline = time.monotonic() + self.settings.graceful_timeout
         while self.pending and time.monotonic() < deadline and self.signals < 2:
             time.sleep(RETRY_SOON_SECONDS)
+            self.next_pending_retry = 0.0
             self._retry_pending()
         for what, _ in self.pending:
             logger.error("gave up trying to %s; the messages return to the queue when their leases expire", what)
@@ -336,16 +430,21 @@ class Supervisor:
     def _maintenance(self) -> None:
         now = time.monotonic()
         if now >= self.next_heartbeat:
+            # Set first: an error below must not make every tick try again.
+            self.next_heartbeat = now + RETRY_SOON_SECONDS
             ids = [c.spec.worker_id for c in self.children.values()]
             ok, _ = self.guard.try_once(lambda: self.store.heartbeat(ids, self.settings.release_stuck_timeout))
-            self.next_heartbeat = now + (self.settings.heartbeat_interval if ok else RETRY_SOON_SECONDS)
+            if ok:
+                self.next_heartbeat = now + self.settings.heartbeat_interval
         if now >= self.next_release:
+            self.next_release = now + RETRY_SOON_SECONDS
             ok, released = self.guard.try_once(self.store.release_expired)
             if released:
                 logger.warning("released %s message(s) whose lease expired (a worker died or stalled)", released)
             stale = max(10 * self.settings.release_stuck_timeout, 300.0)
-            self.guard.try_once(lambda: self.store.prune_workers(utcnow() - timedelta(seconds=stale)))
-            self.next_release = now + (self.settings.release_stuck_interval if ok else RETRY_SOON_SECONDS)
+            self.guard.try_once(lambda: self.store.prune_workers(stale))
+            if ok:
+                self.next_release = now + self.settings.release_stuck_interval
 
     def _check_burst(self) -> None:
         now = time.monotonic()
@@ -370,12 +469,12 @@ class Supervisor:
             _signal(child.process.pid, signal.SIGTERM)
 
     def _kill_all(self, reason: str) -> None:
-        if self.children:
-            logger.warning("%s: killing %s worker process(es); their messages are returned", reason,
-                           len(self.children))
-        for child in self.children.values():
+        alive = [c for c in self.children.values() if c.process.exitcode is None]
+        if alive:
+            logger.warning("%s: killing %s worker process(es); their messages are returned", reason, len(alive))
+        for child in alive:
             _kill(child.process.pid)
-        for child in self.children.values():
+        for child in alive:
             child.process.join(5)
 
     def _cold_stop(self) -> int:

@@ -18,14 +18,42 @@ READONLY = "jobqueue_readonly"
 # expensive, so acquire and flush stay index lookups at any backlog size.
 POSTGRES_PLANNER = "-c enable_bitmapscan=off -c enable_sort=off -c enable_seqscan=off"
 SQLITE_BUSY_TIMEOUT_SECONDS = 30.0
+# jobqueue's transactions last milliseconds. A process frozen inside one (SIGSTOP, a stalled VM)
+# would keep its row locks for ever, and the lock waits of everyone else would run into
+# lock_timeout; after this long idle inside a transaction the server ends its session instead.
+IDLE_IN_TRANSACTION_SECONDS = 10
+
+
+# Query parameters that carry a password for the drivers jobqueue supports (psycopg2's password and
+# sslpassword, mysqlclient's passwd), in any case.
+SECRET_PARAMETERS = {"password", "passwd", "pwd", "sslpassword"}
 
 
 def mask_url(url: str | sa.URL) -> str:
-    """Return ``url`` as text with any password replaced by ``***``."""
+    """Return ``url`` as text with any password, in its user part or its query, replaced by ``***``."""
     try:
-        return sa.make_url(url).render_as_string(hide_password=True)
+        parsed = sa.make_url(url)
+        hidden = {key: "***" for key in parsed.query if key.lower() in SECRET_PARAMETERS}
+        if hidden:
+            parsed = parsed.update_query_dict(hidden)
+        return parsed.render_as_string(hide_password=True).replace("%2A%2A%2A", "***")  # not URL-escaped
     except Exception:  # not a URL at all: show nothing that might be a secret
         return "<unparseable database URL>"
+
+
+def url_secrets(url: str | sa.URL | None) -> list[str]:
+    """The passwords written in ``url`` (user part and query), to scrub from any text."""
+    if not url:
+        return []
+    try:
+        parsed = sa.make_url(url)
+    except Exception:
+        return []
+    found = [parsed.password] if parsed.password else []
+    for key, value in parsed.query.items():
+        if key.lower() in SECRET_PARAMETERS:
+            found.extend([value] if isinstance(value, str) else list(value))
+    return [str(secret) for secret in found if secret]
 
 
 LOCAL_HOSTS = {None, "", "localhost", "127.0.0.1", "::1"}
@@ -100,7 +128,9 @@ def create_engine(url: str | sa.URL, **kwargs: Any) -> sa.Engine:
         # statement on its index whatever the table statistics say (see POSTGRES_PLANNER).
         options["connect_args"] = _unless_in_url(parsed, {
             "connect_timeout": 10, "keepalives": 1, "keepalives_idle": 30, "keepalives_interval": 10,
-            "keepalives_count": 3, "options": "-c lock_timeout=30000 " + POSTGRES_PLANNER})
+            "keepalives_count": 3,
+            "options": f"-c lock_timeout=30000 -c idle_in_transaction_session_timeout={IDLE_IN_TRANSACTION_SECONDS * 1000} "
+                       + POSTGRES_PLANNER})
     elif backend == "mysql":
         # READ COMMITTED: no gap locks, so SKIP LOCKED acquires never block enqueues.
         options["isolation_level"] = "READ COMMITTED"
@@ -119,7 +149,21 @@ def create_engine(url: str | sa.URL, **kwargs: Any) -> sa.Engine:
             f"pip install 'jobqueue[{extra}]'") from None
     if backend == "sqlite":
         _configure_sqlite(engine)
+    elif backend == "mysql":
+        _configure_mysql(engine)
     return engine
+
+
+def _configure_mysql(engine: sa.Engine) -> None:
+    @event.listens_for(engine, "connect")
+    def on_connect(dbapi_connection: Any, _record: Any) -> None:
+        # MariaDB ends a session left idle inside a transaction (see IDLE_IN_TRANSACTION_SECONDS);
+        # MySQL 8 has no such setting, and a frozen process holds its locks until it wakes.
+        info = getattr(dbapi_connection, "get_server_info", lambda: "")()
+        if "MariaDB" in str(info):
+            cursor = dbapi_connection.cursor()
+            cursor.execute(f"SET SESSION idle_transaction_timeout = {IDLE_IN_TRANSACTION_SECONDS}")
+            cursor.close()
 
 
 def _unless_in_url(url: sa.URL, defaults: dict[str, Any]) -> dict[str, Any]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import secrets
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any, Callable, Iterator, TypeVar
 
 import sqlalchemy as sa
@@ -21,6 +21,7 @@ from jobqueue.errors import ConfigurationError, SchemaError
 from jobqueue.job import Batch, Message, MessageState, Outcome, OutcomeKind
 from jobqueue.periodic import SCHEDULE_TASK
 from jobqueue.storage.dialects import AcquireParams, Dialect, dialect_for
+from jobqueue.storage.dialects.base import LeaseClock
 from jobqueue.storage.dialects.base import PROCESSING, READY_LITERALS
 from jobqueue.storage.engine import create_engine
 from jobqueue.storage.tables import Tables, Timestamp
@@ -209,9 +210,8 @@ class Store:
         ``connection``: a pooled DB-API connection from :meth:`driver_connection` to run it on
         (where :attr:`acquires_on_driver`), instead of one from the pool.
         """
-        now = now or utcnow()
         params = AcquireParams(worker_id=worker_id, token=token or new_lease_token(), queues=queues,
-                               limit=limit, now=now, lease_expires_at=now + _seconds(lease_seconds))
+                               limit=limit, now=now or utcnow(), lease=self._lease_clock(lease_seconds, now))
         if self.acquires_on_driver:
             with schema_errors(self.tables.prefix):
                 return self.run_on_driver(lambda cursor, info: self.dialect.acquire_on_cursor(cursor, params, info),
@@ -327,14 +327,21 @@ class Store:
         with self.engine.begin() as conn:
             return conn.execute(stmt).first() is not None
 
-    def extend_lease(self, message_id: int, token: int, until: datetime) -> bool:
-        """Make one delivery's lease last at least until ``until`` (never shorter); False if it was lost."""
+    def _lease_clock(self, seconds: float, now: datetime | None) -> LeaseClock:
+        """Binds for the lease clock: the server's (``now`` None), this host's (SQLite), or ``now``."""
+        if now is None and self.dialect.client_clock:
+            now = utcnow()
+        return LeaseClock(now, seconds)
+
+    def extend_lease(self, message_id: int, token: int, seconds: float, now: datetime | None = None) -> bool:
+        """Make one delivery's lease last at least ``seconds`` more (never shorter); False if it was lost."""
         m = self.tables.message
+        until = self.dialect.clock_plus()
         later = sa.case((m.c.lease_expires_at < until, until), else_=m.c.lease_expires_at)
         stmt = (sa.update(m).where(m.c.id == message_id, m.c.lease_token == token, m.c.state == PROCESSING)
                 .values(lease_expires_at=later))
         with self.engine.begin() as conn:
-            return conn.execute(stmt).rowcount == 1
+            return conn.execute(stmt, self._lease_clock(seconds, now).binds()).rowcount == 1
 
     def save_checkpoint(self, message_id: int, token: int, checkpoint: bytes | None) -> bool:
         """Store a running delivery's checkpoint durably now; False if the lease was lost."""
@@ -348,51 +355,73 @@ class Store:
     def heartbeat(self, worker_ids: list[str], lease_seconds: float, now: datetime | None = None) -> int:
         """Renew the worker rows and the leases of every message they hold; return leases renewed.
 
-        Renewal only moves a lease forward, so a longer ``extend()`` is kept.
+        Renewal only moves a lease forward, so a longer ``extend()`` is kept. Times come from the
+        lease clock (the database server's), or ``now``.
         """
         if not worker_ids:
             return 0
-        now = now or utcnow()
-        until = now + _seconds(lease_seconds)
+        lease = self._lease_clock(lease_seconds, now)
         w = self.tables.worker
         with self.engine.begin() as conn:
-            renewed = self.dialect.renew_leases(conn, worker_ids, until)
-            conn.execute(sa.update(w).where(w.c.id.in_(worker_ids)).values(heartbeat_at=now))
+            renewed = self.dialect.renew_leases(conn, worker_ids, lease)
+            conn.execute(sa.update(w).where(w.c.id.in_(worker_ids)).values(heartbeat_at=self.dialect.clock()),
+                         lease.binds())
         return int(renewed)
 
-    def _release(self, *conditions: Any, uncount: Any = None) -> int:
-        """Return PROCESSING messages matching ``conditions`` to PENDING, subtracting ``uncount``
-        (0 or 1 per row) from both counters of those that never started."""
+    def _release(self, *conditions: Any, attempts: Any = None, deliveries: Any = None,
+                 binds: dict[str, Any] | None = None) -> int:
+        """Return PROCESSING messages matching ``conditions`` to PENDING, subtracting ``attempts`` and
+        ``deliveries`` (SQL expressions worth 0 or 1 per row) from their counters."""
         m = self.tables.message
         values: dict[str, Any] = dict(state=MessageState.PENDING.value, worker_id=None, lease_token=None,
                                       acquired_at=None, lease_expires_at=None)
-        if uncount is not None:
-            values["attempts_count"] = m.c.attempts_count - uncount
-            values["deliveries_count"] = m.c.deliveries_count - uncount
+        if attempts is not None:
+            values["attempts_count"] = m.c.attempts_count - attempts
+        if deliveries is not None:
+            values["deliveries_count"] = m.c.deliveries_count - deliveries
+        stmt = sa.update(m).where(m.c.state == PROCESSING, *conditions).values(values)
         with self.engine.begin() as conn:
-            return int(conn.execute(sa.update(m).where(m.c.state == PROCESSING, *conditions).values(values)).rowcount)
+            return int(conn.execute(stmt, binds or {}).rowcount)
 
     def release_expired(self, now: datetime | None = None) -> int:
-        """Return messages whose lease expired to PENDING (their delivery stays counted)."""
-        return self._release(self.tables.message.c.lease_expires_at < (now or utcnow()))
+        """Return messages whose lease expired by the lease clock to PENDING (their delivery stays counted)."""
+        m = self.tables.message
+        return self._release(m.c.lease_expires_at < self.dialect.clock(), binds=self._lease_clock(0, now).binds())
 
-    def release_worker(self, worker_id: str, started: list[int] | None = None) -> int:
+    def release_worker(self, worker_id: str, running: int | None = None, finished: list[int] | None = None) -> int:
         """Return every message a dead worker process held to PENDING at once.
 
-        Messages it ``started`` keep their attempt and their delivery (a poison message must reach
-        max_deliveries); the ones it never started are uncounted, so bystanders that shared a buffer
-        with a process-killing job are not failed for it. ``started=None`` means unknown: all count.
+        Only the message it was ``running`` keeps its attempt and its delivery: it may have killed
+        the process, and a poison message must reach max_deliveries. Messages it ``finished``
+        without writing their outcomes keep their attempt (they ran) but not the delivery; the rest,
+        never started, go back as if never fetched. So jobs that merely shared a process with a
+        process-killing job are never failed for it. ``finished=None`` means the process lost count:
+        everything but the running one is then treated as unstarted.
         """
         m = self.tables.message
-        if started is None:
-            return self._release(m.c.worker_id == worker_id)
-        unstarted = sa.case((m.c.id.in_(started), 0), else_=1) if started else sa.literal(1)
-        return self._release(m.c.worker_id == worker_id, uncount=unstarted)
+        charged = sa.case((m.c.id == running, 0), else_=1) if running else sa.literal(1)
+        ran = [running] if running else []
+        ran += finished or []
+        unstarted = sa.case((m.c.id.in_(ran), 0), else_=1) if ran else sa.literal(1)
+        return self._release(m.c.worker_id == worker_id, attempts=unstarted, deliveries=charged)
+
+    def release_unstarted(self, worker_id: str, tokens: list[int], started: list[int] | None) -> int:
+        """Return a live process's unstarted messages of these batches (lease tokens), uncounted.
+
+        ``started``: the ids it started, which stay; None when it lost count (nothing is released).
+        """
+        if not tokens or started is None:
+            return 0
+        m = self.tables.message
+        conditions = [m.c.worker_id == worker_id, m.c.lease_token.in_(tokens)]
+        if started:
+            conditions.append(m.c.id.not_in(started))
+        return self._release(*conditions, attempts=sa.literal(1), deliveries=sa.literal(1))
 
     def release_token(self, token: int) -> int:
         """Undo an acquisition whose reply was lost (the connection dropped after COMMIT)."""
         m = self.tables.message
-        return self._release(m.c.lease_token == token, uncount=sa.literal(1))
+        return self._release(m.c.lease_token == token, attempts=sa.literal(1), deliveries=sa.literal(1))
 
     def has_work(self, queues: tuple[str, ...] | None, horizon: datetime) -> bool:
         """True while the queues hold a message PROCESSING or due before ``horizon`` (for --burst)."""
@@ -432,12 +461,20 @@ class Store:
             with self.engine.begin() as conn:
                 conn.execute(sa.delete(w).where(w.c.id.in_(worker_ids)))
 
-    def prune_workers(self, before: datetime) -> int:
-        """Delete worker rows whose heartbeat stopped before ``before`` (their host died)."""
+    def prune_workers(self, stale_seconds: float, now: datetime | None = None) -> int:
+        """Delete worker rows whose heartbeat is older than ``stale_seconds`` by the lease clock."""
         w = self.tables.worker
         with self.engine.begin() as conn:
-            return int(conn.execute(sa.delete(w).where(w.c.heartbeat_at < before)).rowcount)
+            stmt = sa.delete(w).where(w.c.heartbeat_at < self.dialect.clock_plus())
+            return int(conn.execute(stmt, self._lease_clock(-stale_seconds, now).binds()).rowcount)
 
+    def repair_ids(self) -> int:
+        """Give fresh ids to waiting messages whose ids an archived job has (see the MySQL dialect)."""
+        with self.engine.begin() as conn:
+            return self.dialect.repair_ids(conn)
 
-def _seconds(value: float) -> timedelta:
-    return timedelta(seconds=value)
+    def ping(self) -> None:
+        """Raise unless the database answers a trivial query on a new connection."""
+        with self.engine.connect() as conn:
+            conn.execute(sa.text("SELECT 1"))
+

@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import subprocess
+import sys
 
 import pytest
 import sqlalchemy as sa
 
 from jobqueue import JobFailed, JobQueue, SerializationError
-from tests.acceptance.cli import jobqueue
+from tests.acceptance.cli import ROOT, jobqueue
+from tests.runtime.harness import wait_for
 from tests.apps import basic
 
 
@@ -121,7 +125,25 @@ def test_worker_without_an_app_refuses_to_start(db_url: str) -> None:
 
 
 def test_password_never_reaches_logs(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    url = "postgresql+psycopg2://someone:hunter2secret@127.0.0.1:1/nowhere"
-    result = jobqueue("--database-url", url, "worker", "--burst", check=False, timeout=60)
-    assert result.returncode != 0
-    assert "hunter2secret" not in result.stdout + result.stderr
+    """Passwords in the user part and in query parameters stay out of CLI errors and worker logs;
+    a worker whose database is down waits for it, logging, instead of exiting."""
+    for url in ("postgresql+psycopg2://someone:hunter2secret@127.0.0.1:1/nowhere?password=hunter2secret",
+                "mysql+mysqldb://someone@127.0.0.1:1/nowhere?passwd=hunter2secret"):
+        result = jobqueue("--database-url", url, "db", "init", check=False, timeout=60)
+        assert result.returncode == 1 and "hunter2secret" not in result.stdout + result.stderr
+        assert "127.0.0.1:1/nowhere" in result.stderr  # the URL itself is shown, masked
+        log = tmp_path / "worker.log"
+        with open(log, "w") as out:
+            worker = subprocess.Popen([sys.executable, "-m", "jobqueue", "--app", "tests.apps.basic:app",
+                                       "--database-url", url, "worker", "--burst"], cwd=ROOT, stdout=out,
+                                      stderr=subprocess.STDOUT)
+            try:
+                wait_for(lambda: "unavailable" in log.read_text(), 30, "the worker to report the outage")
+                assert worker.poll() is None, log.read_text()  # still waiting for the database
+                worker.send_signal(signal.SIGTERM)
+                assert worker.wait(30) == 0, log.read_text()
+            finally:
+                if worker.poll() is None:
+                    worker.kill()
+        text = log.read_text()
+        assert "hunter2secret" not in text and "***" in text, text

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import os
+import re
+import sys
 import time
 
 from jobqueue import JobQueue, SoftTimeLimitExceeded, current_job
-from jobqueue.retry import ConstantRetryStrategy
+from jobqueue.retry import ConstantRetryStrategy, NoRetryStrategy
 
 app = JobQueue()
 
@@ -82,3 +84,100 @@ def resumable(job, steps: int, die_at: int) -> list[int]:  # type: ignore[no-unt
         if step == die_at and job.attempt == 1:
             os.kill(os.getpid(), 9)
     return done
+
+
+# -- jobs that misbehave: each must end only itself ----------------------------------------------
+NO_RETRY = NoRetryStrategy()
+
+
+class BadStr(Exception):
+    def __str__(self) -> str:
+        raise RuntimeError("this exception cannot be printed")
+
+
+@app.task(name="rt.bad_str", retry_strategy=NO_RETRY)
+def bad_str() -> None:
+    raise BadStr()
+
+
+@app.task(name="rt.unstorable", retry_strategy=NO_RETRY)
+def unstorable(kind: str) -> object:
+    if kind == "cyclic":
+        value: list[object] = []
+        value.append(value)
+        return value
+    if kind == "deep":
+        deep: list[object] = []
+        for _ in range(1200):
+            deep = [deep]
+        return deep
+    return 10 ** 5000  # over the 4,300 digits Python writes as text
+
+
+@app.task(name="rt.bad_nack", bind=True, retry_strategy=NO_RETRY)
+def bad_nack(job) -> None:  # type: ignore[no-untyped-def]
+    job.nack(delay_seconds="60")
+
+
+@app.task(name="rt.exits", retry_strategy=NO_RETRY)
+def exits() -> None:
+    sys.exit(3)
+
+
+@app.task(name="rt.interrupt", retry_strategy=NO_RETRY)
+def interrupt() -> None:
+    raise KeyboardInterrupt
+
+
+@app.task(name="rt.nul", retry_strategy=NO_RETRY)
+def nul() -> None:
+    raise ValueError("a NUL \x00 inside")
+
+
+@app.task(name="rt.bad_defer", bind=True, retry_strategy=ConstantRetryStrategy(delay_seconds=0.1, max_attempts=2))
+def bad_defer(job, until: object) -> None:  # type: ignore[no-untyped-def]
+    record("run")
+    job.defer(until=float(until) if isinstance(until, str) and until in ("1e12", "nan") else until)
+
+
+@app.task(name="rt.big_state", bind=True, retry_strategy=NO_RETRY)
+def big_state(job, how: str) -> None:  # type: ignore[no-untyped-def]
+    data = "x" * (2 * 1024 * 1024)
+    if how == "checkpoint":
+        job.checkpoint(data)
+    else:
+        job.defer(until=60, state=data)
+
+
+@app.task(name="rt.regex", retry_strategy=NO_RETRY)
+def regex(length: int) -> bool:
+    """Holds the GIL for seconds: the regular expression engine never lets go of it."""
+    record("start")
+    matched = re.match(r"(a+)+$", "a" * length + "b") is not None
+    record("end")
+    return matched
+
+
+@app.task(name="rt.fail_after", retry_strategy=ConstantRetryStrategy(delay_seconds=60, max_attempts=3))
+def fail_after(seconds: float) -> None:
+    record("start")
+    time.sleep(seconds)
+    raise RuntimeError("failed after sleeping")
+
+
+def record_timed(event: str) -> None:
+    """Like record, with the monotonic time in nanoseconds (one clock for every process of the host)."""
+    path = os.environ.get("JOBQUEUE_TEST_RUNS")
+    if path:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, f"{event} {current_job().id} {os.getpid()} {time.monotonic_ns()}\n".encode())
+        finally:
+            os.close(fd)
+
+
+@app.task(name="rt.timed")
+def timed(seconds: float) -> None:
+    record_timed("start")
+    time.sleep(seconds)
+    record_timed("end")

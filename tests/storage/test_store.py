@@ -207,7 +207,7 @@ def test_prepared_acquire_keeps_the_ordered_index_walk(app: JobQueue, add) -> No
         fairy = app.store.driver_connection()
         cursor = fairy.cursor()
         now = utcnow()
-        binds = {"now": now, "limit": 1, "token": 1, "worker_id": WORKER, "lease_expires_at": now,
+        binds = {"now": now, "limit": 1, "token": 1, "worker_id": WORKER, "lease_now": now, "lease_us": 1,
                  "queues": list(queues or ()), "queue": (queues or ("",))[0]}
         cursor.execute("BEGIN")
         cursor.execute("SET LOCAL plan_cache_mode = force_generic_plan")
@@ -293,7 +293,7 @@ def test_fencing_drops_outcomes_of_a_lost_lease(app: JobQueue, add) -> None:  # 
     late = app.store.flush([outcome(first, result=b"1")])
     assert late.lost and not late.applied
     assert rows(app, "archive") == [] and rows(app)[0]["state"] == "PROCESSING"
-    assert app.store.extend_lease(first.id, first.lease_token, now + timedelta(hours=1)) is False
+    assert app.store.extend_lease(first.id, first.lease_token, 3600, now=now) is False
     assert app.store.save_checkpoint(first.id, first.lease_token, b"x") is False
     # The holder's ack applies, exactly once.
     assert app.store.flush([outcome(second, result=b"2")]).applied
@@ -317,8 +317,8 @@ def test_heartbeat_renews_only_forward_and_only_its_own(app: JobQueue, add) -> N
     now = utcnow()
     (mine,) = app.store.acquire(WORKER, None, 1, 10.0, now=now)
     (theirs,) = app.store.acquire("other".ljust(32, "x"), None, 1, 10.0, now=now)
-    assert app.store.extend_lease(mine.id, mine.lease_token, now + timedelta(hours=1))
-    assert app.store.extend_lease(mine.id, mine.lease_token, now + timedelta(seconds=5))  # still held...
+    assert app.store.extend_lease(mine.id, mine.lease_token, 3600, now=now)
+    assert app.store.extend_lease(mine.id, mine.lease_token, 5, now=now)  # still held...
     assert app.store.heartbeat([WORKER], 30.0, now=now) == 0  # ...and neither shortens the extended lease
     leases = {r["id"]: r["lease_expires_at"] for r in rows(app)}
     assert leases[mine.id] == now + timedelta(hours=1) and leases[theirs.id] == now + timedelta(seconds=10)
@@ -326,23 +326,37 @@ def test_heartbeat_renews_only_forward_and_only_its_own(app: JobQueue, add) -> N
     assert {r["id"]: r["lease_expires_at"] for r in rows(app)}[theirs.id] == now + timedelta(seconds=30)
 
 
-def test_release_worker_returns_everything_it_held_counting_only_what_it_started(app: JobQueue, add) -> None:  # type: ignore[no-untyped-def]
+def test_release_worker_charges_a_delivery_to_the_running_message_only(app: JobQueue, add) -> None:  # type: ignore[no-untyped-def]
     add.bulk([(i, i) for i in range(4)])
     held = app.store.acquire(WORKER, None, 4, LEASE)
-    started = [held[0].id, held[1].id]  # one finished (outcome unwritten), one running
-    assert app.store.release_worker(WORKER, started=started) == 4
+    # held[0] finished (its outcome unwritten), held[1] was running, the others never started.
+    assert app.store.release_worker(WORKER, running=held[1].id, finished=[held[0].id, held[1].id]) == 4
     by_id = {r["id"]: r for r in rows(app)}
     assert {r["state"] for r in by_id.values()} == {"PENDING"}
     counts = {i: (by_id[i]["attempts_count"], by_id[i]["deliveries_count"]) for i in by_id}
-    assert counts[held[0].id] == counts[held[1].id] == (1, 1)  # started: attempt and delivery count
+    assert counts[held[1].id] == (1, 1)  # running: attempt and delivery count (it may be the killer)
+    assert counts[held[0].id] == (1, 0)  # finished: it ran, but its delivery is not charged
     assert counts[held[2].id] == counts[held[3].id] == (0, 0)  # never started: as if never fetched
 
 
-def test_release_worker_with_unknown_starts_counts_everything(app: JobQueue, add) -> None:  # type: ignore[no-untyped-def]
+def test_release_worker_that_lost_count_charges_only_the_running_one(app: JobQueue, add) -> None:  # type: ignore[no-untyped-def]
     add.bulk([(1, 1), (2, 2)])
-    app.store.acquire(WORKER, None, 2, LEASE)
-    assert app.store.release_worker(WORKER, started=None) == 2
-    assert {(r["attempts_count"], r["deliveries_count"]) for r in rows(app)} == {(1, 1)}
+    first, second = app.store.acquire(WORKER, None, 2, LEASE)
+    assert app.store.release_worker(WORKER, running=first.id, finished=None) == 2
+    counts = {r["id"]: (r["attempts_count"], r["deliveries_count"]) for r in rows(app)}
+    assert counts == {first.id: (1, 1), second.id: (0, 0)}
+
+
+def test_release_unstarted_returns_only_the_unstarted_messages_of_those_batches(app: JobQueue, add) -> None:  # type: ignore[no-untyped-def]
+    add.bulk([(i, i) for i in range(5)])
+    batch = app.store.acquire(WORKER, None, 3, LEASE, token=111)
+    other = app.store.acquire(WORKER, None, 2, LEASE, token=222)
+    assert app.store.release_unstarted(WORKER, [111], started=[batch[0].id]) == 2
+    by_id = {r["id"]: (r["state"], r["attempts_count"], r["deliveries_count"]) for r in rows(app)}
+    assert by_id[batch[0].id] == ("PROCESSING", 1, 1)
+    assert by_id[batch[1].id] == by_id[batch[2].id] == ("PENDING", 0, 0)
+    assert {by_id[m.id] for m in other} == {("PROCESSING", 1, 1)}
+    assert app.store.release_unstarted(WORKER, [222], started=None) == 0  # lost count: leave them
 
 
 def test_release_token_undoes_an_acquisition_whose_reply_was_lost(app: JobQueue, add) -> None:  # type: ignore[no-untyped-def]

@@ -85,3 +85,16 @@ def test_a_url_without_a_driver_gets_the_installed_one() -> None:
     engine = create_engine("postgresql://user@localhost/app")
     assert engine.dialect.driver == "psycopg2"
     engine.dispose()
+
+
+@pytest.mark.parametrize("url", [
+    "postgresql+psycopg2://app:s3cr3t-pw@db/app",
+    "postgresql+psycopg2://app@db/app?password=s3cr3t-pw&sslmode=require",
+    "mysql+mysqldb://app@db/app?passwd=s3cr3t-pw",
+    "postgresql://app@db/app?PASSWORD=s3cr3t-pw",
+])
+def test_passwords_are_masked_wherever_a_url_is_shown(url: str) -> None:
+    app = JobQueue(url)
+    for shown in (mask_url(url), repr(app.settings), repr(app)):
+        assert "s3cr3t-pw" not in shown and "***" in shown, shown
+    assert "sslmode=require" in mask_url(url) or "sslmode" not in url

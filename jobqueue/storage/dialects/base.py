@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, Sequence
 
 import sqlalchemy as sa
@@ -42,19 +42,33 @@ def json_text(value: Any) -> str | None:
 
 
 @dataclass(frozen=True)
+class LeaseClock:
+    """The binds of a statement that reads the lease clock: :meth:`Dialect.clock` and ``clock_plus``.
+
+    ``now`` pins the clock (tests); None reads the database server's clock where the dialect can.
+    ``seconds`` is the offset ``clock_plus`` adds (a lease, or minus a staleness limit).
+    """
+
+    now: datetime | None
+    seconds: float
+
+    def binds(self) -> dict[str, Any]:
+        return {"lease_now": self.now, "lease_us": int(self.seconds * 1_000_000),
+                "lease_until": None if self.now is None else self.now + timedelta(seconds=self.seconds)}
+
+
+@dataclass(frozen=True)
 class AcquireParams:
     worker_id: str
     token: int
     queues: tuple[str, ...] | None
     limit: int
-    now: datetime
-    lease_expires_at: datetime
+    now: datetime  # what is due: messages whose next_attempt_at is not after it
+    lease: LeaseClock
 
     def binds(self) -> dict[str, Any]:
-        binds: dict[str, Any] = {
-            "now": self.now, "limit": self.limit, "token": self.token, "worker_id": self.worker_id,
-            "lease_expires_at": self.lease_expires_at,
-        }
+        binds: dict[str, Any] = {"now": self.now, "limit": self.limit, "token": self.token,
+                                 "worker_id": self.worker_id, **self.lease.binds()}
         if self.queues:
             binds["queues"] = list(self.queues)
             binds["queue"] = self.queues[0]
@@ -72,6 +86,9 @@ class Dialect:
     # Whether single statements run in autocommit (a network round trip saved); not on SQLite,
     # whose transactions cost no round trips and must begin IMMEDIATE.
     autocommit = True
+    # Whether lease times come from this host's clock (bound by the caller) rather than the
+    # server's. True only where the server is this host (SQLite).
+    client_clock = True
 
     def __init__(self, tables: Tables) -> None:
         self.tables = tables
@@ -127,6 +144,18 @@ class Dialect:
             raise ConfigurationError(f"{what} {shown} is too old: jobqueue needs {'.'.join(map(str, minimum))} "
                                      "or newer (for SKIP LOCKED and RETURNING)")
 
+    # -- the lease clock ----------------------------------------------------------------------------
+    # Lease times (acquired, expires, released, worker heartbeats) are read from the database
+    # server's clock where there is one, so that hosts whose clocks disagree never release each
+    # other's live leases. A bound ``lease_now`` pins the clock (tests).
+    def clock(self) -> Any:
+        """The lease clock's current time, as a SQL expression."""
+        return sa.bindparam("lease_now", type_=Timestamp)
+
+    def clock_plus(self) -> Any:
+        """The lease clock's time plus ``lease_us`` microseconds, as a SQL expression."""
+        return sa.bindparam("lease_until", type_=Timestamp)
+
     # -- acquire -----------------------------------------------------------------------------------
     def ready_select(self, columns: Sequence[Any], filtered: bool, one: bool = False) -> sa.Select[Any]:
         """Ready messages in delivery order: higher priority first, then due time, then id."""
@@ -146,7 +175,7 @@ class Dialect:
     def acquired_values(self) -> dict[str, Any]:
         """The SET clause of an acquisition: PROCESSING under a fresh lease token."""
         m = self.message
-        now = sa.bindparam("now", type_=Timestamp)
+        now = self.clock()
         return {
             "state": PROCESSING,
             "attempts_count": m.c.attempts_count + 1,
@@ -154,7 +183,7 @@ class Dialect:
             "lease_token": sa.bindparam("token", type_=sa.BigInteger),
             "worker_id": sa.bindparam("worker_id", type_=sa.String),
             "acquired_at": now,
-            "lease_expires_at": sa.bindparam("lease_expires_at", type_=Timestamp),
+            "lease_expires_at": self.clock_plus(),
             "first_attempt_at": sa.func.coalesce(m.c.first_attempt_at, now),
             "last_attempt_at": now,
         }
@@ -175,15 +204,15 @@ class Dialect:
         raise NotImplementedError
 
     # -- leases ------------------------------------------------------------------------------------
-    def renew_leases(self, connection: sa.Connection, worker_ids: list[str], until: datetime) -> int:
-        """Move the leases of these workers' messages forward to ``until`` (never back)."""
+    def renew_leases(self, connection: sa.Connection, worker_ids: list[str], lease: LeaseClock) -> int:
+        """Move the leases of these workers' messages forward to the clock plus the lease (never back)."""
         m = self.message
-        return int(connection.execute(
-            sa.update(m).where(*self.renewable(worker_ids, until)).values(lease_expires_at=until)).rowcount)
+        stmt = sa.update(m).where(*self.renewable(worker_ids)).values(lease_expires_at=self.clock_plus())
+        return int(connection.execute(stmt, lease.binds()).rowcount)
 
-    def renewable(self, worker_ids: list[str], until: datetime) -> list[Any]:
+    def renewable(self, worker_ids: list[str]) -> list[Any]:
         m = self.message
-        return [m.c.worker_id.in_(worker_ids), m.c.state == PROCESSING, m.c.lease_expires_at < until]
+        return [m.c.worker_id.in_(worker_ids), m.c.state == PROCESSING, m.c.lease_expires_at < self.clock_plus()]
 
     # -- outcomes ----------------------------------------------------------------------------------
     def lock_held(self, connection: sa.Connection, pairs: list[tuple[int, int]]) -> set[tuple[int, int]]:
@@ -258,6 +287,13 @@ class Dialect:
                   *[self.format_value(column, row[column]) for column in SHARED_COLUMNS])
         cursor.execute(self.insert_one_sql(), params)
         return int(cursor.fetchone()[0] if self.returning_id else cursor.lastrowid)
+
+    def repair_ids(self, connection: sa.Connection) -> int:
+        """Give fresh ids to waiting messages whose ids an archived job has; how many (a worker's start).
+
+        Only where the id counter can go back (MySQL's AUTO_INCREMENT after a TRUNCATE).
+        """
+        return 0
 
     # Whether acquire can run straight on the named DB-API driver (acquire_on_cursor).
     def acquires_on_driver(self, driver: str) -> bool:

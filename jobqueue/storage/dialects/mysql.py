@@ -7,16 +7,44 @@ INSERT ... RETURNING; MySQL 8 has not, and bulk inserts there read the ids from 
 
 from __future__ import annotations
 
+import logging
 from datetime import datetime
-from typing import Any
+from typing import Any, Callable, Iterator, TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import mysql
 
 from jobqueue.errors import ConfigurationError
 from jobqueue.job import Batch, Message, Outcome, OutcomeKind
-from jobqueue.storage.dialects.base import SHARED_COLUMNS, AcquireParams, Dialect
+from jobqueue.storage.dialects.base import SHARED_COLUMNS, AcquireParams, Dialect, LeaseClock
+from jobqueue.storage.tables import Timestamp
 from jobqueue.storage.outcomes import COPIED, SUPPLIED, requeue_binds, supplied_values
+
+
+T = TypeVar("T")
+PACKET_OVERHEAD_PER_ROW = 1024  # the SQL text and the fixed columns of one row, generously
+DUPLICATE_KEY = 1062
+FRESH_ID_TRIES = 10
+logger = logging.getLogger("jobqueue.storage")
+
+
+def _mysql_code(exc: BaseException) -> int | None:
+    orig = getattr(exc, "orig", None) or exc
+    args = getattr(orig, "args", ())
+    return args[0] if args and isinstance(args[0], int) else None
+
+
+def _cursor_runner(cursor: Any) -> Callable[[str, tuple[Any, ...]], Any]:
+    def run(sql: str, params: tuple[Any, ...]) -> Any:
+        cursor.execute(sql, params)
+        return cursor
+    return run
+
+
+def _outcome_bytes(outcome: Outcome) -> int:
+    error = outcome.error
+    return (len(outcome.result or b"") + len(outcome.checkpoint or b"")
+            + (len(error.message) + len(error.traceback or "") if error else 0) * 4)  # utf8mb4
 
 
 class MySQLDialect(Dialect):
@@ -38,18 +66,42 @@ class MySQLDialect(Dialect):
         applied = [o for o in outcomes if (o.message.id, o.message.lease_token) in held]
         finals = [o for o in applied if o.kind is OutcomeKind.ARCHIVE]
         kept = [o for o in finals if o.retain]
-        if kept:
+        # Each statement stays under the server's max_allowed_packet: one over it is refused and
+        # the server drops the connection (a flush of 22 results of 900 KB was one such statement).
+        for chunk in self._packets(connection, kept, _outcome_bytes):
             params: list[Any] = []
-            for outcome in kept:
+            for outcome in chunk:
                 params.append(outcome.message.id)
                 params.extend(supplied_values(outcome, now))
-            connection.exec_driver_sql(self._archive_copy_sql(len(kept)), tuple(params))
+            connection.exec_driver_sql(self._archive_copy_sql(len(chunk)), tuple(params))
         if finals:
             connection.execute(self.delete_ids, {"ids": [o.message.id for o in finals]})
         updates = [requeue_binds(o) for o in applied if o.kind is not OutcomeKind.ARCHIVE]
         if updates:
             connection.execute(self.requeue, updates)
         return held
+
+    _max_packet: int | None = None
+
+    def _packets(self, connection: sa.Connection, items: list[T], size: Callable[[T], int]) -> Iterator[list[T]]:
+        """``items`` in runs whose statements stay well under the server's max_allowed_packet."""
+        if not items:
+            return
+        if self._max_packet is None:
+            # Read once per process: changing it on a running server is rare, and a statement over
+            # it anyway is refused on its own (the rest of a flush is still written).
+            self._max_packet = int(connection.exec_driver_sql("SELECT @@max_allowed_packet").scalar() or 0)
+        budget = max(self._max_packet // 2, 1)  # escaping can double binary data
+        chunk: list[T] = []
+        used = 0
+        for item in items:
+            cost = size(item) + PACKET_OVERHEAD_PER_ROW
+            if chunk and used + cost > budget:
+                yield chunk
+                chunk, used = [], 0
+            chunk.append(item)
+            used += cost
+        yield chunk
 
     def _archive_copy_sql(self, rows: int) -> str:
         message, archive = self.message.name, self.tables.archive.name
@@ -61,6 +113,17 @@ class MySQLDialect(Dialect):
         return (f"INSERT INTO {archive} ({', '.join(COPIED + SUPPLIED)}) SELECT {copied}, {supplied} "
                 f"FROM {message} m JOIN ({values}) v ON v.id = m.id")
 
+    client_clock = False
+
+    def clock(self) -> Any:
+        # Cast: COALESCE with a parameter comes back as text, which the driver would not parse.
+        return sa.cast(sa.func.coalesce(sa.bindparam("lease_now", type_=Timestamp), sa.func.utc_timestamp(6)),
+                       Timestamp)
+
+    def clock_plus(self) -> Any:
+        return sa.func.timestampadd(sa.literal_column("MICROSECOND"), sa.bindparam("lease_us", type_=sa.BigInteger),
+                                    self.clock(), type_=Timestamp)
+
     def check_server(self, connection: sa.Connection) -> None:
         if getattr(connection.dialect, "is_mariadb", False):
             self._require(connection.dialect.server_version_info, (10, 6), "MariaDB")
@@ -68,7 +131,11 @@ class MySQLDialect(Dialect):
             self._require(connection.dialect.server_version_info, (8, 0, 1), "MySQL")
 
     def build_acquire(self, queues: str) -> Any:
-        stmt = self.ready_select(self.returned, queues != "all").with_for_update(skip_locked=True)
+        m, a = self.message, self.tables.archive
+        stmt = (self.ready_select([*self.returned, self.clock()], queues != "all")
+                # A new row whose id an archived job has is never run: its enqueuer is moving it.
+                .where(~sa.exists().where(a.c.id == m.c.id))
+                .with_for_update(skip_locked=True))
         if queues == "many":
             # With queue IN (a, b) InnoDB would sort every ready row of those queues, locking each one
             # it reads before LIMIT applies, and concurrent workers would skip everything and take
@@ -76,34 +143,114 @@ class MySQLDialect(Dialect):
             stmt = stmt.with_hint(self.message, f"FORCE INDEX (ix_{self.tables.prefix}message_ready)")
         return stmt
 
-    def renew_leases(self, connection: sa.Connection, worker_ids: list[str], until: datetime) -> int:
+    def renew_leases(self, connection: sa.Connection, worker_ids: list[str], lease: LeaseClock) -> int:
         # Skip rows a worker is flushing right now instead of waiting on them (see PostgreSQL).
         m = self.message
+        binds = lease.binds()
         ids = list(connection.execute(
-            sa.select(m.c.id).where(*self.renewable(worker_ids, until)).with_for_update(skip_locked=True)).scalars())
+            sa.select(m.c.id).where(*self.renewable(worker_ids)).with_for_update(skip_locked=True), binds).scalars())
         if not ids:
             return 0
-        return int(connection.execute(sa.update(m).where(m.c.id.in_(ids)).values(lease_expires_at=until)).rowcount)
+        stmt = sa.update(m).where(m.c.id.in_(ids)).values(lease_expires_at=self.clock_plus())
+        return int(connection.execute(stmt, binds).rowcount)
 
     def acquire(self, connection: sa.Connection, params: AcquireParams) -> list[Message]:
-        messages = super().acquire(connection, params)
-        if not messages:
-            return messages
         binds = params.binds()
-        binds["ids"] = [m.id for m in messages]
+        rows = connection.execute(self._acquire_select(params), binds).all()
+        if not rows:
+            return []
+        # The server's time, read with the rows, is written as acquired_at and the lease's start.
+        now = rows[0][-1]
+        messages = [Message(*row[:-1]) for row in rows]
+        messages.sort(key=lambda r: (-r.priority, r.next_attempt_at, r.id))
+        binds.update(ids=[m.id for m in messages], lease_now=now)
         connection.execute(self.mark_acquired, binds)
         for m in messages:  # what the UPDATE just wrote, as RETURNING would have said
             m.attempts_count += 1
             m.deliveries_count += 1
             m.lease_token = params.token
-            m.acquired_at = params.now
-            m.first_attempt_at = m.first_attempt_at or params.now
+            m.acquired_at = now
+            m.first_attempt_at = m.first_attempt_at or now
         return messages
+
+    def _acquire_select(self, params: AcquireParams) -> Any:
+        queues = "all" if not params.queues else "one" if len(params.queues) == 1 else "many"
+        stmt = self._acquire_cache.get(queues)
+        if stmt is None:
+            stmt = self._acquire_cache[queues] = self.build_acquire(queues)
+        return stmt
+
+    # -- fresh ids ----------------------------------------------------------------------------------
+    # A job keeps its id in the archive, so a new message must never get the id of an archived
+    # job. TRUNCATE of the message table resets AUTO_INCREMENT (PostgreSQL's sequence and SQLite's
+    # AUTOINCREMENT never go back). So every insert learns the largest archived id in a round trip
+    # it makes anyway where it can, and a new row at or below it is moved to a fresh id (which
+    # moves AUTO_INCREMENT past it) before anything can read it: acquire skips such rows, and an
+    # insert in a transaction moves them before the commit.
+    def archive_floor_sql(self) -> str:
+        return f"(SELECT COALESCE(MAX(id), 0) FROM {self.tables.archive.name})"
+
+    def _fresh(self, run: Callable[[str, tuple[Any, ...]], Any], ids: list[int], floor: int | None = None) -> list[int]:
+        """``ids`` with any at or below the archive's largest id moved to fresh ids (see above)."""
+        if not ids:
+            return ids
+        if floor is None:
+            floor = int(run(f"SELECT {self.archive_floor_sql()}", ()).fetchone()[0])
+        colliding = [job_id for job_id in ids if job_id <= floor]
+        if not colliding:
+            return ids
+        message = self.message.name
+        moved: dict[int, int] = {}
+        for old in colliding:
+            for _ in range(FRESH_ID_TRIES):
+                new = int(run(f"SELECT GREATEST(COALESCE(MAX(id), 0), %s) + 1 FROM {message}", (floor,)).fetchone()[0])
+                try:
+                    run(f"UPDATE {message} SET id = %s WHERE id = %s", (new, old))
+                except Exception as exc:
+                    if _mysql_code(exc) == DUPLICATE_KEY:  # another insert took that id just now
+                        continue
+                    raise
+                moved[old] = new
+                break
+            else:
+                raise RuntimeError(f"could not give job {old} a fresh id after {FRESH_ID_TRIES} tries")
+        logger.warning("%s new job id(s) collided with archived jobs (the message table's AUTO_INCREMENT went "
+                       "back, after a TRUNCATE?); they were given fresh ids", len(moved))
+        return [moved.get(job_id, job_id) for job_id in ids]
+
+    def fresh_ids(self, connection: sa.Connection, ids: list[int], floor: int | None = None) -> list[int]:
+        return self._fresh(lambda sql, params: connection.exec_driver_sql(sql, params), ids, floor)
+
+    def repair_ids(self, connection: sa.Connection) -> int:
+        """Give fresh ids to waiting messages whose ids an archived job has (a worker's start)."""
+        m, a = self.message, self.tables.archive
+        ids = list(connection.execute(sa.select(m.c.id).join(a, a.c.id == m.c.id)).scalars())
+        return len(self.fresh_ids(connection, ids)) if ids else 0
+
+    def insert_one_sql(self) -> str:
+        if self._insert_one_sql is None:
+            values = "(" + ", ".join([self.marker] * (len(SHARED_COLUMNS) + 2)) + ")"
+            self._insert_one_sql = self.batch_insert_sql(values, with_key=True)
+        return self._insert_one_sql
+
+    def insert_one(self, cursor: Any, row: dict[str, Any]) -> int:
+        params = (row["payload"], row["unique_key"],
+                  *[self.format_value(column, row[column]) for column in SHARED_COLUMNS])
+        run = _cursor_runner(cursor)
+        if "MariaDB" in cursor.connection.get_server_info():
+            # One round trip: the new id and the archive's largest id together.
+            cursor.execute(f"{self.insert_one_sql()} RETURNING id, {self.archive_floor_sql()}", params)
+            new_id, floor = cursor.fetchone()
+            return self._fresh(run, [int(new_id)], int(floor))[0]
+        cursor.execute(self.insert_one_sql(), params)
+        return self._fresh(run, [int(cursor.lastrowid)])[0]
 
     def insert_messages(self, connection: sa.Connection, rows: list[dict[str, Any]]) -> list[int]:
         if connection.dialect.insert_returning:  # MariaDB: INSERT ... RETURNING
-            return super().insert_messages(connection, rows)
-        return [int(connection.execute(sa.insert(self.message).values(row)).lastrowid) for row in rows]
+            ids = super().insert_messages(connection, rows)
+        else:
+            ids = [int(connection.execute(sa.insert(self.message).values(row)).lastrowid) for row in rows]
+        return self.fresh_ids(connection, ids)
 
     def insert_batch(self, connection: sa.Connection, batch: Batch) -> list[int]:
         # One multi-row INSERT whose ids are consecutive from lastrowid, unless
@@ -113,13 +260,18 @@ class MySQLDialect(Dialect):
         # escaping every shared value again for each row took twice as long as the insert.
         if not self._consecutive_ids(connection):
             return super().insert_batch(connection, batch)
-        connection.exec_driver_sql(
-            "SET " + ", ".join(f"@jobqueue_{column} = %s" for column in SHARED_COLUMNS),
-            tuple(self.format_value(column, batch.common[column]) for column in SHARED_COLUMNS))
+        # The same round trip reads the archive's largest id (see fresh ids).
+        floor = connection.exec_driver_sql(
+            "SELECT " + ", ".join(f"@jobqueue_{column} := %s" for column in SHARED_COLUMNS)
+            + f", {self.archive_floor_sql()}",
+            tuple(self.format_value(column, batch.common[column]) for column in SHARED_COLUMNS)).one()[-1]
         row = "(%s, " + ", ".join(f"@jobqueue_{column}" for column in SHARED_COLUMNS) + ")"
-        first = connection.exec_driver_sql(self.batch_insert_sql(", ".join([row] * len(batch))),
-                                           tuple(batch.payloads)).lastrowid
-        return list(range(first, first + len(batch)))
+        ids: list[int] = []
+        for payloads in self._packets(connection, list(batch.payloads), len):
+            first = connection.exec_driver_sql(self.batch_insert_sql(", ".join([row] * len(payloads))),
+                                               tuple(payloads)).lastrowid
+            ids.extend(range(first, first + len(payloads)))
+        return self.fresh_ids(connection, ids, int(floor))
 
     def _consecutive_ids(self, connection: sa.Connection) -> bool:
         # A server setting that cannot change while the server runs: asked once per dialect object.
@@ -134,6 +286,11 @@ class MySQLDialect(Dialect):
         # value is checked before it gets here). MariaDB returns the inserted rows. MySQL has no
         # RETURNING: with consecutive auto-increment, the ids of one multi-row INSERT lie in
         # [LAST_INSERT_ID(), + len(rows)), skipped rows leaving gaps, and no other row can be there.
+        inserted = self._insert_new(connection, rows)
+        fresh = self.fresh_ids(connection, [job_id for job_id, _ in inserted])
+        return [(job_id, key) for job_id, (_, key) in zip(fresh, inserted)]
+
+    def _insert_new(self, connection: sa.Connection, rows: list[dict[str, Any]]) -> list[tuple[int, str]]:
         m = self.message
         insert = sa.insert(m).prefix_with("IGNORE")
         if connection.dialect.insert_returning:
@@ -153,4 +310,4 @@ class MySQLDialect(Dialect):
         # On a duplicate key, LAST_INSERT_ID(id) makes lastrowid the existing row's id.
         stmt = mysql.insert(m).values(row).on_duplicate_key_update(id=sa.func.last_insert_id(m.c.id))
         result = connection.execute(stmt)
-        return int(result.lastrowid) if result.rowcount == 1 else None
+        return self.fresh_ids(connection, [int(result.lastrowid)])[0] if result.rowcount == 1 else None

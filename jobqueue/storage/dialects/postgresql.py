@@ -20,7 +20,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
 
 from jobqueue.job import Batch, Message, Outcome, OutcomeKind
-from jobqueue.storage.dialects.base import PROCESSING, SHARED_COLUMNS, AcquireParams, Dialect
+from jobqueue.storage.dialects.base import PROCESSING, SHARED_COLUMNS, AcquireParams, Dialect, LeaseClock
 from jobqueue.storage.outcomes import requeue_binds
 from jobqueue.storage.tables import Tables, notify_channel, postgresql_notify_ddl
 
@@ -51,6 +51,17 @@ class PostgreSQLDialect(Dialect):
 
     def check_server(self, connection: sa.Connection) -> None:
         self._require(connection.dialect.server_version_info, (13,), "PostgreSQL")
+
+    client_clock = False
+
+    def clock(self) -> Any:
+        # now() is the time the transaction began: every lease statement is a short one of its own.
+        return sa.func.coalesce(sa.bindparam("lease_now", type_=sa.DateTime),
+                                sa.func.timezone("UTC", sa.func.now()), type_=sa.DateTime)
+
+    def clock_plus(self) -> Any:
+        seconds = sa.bindparam("lease_us", type_=sa.BigInteger) / sa.literal_column("1000000.0")
+        return self.clock() + sa.func.make_interval(0, 0, 0, 0, 0, 0, seconds, type_=sa.Interval)
 
     def build_acquire(self, queues: str) -> Any:
         m = self.message
@@ -95,13 +106,13 @@ class PostgreSQLDialect(Dialect):
         rows = connection.execute(self._apply_outcomes, outcome_binds(outcomes, now)).all()
         return {(row[0], row[1]) for row in rows}
 
-    def renew_leases(self, connection: sa.Connection, worker_ids: list[str], until: datetime) -> int:
+    def renew_leases(self, connection: sa.Connection, worker_ids: list[str], lease: LeaseClock) -> int:
         # Rows a worker is flushing right now are skipped, not waited for: waiting could deadlock
         # with the flush's own row locks, and those rows are about to leave PROCESSING anyway.
         m = self.message
-        locked = sa.select(m.c.id).where(*self.renewable(worker_ids, until)).with_for_update(skip_locked=True)
-        stmt = sa.update(m).where(m.c.id.in_(locked.scalar_subquery())).values(lease_expires_at=until)
-        return int(connection.execute(stmt).rowcount)
+        locked = sa.select(m.c.id).where(*self.renewable(worker_ids)).with_for_update(skip_locked=True)
+        stmt = sa.update(m).where(m.c.id.in_(locked.scalar_subquery())).values(lease_expires_at=self.clock_plus())
+        return int(connection.execute(stmt, lease.binds()).rowcount)
 
 
 # Outcomes travel as one JSON document per kind, which json_to_recordset turns back into typed rows
@@ -240,13 +251,19 @@ def copy_batch(connection: sa.Connection, table: sa.Table, batch: Batch) -> list
     shared = "\t".join(_copy_text(batch.common[column]) for column in SHARED_COLUMNS)
     lines = (f"{job_id}\t\\\\x{payload.hex()}\t{shared}\n" for job_id, payload in zip(ids, batch.payloads))
     stream = _CopyStream(lines)
-    cursor = connection.connection.driver_connection.cursor()  # type: ignore[union-attr]
+    raw = connection.connection.driver_connection
+    cursor = raw.cursor()  # type: ignore[union-attr]
+    statement = f"COPY {table.name} (id, payload, {', '.join(SHARED_COLUMNS)}) FROM STDIN"
     try:
-        cursor.copy_expert(f"COPY {table.name} (id, payload, {', '.join(SHARED_COLUMNS)}) FROM STDIN",
-                           stream, size=COPY_CHUNK)
-    except Exception:
+        cursor.copy_expert(statement, stream, size=COPY_CHUNK)
+    except Exception as exc:
         if stream.error is not None:  # psycopg2 reports a failed read() as a cancelled COPY: say what failed
             raise stream.error from None
+        dbapi = connection.dialect.loaded_dbapi
+        if isinstance(exc, dbapi.Error):  # as SQLAlchemy reports every other statement's errors
+            invalidated = connection.dialect.is_disconnect(exc, raw, cursor)
+            raise sa.exc.DBAPIError.instance(statement, None, exc, dbapi.Error,
+                                             connection_invalidated=invalidated) from exc
         raise
     finally:
         cursor.close()

@@ -1,0 +1,84 @@
+"""Writing outcomes: through outages, and around an outcome the database refuses.
+
+A flush writes many outcomes in one transaction. When the database refuses it for a reason that
+retrying cannot fix (a NUL character in text on PostgreSQL, a statement over MySQL's
+``max_allowed_packet``, a value too long for its column), the flush is split in halves until the
+refused outcome stands alone: the others are written, and that one job is failed instead, with the
+database's reason as its error. Only when even that failure cannot be written is the error raised:
+then the database refuses every write, not this job's.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Callable
+
+from jobqueue.clock import utcnow
+from jobqueue.job import ErrorInfo, MessageState, Outcome, OutcomeKind
+from jobqueue.runtime.resilience import DatabaseGuard, GaveUp
+from jobqueue.storage.store import FlushResult, Store
+
+logger = logging.getLogger("jobqueue.worker")
+
+
+def _never() -> bool:
+    return False
+
+
+class OutcomeWriter:
+    def __init__(self, store: Store, guard: DatabaseGuard) -> None:
+        self.store = store
+        self.guard = guard
+
+    def write(self, outcomes: list[Outcome], give_up: Callable[[], bool] = _never) -> FlushResult:
+        """Write ``outcomes`` (retrying through outages); a refused one fails its job instead.
+
+        Raises GaveUp when ``give_up()`` stops the retries, and the database's error when it
+        refuses every write.
+        """
+        if not outcomes:
+            return FlushResult()
+        try:
+            return self._attempt(outcomes, give_up)
+        except GaveUp:
+            raise
+        except Exception as exc:
+            if len(outcomes) == 1:
+                return self._refused(outcomes[0], exc, give_up)
+            middle = len(outcomes) // 2
+            first = self.write(outcomes[:middle], give_up)
+            second = self.write(outcomes[middle:], give_up)
+            return FlushResult(first.applied + second.applied, first.lost + second.lost)
+
+    def _attempt(self, outcomes: list[Outcome], give_up: Callable[[], bool]) -> FlushResult:
+        return self.guard.call(lambda: self.store.flush(outcomes), give_up=give_up, probe=self.store.ping)
+
+    def _refused(self, outcome: Outcome, exc: Exception, give_up: Callable[[], bool]) -> FlushResult:
+        message = outcome.message
+        if outcome.kind is OutcomeKind.RETURN:
+            # Nothing of the job's own is in a hand-back: a refusal is the database's, not the job's.
+            raise exc
+        replacement = refused_outcome(outcome, exc)
+        try:
+            result = self._attempt([replacement], give_up)
+        except GaveUp:
+            raise
+        except Exception:
+            raise exc from None  # even a bare failure is refused: every write is, not this job's
+        logger.error("job %s %s: the database refused its %s outcome (%s); the job is failed instead",
+                     message.id, message.task_name, outcome.state.public, replacement.error.message
+                     if replacement.error else exc)
+        return result
+
+
+def refused_outcome(outcome: Outcome, exc: BaseException) -> Outcome:
+    """A bare FAILED outcome in place of one the database refused: no result, the stored checkpoint."""
+    reason = ErrorInfo.from_exception(exc)
+    cause = getattr(exc, "orig", None) or exc.__cause__ or exc
+    detail = ErrorInfo.from_exception(cause).message.strip().splitlines()
+    error = ErrorInfo("jobqueue.errors.OutcomeRefused",
+                      f"the database refused to store this job's {outcome.state.public} outcome: "
+                      f"{reason.type}: {detail[0] if detail else ''}"[:2000])
+    return Outcome(message=outcome.message, kind=OutcomeKind.ARCHIVE, state=MessageState.FAILED,
+                   finished_at=outcome.finished_at or utcnow(), started_at=outcome.started_at, error=error,
+                   checkpoint=outcome.message.checkpoint, retain=True)

@@ -1,0 +1,445 @@
+"""What a hostile user throws at the runtime: a dying supervisor, jobs that kill their process or
+hold the GIL, outcomes that cannot be stored, bad deferrals, skewed clocks, corrupt rows.
+
+Each test runs the real CLI in subprocesses, with real signals, against real databases.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+import sqlalchemy as sa
+
+from jobqueue import JobQueue
+from tests.acceptance.cli import ROOT
+from tests.apps import runtime as rt
+from tests.conftest import only
+from tests.runtime.harness import REPORTS, Worker, freeze, repeated, runs, wait_for
+
+
+@pytest.fixture
+def app(db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[JobQueue]:
+    rt.app.configure(database_url=db_url)
+    monkeypatch.setenv("JOBQUEUE_TEST_RUNS", str(tmp_path / "runs.txt"))
+    yield rt.app
+    rt.app.close()
+
+
+@pytest.fixture
+def workers(tmp_path: Path) -> Iterator[list[Worker]]:
+    started: list[Worker] = []
+    yield started
+    for worker in started:
+        worker.close()
+
+
+def start(workers: list[Worker], tmp_path: Path, *args: str, name: str = "worker", app: str = "tests.apps.runtime:app",
+          env: dict[str, str] | None = None) -> Worker:
+    worker = Worker(tmp_path, *args, name=name, app=app, env=env)
+    workers.append(worker)
+    return worker
+
+
+def alive(pid: int) -> bool:
+    """True while ``pid`` runs (a zombie, dead but not yet reaped by its parent, counts as dead)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def archived(app: JobQueue) -> dict[int, tuple[str, str | None, str | None]]:
+    a = app.tables.archive
+    with app.engine.connect() as conn:
+        return {row[0]: (row[1], row[2], row[3]) for row in
+                conn.execute(sa.select(a.c.id, a.c.state, a.c.error_type, a.c.error_message))}
+
+
+def counters(app: JobQueue, table: str = "archive") -> dict[int, tuple[int, int]]:
+    t = getattr(app.tables, table)
+    with app.engine.connect() as conn:
+        return {row[0]: (row[1], row[2]) for row in
+                conn.execute(sa.select(t.c.id, t.c.attempts_count, t.c.deliveries_count))}
+
+
+def children_of(worker: Worker) -> list[int]:
+    return wait_for(worker.children, 30, "the worker processes to start")  # type: ignore[return-value]
+
+
+# -- the supervisor owns its children --------------------------------------------------------------
+
+@only("sqlite")
+@pytest.mark.parametrize("signum", [signal.SIGKILL, signal.SIGQUIT, signal.SIGHUP])
+def test_children_stop_within_two_seconds_of_their_supervisors_death(app: JobQueue, tmp_path: Path,
+                                                                     workers: list[Worker], signum: int) -> None:
+    rt.slow.bulk([(30,)] * 4)
+    worker = start(workers, tmp_path, "--concurrency", "2")
+    wait_for(lambda: len([e for e in runs(tmp_path / "runs.txt") if e[0] == "start"]) == 2, 30, "two jobs running")
+    children = worker.children()
+    assert len(children) == 2
+    worker.signal(signum)
+    died = time.monotonic()
+    wait_for(lambda: not any(alive(pid) for pid in children), 2, "the orphaned worker processes to stop")
+    REPORTS.append(f"orphans[{signal.Signals(signum).name}]: both worker processes gone "
+                   f"{(time.monotonic() - died) * 1000:.0f} ms after the supervisor died")
+
+
+def test_the_supervisor_survives_an_error_of_its_own_loop(app: JobQueue, backend: str, tmp_path: Path,
+                                                          workers: list[Worker]) -> None:
+    """The worker table vanishes under a running supervisor: every heartbeat fails with an error no
+    retry fixes (as on a database that turned read-only). The supervisor logs it and carries on."""
+    handles = rt.slow.bulk([(1.0,)] * 6)
+    worker = start(workers, tmp_path, "--burst", "--concurrency", "2", "--release-stuck-timeout", "6")
+    wait_for(lambda: len([e for e in runs(tmp_path / "runs.txt") if e[0] == "start"]) >= 1, 30, "a job to start")
+    rename = {"mysql": "RENAME TABLE {a} TO {b}"}.get(backend, "ALTER TABLE {a} RENAME TO {b}")
+    with app.engine.begin() as conn:
+        conn.execute(sa.text(rename.format(a="jobqueue_worker", b="jobqueue_worker_gone")))
+    try:
+        wait_for(lambda: "supervisor:" in worker.text(), 10, "the supervisor to log its error")
+        time.sleep(0.5)
+        assert worker.process.poll() is None, worker.text()[-3000:]
+        assert all(alive(pid) for pid in worker.children())
+    finally:
+        with app.engine.begin() as conn:
+            conn.execute(sa.text(rename.format(a="jobqueue_worker_gone", b="jobqueue_worker")))
+    assert worker.wait(60) == 0, worker.text()[-3000:]
+    assert {h.status() for h in handles} == {"completed"}
+    assert not repeated(runs(tmp_path / "runs.txt"), "start")
+
+
+def timed_runs(path: Path) -> list[tuple[str, int, int, int]]:
+    if not path.exists():
+        return []
+    return [(e, int(j), int(p), int(t)) for e, j, p, t in (line.split() for line in path.read_text().splitlines())]
+
+
+def test_chaos_sigkill_the_supervisor_itself(app: JobQueue, backend: str, tmp_path: Path,
+                                             workers: list[Worker]) -> None:
+    """Kill whole supervisors, not only children, and start new ones at once: nothing is lost, no
+    job ever runs in two processes at the same time, and no process of a killed tree lives on."""
+    handles = rt.timed.bulk([(0.02,)] * 600)
+    log = tmp_path / "runs.txt"
+    args = ("--concurrency", "2", "--release-stuck-timeout", "2", "--release-stuck-interval", "0.5")
+    dead_by: dict[int, float] = {}  # pid of a killed tree's process -> monotonic ns it was seen dead
+    killed = 0
+    for round_ in range(2):
+        worker = start(workers, tmp_path, *args, name=f"tree{round_}")
+        done = len({j for e, j, _, _ in timed_runs(log) if e == "end"})
+        wait_for(lambda: len({j for e, j, _, _ in timed_runs(log) if e == "end"}) >= done + 100, 60,
+                 "a hundred more jobs to complete")
+        tree = worker.children()
+        worker.signal(signal.SIGKILL)
+        killed += 1
+        worker.process.wait(10)
+        deadline = time.monotonic() + 5
+        while any(alive(pid) for pid in tree if pid not in dead_by):
+            assert time.monotonic() < deadline, "a process of the killed supervisor lived on for 5 s"
+            for pid in tree:
+                if pid not in dead_by and not alive(pid):
+                    dead_by[pid] = time.monotonic_ns()
+            time.sleep(0.01)
+        now = time.monotonic_ns()
+        for pid in tree:
+            dead_by.setdefault(pid, now)
+    last = start(workers, tmp_path, "--burst", *args, name="last")
+    assert last.wait(120) == 0, last.text()[-3000:]
+    assert {h.status() for h in handles} == {"completed"}, "a job was lost"
+    events = timed_runs(log)
+    starts: dict[tuple[int, int], int] = {}
+    spans: dict[int, list[tuple[int, int, int]]] = {}
+    for event, job, pid, at in events:
+        if event == "start":
+            starts[(job, pid)] = at
+        else:
+            spans.setdefault(job, []).append((starts.pop((job, pid)), at, pid))
+    for (job, pid), began in starts.items():  # cut short: by its process's death
+        assert pid in dead_by, f"job {job} started in pid {pid} and never ended, yet that process was not killed"
+        spans.setdefault(job, []).append((began, dead_by[pid], pid))
+    overlapping = [job for job, runs_ in spans.items()
+                   if any(a[0] < b[1] and b[0] < a[1] for i, a in enumerate(runs_) for b in runs_[i + 1:])]
+    assert not overlapping, f"jobs ran in two processes at once: {overlapping[:10]}"
+    twice = sum(1 for runs_ in spans.values() if len(runs_) > 1)
+    REPORTS.append(f"supervisor chaos[{backend}]: 600 jobs, {killed} supervisors SIGKILLed, 0 lost, "
+                   f"{twice} ran again (never two at once), every orphan gone within 5 s")
+
+
+# -- a poison job costs its neighbours nothing ------------------------------------------------------
+
+def test_a_job_that_kills_its_process_takes_no_finished_job_with_it(app: JobQueue, backend: str, tmp_path: Path,
+                                                                  workers: list[Worker]) -> None:
+    rt.noop.bulk([()] * 30)  # warm-up: the process learns that jobs are quick and fetches big batches
+    innocent = rt.short.bulk([(0,)] * 30)
+    poison = rt.crash.delay()  # max_deliveries=2: it kills the process twice, then is failed unrun
+    # A long flush interval: the 30 outcomes are still unwritten each time the process dies.
+    worker = start(workers, tmp_path, "--burst", "--concurrency", "1", "--flush-interval", "30")
+    assert worker.wait(90) == 0, worker.text()[-3000:]
+    states = archived(app)
+    assert {states[h.id][0] for h in innocent} == {"COMPLETED"}, "innocent jobs were failed with the poison"
+    assert states[poison.id][:2] == ("FAILED", "jobqueue.errors.MaxDeliveriesExceeded")
+    count = counters(app)
+    assert {count[h.id][1] for h in innocent} == {1}  # re-run, but never charged a delivery
+    assert count[poison.id] == (2, 3)
+    log = worker.text()
+    assert "next start in" not in log, "poison deaths must not slow down the respawn of its slot"
+
+
+def test_respawn_does_not_back_off_for_deaths_caused_by_jobs(app: JobQueue, tmp_path: Path,
+                                                            workers: list[Worker]) -> None:
+    poison = [rt.crash.delay() for _ in range(5)]  # ten deaths in a row, each right after a start
+    began = time.monotonic()
+    worker = start(workers, tmp_path, "--burst", "--concurrency", "1")
+    assert worker.wait(60) == 0, worker.text()[-3000:]
+    elapsed = time.monotonic() - began
+    assert {h.status() for h in poison} == {"failed"}
+    assert worker.text().count("exited with code 1") == 10
+    assert "next start in" not in worker.text()
+    assert elapsed < 20, f"ten job deaths took {elapsed:.1f} s: the slot backed off"
+
+
+# -- anything a job does ends that job only ---------------------------------------------------------
+
+def test_jobs_that_raise_anything_or_return_the_unstorable_end_alone(app: JobQueue, tmp_path: Path,
+                                                                     workers: list[Worker]) -> None:
+    rt.noop.bulk([()] * 30)  # warm-up: the bad jobs then share batches and flushes with good ones
+    bad = {
+        "bad_str": rt.bad_str.delay(), "cyclic": rt.unstorable.delay("cyclic"),
+        "deep": rt.unstorable.delay("deep"), "bigint": rt.unstorable.delay("bigint"),
+        "bad_nack": rt.bad_nack.delay(), "exits": rt.exits.delay(), "interrupt": rt.interrupt.delay(),
+        "nul": rt.nul.delay(), "checkpoint": rt.big_state.delay("checkpoint"), "defer": rt.big_state.delay("defer"),
+    }
+    good = rt.short.bulk([(0,)] * 20)
+    worker = start(workers, tmp_path, "--burst", "--concurrency", "1", "--flush-interval", "5")
+    assert worker.wait(60) == 0, worker.text()[-3000:]
+    log = worker.text()
+    assert "exited with" not in log and "crashed" not in log, log[-3000:]
+    states = archived(app)
+    assert {states[h.id][0] for h in good} == {"COMPLETED"}
+    got = {name: states[h.id] for name, h in bad.items()}
+    assert {state for state, _, _ in got.values()} == {"FAILED"}, got
+    assert got["bad_str"][1] == "tests.apps.runtime.BadStr" and "raised" in (got["bad_str"][2] or "")
+    for name in ("cyclic", "deep", "bigint"):
+        assert got[name][1] == "jobqueue.errors.SerializationError", got[name]
+    assert got["cyclic"][2] and "cyclic" in got["cyclic"][2]
+    assert got["bigint"][2] and "4,300 digits" in got["bigint"][2]
+    assert got["bad_nack"][1] == "TypeError" and "delay_seconds" in (got["bad_nack"][2] or "")
+    assert got["exits"][1:] == ("SystemExit", "3")
+    assert got["interrupt"][1] == "KeyboardInterrupt"
+    assert got["nul"][1] == "ValueError" and got["nul"][2] == "a NUL \\x00 inside"
+    for name in ("checkpoint", "defer"):
+        assert got[name][1] == "jobqueue.errors.SerializationError" and "max_payload_bytes" in (got[name][2] or "")
+
+
+@pytest.mark.parametrize("until", ["tomorrow", "1e12", "nan"])
+def test_a_defer_that_cannot_be_honoured_fails_the_job(app: JobQueue, tmp_path: Path, workers: list[Worker],
+                                                       until: str) -> None:
+    job = rt.bad_defer.delay(until)
+    worker = start(workers, tmp_path, "--burst", "--concurrency", "1")
+    assert worker.wait(60) == 0, worker.text()[-3000:]
+    state, error_type, message = archived(app)[job.id]
+    assert state == "FAILED" and error_type in ("TypeError", "ValueError") and "defer(until=" in (message or "")
+    assert len(runs(tmp_path / "runs.txt")) == 2  # its two attempts, not thousands of re-runs
+
+
+# -- the buffer behind a job that holds the GIL ----------------------------------------------------
+
+def test_buffered_jobs_reach_an_idle_process_while_a_job_holds_the_gil(app: JobQueue, tmp_path: Path,
+                                                                       workers: list[Worker]) -> None:
+    rt.noop.bulk([()] * 60)  # first (priority 10): both processes learn that jobs are quick
+    hog = rt.regex.apply_async((26,), priority=5)  # next: about 3.6 s in the regex engine, the GIL held
+    quick = rt.short.bulk([(0,)] * 200)  # behind it, in the same batch of whoever fetches it
+    worker = start(workers, tmp_path, "--burst", "--concurrency", "2")
+    assert worker.wait(60) == 0, worker.text()[-3000:]
+    a = app.tables.archive
+    with app.engine.connect() as conn:
+        finished = {row[0]: row[1] for row in conn.execute(sa.select(a.c.id, a.c.finished_at))}
+        started = conn.execute(sa.select(a.c.last_attempt_at).where(a.c.id == hog.id)).scalar_one()
+    hog_end = finished[hog.id]
+    last_quick = max(finished[h.id] for h in quick)
+    behind = (last_quick - started).total_seconds()
+    hog_seconds = (hog_end - started).total_seconds()
+    assert behind < 2.0 < hog_seconds, (f"the quick jobs finished {behind:.1f} s after the GIL-holding job started "
+                                       f"(it ran {hog_seconds:.1f} s)")
+    REPORTS.append(f"GIL hog: 200 quick jobs done {behind:.2f} s after a job holding the GIL for "
+                   f"{hog_seconds:.1f} s started")
+
+
+# -- the lease clock is the database server's -------------------------------------------------------
+
+@only("postgresql", "mysql")
+def test_a_host_whose_clock_runs_20_s_ahead_releases_no_live_lease(app: JobQueue, backend: str, tmp_path: Path,
+                                                                   workers: list[Worker]) -> None:
+    slow = rt.slow.bulk([(4.0,)] * 2)
+    honest = start(workers, tmp_path, "--burst", "--concurrency", "2", "--release-stuck-timeout", "3")
+    wait_for(lambda: len([e for e in runs(tmp_path / "runs.txt") if e[0] == "start"]) == 2, 30, "both jobs running")
+    # Another host whose clock is 20 s ahead, looking for expired leases every 0.2 s.
+    ahead = start(workers, tmp_path, "--concurrency", "1", "--release-stuck-interval", "0.2", name="ahead",
+                  app="tests.apps.skewed:app", env={"JOBQUEUE_TEST_SKEW_SECONDS": "20"})
+    assert honest.wait(30) == 0, honest.text()[-3000:]
+    ahead.signal(signal.SIGTERM)
+    assert ahead.wait(30) == 0, ahead.text()[-3000:]
+    assert {h.status() for h in slow} == {"completed"}
+    assert not repeated(runs(tmp_path / "runs.txt"), "start"), "a live lease was released: a job ran twice"
+    assert "lease lost" not in honest.text() and "released" not in ahead.text()
+
+
+# -- corrupt rows ------------------------------------------------------------------------------------
+
+@only("sqlite")
+def test_rows_that_cannot_be_read_fail_alone_and_the_pool_goes_on(app: JobQueue, db_url: str, tmp_path: Path,
+                                                                  workers: list[Worker]) -> None:
+    good = rt.short.bulk([(0,)] * 6)
+    bad = rt.short.bulk([(0,)] * 3)
+    path = sa.make_url(db_url).database or ""
+    with sqlite3.connect(path) as raw:
+        raw.execute("UPDATE jobqueue_message SET headers = '{not json' WHERE id = ?", (bad[0].id,))
+        raw.execute("UPDATE jobqueue_message SET created_at = 'yesterday-ish' WHERE id = ?", (bad[1].id,))
+        raw.execute("UPDATE jobqueue_message SET options = x'00ff' WHERE id = ?", (bad[2].id,))
+    worker = start(workers, tmp_path, "--burst", "--concurrency", "2")
+    assert worker.wait(40) == 0, worker.text()[-3000:]
+    assert "exited with" not in worker.text()
+    states = archived(app)
+    assert {states[h.id][0] for h in good} == {"COMPLETED"}
+    for handle, column in zip(bad, ("headers", "created_at", "options")):
+        state, error_type, message = states[handle.id]
+        assert (state, error_type) == ("FAILED", "jobqueue.errors.CorruptMessage"), states[handle.id]
+        assert column in (message or "")
+    assert "yesterday-ish" in (states[bad[1].id][2] or "")  # the unreadable text is kept in the error
+
+
+# -- the respawned and the restarted ------------------------------------------------------------------
+
+@only("sqlite")
+def test_a_worker_started_before_its_database_exists_waits_for_it(tmp_path: Path, workers: list[Worker]) -> None:
+    """An SQLite file on a mount that is not there yet: the worker waits, logging, instead of exiting."""
+    folder = tmp_path / "not-mounted-yet"
+    url = f"sqlite:///{folder}/jobs.sqlite3"
+    worker = start(workers, tmp_path, "--burst", "--concurrency", "1", env={"JOBQUEUE_DATABASE_URL": url})
+    wait_for(lambda: "unavailable" in worker.text(), 30, "the worker to report that the database is unavailable")
+    time.sleep(1)
+    assert worker.process.poll() is None, worker.text()
+    folder.mkdir()
+    queue = JobQueue(url)
+    queue.init_schema()
+    queue.close()
+    rt.app.configure(database_url=url)
+    job = rt.noop.delay()
+    assert worker.wait(60) == 0, worker.text()[-3000:]
+    assert job.status() == "completed"
+    assert "available again" in worker.text()
+
+
+@only("postgresql", "mysql")
+def test_a_worker_started_while_the_server_is_down_waits_for_it(backend: str, tmp_path: Path, workers: list[Worker],
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    from tests.servers import private_server
+
+    with private_server(backend) as server:
+        rt.app.configure(database_url=server.url)
+        rt.app.init_schema()
+        job = rt.noop.delay()
+        rt.app.close()
+        server.stop()
+        worker = start(workers, tmp_path, "--burst", "--concurrency", "1", env={"JOBQUEUE_DATABASE_URL": server.url})
+        wait_for(lambda: "unavailable" in worker.text(), 30, "the worker to report the outage")
+        time.sleep(1)
+        assert worker.process.poll() is None, worker.text()
+        server.start()
+        assert worker.wait(90) == 0, worker.text()[-3000:]
+        assert job.status() == "completed"
+        rt.app.close()
+
+
+@only("postgresql", "mysql")
+def test_connections_killed_in_the_first_second_do_not_stop_the_worker(app: JobQueue, backend: str, db_url: str,
+                                                                      tmp_path: Path, workers: list[Worker]) -> None:
+    jobs = rt.short.bulk([(0,)] * 20)
+    admin = sa.create_engine(db_url, poolclass=sa.pool.NullPool, isolation_level="AUTOCOMMIT")
+    database = sa.make_url(db_url).database
+    worker = start(workers, tmp_path, "--burst", "--concurrency", "2")
+    killed = 0
+    deadline = time.monotonic() + 1.5
+    with admin.connect() as conn:
+        while time.monotonic() < deadline:
+            if backend == "postgresql":
+                killed += int(conn.execute(sa.text(
+                    "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE datname = :db "
+                    "AND pid <> pg_backend_pid()"), {"db": database}).scalar() or 0)
+            else:
+                own = conn.execute(sa.text("SELECT CONNECTION_ID()")).scalar()
+                for (pid,) in conn.execute(sa.text(
+                        "SELECT id FROM information_schema.PROCESSLIST WHERE db = :db AND id <> :own"),
+                        {"db": database, "own": own}).all():
+                    try:
+                        conn.execute(sa.text(f"KILL {int(pid)}"))
+                        killed += 1
+                    except sa.exc.DBAPIError:
+                        pass
+            time.sleep(0.05)
+    admin.dispose()
+    assert worker.wait(90) == 0, worker.text()[-3000:]
+    app.close()  # this test's own pooled connections were killed too
+    assert {h.status() for h in jobs} == {"completed"}
+    REPORTS.append(f"early kills[{backend}]: {killed} connections killed in the worker's first 1.5 s; all jobs ran")
+
+
+# -- what the logs say about a stale delivery ---------------------------------------------------------
+
+def test_a_stale_delivery_says_its_lease_was_lost_not_that_the_job_failed(app: JobQueue, tmp_path: Path,
+                                                                         workers: list[Worker]) -> None:
+    job = rt.fail_after.delay(2.0)
+    stale = start(workers, tmp_path, "--concurrency", "1", "--release-stuck-timeout", "1",
+                  "--release-stuck-interval", "0.2", name="stale")
+    wait_for(lambda: runs(tmp_path / "runs.txt"), 30, "the job to start")
+    freeze(stale, app.engine)  # the whole tree stops: nobody renews the lease
+    other = start(workers, tmp_path, "--concurrency", "1", "--release-stuck-timeout", "1",
+                  "--release-stuck-interval", "0.2", name="other")
+    wait_for(lambda: len(runs(tmp_path / "runs.txt")) == 2, 30, "the other worker to take the job over")
+    os.kill(stale.pid, signal.SIGCONT)
+    for pid in stale.children():
+        os.kill(pid, signal.SIGCONT)
+    wait_for(lambda: "lease lost" in stale.text(), 30, "the stale delivery to report its lost lease")
+    assert "failed on attempt" not in stale.text(), stale.text()[-2000:]
+    del job, other
+
+
+# -- a frozen process does not keep its locks -----------------------------------------------------------
+
+HOLDER = """
+import os, signal, sys
+import sqlalchemy as sa
+from jobqueue import JobQueue
+app = JobQueue(sys.argv[1])
+with app.engine.connect() as conn:
+    conn.begin()
+    conn.execute(sa.text("SELECT id FROM jobqueue_message WHERE id = :id FOR UPDATE"), {"id": int(sys.argv[2])})
+    print("locked", flush=True)
+    os.kill(os.getpid(), signal.SIGSTOP)
+"""
+
+
+@only("postgresql", "mysql")
+def test_a_process_frozen_inside_a_transaction_loses_its_locks(app: JobQueue, db_url: str, tmp_path: Path,
+                                                               workers: list[Worker]) -> None:
+    job = rt.noop.delay()
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, db_url, str(job.id)], cwd=ROOT, stdout=subprocess.PIPE,
+                              text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "locked"
+        began = time.monotonic()
+        worker = start(workers, tmp_path, "--concurrency", "1", "--max-fetch-interval", "0.5")
+        wait_for(lambda: job.status() == "completed", 40, "the locked job to run once the frozen session ended")
+        REPORTS.append(f"frozen lock holder: its job ran {time.monotonic() - began:.1f} s later")
+        worker.signal(signal.SIGTERM)
+        assert worker.wait(30) == 0
+    finally:
+        holder.kill()
+        holder.wait(10)

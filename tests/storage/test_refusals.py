@@ -1,0 +1,252 @@
+"""What the database refuses, and bad values at enqueue: one job pays, nothing else is lost.
+
+Refusals are real: a trigger that refuses one value, a statement over MariaDB's max_allowed_packet,
+a TRUNCATE that sends AUTO_INCREMENT back.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from contextlib import contextmanager
+from datetime import datetime, timedelta
+from typing import Iterator
+
+import pytest
+import sqlalchemy as sa
+
+from jobqueue import ConfigurationError, JobQueue, SerializationError
+from jobqueue.clock import utcnow
+from jobqueue.job import ErrorInfo, MessageState, Outcome, OutcomeKind
+from jobqueue.runtime.resilience import DatabaseGuard
+from jobqueue.runtime.writer import OutcomeWriter
+from tests.conftest import only
+
+WORKER = "w" * 32
+
+
+@pytest.fixture
+def add(app: JobQueue):  # type: ignore[no-untyped-def]
+    @app.task(name="t.add")
+    def add(x: object, y: object = 0) -> object:
+        return x
+    return add
+
+
+def count(app: JobQueue, table: str = "message") -> int:
+    with app.engine.connect() as conn:
+        return int(conn.execute(sa.select(sa.func.count()).select_from(getattr(app.tables, table))).scalar_one())
+
+
+@contextmanager
+def refusing(app: JobQueue, table: str, column: str, word: str) -> Iterator[None]:
+    """A trigger that makes the database refuse a row of ``table`` whose ``column`` contains ``word``."""
+    backend = app.engine.dialect.name
+    name = f"jobqueue_test_refuse_{table}"
+    full = f"jobqueue_{table}"
+    with app.engine.begin() as conn:
+        if backend == "sqlite":
+            conn.exec_driver_sql(f"CREATE TRIGGER {name} BEFORE INSERT ON {full} WHEN instr(NEW.{column}, '{word}') > 0 "
+                                 "BEGIN SELECT RAISE(ABORT, 'no thanks'); END")
+        elif backend == "postgresql":
+            conn.exec_driver_sql(f"CREATE FUNCTION {name}() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+                                 f"IF position('{word}' in encode(NEW.{column}::bytea, 'escape')) > 0 THEN "
+                                 "RAISE EXCEPTION 'no thanks'; END IF; RETURN NEW; END $$"
+                                 if column == "payload" else
+                                 f"CREATE FUNCTION {name}() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+                                 f"IF position('{word}' in NEW.{column}) > 0 THEN RAISE EXCEPTION 'no thanks'; "
+                                 "END IF; RETURN NEW; END $$")
+            conn.exec_driver_sql(f"CREATE TRIGGER {name} BEFORE INSERT ON {full} FOR EACH ROW "
+                                 f"EXECUTE FUNCTION {name}()")
+        else:
+            conn.exec_driver_sql(f"CREATE TRIGGER {name} BEFORE INSERT ON {full} FOR EACH ROW BEGIN "
+                                 f"IF INSTR(NEW.{column}, '{word}') > 0 THEN "
+                                 "SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = 'no thanks'; END IF; END")
+    try:
+        yield
+    finally:
+        with app.engine.begin() as conn:
+            conn.exec_driver_sql(f"DROP TRIGGER {name}" + (f" ON {full}" if backend == "postgresql" else ""))
+            if backend == "postgresql":
+                conn.exec_driver_sql(f"DROP FUNCTION {name}()")
+
+
+def finished(message, state=MessageState.COMPLETED, error=None, result=None):  # type: ignore[no-untyped-def]
+    return Outcome(message=message, kind=OutcomeKind.ARCHIVE, state=state, finished_at=utcnow(), started_at=utcnow(),
+                   error=error, result=result, checkpoint=message.checkpoint)
+
+
+def writer(app: JobQueue) -> OutcomeWriter:
+    return OutcomeWriter(app.store, DatabaseGuard(logging.getLogger("test"), "database (test)"))
+
+
+def test_a_refused_outcome_fails_its_own_job_and_the_rest_are_written(app: JobQueue, add) -> None:  # type: ignore[no-untyped-def]
+    add.bulk([(i,) for i in range(10)])
+    held = app.store.acquire(WORKER, None, 10, 30.0)
+    outcomes = [finished(m, result=b"1") for m in held]
+    outcomes[6] = finished(held[6], MessageState.FAILED, ErrorInfo("ValueError", "please refuse-me"))
+    with refusing(app, "archive", "error_message", "refuse-me"):
+        result = writer(app).write(outcomes)
+    assert len(result.applied) == 10 and not result.lost
+    a = app.tables.archive
+    with app.engine.connect() as conn:
+        rows = {r.id: r for r in conn.execute(sa.select(a.c.id, a.c.state, a.c.result, a.c.error_type,
+                                                        a.c.error_message))}
+    assert len(rows) == 10 and count(app) == 0
+    refused = rows[held[6].id]
+    assert (refused.state, refused.error_type) == ("FAILED", "jobqueue.errors.OutcomeRefused")
+    assert "no thanks" in refused.error_message and "refuse-me" not in refused.error_message
+    assert {rows[m.id].result for m in held if m.id != held[6].id} == {b"1"}
+
+
+def test_when_every_write_is_refused_the_error_is_raised_and_nothing_is_failed(app: JobQueue, add) -> None:  # type: ignore[no-untyped-def]
+    add.bulk([(i,) for i in range(3)])
+    held = app.store.acquire(WORKER, None, 3, 30.0)
+    with refusing(app, "archive", "task_name", "t.add"), pytest.raises(sa.exc.DBAPIError, match="no thanks"):
+        writer(app).write([finished(m) for m in held])
+    assert count(app) == 3 and count(app, "archive") == 0  # still held: written later, when allowed
+
+
+@only("mysql")
+def test_a_flush_of_large_results_stays_under_max_allowed_packet(app: JobQueue, add) -> None:  # type: ignore[no-untyped-def]
+    add.bulk([(i,) for i in range(22)])
+    held = app.store.acquire(WORKER, None, 22, 30.0)
+    big = b"r" * (900 * 1024)  # 22 of them: about 20 MB, over the server's 16 MB packet
+    result = app.store.flush([finished(m, result=big) for m in held])
+    assert len(result.applied) == 22
+    a = app.tables.archive
+    with app.engine.connect() as conn:
+        assert conn.execute(sa.select(sa.func.sum(sa.func.length(a.c.result)))).scalar() == 22 * len(big)
+
+
+@only("mysql")
+def test_a_result_over_max_allowed_packet_fails_its_job_instead_of_retrying_for_ever(db_url: str) -> None:
+    app = JobQueue(db_url, max_payload_bytes=64 * 1024 * 1024)
+
+    @app.task(name="t.big")
+    def big() -> None: ...
+
+    big.bulk([()] * 3)
+    held = app.store.acquire(WORKER, None, 3, 30.0)
+    packet = int(app.engine.connect().exec_driver_sql("SELECT @@max_allowed_packet").scalar())
+    outcomes = [finished(m, result=b"1") for m in held]
+    outcomes[1] = finished(held[1], result=b"x" * (packet + 1024))
+    began = time.monotonic()
+    result = writer(app).write(outcomes)
+    assert time.monotonic() - began < 60
+    a = app.tables.archive
+    with app.engine.connect() as conn:
+        rows = {r.id: (r.state, r.error_type) for r in conn.execute(sa.select(a.c.id, a.c.state, a.c.error_type))}
+    assert rows[held[1].id] == ("FAILED", "jobqueue.errors.OutcomeRefused")
+    assert rows[held[0].id] == rows[held[2].id] == ("COMPLETED", None)
+    assert len(result.applied) == 3
+    app.close()
+
+
+# -- bulk() is all or nothing -------------------------------------------------------------------------
+
+def test_bulk_commits_every_batch_or_none(app: JobQueue, add) -> None:  # type: ignore[no-untyped-def]
+    items = [("fine",)] * 2500
+    items[2100] = ("boom",)  # the third batch of 1,000 is refused by the database
+    with refusing(app, "message", "payload", "boom"), pytest.raises(sa.exc.DBAPIError):
+        add.bulk(items, batch_size=1000)
+    assert count(app) == 0, "the batches before the refused one were committed"
+
+
+@only("mysql")
+def test_bulk_of_large_arguments_stays_under_max_allowed_packet(app: JobQueue, add) -> None:  # type: ignore[no-untyped-def]
+    handles = add.bulk([("a" * 20_000,)] * 2000)
+    assert len(handles) == 2000 and count(app) == 2000
+    assert len({h.id for h in handles}) == 2000
+
+
+# -- bad values at enqueue ------------------------------------------------------------------------------
+
+def cyclic() -> list[object]:
+    value: list[object] = []
+    value.append(value)
+    return value
+
+
+def deep() -> list[object]:
+    value: list[object] = []
+    for _ in range(1200):
+        value = [value]
+    return value
+
+
+@pytest.mark.parametrize("call, error, words", [
+    (lambda t: t.delay(10 ** 5000), SerializationError, "args[0]"),
+    (lambda t: t.delay(1, y=cyclic()), SerializationError, "kwargs['y']"),
+    (lambda t: t.delay(deep()), SerializationError, "args[0]"),
+    (lambda t: t.delay("lone \ud800 surrogate"), SerializationError, "args[0]"),
+    (lambda t: t.apply_async((1,), headers={"at": datetime(2030, 1, 1)}), ConfigurationError, "headers['at']"),
+    (lambda t: t.apply_async((1,), headers={"x": math.nan}), ConfigurationError, "headers['x']"),
+    (lambda t: t.apply_async((1,), countdown=math.inf), ValueError, "countdown"),
+    (lambda t: t.apply_async((1,), countdown=math.nan), ValueError, "countdown"),
+    (lambda t: t.apply_async((1,), countdown=1e300), ValueError, "countdown"),
+    (lambda t: t.apply_async((1,), countdown="soon"), TypeError, "countdown"),
+    (lambda t: t.apply_async((1,), unique_key="a\x00b"), ConfigurationError, "unique_key"),
+    (lambda t: t.apply_async((1,), partition_key="a\x00b"), ConfigurationError, "partition_key"),
+    (lambda t: t.apply_async((1,), partition_key="\udc80"), ConfigurationError, "partition_key"),
+    (lambda t: t.bulk([(1,), (10 ** 5000,)]), SerializationError, "item 1"),
+    (lambda t: t.bulk([(1,), (2,)], unique_key=["a", "b\x00"]), ConfigurationError, "unique_key of item 1"),
+])
+def test_bad_values_at_enqueue_name_the_argument_and_write_nothing(app: JobQueue, add, call, error,  # type: ignore[no-untyped-def]
+                                                                   words) -> None:
+    with pytest.raises(error) as info:
+        call(add)
+    assert words in str(info.value)
+    assert count(app) == 0
+
+
+# -- ids never collide with archived jobs -----------------------------------------------------------
+
+@only("mysql")
+def test_after_a_truncate_new_ids_never_collide_with_archived_ones(app: JobQueue, add) -> None:  # type: ignore[no-untyped-def]
+    old = add.bulk([(i,) for i in range(5)])
+    held = app.store.acquire(WORKER, None, 5, 30.0)
+    app.store.flush([finished(m, result=app.serializer.dumps("old")) for m in held])
+    with app.engine.begin() as conn:
+        conn.exec_driver_sql("TRUNCATE TABLE jobqueue_message")
+    archived = {h.id for h in old}
+    fresh = [add.delay("new"), *add.bulk([("new",)] * 3), add.apply_async(("new",), unique_key="k")]
+    with app.engine.begin() as conn:
+        fresh.append(add.apply_async(("new",), connection=conn))
+    assert not {h.id for h in fresh} & archived and all(h.id > max(archived) for h in fresh)
+    assert {h.status() for h in fresh} == {"pending"}
+    # A worker acquires and archives them under their own ids: no duplicate key, no old result.
+    taken = app.store.acquire(WORKER, None, 10, 30.0)
+    assert {m.id for m in taken} == {h.id for h in fresh}
+    app.store.flush([finished(m, result=app.serializer.dumps("new")) for m in taken])
+    assert [h.get(timeout=1) for h in fresh] == ["new"] * len(fresh)
+    assert [h.get(timeout=1) for h in old] == ["old"] * 5
+
+
+@only("mysql")
+def test_a_row_whose_id_an_archived_job_has_is_never_acquired_and_gets_a_fresh_id(app: JobQueue, add) -> None:  # type: ignore[no-untyped-def]
+    (first,) = add.bulk([(1,)])
+    (m,) = app.store.acquire(WORKER, None, 1, 30.0)
+    app.store.flush([finished(m)])
+    m_table = app.tables.message
+    with app.engine.begin() as conn:  # as if its enqueuer died between its insert and the move
+        row = {"task_name": "t.add", "queue": "default", "priority": 0, "state": "PENDING",
+               "payload": app.serializer.dumps([[2], {}]), "attempts_count": 0, "deliveries_count": 0,
+               "created_at": utcnow(), "next_attempt_at": utcnow() - timedelta(seconds=1), "id": first.id}
+        conn.execute(sa.insert(m_table), row)
+    assert app.store.acquire(WORKER, None, 1, 30.0) == []
+    assert app.store.repair_ids() == 1  # what a worker does when it starts
+    (again,) = app.store.acquire(WORKER, None, 1, 30.0)
+    assert again.id > first.id
+
+
+def test_lease_times_come_from_the_database_servers_clock(app: JobQueue, add, backend: str) -> None:  # type: ignore[no-untyped-def]
+    add.delay(1)
+    (m,) = app.store.acquire(WORKER, None, 1, 30.0)
+    server_now = {"postgresql": "SELECT timezone('UTC', now())", "mysql": "SELECT UTC_TIMESTAMP(6)"}.get(backend)
+    with app.engine.connect() as conn:
+        now = conn.exec_driver_sql(server_now).scalar() if server_now else utcnow()
+        lease = conn.execute(sa.select(app.tables.message.c.lease_expires_at)).scalar_one()
+    assert abs((m.acquired_at - now).total_seconds()) < 5
+    assert abs((lease - m.acquired_at).total_seconds() - 30.0) < 0.01
