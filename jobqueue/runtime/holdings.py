@@ -12,7 +12,6 @@
 
 from __future__ import annotations
 
-import collections
 import threading
 import time
 from collections import deque
@@ -35,14 +34,12 @@ class Holdings:
         self.slot = slot
         self.timeout_of = timeout_of
         self.buffer: deque[Message] = deque()
-        self.batches: collections.Counter[int] = collections.Counter()  # buffered messages per lease token
         self.outcomes: list[Outcome] = []
         self.returns: list[Outcome] = []
         self.started: set[int] = set()
         self.running: Message | None = None
         self.running_since: float | None = None
         self.oldest_outcome_at: float | None = None
-        self.taken_back = 0  # buffered messages the supervisor took back, for the log
 
     # -- the loop ----------------------------------------------------------------------------------
     def can_fetch(self) -> bool:
@@ -53,10 +50,9 @@ class Holdings:
         if not messages:
             return
         with self.lock:
-            token = messages[0].lease_token  # one acquisition, one token
-            self.slot.add_batch(token)
+            # One acquisition, one lease token.
+            self.slot.add_batch(messages[0].lease_token, len(self.buffer) + len(messages), only=not self.buffer)
             self.buffer.extend(messages)
-            self.batches[token] += len(messages)
 
     def start_next(self) -> Message | None:
         """Take the next unstarted message and mark it running (None if the buffer is empty).
@@ -66,22 +62,12 @@ class Holdings:
         with self.lock:
             while self.buffer:
                 message = self.buffer.popleft()
-                token = message.lease_token
-                started = self.slot.start(message.id, token, self.timeout_of(message))
-                self._unbuffer(token)
-                if not started:
-                    self.taken_back += 1
+                if not self.slot.start(message.id, message.lease_token, self.timeout_of(message), len(self.buffer)):
                     continue
                 self.running, self.running_since = message, time.monotonic()
                 self.started.add(message.id)
                 return message
         return None
-
-    def _unbuffer(self, token: int) -> None:
-        self.batches[token] -= 1
-        if self.batches[token] <= 0:
-            del self.batches[token]
-            self.slot.drop_batch(token)
 
     def finish(self, outcome: Outcome | None) -> int:
         """Record the running message's outcome (None: nothing to write); return the pending count."""
@@ -140,10 +126,5 @@ class Holdings:
     def hand_back_all(self) -> None:
         """On the way out: every unstarted message still ours goes back, uncounted."""
         with self.lock:
-            for message in self.buffer:
-                if self.slot.listed(message.lease_token):
-                    self.returns.append(hand_back(message))
-            for token in list(self.batches):
-                self.slot.drop_batch(token)
+            self.returns.extend(hand_back(m) for m in self.buffer if self.slot.listed(m.lease_token))
             self.buffer.clear()
-            self.batches.clear()

@@ -34,7 +34,7 @@ from jobqueue.runtime.holdings import Holdings
 from jobqueue.runtime.resilience import DatabaseGuard, GaveUp
 from jobqueue.runtime.slot import Slot
 from jobqueue.runtime.wakeup import ProcessListener, process_listener
-from jobqueue.runtime.writer import OutcomeWriter
+from jobqueue.runtime.writer import OutcomeWriter, Unwritten
 from jobqueue.storage.store import FlushResult, new_lease_token
 
 if TYPE_CHECKING:
@@ -271,10 +271,12 @@ class WorkerProcess:
             except GaveUp:
                 self.held.restore(taken)
                 raise
-            except Exception:
-                self.held.restore(taken)
-                logger.exception("worker process %s: the database refuses to store %s outcome(s); they are kept "
-                                 "and written again in %.0f s", os.getpid(), len(taken), backoff)
+            except Unwritten as refused:
+                self._written(refused.written)
+                self.held.restore(refused.remaining)
+                logger.error("worker process %s: the database refuses to store %s outcome(s) (%s); they are kept "
+                             "and written again in %.0f s", os.getpid(), len(refused.remaining), refused.__cause__,
+                             backoff, exc_info=refused.__cause__)
                 deadline = time.monotonic() + backoff
                 while time.monotonic() < deadline and not give_up():
                     time.sleep(0.1)
@@ -282,10 +284,13 @@ class WorkerProcess:
                     raise GaveUp("the database refuses to store outcomes") from None
                 backoff = min(backoff * 2, FLUSH_BACKOFF_MAX_SECONDS)
                 continue
-            self.held.written(taken)
-            self.last_flush = time.monotonic()
-            self._report(result, self.guard.last_call_retried)
+            self._written(result, self.guard.last_call_retried)
             return
+
+    def _written(self, result: FlushResult, retried: bool = False) -> None:
+        self.held.written(result.applied + result.lost)
+        self.last_flush = time.monotonic()
+        self._report(result, retried)
 
     @staticmethod
     def _report(result: FlushResult, retried: bool) -> None:
@@ -323,13 +328,16 @@ class WorkerProcess:
                 continue
             try:
                 result = self.keeper_writer.write(taken, give_up=lambda: True)
+            except Unwritten as refused:
+                self._written(refused.written)
+                self.held.restore(refused.remaining)  # the main loop writes them, or says why not
+                continue
             except Exception as exc:
                 # Nothing is lost: what it took is written later (fenced, so writing twice is harmless).
                 logger.debug("keeper could not write %s outcome(s) yet: %s", len(taken), exc)
                 self.held.restore(taken)
                 continue
-            self.held.written(taken)
-            self._report(result, retried=False)
+            self._written(result)
 
     def _shutdown(self) -> None:
         # Hand back what we hold but never started, uncounted, then write everything out, trying

@@ -21,8 +21,9 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-RUNNING_ID, TOKEN, DEADLINE_NS, DONE, IDLE, STARTED_COUNT, RUNNING_SINCE_NS, TOKEN_COUNT = range(8)
-SIZE = 8
+(RUNNING_ID, TOKEN, DEADLINE_NS, DONE, IDLE, STARTED_COUNT, RUNNING_SINCE_NS, TOKEN_COUNT, BUFFERED,
+ REVOKES) = range(10)
+SIZE = 10
 UNKNOWN = -1  # more started ids than the list holds: count every held message as started
 MAX_BATCHES = 16  # buffered batches a child may hold (it stops fetching when they are all in use)
 LOCK_TIMEOUT_SECONDS = 0.05
@@ -36,7 +37,7 @@ class SlotView:
     done: int
     idle: bool
     running_since_ns: int = 0
-    buffered_batches: int = 0
+    buffered: int = 0
 
 
 @dataclass(frozen=True)
@@ -53,6 +54,7 @@ class Slot:
         self.started = started
         self.tokens = tokens
         self.lock = lock
+        self.seen_revokes = 0  # the child's: revocations already accounted for
 
     @classmethod
     def create(cls, context: Any, capacity: int) -> Slot:
@@ -62,16 +64,23 @@ class Slot:
                    context.Array("q", MAX_BATCHES, lock=False), context.Lock())
 
     # -- the child's side --------------------------------------------------------------------------
-    def start(self, message_id: int, token: int, timeout_seconds: float | None) -> bool:
-        """Mark ``message_id`` running; False (and nothing marked) if the supervisor took its batch back."""
+    def start(self, message_id: int, token: int, timeout_seconds: float | None, buffered: int) -> bool:
+        """Mark ``message_id`` running, ``buffered`` messages left behind it; False (nothing marked)
+        if the supervisor took its batch back."""
         now = time.monotonic_ns()
         deadline = now + int(timeout_seconds * 1e9) if timeout_seconds else 0
         with self.lock:
             a = self.array
-            if token not in self._tokens():
-                return False
+            if a[REVOKES] != self.seen_revokes:
+                # Taken back since: the buffer holds revoked messages first, in fetch order, then
+                # any fetched after the revocation, whose batches are listed again.
+                if not self._listed(token):
+                    a[BUFFERED] = buffered
+                    return False
+                self.seen_revokes = a[REVOKES]
             a[RUNNING_ID], a[TOKEN], a[DEADLINE_NS], a[IDLE], a[RUNNING_SINCE_NS] = (message_id, token, deadline,
                                                                                      0, now)
+            a[BUFFERED] = buffered
             count = a[STARTED_COUNT]
             if count != UNKNOWN:
                 if count < len(self.started):
@@ -85,23 +94,18 @@ class Slot:
         """True when no further buffered batch can be listed (the child then waits to fetch)."""
         return bool(self.array[TOKEN_COUNT] >= MAX_BATCHES)
 
-    def add_batch(self, token: int) -> None:
+    def add_batch(self, token: int, buffered: int, only: bool) -> None:
+        """List a fetched batch; ``only``: the buffer held nothing else, so earlier batches are done."""
         with self.lock:
-            count = self.array[TOKEN_COUNT]
+            a = self.array
+            count = 0 if only else a[TOKEN_COUNT]
             self.tokens[count] = token
-            self.array[TOKEN_COUNT] = count + 1
-
-    def drop_batch(self, token: int) -> None:
-        """The child started (or handed back) the last message of this batch: unlist it."""
-        with self.lock:
-            tokens = [t for t in self._tokens() if t != token]
-            for index, value in enumerate(tokens):
-                self.tokens[index] = value
-            self.array[TOKEN_COUNT] = len(tokens)
+            a[TOKEN_COUNT] = count + 1
+            a[BUFFERED] = buffered
 
     def listed(self, token: int) -> bool:
         with self.lock:
-            return token in self._tokens()
+            return self._listed(token)
 
     def set_started(self, ids: set[int]) -> None:
         with self.lock:
@@ -122,8 +126,9 @@ class Slot:
         with self.lock:
             self.array[IDLE] = int(idle)
 
-    def _tokens(self) -> list[int]:
-        return [self.tokens[i] for i in range(self.array[TOKEN_COUNT])]
+    def _listed(self, token: int) -> bool:
+        tokens = self.tokens
+        return any(tokens[i] == token for i in range(self.array[TOKEN_COUNT]))
 
     # -- the supervisor's side ---------------------------------------------------------------------
     def read(self) -> SlotView | None:
@@ -145,10 +150,11 @@ class Slot:
             return None
         try:
             a = self.array
-            if not a[RUNNING_ID] or not a[TOKEN_COUNT] or a[RUNNING_SINCE_NS] > slow_since_ns:
+            if not a[RUNNING_ID] or not a[BUFFERED] or a[RUNNING_SINCE_NS] > slow_since_ns:
                 return None
-            tokens = self._tokens()
-            a[TOKEN_COUNT] = 0
+            tokens = [self.tokens[i] for i in range(a[TOKEN_COUNT])]
+            a[TOKEN_COUNT] = a[BUFFERED] = 0
+            a[REVOKES] += 1
             return Revoked(tokens, self.started_ids())
         finally:
             self.lock.release()
@@ -162,4 +168,4 @@ class Slot:
         """Read without the lock: for a dead child, which may have died holding it."""
         a = self.array
         return SlotView(a[RUNNING_ID], a[TOKEN], a[DEADLINE_NS], a[DONE], bool(a[IDLE]), a[RUNNING_SINCE_NS],
-                        a[TOKEN_COUNT])
+                        a[BUFFERED])

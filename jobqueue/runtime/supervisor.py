@@ -36,6 +36,7 @@ from jobqueue.runtime.progress import Progress
 from jobqueue.runtime.resilience import DatabaseGuard, GaveUp
 from jobqueue.runtime.slot import Slot, SlotView
 from jobqueue.runtime.wakeup import make_waker
+from jobqueue.runtime.writer import OutcomeWriter, Unwritten
 from jobqueue.storage import schedules
 from jobqueue.storage.engine import mask_url
 
@@ -82,6 +83,7 @@ class Supervisor:
         self.next_release = 0.0
         self.next_burst_check = 0.0
         self.next_pending_retry = 0.0
+        self.failing: set[str] = set()  # database work that failed for a reason retrying may not fix
         self.respawn_at: dict[int, float] = {}
         self.quick_deaths: dict[int, int] = {}
         self.done_by_dead = 0
@@ -332,7 +334,8 @@ class Supervisor:
         limit = task.options.timeout if task else None
         exc = TimeLimitExceeded(f"job ran past its timeout of {limit} s; its worker process was killed")
         outcome = self.executor.nack_for_timeout(message, ErrorInfo.from_exception(exc))
-        self.store.flush([outcome])
+        # Never blocks the loop: during an outage the whole step is tried again next tick.
+        OutcomeWriter(self.store, self.guard).write([outcome], give_up=lambda: True)
         fate = f"retry at {outcome.next_attempt_at}" if outcome.next_attempt_at else "failed"
         logger.warning("job %s %s killed after its timeout of %s s (%s)", message.id, message.task_name, limit, fate)
 
@@ -403,10 +406,16 @@ class Supervisor:
         """Run ``operation`` now; during an outage, or while the database refuses it, keep it for later."""
         try:
             ok, _ = self.guard.try_once(operation)
-        except Exception:
-            logger.exception("could not %s; trying again", what)
+        except (GaveUp, Unwritten):
             ok = False
-        if not ok:
+        except Exception:
+            if what not in self.failing:  # once, not every retry
+                logger.exception("could not %s; trying again", what)
+            self.failing.add(what)
+            ok = False
+        if ok:
+            self.failing.discard(what)
+        else:
             self.pending.append((what, operation))
 
     def _retry_pending(self) -> None:

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from typing import Any
 
 from jobqueue.clock import utcnow

@@ -25,6 +25,16 @@ def _never() -> bool:
     return False
 
 
+class Unwritten(Exception):
+    """The database refuses every write: ``written`` were applied before it started refusing, and
+    ``remaining`` still wait (``__cause__`` holds the database's error)."""
+
+    def __init__(self, written: FlushResult, remaining: list[Outcome]) -> None:
+        super().__init__(f"the database refuses to store outcomes ({len(remaining)} waiting)")
+        self.written = written
+        self.remaining = remaining
+
+
 class OutcomeWriter:
     def __init__(self, store: Store, guard: DatabaseGuard) -> None:
         self.store = store
@@ -33,8 +43,8 @@ class OutcomeWriter:
     def write(self, outcomes: list[Outcome], give_up: Callable[[], bool] = _never) -> FlushResult:
         """Write ``outcomes`` (retrying through outages); a refused one fails its job instead.
 
-        Raises GaveUp when ``give_up()`` stops the retries, and the database's error when it
-        refuses every write.
+        Raises GaveUp when ``give_up()`` stops the retries during an outage, and Unwritten when
+        the database refuses every write.
         """
         if not outcomes:
             return FlushResult()
@@ -45,10 +55,20 @@ class OutcomeWriter:
         except Exception as exc:
             if len(outcomes) == 1:
                 return self._refused(outcomes[0], exc, give_up)
-            middle = len(outcomes) // 2
-            first = self.write(outcomes[:middle], give_up)
-            second = self.write(outcomes[middle:], give_up)
-            return FlushResult(first.applied + second.applied, first.lost + second.lost)
+        middle = len(outcomes) // 2
+        parts = [outcomes[:middle], outcomes[middle:]]
+        done = FlushResult()
+        for index, part in enumerate(parts):
+            rest = [outcome for later in parts[index + 1:] for outcome in later]
+            try:
+                done = _merged(done, self.write(part, give_up))
+            except Unwritten as refused:
+                raise Unwritten(_merged(done, refused.written), refused.remaining + rest) from refused.__cause__
+            except GaveUp as stopped:
+                if not done.applied and not done.lost:
+                    raise
+                raise Unwritten(done, part + rest) from stopped  # say what was written before the outage
+        return done
 
     def _attempt(self, outcomes: list[Outcome], give_up: Callable[[], bool]) -> FlushResult:
         return self.guard.call(lambda: self.store.flush(outcomes), give_up=give_up, probe=self.store.ping)
@@ -57,18 +77,23 @@ class OutcomeWriter:
         message = outcome.message
         if outcome.kind is OutcomeKind.RETURN:
             # Nothing of the job's own is in a hand-back: a refusal is the database's, not the job's.
-            raise exc
+            raise Unwritten(FlushResult(), [outcome]) from exc
         replacement = refused_outcome(outcome, exc)
         try:
             result = self._attempt([replacement], give_up)
         except GaveUp:
             raise
         except Exception:
-            raise exc from None  # even a bare failure is refused: every write is, not this job's
+            # Even a bare failure is refused: every write is, not this job's.
+            raise Unwritten(FlushResult(), [outcome]) from exc
         logger.error("job %s %s: the database refused its %s outcome (%s); the job is failed instead",
                      message.id, message.task_name, outcome.state.public, replacement.error.message
                      if replacement.error else exc)
         return result
+
+
+def _merged(first: FlushResult, second: FlushResult) -> FlushResult:
+    return FlushResult(first.applied + second.applied, first.lost + second.lost)
 
 
 def refused_outcome(outcome: Outcome, exc: BaseException) -> Outcome:

@@ -18,7 +18,7 @@ import sqlalchemy as sa
 
 from jobqueue.clock import utcnow
 from jobqueue.errors import ConfigurationError, SchemaError
-from jobqueue.job import Batch, Message, MessageState, Outcome, OutcomeKind
+from jobqueue.job import Batch, Message, MessageState, Outcome
 from jobqueue.periodic import SCHEDULE_TASK
 from jobqueue.storage.dialects import AcquireParams, Dialect, dialect_for
 from jobqueue.storage.dialects.base import LeaseClock

@@ -81,6 +81,14 @@ class Worker:
         self.log.close()
 
 
+def start(workers: list[Worker], tmp_path: Path, *args: str, name: str = "worker",
+          app: str = "tests.apps.runtime:app", env: dict[str, str] | None = None) -> Worker:
+    """Start a worker that the ``workers`` fixture stops after the test."""
+    worker = Worker(tmp_path, *args, name=name, app=app, env=env)
+    workers.append(worker)
+    return worker
+
+
 def runs(path: Path) -> list[tuple[str, int, int]]:
     """The events the runtime tasks recorded: (event, job id, pid)."""
     if not path.exists():

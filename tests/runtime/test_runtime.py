@@ -10,37 +10,13 @@ import signal
 import threading
 import time
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 import sqlalchemy as sa
 
 from jobqueue import JobFailed, JobQueue
-from jobqueue.clock import utcnow
 from tests.apps import runtime as rt
-from tests.runtime.harness import REPORTS, Worker, freeze, repeated, runs, wait_for
-
-
-@pytest.fixture
-def app(db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[JobQueue]:
-    rt.app.configure(database_url=db_url)
-    monkeypatch.setenv("JOBQUEUE_TEST_RUNS", str(tmp_path / "runs.txt"))
-    yield rt.app
-    rt.app.close()
-
-
-@pytest.fixture
-def workers(tmp_path: Path) -> Iterator[list[Worker]]:
-    started: list[Worker] = []
-    yield started
-    for worker in started:
-        worker.close()
-
-
-def start(workers: list[Worker], tmp_path: Path, *args: str, name: str = "worker") -> Worker:
-    worker = Worker(tmp_path, *args, name=name)
-    workers.append(worker)
-    return worker
+from tests.runtime.harness import REPORTS, Worker, freeze, repeated, runs, start, wait_for
 
 
 def table_rows(app: JobQueue, table: str, *columns: str) -> list[tuple]:

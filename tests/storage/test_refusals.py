@@ -20,7 +20,7 @@ from jobqueue import ConfigurationError, JobQueue, SerializationError
 from jobqueue.clock import utcnow
 from jobqueue.job import ErrorInfo, MessageState, Outcome, OutcomeKind
 from jobqueue.runtime.resilience import DatabaseGuard
-from jobqueue.runtime.writer import OutcomeWriter
+from jobqueue.runtime.writer import OutcomeWriter, Unwritten
 from tests.conftest import only
 
 WORKER = "w" * 32
@@ -103,8 +103,10 @@ def test_a_refused_outcome_fails_its_own_job_and_the_rest_are_written(app: JobQu
 def test_when_every_write_is_refused_the_error_is_raised_and_nothing_is_failed(app: JobQueue, add) -> None:  # type: ignore[no-untyped-def]
     add.bulk([(i,) for i in range(3)])
     held = app.store.acquire(WORKER, None, 3, 30.0)
-    with refusing(app, "archive", "task_name", "t.add"), pytest.raises(sa.exc.DBAPIError, match="no thanks"):
+    with refusing(app, "archive", "task_name", "t.add"), pytest.raises(Unwritten) as info:
         writer(app).write([finished(m) for m in held])
+    assert "no thanks" in str(info.value.__cause__)
+    assert not info.value.written.applied and len(info.value.remaining) == 3
     assert count(app) == 3 and count(app, "archive") == 0  # still held: written later, when allowed
 
 
@@ -225,28 +227,62 @@ def test_after_a_truncate_new_ids_never_collide_with_archived_ones(app: JobQueue
 
 
 @only("mysql")
-def test_a_row_whose_id_an_archived_job_has_is_never_acquired_and_gets_a_fresh_id(app: JobQueue, add) -> None:  # type: ignore[no-untyped-def]
+def test_a_colliding_row_left_behind_gets_a_fresh_id_when_a_worker_starts(app: JobQueue, add) -> None:  # type: ignore[no-untyped-def]
     (first,) = add.bulk([(1,)])
     (m,) = app.store.acquire(WORKER, None, 1, 30.0)
     app.store.flush([finished(m)])
-    m_table = app.tables.message
     with app.engine.begin() as conn:  # as if its enqueuer died between its insert and the move
-        row = {"task_name": "t.add", "queue": "default", "priority": 0, "state": "PENDING",
-               "payload": app.serializer.dumps([[2], {}]), "attempts_count": 0, "deliveries_count": 0,
-               "created_at": utcnow(), "next_attempt_at": utcnow() - timedelta(seconds=1), "id": first.id}
-        conn.execute(sa.insert(m_table), row)
-    assert app.store.acquire(WORKER, None, 1, 30.0) == []
+        conn.execute(sa.insert(app.tables.message), {
+            "id": first.id, "task_name": "t.add", "queue": "default", "priority": 0, "state": "PENDING",
+            "payload": app.serializer.dumps([[2], {}]), "attempts_count": 0, "deliveries_count": 0,
+            "created_at": utcnow(), "next_attempt_at": utcnow() - timedelta(seconds=1)})
     assert app.store.repair_ids() == 1  # what a worker does when it starts
     (again,) = app.store.acquire(WORKER, None, 1, 30.0)
     assert again.id > first.id
 
 
-def test_lease_times_come_from_the_database_servers_clock(app: JobQueue, add, backend: str) -> None:  # type: ignore[no-untyped-def]
-    add.delay(1)
+@only("mysql")
+def test_a_colliding_row_a_worker_took_before_its_move_is_released_and_fenced(app: JobQueue, add) -> None:  # type: ignore[no-untyped-def]
+    (first,) = add.bulk([(1,)])
     (m,) = app.store.acquire(WORKER, None, 1, 30.0)
-    server_now = {"postgresql": "SELECT timezone('UTC', now())", "mysql": "SELECT UTC_TIMESTAMP(6)"}.get(backend)
+    app.store.flush([finished(m)])
+    with app.engine.begin() as conn:
+        conn.execute(sa.insert(app.tables.message), {
+            "id": first.id, "task_name": "t.add", "queue": "default", "priority": 0, "state": "PENDING",
+            "payload": app.serializer.dumps([[2], {}]), "attempts_count": 0, "deliveries_count": 0,
+            "created_at": utcnow(), "next_attempt_at": utcnow() - timedelta(seconds=1)})
+    (early,) = app.store.acquire(WORKER, None, 1, 30.0)  # taken in the instant before its enqueuer moved it
+    assert app.store.repair_ids() == 1
+    assert app.store.flush([finished(early)]).lost  # that delivery's outcome is fenced out
+    (again,) = app.store.acquire(WORKER, None, 1, 30.0)
+    assert again.id > first.id and (again.attempts_count, again.deliveries_count) == (1, 1)
+    assert count(app, "archive") == 1
+
+
+@only("postgresql", "mysql")
+def test_lease_times_come_from_the_database_servers_clock(app: JobQueue, add, backend: str,  # type: ignore[no-untyped-def]
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """This host's clock is 20 minutes fast: leases still start and end by the server's clock, and
+    this host's release loop sees no expired lease."""
+    add.bulk([(1,), (2,)])
+    (theirs,) = app.store.acquire("o" * 32, None, 1, 30.0)  # another host's delivery, taken honestly
+
+    class Fast(datetime):
+        @classmethod
+        def now(cls, tz=None):  # type: ignore[no-untyped-def, override]
+            return super().now(tz) + timedelta(minutes=20)
+
+    monkeypatch.setattr("jobqueue.clock.datetime", Fast)
+    (mine,) = app.store.acquire(WORKER, None, 1, 30.0)
+    server_now = {"postgresql": "SELECT timezone('UTC', now())", "mysql": "SELECT UTC_TIMESTAMP(6)"}[backend]
     with app.engine.connect() as conn:
-        now = conn.exec_driver_sql(server_now).scalar() if server_now else utcnow()
-        lease = conn.execute(sa.select(app.tables.message.c.lease_expires_at)).scalar_one()
-    assert abs((m.acquired_at - now).total_seconds()) < 5
-    assert abs((lease - m.acquired_at).total_seconds() - 30.0) < 0.01
+        now = conn.exec_driver_sql(server_now).scalar()
+        leases = dict(conn.execute(sa.select(app.tables.message.c.id, app.tables.message.c.lease_expires_at)).all())
+    assert abs((mine.acquired_at - now).total_seconds()) < 5, (mine.acquired_at, now)
+    assert abs((leases[mine.id] - mine.acquired_at).total_seconds() - 30.0) < 0.01
+    assert app.store.release_expired() == 0  # by this host's clock both leases ran out 19 minutes ago
+    app.store.heartbeat([WORKER], 30.0)
+    with app.engine.connect() as conn:
+        renewed = conn.execute(sa.select(app.tables.message.c.lease_expires_at)
+                               .where(app.tables.message.c.id == mine.id)).scalar_one()
+    assert abs((renewed - now).total_seconds() - 30.0) < 5  # renewal does not move it 20 minutes ahead either

@@ -172,10 +172,11 @@ class Dialect:
         """The condition "in one of the worker's queues": bind ``queues`` (a list), or ``queue`` when ``one``."""
         return self.message.c.queue.in_(sa.bindparam("queues", expanding=True))
 
-    def acquired_values(self) -> dict[str, Any]:
-        """The SET clause of an acquisition: PROCESSING under a fresh lease token."""
+    def acquired_values(self, now: Any = None, until: Any = None) -> dict[str, Any]:
+        """The SET clause of an acquisition: PROCESSING under a fresh lease token, leased from ``now``
+        (default: the lease clock) to ``until`` (default: the clock plus the lease)."""
         m = self.message
-        now = self.clock()
+        now = self.clock() if now is None else now
         return {
             "state": PROCESSING,
             "attempts_count": m.c.attempts_count + 1,
@@ -183,7 +184,7 @@ class Dialect:
             "lease_token": sa.bindparam("token", type_=sa.BigInteger),
             "worker_id": sa.bindparam("worker_id", type_=sa.String),
             "acquired_at": now,
-            "lease_expires_at": self.clock_plus(),
+            "lease_expires_at": self.clock_plus() if until is None else until,
             "first_attempt_at": sa.func.coalesce(m.c.first_attempt_at, now),
             "last_attempt_at": now,
         }

@@ -8,7 +8,8 @@ INSERT ... RETURNING; MySQL 8 has not, and bulk inserts there read the ids from 
 from __future__ import annotations
 
 import logging
-from datetime import datetime
+import time
+from datetime import datetime, timedelta
 from typing import Any, Callable, Iterator, TypeVar
 
 import sqlalchemy as sa
@@ -25,6 +26,7 @@ T = TypeVar("T")
 PACKET_OVERHEAD_PER_ROW = 1024  # the SQL text and the fixed columns of one row, generously
 DUPLICATE_KEY = 1062
 FRESH_ID_TRIES = 10
+FLOOR_MAX_AGE_SECONDS = 1.0
 logger = logging.getLogger("jobqueue.storage")
 
 
@@ -32,6 +34,10 @@ def _mysql_code(exc: BaseException) -> int | None:
     orig = getattr(exc, "orig", None) or exc
     args = getattr(orig, "args", ())
     return args[0] if args and isinstance(args[0], int) else None
+
+
+def _connection_runner(connection: sa.Connection) -> Callable[[str, tuple[Any, ...]], Any]:
+    return lambda sql, params: connection.exec_driver_sql(sql, params)
 
 
 def _cursor_runner(cursor: Any) -> Callable[[str, tuple[Any, ...]], Any]:
@@ -54,8 +60,9 @@ class MySQLDialect(Dialect):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         m = self.message
+        # The lease times are bound: acquire reads the server's clock with the rows it locks.
         self.mark_acquired = sa.update(m).where(m.c.id.in_(sa.bindparam("ids", expanding=True))).values(
-            self.acquired_values())
+            self.acquired_values(sa.bindparam("lease_now", type_=Timestamp), sa.bindparam("lease_until", type_=Timestamp)))
 
     def apply_outcomes(self, connection: sa.Connection, outcomes: list[Outcome],
                        now: datetime) -> set[tuple[int, int]]:
@@ -131,10 +138,7 @@ class MySQLDialect(Dialect):
             self._require(connection.dialect.server_version_info, (8, 0, 1), "MySQL")
 
     def build_acquire(self, queues: str) -> Any:
-        m, a = self.message, self.tables.archive
-        stmt = (self.ready_select([*self.returned, self.clock()], queues != "all")
-                # A new row whose id an archived job has is never run: its enqueuer is moving it.
-                .where(~sa.exists().where(a.c.id == m.c.id))
+        stmt = (self.ready_select([*self.returned, sa.func.utc_timestamp(6, type_=Timestamp)], queues != "all")
                 .with_for_update(skip_locked=True))
         if queues == "many":
             # With queue IN (a, b) InnoDB would sort every ready row of those queues, locking each one
@@ -160,10 +164,11 @@ class MySQLDialect(Dialect):
         if not rows:
             return []
         # The server's time, read with the rows, is written as acquired_at and the lease's start.
-        now = rows[0][-1]
+        now = params.lease.now or rows[0][-1]
         messages = [Message(*row[:-1]) for row in rows]
         messages.sort(key=lambda r: (-r.priority, r.next_attempt_at, r.id))
-        binds.update(ids=[m.id for m in messages], lease_now=now)
+        binds.update(ids=[m.id for m in messages], lease_now=now,
+                     lease_until=now + timedelta(seconds=params.lease.seconds))
         connection.execute(self.mark_acquired, binds)
         for m in messages:  # what the UPDATE just wrote, as RETURNING would have said
             m.attempts_count += 1
@@ -183,19 +188,40 @@ class MySQLDialect(Dialect):
     # -- fresh ids ----------------------------------------------------------------------------------
     # A job keeps its id in the archive, so a new message must never get the id of an archived
     # job. TRUNCATE of the message table resets AUTO_INCREMENT (PostgreSQL's sequence and SQLite's
-    # AUTOINCREMENT never go back). So every insert learns the largest archived id in a round trip
-    # it makes anyway where it can, and a new row at or below it is moved to a fresh id (which
-    # moves AUTO_INCREMENT past it) before anything can read it: acquire skips such rows, and an
-    # insert in a transaction moves them before the commit.
+    # AUTOINCREMENT never go back), and the next ids would collide. A healthy counter only goes up,
+    # so each process remembers the largest archived id (read again at most every
+    # FLOOR_MAX_AGE_SECONDS) and the largest id it was given itself: a new id above both is fresh,
+    # and only one at or below them is checked against the archive and, if taken, moved to a
+    # fresh id, which moves AUTO_INCREMENT past the archive. The first insert after a TRUNCATE gets
+    # a small id, so it is caught, and the counter is mended for everyone.
     def archive_floor_sql(self) -> str:
         return f"(SELECT COALESCE(MAX(id), 0) FROM {self.tables.archive.name})"
 
-    def _fresh(self, run: Callable[[str, tuple[Any, ...]], Any], ids: list[int], floor: int | None = None) -> list[int]:
-        """``ids`` with any at or below the archive's largest id moved to fresh ids (see above)."""
+    _floor: int = 0
+    _floor_read_at: float | None = None
+    _largest_id: int = 0
+
+    def _checked(self, run: Callable[[str, tuple[Any, ...]], Any], ids: list[int],
+                 floor: int | None = None) -> list[int]:
+        """``ids`` as they are, or with those an archived job has moved to fresh ids (see above)."""
         if not ids:
             return ids
-        if floor is None:
-            floor = int(run(f"SELECT {self.archive_floor_sql()}", ()).fetchone()[0])
+        now = time.monotonic()
+        if floor is not None:
+            self._floor, self._floor_read_at = floor, now
+        elif self._floor_read_at is None or now - self._floor_read_at > FLOOR_MAX_AGE_SECONDS:
+            self._floor, self._floor_read_at = int(run(f"SELECT {self.archive_floor_sql()}", ()).fetchone()[0]), now
+        if min(ids) <= max(self._floor, self._largest_id):
+            # The counter went back: check against the archive as it is now, and remember the
+            # counter from here (else every later insert would be checked until it passed the old ids).
+            self._floor = int(run(f"SELECT {self.archive_floor_sql()}", ()).fetchone()[0])
+            ids = self._move(run, ids, self._floor)
+            self._largest_id = max(ids)
+        else:
+            self._largest_id = max(self._largest_id, max(ids))
+        return ids
+
+    def _move(self, run: Callable[[str, tuple[Any, ...]], Any], ids: list[int], floor: int) -> list[int]:
         colliding = [job_id for job_id in ids if job_id <= floor]
         if not colliding:
             return ids
@@ -205,7 +231,13 @@ class MySQLDialect(Dialect):
             for _ in range(FRESH_ID_TRIES):
                 new = int(run(f"SELECT GREATEST(COALESCE(MAX(id), 0), %s) + 1 FROM {message}", (floor,)).fetchone()[0])
                 try:
-                    run(f"UPDATE {message} SET id = %s WHERE id = %s", (new, old))
+                    # A worker may have taken the row in the instant since an autocommitted insert:
+                    # it goes back to the queue, uncounted, and that delivery's outcome is fenced out.
+                    # (MySQL assigns left to right, each seeing the ones before: counters first.)
+                    run(f"UPDATE {message} SET id = %s, attempts_count = attempts_count - (state = 'PROCESSING'), "
+                        "deliveries_count = deliveries_count - (state = 'PROCESSING'), state = 'PENDING', "
+                        "worker_id = NULL, lease_token = NULL, acquired_at = NULL, lease_expires_at = NULL "
+                        "WHERE id = %s", (new, old))
                 except Exception as exc:
                     if _mysql_code(exc) == DUPLICATE_KEY:  # another insert took that id just now
                         continue
@@ -219,31 +251,21 @@ class MySQLDialect(Dialect):
         return [moved.get(job_id, job_id) for job_id in ids]
 
     def fresh_ids(self, connection: sa.Connection, ids: list[int], floor: int | None = None) -> list[int]:
-        return self._fresh(lambda sql, params: connection.exec_driver_sql(sql, params), ids, floor)
+        return self._checked(_connection_runner(connection), ids, floor)
 
     def repair_ids(self, connection: sa.Connection) -> int:
         """Give fresh ids to waiting messages whose ids an archived job has (a worker's start)."""
         m, a = self.message, self.tables.archive
-        ids = list(connection.execute(sa.select(m.c.id).join(a, a.c.id == m.c.id)).scalars())
-        return len(self.fresh_ids(connection, ids)) if ids else 0
-
-    def insert_one_sql(self) -> str:
-        if self._insert_one_sql is None:
-            values = "(" + ", ".join([self.marker] * (len(SHARED_COLUMNS) + 2)) + ")"
-            self._insert_one_sql = self.batch_insert_sql(values, with_key=True)
-        return self._insert_one_sql
+        floor = int(connection.exec_driver_sql(f"SELECT {self.archive_floor_sql()}").scalar() or 0)
+        ids = list(connection.execute(sa.select(m.c.id).join(a, a.c.id == m.c.id).where(m.c.id <= floor)).scalars())
+        run = _connection_runner(connection)
+        return len(self._move(run, ids, floor)) if ids else 0
 
     def insert_one(self, cursor: Any, row: dict[str, Any]) -> int:
         params = (row["payload"], row["unique_key"],
                   *[self.format_value(column, row[column]) for column in SHARED_COLUMNS])
-        run = _cursor_runner(cursor)
-        if "MariaDB" in cursor.connection.get_server_info():
-            # One round trip: the new id and the archive's largest id together.
-            cursor.execute(f"{self.insert_one_sql()} RETURNING id, {self.archive_floor_sql()}", params)
-            new_id, floor = cursor.fetchone()
-            return self._fresh(run, [int(new_id)], int(floor))[0]
         cursor.execute(self.insert_one_sql(), params)
-        return self._fresh(run, [int(cursor.lastrowid)])[0]
+        return self._checked(_cursor_runner(cursor), [int(cursor.lastrowid)])[0]
 
     def insert_messages(self, connection: sa.Connection, rows: list[dict[str, Any]]) -> list[int]:
         if connection.dialect.insert_returning:  # MariaDB: INSERT ... RETURNING

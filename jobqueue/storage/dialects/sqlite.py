@@ -162,6 +162,32 @@ _READERS: dict[str, tuple[Callable[[Any], Any], Callable[[], Any]]] = {
 def read_message(row: Sequence[Any]) -> Message:
     """An acquired row as a Message; a column that cannot be read is replaced and the message
     marked ``corrupt`` with what was wrong, so that it fails alone with that cause."""
+    try:
+        return _read_fast(*row)
+    except Exception:
+        return _read_carefully(row)
+
+
+_parse = datetime.fromisoformat
+_loads = json.loads
+
+
+def _read_fast(id: Any, task_name: Any, queue: Any, priority: Any, payload: Any, headers: Any, attempts: Any,
+               deliveries: Any, token: Any, created: Any, first: Any, next_at: Any, acquired: Any, unique_key: Any,
+               partition_key: Any, checkpoint: Any, options: Any, history: Any) -> Message:
+    """The common case in one go: every column of the type it should be (else it raises)."""
+    if not (type(id) is int and type(priority) is int and type(attempts) is int and type(deliveries) is int
+            and type(token) is int and type(task_name) is str and type(queue) is str and type(payload) is bytes
+            and (unique_key is None or type(unique_key) is str) and (partition_key is None or type(partition_key) is str)
+            and (checkpoint is None or type(checkpoint) is bytes)):
+        raise TypeError("a column of an unexpected type")
+    return Message(id, task_name, queue, priority, payload, None if headers is None else _loads(headers), attempts,
+                   deliveries, token, _parse(created), None if first is None else _parse(first), _parse(next_at),
+                   None if acquired is None else _parse(acquired), unique_key, partition_key, checkpoint,
+                   None if options is None else _loads(options), None if history is None else _loads(history))
+
+
+def _read_carefully(row: Sequence[Any]) -> Message:
     values: list[Any] = []
     problems: list[str] = []
     for column, value in zip(ACQUIRED_COLUMNS, row):
