@@ -82,7 +82,7 @@ class Executor:
             return self._execute(message, started)
         except GaveUp:
             raise  # the process is stopping during an outage
-        except Exception as exc:
+        except BaseException as exc:  # pickling a result can raise anything: it ends this job only
             logger.exception("job %s %s: could not decide its outcome", message.id, message.task_name)
             return self._failed(message, started, ErrorInfo.from_exception(exc, traceback.format_exc()))
 

@@ -146,11 +146,12 @@ class WorkerProcess:
                 self._idle_wait()
 
     def _fetch_due(self) -> bool:
-        if time.monotonic() < self.next_fetch_at or not self.held.can_fetch():
+        if time.monotonic() < self.next_fetch_at:
             return False
-        # Top up only when a whole batch fits; an empty buffer always fetches.
+        # An empty buffer always fetches (its batch list starts anew); a top-up only when a whole
+        # batch fits and the slot can list one more batch.
         held = len(self.held)
-        return not held or self.capacity - held >= self.settings.fetch_batch_size
+        return not held or (self.capacity - held >= self.settings.fetch_batch_size and self.held.can_fetch())
 
     def fetch_limit(self) -> int:
         """How many messages to ask for: what fits, and no more than PREFETCH_WINDOW_SECONDS of work."""

@@ -24,7 +24,7 @@ from typing import Any
 (RUNNING_ID, TOKEN, DEADLINE_NS, DONE, IDLE, STARTED_COUNT, RUNNING_SINCE_NS, TOKEN_COUNT, BUFFERED,
  REVOKES) = range(10)
 SIZE = 10
-UNKNOWN = -1  # more started ids than the list holds: count every held message as started
+UNKNOWN = -1  # more started ids than the list holds: only the running one is known
 MAX_BATCHES = 16  # buffered batches a child may hold (it stops fetching when they are all in use)
 LOCK_TIMEOUT_SECONDS = 0.05
 
@@ -150,7 +150,8 @@ class Slot:
             return None
         try:
             a = self.array
-            if not a[RUNNING_ID] or not a[BUFFERED] or a[RUNNING_SINCE_NS] > slow_since_ns:
+            if (not a[RUNNING_ID] or not a[BUFFERED] or a[RUNNING_SINCE_NS] > slow_since_ns
+                    or a[STARTED_COUNT] == UNKNOWN):  # without the started ids, nothing could be released
                 return None
             tokens = [self.tokens[i] for i in range(a[TOKEN_COUNT])]
             a[TOKEN_COUNT] = a[BUFFERED] = 0

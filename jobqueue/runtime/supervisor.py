@@ -108,7 +108,9 @@ class Supervisor:
             return self._loop()
         finally:
             # Whatever ended the loop, no child outlives it (they would run on unsupervised).
-            self._kill_all("supervisor exiting")
+            if any(c.process.exitcode is None for c in self.children.values()):
+                self._kill_all("supervisor exiting")
+                self._release_killed()
             if hasattr(self, "waker"):
                 self.waker.close()
             if self.meter is not None:
@@ -259,30 +261,41 @@ class Supervisor:
 
     # -- children ----------------------------------------------------------------------------------
     def _spawn(self, index: int) -> None:
-        self.app.before_fork()
-        wake_r, wake_w = _pipe()
-        capacity = capacity_of(self.settings.fetch_batch_size, self.settings.overfetch_factor)
-        spec = ChildSpec(index=index, worker_id=uuid.uuid4().hex, supervisor_id=self.supervisor_id,
-                         slot=Slot.create(self.context, capacity), wake_r=wake_r, wake_w=wake_w,
-                         more_w=self.more_w, supervisor_pid=os.getpid())
-        process = self.context.Process(target=_child_main, args=(self.app, spec), name=f"jobqueue-worker-{index}")
-        # Block stop signals across fork: a SIGTERM sent before the child installs its own handler
-        # then waits for it instead of hitting the supervisor's handler copied into the child.
-        previous = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+        """Fork worker process ``index``; if anything fails (no processes, memory or descriptors
+        left, a framework hook), try again later with the slot's backoff."""
         try:
-            process.start()
-        except OSError as exc:  # out of processes or memory: try again later, with the slot's backoff
-            os.close(wake_r)
-            os.close(wake_w)
+            child = self._fork(index)
+        except Exception as exc:
             logger.error("could not start worker process %s: %s", index, exc)
             self.quick_deaths[index] = self.quick_deaths.get(index, 0) + 1
             self.respawn_at[index] = time.monotonic() + self._respawn_delay(index)
             return
-        finally:
-            signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+        self.children[index] = child
+        logger.info("started worker process %s (pid %s)", index, child.process.pid)
+
+    def _fork(self, index: int) -> Child:
+        self.app.before_fork()
+        wake_r, wake_w = _pipe()
+        try:
+            capacity = capacity_of(self.settings.fetch_batch_size, self.settings.overfetch_factor)
+            spec = ChildSpec(index=index, worker_id=uuid.uuid4().hex, supervisor_id=self.supervisor_id,
+                             slot=Slot.create(self.context, capacity), wake_r=wake_r, wake_w=wake_w,
+                             more_w=self.more_w, supervisor_pid=os.getpid())
+            process = self.context.Process(target=_child_main, args=(self.app, spec),
+                                           name=f"jobqueue-worker-{index}")
+            # Block stop signals across fork: a SIGTERM sent before the child installs its own
+            # handler then waits for it instead of hitting the supervisor's handler copied into it.
+            previous = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+            try:
+                process.start()
+            finally:
+                signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+        except BaseException:
+            os.close(wake_r)
+            os.close(wake_w)
+            raise
         os.close(wake_r)
-        self.children[index] = Child(spec, process, time.monotonic())
-        logger.info("started worker process %s (pid %s)", index, process.pid)
+        return Child(spec, process, time.monotonic())
 
     def _reap(self) -> None:
         for index, child in list(self.children.items()):
@@ -490,9 +503,23 @@ class Supervisor:
         self.stopping = True
         self._kill_all("second signal")
         self._reap()
+        self.next_pending_retry = 0.0
         self._retry_pending()
+        for what, _ in self.pending:
+            logger.error("could not %s before exiting; those messages return when their leases expire", what)
         logger.warning("cold shutdown")
         return 1
+
+    def _release_killed(self) -> None:
+        """Return the messages of children killed on the way out, if the database answers now."""
+        self.stopping = True
+        try:
+            self._reap()
+            self.next_pending_retry = 0.0
+            self._retry_pending()
+        except Exception:
+            logger.exception("could not return the messages of the killed worker processes; they return "
+                             "when their leases expire")
 
     def _done(self) -> int:
         views = [c.spec.slot.read_raw() for c in self.children.values()]

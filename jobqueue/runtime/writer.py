@@ -4,13 +4,15 @@ A flush writes many outcomes in one transaction. When the database refuses it fo
 retrying cannot fix (a NUL character in text on PostgreSQL, a statement over MySQL's
 ``max_allowed_packet``, a value too long for its column), the flush is split in halves until the
 refused outcome stands alone: the others are written, and that one job is failed instead, with the
-database's reason as its error. Only when even that failure cannot be written is the error raised:
-then the database refuses every write, not this job's.
+database's reason as its error. When the archive refuses even that (the refusal is tied to the
+row), the job goes back to the queue with the error, to be tried again later. Only when even that
+cannot be written is the error raised: then the database refuses every write, not this job's.
 """
 
 from __future__ import annotations
 
 import logging
+from datetime import timedelta
 from typing import Callable
 
 from jobqueue.clock import utcnow
@@ -19,6 +21,9 @@ from jobqueue.runtime.resilience import DatabaseGuard, GaveUp
 from jobqueue.storage.store import FlushResult, Store
 
 logger = logging.getLogger("jobqueue.worker")
+
+
+REFUSED_RETRY_SECONDS = 60.0
 
 
 def _never() -> bool:
@@ -78,32 +83,52 @@ class OutcomeWriter:
         if outcome.kind is OutcomeKind.RETURN:
             # Nothing of the job's own is in a hand-back: a refusal is the database's, not the job's.
             raise Unwritten(FlushResult(), [outcome]) from exc
-        replacement = refused_outcome(outcome, exc)
-        try:
-            result = self._attempt([replacement], give_up)
-        except GaveUp:
-            raise
-        except Exception:
-            # Even a bare failure is refused: every write is, not this job's.
-            raise Unwritten(FlushResult(), [outcome]) from exc
-        logger.error("job %s %s: the database refused its %s outcome (%s); the job is failed instead",
-                     message.id, message.task_name, outcome.state.public, replacement.error.message
-                     if replacement.error else exc)
-        return result
+        # First a bare failure in the archive; if the archive refuses even that (the refusal is tied
+        # to the row, such as an archive that already holds its id), the job waits in the queue
+        # with the error, to be tried again later, instead of holding up every other outcome.
+        for replacement in (refused_outcome(outcome, exc), refused_retry(outcome, exc)):
+            try:
+                result = self._attempt([replacement], give_up)
+            except GaveUp:
+                raise
+            except Exception:
+                continue
+            error = replacement.error.message if replacement.error else exc
+            if replacement.kind is OutcomeKind.ARCHIVE:
+                logger.error("job %s %s: the database refused its %s outcome (%s); the job is failed instead",
+                             message.id, message.task_name, outcome.state.public, error)
+            else:
+                logger.error("job %s %s: the database refused its %s outcome and even a bare failure (%s); "
+                             "the job waits in the queue and is tried again at %s", message.id, message.task_name,
+                             outcome.state.public, error, replacement.next_attempt_at)
+            return result
+        # Even the requeue is refused: every write is, not this job's.
+        raise Unwritten(FlushResult(), [outcome]) from exc
 
 
 def _merged(first: FlushResult, second: FlushResult) -> FlushResult:
     return FlushResult(first.applied + second.applied, first.lost + second.lost)
 
 
-def refused_outcome(outcome: Outcome, exc: BaseException) -> Outcome:
-    """A bare FAILED outcome in place of one the database refused: no result, the stored checkpoint."""
+def _refusal(outcome: Outcome, exc: BaseException) -> ErrorInfo:
     reason = ErrorInfo.from_exception(exc)
     cause = getattr(exc, "orig", None) or exc.__cause__ or exc
     detail = ErrorInfo.from_exception(cause).message.strip().splitlines()
-    error = ErrorInfo("jobqueue.errors.OutcomeRefused",
-                      f"the database refused to store this job's {outcome.state.public} outcome: "
-                      f"{reason.type}: {detail[0] if detail else ''}"[:2000])
+    return ErrorInfo("jobqueue.errors.OutcomeRefused",
+                     f"the database refused to store this job's {outcome.state.public} outcome: "
+                     f"{reason.type}: {detail[0] if detail else ''}"[:2000])
+
+
+def refused_outcome(outcome: Outcome, exc: BaseException) -> Outcome:
+    """A bare FAILED outcome in place of one the database refused: no result, the stored checkpoint."""
     return Outcome(message=outcome.message, kind=OutcomeKind.ARCHIVE, state=MessageState.FAILED,
-                   finished_at=outcome.finished_at or utcnow(), started_at=outcome.started_at, error=error,
-                   checkpoint=outcome.message.checkpoint, retain=True)
+                   finished_at=outcome.finished_at or utcnow(), started_at=outcome.started_at,
+                   error=_refusal(outcome, exc), checkpoint=outcome.message.checkpoint, retain=True)
+
+
+def refused_retry(outcome: Outcome, exc: BaseException) -> Outcome:
+    """The last resort when the archive refuses even a bare failure: back to the queue, later."""
+    return Outcome(message=outcome.message, kind=OutcomeKind.RETRY, state=MessageState.RETRYABLE,
+                   finished_at=outcome.finished_at or utcnow(), started_at=outcome.started_at,
+                   error=_refusal(outcome, exc), checkpoint=outcome.message.checkpoint,
+                   next_attempt_at=utcnow() + timedelta(seconds=REFUSED_RETRY_SECONDS))

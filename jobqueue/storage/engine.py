@@ -160,10 +160,13 @@ def _configure_mysql(engine: sa.Engine) -> None:
         # MariaDB ends a session left idle inside a transaction (see IDLE_IN_TRANSACTION_SECONDS);
         # MySQL 8 has no such setting, and a frozen process holds its locks until it wakes.
         info = getattr(dbapi_connection, "get_server_info", lambda: "")()
+        cursor = dbapi_connection.cursor()
         if "MariaDB" in str(info):
-            cursor = dbapi_connection.cursor()
             cursor.execute(f"SET SESSION idle_transaction_timeout = {IDLE_IN_TRANSACTION_SECONDS}")
-            cursor.close()
+        else:
+            # MySQL 8 caches information_schema's AUTO_INCREMENT; the id check needs the live value.
+            cursor.execute("SET SESSION information_schema_stats_expiry = 0")
+        cursor.close()
 
 
 def _unless_in_url(url: sa.URL, defaults: dict[str, Any]) -> dict[str, Any]:

@@ -39,7 +39,7 @@ class Worker:
         self.log = open(self.log_path, "w")
         command = [sys.executable, "-m", "jobqueue", "--app", app, "worker", *args]
         self.process = subprocess.Popen(command, cwd=ROOT, stdout=self.log, stderr=subprocess.STDOUT,
-                                        env=dict(os.environ, **(env or {})))
+                                        env=dict(os.environ, **(env or {})), preexec_fn=_default_signals)
 
     @property
     def pid(self) -> int:
@@ -87,6 +87,13 @@ def start(workers: list[Worker], tmp_path: Path, *args: str, name: str = "worker
     worker = Worker(tmp_path, *args, name=name, app=app, env=env)
     workers.append(worker)
     return worker
+
+
+def _default_signals() -> None:
+    """A worker as a terminal would start it: under nohup or in a background job of a script (as
+    CI runs us) SIGHUP, SIGINT and SIGQUIT are ignored, and a child would inherit that."""
+    for signum in (signal.SIGHUP, signal.SIGINT, signal.SIGQUIT):
+        signal.signal(signum, signal.SIG_DFL)
 
 
 def runs(path: Path) -> list[tuple[str, int, int]]:

@@ -420,3 +420,14 @@ def test_a_process_frozen_inside_a_transaction_loses_its_locks(app: JobQueue, db
     finally:
         holder.kill()
         holder.wait(10)
+
+
+@only("sqlite")
+def test_a_process_topping_up_its_buffer_keeps_fetching(app: JobQueue, tmp_path: Path, workers: list[Worker]) -> None:
+    """With room for three batches, a busy process tops up its buffer before it runs dry, over and
+    over; the list of buffered batches it shares with its supervisor must not fill up and stop it."""
+    jobs = rt.noop.bulk([()] * 3000)
+    worker = start(workers, tmp_path, "--burst", "--concurrency", "1", "--fetch-batch-size", "10",
+                   "--overfetch-factor", "3")
+    assert worker.wait(60) == 0, worker.text()[-3000:]
+    assert {h.status() for h in jobs[-5:]} == {"completed"}

@@ -100,12 +100,40 @@ def test_a_refused_outcome_fails_its_own_job_and_the_rest_are_written(app: JobQu
     assert {rows[m.id].result for m in held if m.id != held[6].id} == {b"1"}
 
 
-def test_when_every_write_is_refused_the_error_is_raised_and_nothing_is_failed(app: JobQueue, add) -> None:  # type: ignore[no-untyped-def]
+def test_when_the_archive_refuses_even_a_bare_failure_the_job_waits_in_the_queue(app: JobQueue, add) -> None:  # type: ignore[no-untyped-def]
     add.bulk([(i,) for i in range(3)])
     held = app.store.acquire(WORKER, None, 3, 30.0)
-    with refusing(app, "archive", "task_name", "t.add"), pytest.raises(Unwritten) as info:
-        writer(app).write([finished(m) for m in held])
-    assert "no thanks" in str(info.value.__cause__)
+    with refusing(app, "archive", "task_name", "t.add"):  # every archive row of this task
+        result = writer(app).write([finished(m) for m in held])
+    assert len(result.applied) == 3 and count(app, "archive") == 0
+    m = app.tables.message
+    with app.engine.connect() as conn:
+        rows = conn.execute(sa.select(m.c.state, m.c.last_error_type, m.c.next_attempt_at)).all()
+    assert {(state, error) for state, error, _ in rows} == {("RETRYABLE", "jobqueue.errors.OutcomeRefused")}
+    assert all(at > utcnow() + timedelta(seconds=30) for _, _, at in rows)  # tried again later, not at once
+
+
+def read_only(url: str) -> str:
+    """The same database through connections that refuse every write."""
+    parsed = sa.make_url(url)
+    if parsed.get_backend_name() == "sqlite":
+        return f"sqlite:///file:{parsed.database}?mode=ro&uri=true"
+    if parsed.get_backend_name() == "postgresql":
+        return parsed.update_query_dict({"options": "-c default_transaction_read_only=on"}).render_as_string(False)
+    return parsed.update_query_dict({"init_command": "SET SESSION TRANSACTION READ ONLY"}).render_as_string(False)
+
+
+def test_when_every_write_is_refused_the_error_is_raised_and_nothing_is_failed(app: JobQueue, add, db_url: str) -> None:  # type: ignore[no-untyped-def]
+    add.bulk([(i,) for i in range(3)])
+    held = app.store.acquire(WORKER, None, 3, 30.0)
+    frozen = JobQueue()
+    frozen.configure(database_url=read_only(db_url))  # over JOBQUEUE_DATABASE_URL, which the fixture sets
+    try:
+        with pytest.raises(Unwritten) as info:
+            writer(frozen).write([finished(m) for m in held])
+    finally:
+        frozen.close()
+    assert info.value.__cause__ is not None
     assert not info.value.written.applied and len(info.value.remaining) == 3
     assert count(app) == 3 and count(app, "archive") == 0  # still held: written later, when allowed
 

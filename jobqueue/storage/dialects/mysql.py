@@ -212,8 +212,9 @@ class MySQLDialect(Dialect):
         elif self._floor_read_at is None or now - self._floor_read_at > FLOOR_MAX_AGE_SECONDS:
             self._floor, self._floor_read_at = int(run(f"SELECT {self.archive_floor_sql()}", ()).fetchone()[0]), now
         if min(ids) <= max(self._floor, self._largest_id):
-            # The counter went back: check against the archive as it is now, and remember the
-            # counter from here (else every later insert would be checked until it passed the old ids).
+            # Perhaps the counter went back, perhaps another thread of ours was quicker: look at the
+            # archive and the counter as they are now. Then remember the counter from here (else
+            # every later insert would be checked until it passed the old ids).
             self._floor = int(run(f"SELECT {self.archive_floor_sql()}", ()).fetchone()[0])
             ids = self._move(run, ids, self._floor)
             self._largest_id = max(ids)
@@ -222,7 +223,20 @@ class MySQLDialect(Dialect):
         return ids
 
     def _move(self, run: Callable[[str, tuple[Any, ...]], Any], ids: list[int], floor: int) -> list[int]:
-        colliding = [job_id for job_id in ids if job_id <= floor]
+        """Move those of ``ids`` that an archived job has to fresh ids above ``floor``; and if the
+        counter itself is at or below ``floor`` (it went back), move the newest of ours too, which
+        sets it past the archive for every later insert."""
+        suspects = [job_id for job_id in ids if job_id <= floor]
+        if not suspects:
+            return ids
+        marks = ", ".join(["%s"] * len(suspects))
+        moving = {int(row[0]) for row in run(f"SELECT id FROM {self.tables.archive.name} WHERE id IN ({marks})",
+                                             tuple(suspects)).fetchall()}
+        counter = run("SELECT AUTO_INCREMENT FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE() "
+                      "AND TABLE_NAME = %s", (self.message.name,)).fetchone()
+        if counter is not None and counter[0] is not None and int(counter[0]) <= floor:
+            moving.add(max(ids))  # still ours alone: nobody has its id yet
+        colliding = sorted(moving)
         if not colliding:
             return ids
         message = self.message.name
