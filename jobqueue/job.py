@@ -34,6 +34,10 @@ class MessageState(str, enum.Enum):
         return self.value.lower()
 
 
+# The task name of the never-completing messages that drive periodic tasks (one per schedule).
+SCHEDULE_TASK = "jobqueue.schedule"
+SCHEDULE_PRIORITY = 32767  # a due schedule message goes before any backlog: it only enqueues
+
 ACTIVE_STATES = (MessageState.PENDING, MessageState.PROCESSING, MessageState.RETRYABLE)
 READY_STATES = (MessageState.PENDING.value, MessageState.RETRYABLE.value)
 FINAL_STATES = (MessageState.COMPLETED, MessageState.FAILED, MessageState.CANCELLED)

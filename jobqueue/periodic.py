@@ -7,8 +7,8 @@ Times here are naive UTC, like everything stored; the math is pure and takes ``n
 
 Each schedule is one message (task ``jobqueue.schedule``, unique key = schedule name) that is never
 acked: firing it enqueues the real job and defers the message to the next fire time, in one fenced
-transaction (see ``Store.fire_schedule``). Workers create, update and retire the schedule messages
-when they start (``sync_schedules``).
+transaction (:func:`fire`). Workers create, update and retire the schedule messages when they start
+(:func:`sync`).
 """
 
 from __future__ import annotations
@@ -24,18 +24,19 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from cronsim import CronSim, CronSimError
 
 from jobqueue.errors import ConfigurationError
+from jobqueue.job import SCHEDULE_PRIORITY, SCHEDULE_TASK, Message, MessageState
+from jobqueue.storage import jobs, schedules as stored
 
 if TYPE_CHECKING:
     from jobqueue.app import JobQueue
+    from jobqueue.storage.store import Store
     from jobqueue.task import Task
+
+__all__ = ["SCHEDULE_TASK", "Schedule", "ScheduleRow", "SyncReport", "fire", "schedule_rows", "sync"]
 
 logger = logging.getLogger("jobqueue.periodic")
 
-SCHEDULE_TASK = "jobqueue.schedule"
-SCHEDULE_PRIORITY = 32767  # a due schedule message goes before any backlog: it only enqueues
 CATCH_UP_GRACE_SECONDS = 60.0
-LOOK_BACK_WINDOWS = tuple(timedelta(seconds=s) for s in (60, 3600, 86400, 32 * 86400, 400 * 86400, 4000 * 86400,
-                                                          40_000 * 86400))
 
 
 @dataclass(frozen=True)
@@ -74,6 +75,13 @@ class Schedule:
         """The schedule as people read it: the cron expression, or ``every 300 s``."""
         return self.cron if self.cron is not None else f"every {self.every_seconds:g} s"
 
+    @property
+    def description(self) -> str:
+        """The schedule in words: "At 09:00 on Monday through Friday (Europe/Paris)", "Every 300 s"."""
+        if self.cron is None:
+            return f"Every {self.every_seconds:g} s"
+        return f"{CronSim(self.cron, datetime.now(self.tz)).explain()} ({self.timezone})"
+
     # -- fire times (naive UTC in, naive UTC out) --------------------------------------------------
     def first_fire(self, now: datetime) -> datetime:
         """The first fire time of a schedule created at ``now``: an interval later, or the next cron time."""
@@ -103,21 +111,10 @@ class Schedule:
         if self.every_seconds is not None:
             step = self.every_seconds
             return scheduled + timedelta(seconds=step * ((now - scheduled).total_seconds() // step))
-        # cronsim only walks forward: look back over growing windows and walk forward inside the first
-        # one that holds a fire time. A minute schedule is found in the first window however long
-        # the outage was; a yearly one in the fifth.
-        for window in LOOK_BACK_WINDOWS:
-            start = max(scheduled, now - window)
-            latest = None
-            for when in self.fires(start):
-                if when > now:
-                    break
-                latest = when
-            if latest is not None:
-                return latest
-            if start == scheduled:
-                break
-        return scheduled
+        # The last cron time at or before ``now`` (cronsim walks backwards from just after it).
+        local = (now + timedelta(microseconds=1)).replace(tzinfo=timezone.utc).astimezone(self.tz)
+        latest = _utc(next(iter(CronSim(self.cron or "", local, reverse=True))))
+        return max(latest, scheduled)
 
     def to_fire(self, scheduled: datetime, now: datetime, grace_seconds: float) -> datetime:
         """Which fire time a run at ``now`` of the message due at ``scheduled`` stands for.
@@ -181,3 +178,87 @@ def make_schedule(app: JobQueue, task: Task, cron: str | None, every: timedelta 
     payload = dumps_call(app.serializer, tuple(args), dict(kwargs or {}))
     return Schedule(name=name or task.name, task_name=task.name, cron=cron, every_seconds=seconds,
                     timezone=timezone_name, queue=task.queue, priority=task.options.priority, payload=payload)
+
+
+# -- schedule messages ------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ScheduleRow:
+    id: int
+    name: str
+    state: str
+    next_fire: datetime
+    checkpoint: bytes | None
+    schedule: Schedule | None  # None when the stored definition cannot be read
+
+
+def schedule_rows(store: Store) -> dict[str, ScheduleRow]:
+    """The active schedule messages by schedule name, their definitions read back."""
+    rows: dict[str, ScheduleRow] = {}
+    for row in stored.schedule_messages(store):
+        try:
+            schedule: Schedule | None = Schedule.decode(row.payload)
+        except Exception:  # written by another version, or damaged: still listed, never fired
+            schedule = None
+        rows[row.name] = ScheduleRow(row.id, row.name, row.state, row.next_fire, row.checkpoint, schedule)
+    return rows
+
+
+def message_row(schedule: Schedule, first_fire: datetime, now: datetime) -> dict[str, Any]:
+    """The never-completing message that drives ``schedule``."""
+    return {
+        "task_name": SCHEDULE_TASK, "queue": schedule.queue, "priority": SCHEDULE_PRIORITY,
+        "state": MessageState.PENDING.value, "payload": schedule.encode(), "headers": {"schedule": schedule.name},
+        "unique_key": schedule.name, "partition_key": None, "options": None, "attempts_count": 0,
+        "deliveries_count": 0, "created_at": now, "next_attempt_at": first_fire,
+    }
+
+
+def fire(store: Store, message: Message, schedule: Schedule, when: datetime, next_fire: datetime, now: datetime) -> bool:
+    """Enqueue the job for fire time ``when`` and defer the schedule message to ``next_fire``, fenced;
+    False if this delivery no longer holds the message."""
+    job = {
+        "task_name": schedule.task_name, "queue": schedule.queue, "priority": schedule.priority,
+        "state": MessageState.PENDING.value,
+        "payload": schedule.payload, "headers": {"schedule": schedule.name, "fire_time": when.isoformat()},
+        "unique_key": fire_key(schedule.name, when), "partition_key": None, "options": None,
+        "attempts_count": 0, "deliveries_count": 0, "created_at": now, "next_attempt_at": now,
+    }
+    return stored.fire_schedule(store, message, job, next_fire, encode_state(when))
+
+
+@dataclass
+class SyncReport:
+    created: list[str]
+    updated: list[str]
+    retired: list[str]
+    busy: list[str]  # being fired right now: their change applies at the next start
+
+
+def sync(store: Store, schedules: dict[str, Schedule], registered_tasks: set[str], now: datetime) -> SyncReport:
+    """Make the schedule messages match the schedules in code.
+
+    A missing schedule is created (first fire: one interval from now, or the next cron time); a
+    changed one gets its new definition and a next fire computed from now; one removed from code is
+    retired (archived as cancelled), but only if its task is registered here: an application that
+    does not know a task does not get to retire that task's schedules.
+    """
+    report = SyncReport([], [], [], [])
+    existing = schedule_rows(store)
+    for name, schedule in schedules.items():
+        row = existing.pop(name, None)
+        if row is None:
+            if stored.insert_schedule(store, message_row(schedule, schedule.first_fire(now), now)):
+                report.created.append(name)
+        elif row.schedule is None or row.schedule.definition() != schedule.definition():
+            if stored.update_schedule(store, row.id, schedule.encode(), schedule.queue, schedule.first_fire(now)):
+                report.updated.append(name)
+            else:
+                report.busy.append(name)
+    for name, row in existing.items():
+        if row.schedule is not None and row.schedule.task_name in registered_tasks:
+            if jobs.cancel(store, row.id, now):
+                report.retired.append(name)
+            else:
+                report.busy.append(name)
+    return report

@@ -11,15 +11,19 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field, fields
 from datetime import datetime, timedelta
-from typing import Any, ClassVar
+from typing import Any, Callable, ClassVar
 
 import tenacity
 
 from jobqueue.errors import ConfigurationError
 
 
-def _tenacity_wait(wait: Any, attempt: int) -> float:
-    state = tenacity.RetryCallState(retry_object=None, fn=None, args=(), kwargs={})  # type: ignore[arg-type]
+_RETRYING = tenacity.Retrying()  # owns the call states below; never called
+
+
+def _tenacity_wait(wait: Callable[[tenacity.RetryCallState], float], attempt: int) -> float:
+    """The wait tenacity computes after attempt number ``attempt``."""
+    state = tenacity.RetryCallState(retry_object=_RETRYING, fn=None, args=(), kwargs={})
     state.attempt_number = attempt
     return float(wait(state))
 
@@ -51,7 +55,10 @@ class RetryStrategy:
         """Return when attempt ``attempt + 1`` runs, or None if the job must fail now."""
         if self.max_attempts is not None and attempt >= self.max_attempts:
             return None
-        next_attempt_at = now + timedelta(seconds=max(0.0, self.delay_for(attempt)))
+        try:
+            next_attempt_at = now + timedelta(seconds=max(0.0, self.delay_for(attempt)))
+        except (OverflowError, ValueError):  # a delay past the year 9999: no retry can be scheduled
+            return None
         if self.max_total_delay_seconds is not None:
             started = first_attempt_at or now
             if next_attempt_at - started > timedelta(seconds=self.max_total_delay_seconds):

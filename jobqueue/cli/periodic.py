@@ -10,8 +10,7 @@ import click
 
 from jobqueue.cli.output import echo_json, table
 from jobqueue.cli.state import CliState, Group
-from jobqueue.periodic import schedule_state
-from jobqueue.storage import schedules
+from jobqueue.periodic import schedule_rows, schedule_state
 
 
 @click.group(cls=Group)
@@ -30,9 +29,9 @@ def _local(when: datetime | None, zone: str) -> str | None:
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (times in UTC, ISO 8601).")
 @click.pass_obj
 def list_(state: CliState, /, as_json: bool) -> None:
-    """Every schedule: its task, expression, timezone, next and last fire (in its own timezone)."""
+    """Every schedule: its task, expression in words, timezone, next and last fire (in its own timezone)."""
     app = state.app
-    rows = schedules.schedule_rows(app.store)
+    rows = schedule_rows(app.store)
     out: list[dict[str, Any]] = []
     for name in sorted(set(rows) | set(app.schedules)):
         row = rows.get(name)
@@ -48,6 +47,7 @@ def list_(state: CliState, /, as_json: bool) -> None:
         out.append({
             "name": name, "task": schedule.task_name if schedule else None,
             "expression": schedule.expression if schedule else None,
+            "description": schedule.description if schedule else None,
             "timezone": schedule.timezone if schedule else None,
             "next_fire": row.next_fire if row is not None else None, "last_fire": last_fire, "status": status,
         })
@@ -58,5 +58,5 @@ def list_(state: CliState, /, as_json: bool) -> None:
         zone = entry["timezone"] or "UTC"
         entry["next_fire"] = _local(entry["next_fire"], zone)
         entry["last_fire"] = _local(entry["last_fire"], zone)
-    click.echo(table(out, ["name", "task", "expression", "timezone", "next_fire", "last_fire", "status"],
+    click.echo(table(out, ["name", "task", "expression", "description", "next_fire", "last_fire", "status"],
                      empty="no schedules: define them with @app.periodic above @app.task"))

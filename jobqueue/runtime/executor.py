@@ -20,11 +20,10 @@ from jobqueue.context import Decision, JobContext, LeaseKeeper, activate, deacti
 from jobqueue.errors import (CorruptMessage, LeaseLost, MaxDeliveriesExceeded, Rejected, SerializationError,
                              SoftTimeLimitExceeded, UnknownTaskError)
 from jobqueue.job import ErrorInfo, Message, MessageState, Outcome, OutcomeKind
-from jobqueue.periodic import CATCH_UP_GRACE_SECONDS, SCHEDULE_TASK, Schedule, encode_state
+from jobqueue.periodic import CATCH_UP_GRACE_SECONDS, SCHEDULE_TASK, Schedule, fire
 from jobqueue.retry import RetryStrategy, default_strategy, strategy_from_dict
 from jobqueue.runtime.resilience import GaveUp
 from jobqueue.serialization import loads_call
-from jobqueue.storage.schedules import fire_schedule
 
 if TYPE_CHECKING:
     from jobqueue.app import JobQueue
@@ -130,17 +129,16 @@ class Executor:
         except Exception as exc:  # unreadable: fail it; the next worker start creates it anew from code
             return self._refused(message, now, SerializationError(f"unreadable schedule message: {exc}"))
         grace = max(CATCH_UP_GRACE_SECONDS, 2 * self.settings.release_stuck_timeout)
-        fire = schedule.to_fire(message.next_attempt_at, now, grace)
-        next_fire = schedule.next_fire(fire)
-        fired = self.writer(lambda: fire_schedule(self.app.store, message, schedule, fire, next_fire,
-                                                  encode_state(fire), now))
+        when = schedule.to_fire(message.next_attempt_at, now, grace)
+        next_fire = schedule.next_fire(when)
+        fired = self.writer(lambda: fire(self.app.store, message, schedule, when, next_fire, now))
         if not fired:
-            logger.warning("schedule %s: lease lost before it fired for %s; the holder fires it", schedule.name, fire)
+            logger.warning("schedule %s: lease lost before it fired for %s; the holder fires it", schedule.name, when)
             return None
-        if fire != message.next_attempt_at:
+        if when != message.next_attempt_at:
             logger.warning("schedule %s missed its fires from %s; one catch-up run for %s", schedule.name,
-                           message.next_attempt_at, fire)
-        logger.info("schedule %s fired %s for %s; next at %s", schedule.name, schedule.task_name, fire, next_fire)
+                           message.next_attempt_at, when)
+        logger.info("schedule %s fired %s for %s; next at %s", schedule.name, schedule.task_name, when, next_fire)
         self.wake_at = next_fire
         return None
 

@@ -8,7 +8,8 @@ from typing import TextIO
 
 import sqlalchemy as sa
 
-from jobqueue.periodic import SCHEDULE_TASK
+from jobqueue.job import SCHEDULE_TASK
+
 from jobqueue.storage.store import Store
 
 BAR_WIDTH = 30

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import multiprocess
 from multiprocess import connection as mp_connection
 
+from jobqueue import periodic
 from jobqueue.clock import utcnow
 from jobqueue.errors import ConfigurationError, TimeLimitExceeded
 from jobqueue.job import ErrorInfo
@@ -37,7 +38,6 @@ from jobqueue.runtime.resilience import DatabaseGuard, GaveUp
 from jobqueue.runtime.slot import Slot, SlotView
 from jobqueue.runtime.wakeup import make_waker
 from jobqueue.runtime.writer import OutcomeWriter, Unwritten
-from jobqueue.storage import schedules
 from jobqueue.storage.engine import mask_url
 
 if TYPE_CHECKING:
@@ -144,13 +144,13 @@ class Supervisor:
 
     def _sync_schedules(self) -> None:
         """Create, update and retire schedule messages to match the code (before any child forks)."""
-        report = schedules.sync(self.store, self.app.schedules, set(self.app.registry), utcnow())
+        report = periodic.sync(self.store, self.app.schedules, set(self.app.registry), utcnow())
         for attempt in range(SCHEDULE_SYNC_RETRIES):
             if not report.busy:
                 break
             time.sleep(0.2)  # a schedule being fired right now: its change waits a moment
             busy = {name: s for name, s in self.app.schedules.items() if name in report.busy}
-            again = schedules.sync(self.store, busy, set(), utcnow())
+            again = periodic.sync(self.store, busy, set(), utcnow())
             report.updated += again.updated
             report.busy = again.busy
         for kind in ("created", "updated", "retired"):

@@ -9,8 +9,7 @@ from typing import Any, Callable, Iterable
 import sqlalchemy as sa
 
 from jobqueue.clock import utcnow
-from jobqueue.job import ACTIVE_STATES, FINAL_STATES, MessageState
-from jobqueue.periodic import SCHEDULE_TASK
+from jobqueue.job import ACTIVE_STATES, FINAL_STATES, SCHEDULE_TASK, MessageState
 from jobqueue.storage.jobs import shared_columns
 from jobqueue.storage.store import Store
 

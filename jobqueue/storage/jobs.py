@@ -9,8 +9,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from jobqueue.clock import utcnow
-from jobqueue.job import MessageState
-from jobqueue.periodic import SCHEDULE_TASK
+from jobqueue.job import SCHEDULE_TASK, MessageState
 from jobqueue.storage.dialects.base import READY_LITERALS
 from jobqueue.storage.store import Store
 from jobqueue.storage.tables import Tables

@@ -8,6 +8,10 @@ from typing import Any
 from jobqueue.job import Outcome, OutcomeKind
 
 
+# The columns a delivery's lease occupies, cleared whenever a message leaves PROCESSING.
+RELEASED: dict[str, None] = {"worker_id": None, "lease_token": None, "acquired_at": None, "lease_expires_at": None}
+
+
 def archive_row(outcome: Outcome, now: datetime) -> dict[str, Any]:
     """The archive row of a COMPLETED or FAILED outcome, built from what the worker holds."""
     m = outcome.message

@@ -18,12 +18,12 @@ import sqlalchemy as sa
 
 from jobqueue.clock import utcnow
 from jobqueue.errors import ConfigurationError, SchemaError
-from jobqueue.job import Batch, Message, MessageState, Outcome
-from jobqueue.periodic import SCHEDULE_TASK
+from jobqueue.job import SCHEDULE_TASK, Batch, Message, MessageState, Outcome
 from jobqueue.storage.dialects import AcquireParams, Dialect, dialect_for
 from jobqueue.storage.dialects.base import LeaseClock
 from jobqueue.storage.dialects.base import PROCESSING, READY_LITERALS
 from jobqueue.storage.engine import create_engine
+from jobqueue.storage.outcomes import RELEASED
 from jobqueue.storage.tables import Tables, Timestamp
 
 UNIQUE_RETRIES = 10
@@ -373,8 +373,7 @@ class Store:
         """Return PROCESSING messages matching ``conditions`` to PENDING, subtracting ``attempts`` and
         ``deliveries`` (SQL expressions worth 0 or 1 per row) from their counters."""
         m = self.tables.message
-        values: dict[str, Any] = dict(state=MessageState.PENDING.value, worker_id=None, lease_token=None,
-                                      acquired_at=None, lease_expires_at=None)
+        values: dict[str, Any] = dict(state=MessageState.PENDING.value, **RELEASED)
         if attempts is not None:
             values["attempts_count"] = m.c.attempts_count - attempts
         if deliveries is not None:

@@ -10,8 +10,8 @@ from freezegun import freeze_time
 
 from jobqueue import JobQueue
 from jobqueue.clock import utcnow
+from jobqueue import periodic
 from jobqueue.periodic import SCHEDULE_TASK
-from jobqueue.storage import schedules
 from tests.storage.test_lifecycle import WORKER, run_due
 
 T0 = datetime(2030, 6, 1, 12, 0, 0)
@@ -29,7 +29,7 @@ def make_app(db_url: str, every: int | None = 10, cron: str | None = None) -> Jo
 
 
 def sync(app: JobQueue) -> schedules.SyncReport:
-    return schedules.sync(app.store, app.schedules, set(app.registry), utcnow())
+    return periodic.sync(app.store, app.schedules, set(app.registry), utcnow())
 
 
 def jobs_of(app: JobQueue, task: str = "report") -> list[dict]:
@@ -46,7 +46,7 @@ def test_sync_creates_one_message_per_schedule_however_often_it_runs(db_url: str
     with freeze_time(T0):
         reports = [sync(app) for app in apps]
     assert reports[0].created == ["report"] and not reports[1].created and not reports[2].created
-    rows = schedules.schedule_rows(apps[0].store)
+    rows = periodic.schedule_rows(apps[0].store)
     assert list(rows) == ["report"] and rows["report"].next_fire == T0 + timedelta(seconds=10)
     for app in apps:
         app.close()
@@ -64,7 +64,7 @@ def test_firing_enqueues_one_job_per_fire_time_and_defers(db_url: str) -> None:
     assert [r["headers"]["fire_time"] for r in fired] == [
         (T0 + timedelta(seconds=s)).isoformat() for s in (10, 20, 30)]
     assert {r["state"] for r in fired} == {"COMPLETED"}
-    row = schedules.schedule_rows(app.store)["report"]
+    row = periodic.schedule_rows(app.store)["report"]
     assert row.state == "PENDING" and row.next_fire == T0 + timedelta(seconds=40)  # never acked
     app.close()
 
@@ -78,8 +78,8 @@ def test_a_stale_delivery_cannot_fire_twice(db_url: str) -> None:
         assert message.task_name == SCHEDULE_TASK
         schedule = app.schedules["report"]
         fire = message.next_attempt_at
-        assert schedules.fire_schedule(app.store, message, schedule, fire, schedule.next_fire(fire), b"{}", utcnow())
-        assert not schedules.fire_schedule(app.store, message, schedule, fire, schedule.next_fire(fire), b"{}",
+        assert periodic.fire(app.store, message, schedule, fire, schedule.next_fire(fire), utcnow())
+        assert not periodic.fire(app.store, message, schedule, fire, schedule.next_fire(fire),
                                            utcnow())  # the token changed: fenced
     assert len(jobs_of(app)) == 1
     app.close()
@@ -94,7 +94,7 @@ def test_after_an_hour_down_one_catch_up_run(db_url: str) -> None:
         run_due(app, now=utcnow())
     fired = jobs_of(app)
     assert [r["headers"]["fire_time"] for r in fired] == [(T0 + timedelta(hours=1)).isoformat()]
-    assert schedules.schedule_rows(app.store)["report"].next_fire == T0 + timedelta(hours=1, minutes=1)
+    assert periodic.schedule_rows(app.store)["report"].next_fire == T0 + timedelta(hours=1, minutes=1)
     app.close()
 
 
@@ -104,7 +104,7 @@ def test_an_edited_schedule_gets_its_new_next_fire_at_the_next_start(db_url: str
     edited = make_app(db_url, every=None, cron="0 * * * *")
     with freeze_time(T0 + timedelta(minutes=5)):
         assert sync(edited).updated == ["report"]
-    row = schedules.schedule_rows(edited.store)["report"]
+    row = periodic.schedule_rows(edited.store)["report"]
     assert row.next_fire == datetime(2030, 6, 1, 13, 0) and row.schedule.cron == "0 * * * *"
     edited.close()
 
@@ -114,14 +114,14 @@ def test_a_schedule_removed_from_code_is_retired(db_url: str) -> None:
         sync(make_app(db_url))
     other_app = JobQueue(db_url)  # does not know the task at all: must not retire its schedule
     with freeze_time(T0):
-        assert schedules.sync(other_app.store, {}, {"unrelated"}, utcnow()).retired == []
+        assert periodic.sync(other_app.store, {}, {"unrelated"}, utcnow()).retired == []
     without = JobQueue(db_url)
     without.task(name="report")(lambda n: n)  # same task, schedule deleted from code
     with freeze_time(T0 + timedelta(seconds=5)):
-        assert schedules.sync(without.store, {}, set(without.registry), utcnow()).retired == ["report"]
+        assert periodic.sync(without.store, {}, set(without.registry), utcnow()).retired == ["report"]
     with freeze_time(T0 + timedelta(minutes=5)):
         assert run_due(without, now=utcnow()) == []  # it fires no more
-    assert schedules.schedule_rows(without.store) == {}
+    assert periodic.schedule_rows(without.store) == {}
     without.close()
     other_app.close()
 
@@ -144,6 +144,6 @@ def test_an_unreadable_schedule_message_is_listed_not_fired(db_url: str, bad: by
         with app.engine.begin() as conn:
             m = app.tables.message
             conn.execute(sa.update(m).where(m.c.task_name == SCHEDULE_TASK).values(payload=bad))
-        assert schedules.schedule_rows(app.store)["report"].schedule is None
+        assert periodic.schedule_rows(app.store)["report"].schedule is None
         assert sync(app).updated == ["report"]  # a worker start repairs it from the code
     app.close()

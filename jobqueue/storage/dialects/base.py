@@ -15,7 +15,7 @@ import sqlalchemy as sa
 
 from jobqueue.errors import ConfigurationError
 from jobqueue.job import READY_STATES, Batch, Message, Outcome, OutcomeKind
-from jobqueue.storage.outcomes import archive_row, requeue_binds
+from jobqueue.storage.outcomes import RELEASED, archive_row, requeue_binds
 from jobqueue.storage.tables import Tables, Timestamp
 
 # Literal states (not bind parameters) so that PostgreSQL and SQLite can prove a query matches the
@@ -111,7 +111,7 @@ class Dialect:
                                                 m.c.last_error_message),
             last_error_traceback=sa.func.coalesce(sa.bindparam("b_error_traceback", type_=sa.Text),
                                                   m.c.last_error_traceback),
-            worker_id=None, lease_token=None, acquired_at=None, lease_expires_at=None,
+            **RELEASED,
         )
         self.lock_held_stmt = (
             sa.select(m.c.id, m.c.lease_token)

@@ -19,7 +19,7 @@ from jobqueue.errors import ConfigurationError
 from jobqueue.job import Batch, Message, Outcome, OutcomeKind
 from jobqueue.storage.dialects.base import SHARED_COLUMNS, AcquireParams, Dialect, LeaseClock
 from jobqueue.storage.tables import Timestamp
-from jobqueue.storage.outcomes import COPIED, SUPPLIED, requeue_binds, supplied_values
+from jobqueue.storage.outcomes import COPIED, RELEASED, SUPPLIED, requeue_binds, supplied_values
 
 
 T = TypeVar("T")
@@ -250,8 +250,7 @@ class MySQLDialect(Dialect):
                     # (MySQL assigns left to right, each seeing the ones before: counters first.)
                     run(f"UPDATE {message} SET id = %s, attempts_count = attempts_count - (state = 'PROCESSING'), "
                         "deliveries_count = deliveries_count - (state = 'PROCESSING'), state = 'PENDING', "
-                        "worker_id = NULL, lease_token = NULL, acquired_at = NULL, lease_expires_at = NULL "
-                        "WHERE id = %s", (new, old))
+                        f"{', '.join(f'{column} = NULL' for column in RELEASED)} WHERE id = %s", (new, old))
                 except Exception as exc:
                     if _mysql_code(exc) == DUPLICATE_KEY:  # another insert took that id just now
                         continue

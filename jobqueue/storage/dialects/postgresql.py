@@ -21,7 +21,7 @@ from sqlalchemy.dialects import postgresql
 
 from jobqueue.job import Batch, Message, Outcome, OutcomeKind
 from jobqueue.storage.dialects.base import PROCESSING, SHARED_COLUMNS, AcquireParams, Dialect, LeaseClock
-from jobqueue.storage.outcomes import requeue_binds
+from jobqueue.storage.outcomes import RELEASED, requeue_binds
 from jobqueue.storage.tables import Tables, notify_channel, postgresql_notify_ddl
 
 logger = logging.getLogger("jobqueue.storage")
@@ -179,7 +179,7 @@ def build_apply_outcomes(m: sa.Table, a: sa.Table) -> Any:
                         last_error_type=sa.func.coalesce(req.c.etype, m.c.last_error_type),
                         last_error_message=sa.func.coalesce(req.c.emsg, m.c.last_error_message),
                         last_error_traceback=sa.func.coalesce(req.c.etb, m.c.last_error_traceback),
-                        worker_id=None, lease_token=None, acquired_at=None, lease_expires_at=None)
+                        **RELEASED)
                 .returning(m.c.id, req.c.token)
                 .cte("requeued"))
     return sa.union_all(sa.select(moved.c.id, moved.c.lease_token).add_cte(archived),
