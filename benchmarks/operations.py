@@ -105,7 +105,7 @@ def backlog(url: str, backend: str, runs: int, jobs: int, processes: int, json_p
                 row = conn.exec_driver_sql(
                     "SELECT n_live_tup, n_dead_tup, autovacuum_count, autoanalyze_count FROM pg_stat_user_tables "
                     f"WHERE relname = '{app.tables.message.name}'").one()
-            extra["message_table"] = dict(zip(("live", "dead", "autovacuums", "autoanalyzes"), row))
+            extra["message_table"] = dict(zip(("live", "dead", "autovacuums", "autoanalyzes"), row, strict=True))
         app.close()
     return report("backlog scaling", backend, [small_rate, big_rate],
                   {"1M / 10k": (big_rate.name, small_rate.name)}, extra, json_path)

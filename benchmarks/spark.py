@@ -42,7 +42,7 @@ def spark_enqueue(url: str, backend: str, runs: int, jobs: int, processes: int,
         return rows / (time.perf_counter() - started)
 
     names = ["bulk(), one process", f"Spark local[{processes}]", f"Spark local[{processes}], unique_key"]
-    measures = interleave(runs, dict(zip(names, (bulk, from_spark, from_spark_keyed))), dict.fromkeys(names, "rows/s"))
+    measures = interleave(runs, dict(zip(names, (bulk, from_spark, from_spark_keyed), strict=True)), dict.fromkeys(names, "rows/s"))
     return report(f"enqueue {rows} rows from Spark", backend, measures,
                   {"Spark / bulk()": (names[1], names[0]), "Spark keyed / bulk()": (names[2], names[0])},
                   {"rows": rows, "processes": processes}, json_path)

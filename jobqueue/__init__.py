@@ -19,7 +19,7 @@ from jobqueue.errors import (
 from jobqueue.handle import JobHandle
 from jobqueue.task import Task
 
-__version__ = "0.1.0"
+from jobqueue.version import __version__
 
 __all__ = [
     "AckPolicy", "JobQueue", "JobContext", "current_job", "JobHandle", "Task", "ConfigurationError",

@@ -1,4 +1,4 @@
-"""Ack policies (seed 002): what a handler's return or exception does to its message."""
+"""Ack policies: what a handler's return or exception does to its message."""
 
 from __future__ import annotations
 

@@ -23,7 +23,7 @@ from jobqueue.storage.tables import Tables, build_tables
 from jobqueue.task import Task, build_options
 
 if TYPE_CHECKING:
-    from jobqueue.contrib import Framework
+    from jobqueue.frameworks import Framework
 
 logger = logging.getLogger("jobqueue")
 MAX_SCHEDULE_NAME = 200  # its jobs' unique keys add "@" and the fire time
@@ -80,7 +80,7 @@ class JobQueue:
     def framework(self) -> Framework | None:
         """The web framework integration this queue is bound to (Django is found on its own)."""
         if self._framework is None and self.settings.database_url is None:
-            from jobqueue.contrib import detect_framework
+            from jobqueue.frameworks import detect_framework
 
             framework = detect_framework()
             if framework is not None:
@@ -178,6 +178,12 @@ class JobQueue:
     def init_schema(self) -> str:
         """Create the tables if missing (what ``jobqueue db init`` runs); return what was done."""
         return schema_manager.init_schema(self.engine, self.tables)
+
+    def upgrade_schema(self, dry_run: bool = False) -> list[str]:
+        """Bring older tables to this release's schema (``jobqueue db upgrade``); return the SQL run."""
+        from jobqueue.storage.migrations import upgrade
+
+        return upgrade(self.engine, self.tables, dry_run=dry_run)
 
     def check_schema(self) -> None:
         """Raise SchemaError unless the tables exist at this release's version."""

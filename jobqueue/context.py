@@ -32,7 +32,7 @@ class Decision(enum.Enum):
     DEFER = "defer"
 
 
-class LeaseKeeper(Protocol):
+class DeliveryWriter(Protocol):
     """What a context needs from the worker to write through to the database at once."""
 
     def save_checkpoint(self, message: Message, data: bytes | None) -> bool: ...
@@ -47,11 +47,11 @@ class JobContext:
     ``checkpoint()`` and ``extend()`` write to the database at once.
     """
 
-    def __init__(self, message: Message | None, serializer: Serializer, keeper: LeaseKeeper | None = None,
+    def __init__(self, message: Message | None, serializer: Serializer, writes: DeliveryWriter | None = None,
                  max_state_bytes: int | None = None) -> None:
         self._message = message
         self._serializer = serializer
-        self._keeper = keeper
+        self._writes = writes
         self._max_state_bytes = max_state_bytes
         self._checkpoint = message.checkpoint if message else None
         self._state_cache: Any = None
@@ -134,8 +134,8 @@ class JobContext:
         # job's outcome write back the previous checkpoint over the one just saved.
         masked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGALRM})
         try:
-            if self._message is not None and self._keeper is not None:
-                if not self._keeper.save_checkpoint(self._message, data):
+            if self._message is not None and self._writes is not None:
+                if not self._writes.save_checkpoint(self._message, data):
                     raise LeaseLost(f"job {self.id}: lease lost, checkpoint not saved")
                 self._message.checkpoint = data
             self._checkpoint, self._state_cache, self._state_loaded = data, state, True
@@ -170,8 +170,8 @@ class JobContext:
     def extend(self, seconds: float) -> None:
         """Keep the lease for at least ``seconds`` more; raise LeaseLost if it was already taken."""
         from_now("extend(seconds=...)", seconds)
-        if self._message is not None and self._keeper is not None:
-            if not self._keeper.extend_lease(self._message, seconds):
+        if self._message is not None and self._writes is not None:
+            if not self._writes.extend_lease(self._message, seconds):
                 raise LeaseLost(f"job {self.id}: lease lost, cannot extend")
 
     def __repr__(self) -> str:

@@ -1,6 +1,6 @@
 """The message model: states, a fetched message, and the outcomes a delivery can end with.
 
-Lifecycle (seed 000)::
+Lifecycle::
 
     PENDING --acquired--> PROCESSING --ack--> COMPLETED            (archive)
     RETRYABLE --acquired--> PROCESSING --reject / over max_deliveries / no retry left--> FAILED (archive)

@@ -224,7 +224,7 @@ def fire(store: Store, message: Message, schedule: Schedule, when: datetime, nex
         "unique_key": fire_key(schedule.name, when), "partition_key": None, "options": None,
         "attempts_count": 0, "deliveries_count": 0, "created_at": now, "next_attempt_at": now,
     }
-    return stored.fire_schedule(store, message, job, next_fire, encode_state(when))
+    return store.fire_schedule(message, job, next_fire, encode_state(when))
 
 
 @dataclass

@@ -5,10 +5,10 @@
     from jobqueue.schema import metadata as jobqueue_metadata
     target_metadata = [app_metadata, jobqueue_metadata]
 
-With another prefix use ``build_tables(prefix).metadata``. ``jobqueue db init`` creates the same
-tables and also records ``SCHEMA_VERSION`` in ``<prefix>schema_version``, which workers check:
-an Alembic migration should insert that row too. On PostgreSQL, run the statements of
-``postgresql_notify_ddl(prefix)`` as well: the trigger that wakes idle workers at once.
+With another prefix use ``build_tables(prefix).metadata``. Create and change these tables with
+``jobqueue db init`` and ``jobqueue db upgrade`` rather than with Alembic: they also record the
+schema version (``SCHEMA_VERSION``) in ``<prefix>schema_version``, which workers check, and on
+PostgreSQL install the trigger that wakes idle workers at once (``postgresql_notify_ddl(prefix)``).
 """
 
 from __future__ import annotations

@@ -142,5 +142,6 @@ def parse_queues(value: str | list[str] | tuple[str, ...] | None) -> tuple[str, 
 
 
 def resolve_database_url(option_url: str | None, given_url: str | None) -> str:
-    """Apply SPEC 1.4's order: --database-url, JOBQUEUE_DATABASE_URL, the URL given in code, SQLite."""
+    """The database URL, first found wins: --database-url, JOBQUEUE_DATABASE_URL, the URL given in code,
+    then ``sqlite:///jobqueue.sqlite3``."""
     return option_url or os.environ.get(DATABASE_URL_ENV) or given_url or DEFAULT_DATABASE_URL

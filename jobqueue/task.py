@@ -21,7 +21,6 @@ from jobqueue.job import Batch, MessageState
 from jobqueue.retry import RetryStrategy
 from jobqueue.serialization import dumps_call
 from jobqueue.settings import validate_queue_name
-from jobqueue.storage.engine import streams_bulk
 
 if TYPE_CHECKING:
     from jobqueue.app import JobQueue
@@ -188,26 +187,15 @@ class Task:
         if isinstance(unique_key, str):
             raise ConfigurationError("one unique_key for a whole bulk() would make every item the same job; pass "
                                      "a function of the item, or a list with one key per item")
-        common = self.shared_row(eta=eta, countdown=countdown, queue=queue, priority=priority, headers=headers,
+        common = self.common_row(eta=eta, countdown=countdown, queue=queue, priority=priority, headers=headers,
                                  partition_key=partition_key, retry_strategy=retry_strategy)
         items = list(items)
         keys = self._bulk_keys(items, unique_key)
-        ids: list[int] = []
-        if (connection is None and unique_key is None and self.app.framework is None
-                and streams_bulk(self.app.database_url)):
-            # Our own transaction, streamed: each item is serialized while the server parses the
-            # rows before it (17% faster than serializing first); a bad item aborts the COPY and
-            # the transaction, so nothing is committed.
-            ids = self.app.store.enqueue_batch(Batch(common, _Payloads(self, items), keys))
-            return [JobHandle(self.app, job_id) for job_id in ids]
-        payloads = [self._bulk_payload(item, index) for index, item in enumerate(items)]  # before any I/O
-        store = self.app.store
-        # All batches in one transaction: ours (committed once, after the last batch, so a dropped
-        # connection half-way leaves nothing) or the caller's.
-        with self.app.enqueue_connection(connection) as given, store.writing(given) as conn:
-            for start in range(0, len(items), batch_size):
-                end = start + batch_size
-                ids.extend(store.enqueue_batch(Batch(common, payloads[start:end], keys[start:end]), connection=conn))
+        # Payloads are serialized as the store reads them: all before anything is sent, or, where
+        # the database streams a bulk of its own (PostgreSQL's COPY), while it parses the rows before.
+        batch = Batch(common, _Payloads(self, items), keys)
+        with self.app.enqueue_connection(connection) as given:
+            ids = self.app.store.enqueue_bulk(batch, batch_size, given)
         return [JobHandle(self.app, job_id) for job_id in ids]
 
     def _bulk_payload(self, item: Any, index: int) -> bytes:
@@ -221,7 +209,7 @@ class Task:
                                      "positional arguments (for one argument: (value,)) or a dict of kwargs")
         return self._payload(args, kwargs, index)
 
-    def shared_row(self, *, eta: datetime | None = None, countdown: float | None = None, queue: str | None = None,
+    def common_row(self, *, eta: datetime | None = None, countdown: float | None = None, queue: str | None = None,
                    priority: int | None = None, headers: dict[str, Any] | None = None,
                    partition_key: str | None = None, retry_strategy: RetryStrategy | None = None) -> dict[str, Any]:
         """The columns every job of one bulk enqueue shares (``Batch.common``), options checked."""

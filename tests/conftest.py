@@ -27,9 +27,9 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         metafunc.parametrize("backend", backends, scope="session")
 
 
-def only(*names: str):  # type: ignore[no-untyped-def]
+def only(*names: str):
     """Decorator: run a backend-parametrized test only on these backends."""
-    def mark(fn):  # type: ignore[no-untyped-def]
+    def mark(fn):
         fn.backends = names
         return fn
     return mark
@@ -77,7 +77,7 @@ def _no_stray_env(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.delenv("JOBQUEUE_DATABASE_URL")
 
 
-def pytest_terminal_summary(terminalreporter) -> None:  # type: ignore[no-untyped-def]
+def pytest_terminal_summary(terminalreporter) -> None:
     from tests.runtime.harness import REPORTS
 
     if REPORTS:

@@ -113,7 +113,7 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _as(user: str, command: list[str], **kwargs) -> subprocess.CompletedProcess:  # type: ignore[no-untyped-def, type-arg]
+def _as(user: str, command: list[str], **kwargs) -> subprocess.CompletedProcess:
     """Run as ``user`` when we are root (initdb and mariadbd refuse root), else as ourselves."""
     if os.geteuid() == 0:
         command = ["runuser", "-u", user, "--"] + command
@@ -171,7 +171,7 @@ class PrivateMariaDB:
         self.dir = _private_dir("mysql")
         self.port = free_port()
         self.url = f"mysql+mysqldb://root@127.0.0.1:{self.port}/jobqueue_private"
-        self.process: subprocess.Popen | None = None  # type: ignore[type-arg]
+        self.process: subprocess.Popen | None = None
         command = ["mariadb-install-db", "--no-defaults", f"--datadir={self.dir}/data", "--skip-test-db",
                    "--auth-root-authentication-method=normal"]
         if os.geteuid() == 0:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import dataclasses
 import os
 import re
@@ -73,7 +74,7 @@ def test_quickstart_tasks_run_through_the_cli(tmp_path: Path) -> None:
     job_id = int(out.split()[2])
     sys.path.insert(0, str(ROOT / "examples"))
     try:
-        import quickstart
+        quickstart = importlib.import_module("quickstart")
         quickstart.app.configure(database_url=env["JOBQUEUE_DATABASE_URL"])
         assert quickstart.app.job(job_id).get(timeout=5) == 5
         quickstart.app.close()

@@ -1,4 +1,4 @@
-"""``jobqueue db``: create and check the tables."""
+"""``jobqueue db``: create, upgrade and check the tables."""
 
 from __future__ import annotations
 
@@ -6,11 +6,12 @@ import click
 
 from jobqueue.cli.state import CliState, Group
 from jobqueue.storage.engine import mask_url
+from jobqueue.storage.tables import SCHEMA_VERSION
 
 
 @click.group(cls=Group)
 def db() -> None:
-    """Create and check the jobqueue tables."""
+    """Create, upgrade and check the jobqueue tables."""
 
 
 @db.command("init")
@@ -21,9 +22,27 @@ def init(state: CliState) -> None:
     click.echo(f"{app.init_schema()} in {mask_url(app.database_url)}")
 
 
+@db.command("upgrade")
+@click.option("--dry-run", is_flag=True, help="Print the SQL it would run, and change nothing.")
+@click.pass_obj
+def upgrade(state: CliState, dry_run: bool) -> None:
+    """Bring the tables of an older release to this one's schema, jobs and archive kept.
+
+    Safe with workers of the older release still running; restart them on this release after.
+    """
+    app = state.app
+    statements = app.upgrade_schema(dry_run=dry_run)
+    for statement in statements:
+        click.echo(statement)
+    if not statements:
+        click.echo(f"jobqueue schema {SCHEMA_VERSION} is up to date in {mask_url(app.database_url)}")
+    elif not dry_run:
+        click.echo(f"upgraded to jobqueue schema {SCHEMA_VERSION} in {mask_url(app.database_url)}")
+
+
 @db.command("check")
 @click.pass_obj
 def check(state: CliState) -> None:
-    """Exit 0 if the tables exist at this release's version, else say what to run."""
+    """Exit 0 if the tables exist at this release's version; else say what to run, and exit 1."""
     state.app.check_schema()
-    click.echo("jobqueue schema is up to date")
+    click.echo(f"jobqueue schema {SCHEMA_VERSION} is up to date")

@@ -35,8 +35,8 @@ def table(rows: Sequence[dict[str, Any]], columns: Sequence[str], empty: str = "
         widths[widest] -= 1
 
     def fmt(values: Sequence[str]) -> str:
-        parts = [value if len(value) <= w else value[: w - 1] + "~" for value, w in zip(values, widths)]
-        return "  ".join(part.ljust(w) for part, w in zip(parts, widths)).rstrip()
+        parts = [value if len(value) <= w else value[: w - 1] + "~" for value, w in zip(values, widths, strict=False)]
+        return "  ".join(part.ljust(w) for part, w in zip(parts, widths, strict=False)).rstrip()
 
     lines = [fmt([c.upper() for c in columns]), fmt(["-" * w for w in widths])]
     lines.extend(fmt(line) for line in cells)

@@ -33,10 +33,11 @@ def status(state: CliState, as_json: bool) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.pass_obj
 def workers(state: CliState, as_json: bool) -> None:
-    """Live worker processes with their host, pid, queues and last heartbeat."""
+    """Live worker processes: host, pid, queues, the job each runs (and since when), jobs done, last heartbeat."""
     rows = jobs.live_workers(state.app.store)
     if as_json:
         echo_json(rows)
         return
-    click.echo(table(rows, ["hostname", "pid", "queues", "started_at", "heartbeat_at", "version"],
+    click.echo(table(rows, ["hostname", "pid", "queues", "running_job_id", "running_since", "jobs_done",
+                            "heartbeat_at", "version"],
                      empty="no live worker processes"))

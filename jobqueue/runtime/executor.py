@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from jobqueue.ack import AckPolicy
 from jobqueue.clock import utcnow
-from jobqueue.context import Decision, JobContext, LeaseKeeper, activate, deactivate
+from jobqueue.context import Decision, JobContext, DeliveryWriter, activate, deactivate
 from jobqueue.errors import (CorruptMessage, LeaseLost, MaxDeliveriesExceeded, Rejected, SerializationError,
                              SoftTimeLimitExceeded, UnknownTaskError)
 from jobqueue.job import ErrorInfo, Message, MessageState, Outcome, OutcomeKind
@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger("jobqueue.worker")
 
 
-class StoreLeaseKeeper:
+class StoreDeliveryWriter:
     """Writes a running job's checkpoint and lease extension through to the store, fenced by its token."""
 
     def __init__(self, store: Store) -> None:
@@ -49,7 +49,7 @@ class StoreLeaseKeeper:
 class Executor:
     """Turns messages into outcomes for one worker process."""
 
-    def __init__(self, app: JobQueue, keeper: LeaseKeeper | None = None,
+    def __init__(self, app: JobQueue, writes: DeliveryWriter | None = None,
                  ack_first: Callable[[Outcome], bool] | None = None,
                  writer: Callable[[Callable[[], Any]], Any] | None = None) -> None:
         self.app = app
@@ -60,7 +60,7 @@ class Executor:
         self.wake_at: datetime | None = None
         self.settings = app.settings
         self.serializer = app.serializer
-        self.keeper = keeper
+        self.writes = writes
         self.ack_first = ack_first
         self.default_strategy = default_strategy()
         self.in_handler = False
@@ -111,7 +111,7 @@ class Executor:
         if policy is AckPolicy.ACK_FIRST:
             self._ack_first(task, message, args, kwargs, started)
             return None
-        context = JobContext(message, self.serializer, self.keeper, max_state_bytes=self.settings.max_payload_bytes)
+        context = JobContext(message, self.serializer, self.writes, max_state_bytes=self.settings.max_payload_bytes)
         try:
             result = self._call(task, context, args, kwargs)
         except LeaseLost as exc:

@@ -17,7 +17,6 @@ process left running without a supervisor would run jobs whose leases nobody ren
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import select
@@ -29,12 +28,12 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from jobqueue.clock import utcnow
 from jobqueue.job import Message, MessageState, Outcome, OutcomeKind
-from jobqueue.runtime.executor import Executor, StoreLeaseKeeper, log_outcome
+from jobqueue.runtime.executor import Executor, StoreDeliveryWriter, log_outcome
 from jobqueue.runtime.holdings import Holdings
 from jobqueue.runtime.resilience import DatabaseGuard, GaveUp
 from jobqueue.runtime.slot import Slot
-from jobqueue.runtime.wakeup import ProcessListener, process_listener
 from jobqueue.runtime.writer import OutcomeWriter, Unwritten
+from jobqueue.storage.dialects.wakeup import Listener
 from jobqueue.storage.store import FlushResult, new_lease_token
 
 if TYPE_CHECKING:
@@ -83,14 +82,14 @@ class WorkerProcess:
         self.stop_requested_at: float | None = None
         self.pending_token: int | None = None
         self.keeper_stop = threading.Event()
-        self.guard = DatabaseGuard(logger, f"database (worker process {os.getpid()})")
-        self.executor = Executor(app, keeper=StoreLeaseKeeper(app.store), ack_first=self._ack_first,
+        self.guard = DatabaseGuard(logger, f"database (worker process {os.getpid()})", self._classify)
+        self.executor = Executor(app, writes=StoreDeliveryWriter(app.store), ack_first=self._ack_first,
                                  writer=self.guard.call)
         self.writer = OutcomeWriter(app.store, self.guard)
         # The keeper thread writes through its own guard: a guard's bookkeeping belongs to one thread.
-        self.keeper_writer = OutcomeWriter(app.store, DatabaseGuard(logger, "database (keeper)"))
+        self.keeper_writer = OutcomeWriter(app.store, DatabaseGuard(logger, "database (keeper)", self._classify))
         self.wake_at: float | None = None  # monotonic time a deferred message of ours comes due
-        self.listener: ProcessListener | None = None  # PostgreSQL: this process's own LISTEN connection
+        self.listener: Listener | None = None  # where the database notifies: this process's own line
 
     # -- entry point -------------------------------------------------------------------------------
     def main(self) -> int:
@@ -99,7 +98,7 @@ class WorkerProcess:
         self.app.after_fork()
         self.guard.what = f"database (worker process {os.getpid()})"
         self.store = self.app.store
-        self.listener = process_listener(self.store)
+        self.listener = self.store.listener()
         row = {"id": self.spec.worker_id, "supervisor_id": self.spec.supervisor_id, "hostname": os.uname().nodename,
                "pid": os.getpid(), "queues": ",".join(self.settings.queues or ()) or None,
                "started_at": utcnow(), "heartbeat_at": utcnow(), "version": _version()}
@@ -118,6 +117,9 @@ class WorkerProcess:
             if self.listener is not None:
                 self.listener.close()
         return 0
+
+    def _classify(self, exc: BaseException) -> str | None:
+        return self.app.store.classify(exc)
 
     def _install_signals(self) -> None:
         def on_term(signum: int, frame: Any) -> None:
@@ -167,15 +169,8 @@ class WorkerProcess:
             # The token is ours before the statement runs, so an acquisition whose COMMIT reply was
             # lost (connection dropped) can be found and undone before we try again.
             self.pending_token = new_lease_token()
-            listener = self.listener
-            with listener.lock if listener is not None else contextlib.nullcontext():
-                connection = None
-                if listener is not None:
-                    listener.take_news()  # news so far is of commits this acquire sees: no empty acquire after
-                    connection = listener.connection()
-                messages = self.store.acquire(self.spec.worker_id, self.settings.queues, limit,
-                                              self.settings.release_stuck_timeout, token=self.pending_token,
-                                              connection=connection)
+            messages = self.store.acquire(self.spec.worker_id, self.settings.queues, limit,
+                                          self.settings.release_stuck_timeout, token=self.pending_token)
             self.pending_token = None
             return messages
 
@@ -228,21 +223,12 @@ class WorkerProcess:
         if timeout <= 0 or self.stopping:
             return
         if self.listener is None:
-            ready, _, _ = select.select([self.spec.wake_r], [], [], timeout)
+            news, (ready, _, _) = False, select.select([self.spec.wake_r], [], [], timeout)
         else:
-            with self.listener.lock:
-                # Heard during the last acquire, or while a job ran: that news may be newer than
-                # what the acquire saw.
-                if self.listener.take_news():
-                    self.next_fetch_at = 0.0
-                    return
-                news = self.listener.fileno()
-                ready, _, _ = select.select([self.spec.wake_r] + ([news] if news is not None else []), [], [], timeout)
-                if news in ready:
-                    self.listener.take_news()
+            news, ready = self.listener.wait([self.spec.wake_r], timeout)
         if self.spec.wake_r in ready:
             _drain(self.spec.wake_r)
-        if ready:
+        if news or ready:
             self.next_fetch_at = 0.0  # woken: work may have arrived
 
     def _recycle_due(self) -> bool:
@@ -414,5 +400,6 @@ def rss_kib() -> int:
 
 
 def _version() -> str:
-    from jobqueue import __version__
+    from jobqueue.version import __version__
+
     return __version__

@@ -15,58 +15,22 @@ from typing import Callable, TypeVar
 import sqlalchemy as sa
 import tenacity
 
+from jobqueue.storage.dialects.connector import CONTENTION, OUTAGE
+
 T = TypeVar("T")
 
 BACKOFF_INITIAL_SECONDS = 0.1
 BACKOFF_MAX_SECONDS = 5.0
 
 
-# MySQL/MariaDB error codes worth retrying: server gone or restarting, too many connections, lock
-# wait timeout and deadlock. mysqlclient also reports permanent server errors (a packet too large, a
-# bad value) as OperationalError, so the code decides, not the class.
-MYSQL_DISCONNECTS = {1040, 1053, 1152, 1927, 2002, 2003, 2006, 2013, 2055, 4031}
-MYSQL_CONTENTION = {1205, 1213}
-SQLITE_CONTENTION = ("database is locked", "database table is locked", "database is busy")
-SQLITE_OUTAGE = ("disk i/o error", "unable to open database file")
-POSTGRES_CONTENTION = {"40001", "40P01", "55P03"}  # serialization failure, deadlock, lock not available
-# A server that turned read-only (a standby after failover, or one shutting down) and a session the
-# server ended (idle in transaction too long, administrator): wait for the new primary.
-POSTGRES_OUTAGE = {"25006", "57P01", "57P02", "57P03", "25P03"}
 # Consecutive "outage" failures of one call after which a server that answers a probe is taken to be
 # refusing that operation (a statement over MySQL's max_allowed_packet drops the connection).
 REFUSED_AFTER_FAILURES = 3
 
-
-def classify(exc: BaseException) -> str | None:
-    """"contention" (deadlock, lock timeout, busy file), "outage" (connection, server) or None (permanent)."""
-    if isinstance(exc, sa.exc.DBAPIError):
-        if exc.connection_invalidated:
-            return "outage"
-        orig = exc.orig
-        module = type(orig).__module__.split(".")[0]
-        if module == "sqlite3":
-            text = str(orig).lower()
-            if any(part in text for part in SQLITE_CONTENTION):
-                return "contention"
-            return "outage" if any(part in text for part in SQLITE_OUTAGE) else None
-        if module in ("MySQLdb", "pymysql"):
-            code = orig.args[0] if orig is not None and orig.args else None
-            if code in MYSQL_CONTENTION:
-                return "contention"
-            return "outage" if code in MYSQL_DISCONNECTS else None
-        if getattr(orig, "pgcode", None) in POSTGRES_CONTENTION:
-            return "contention"
-        if getattr(orig, "pgcode", None) in POSTGRES_OUTAGE:
-            return "outage"
-        return "outage" if isinstance(exc, (sa.exc.OperationalError, sa.exc.InterfaceError)) else None
-    if isinstance(exc, (sa.exc.DisconnectionError, ConnectionError)):
-        return "outage"
-    return None
-
-
-def is_transient(exc: BaseException) -> bool:
-    """Errors worth retrying: lost connections, server restarts, deadlocks, lock timeouts, busy files."""
-    return classify(exc) is not None
+# What a database error means: CONTENTION (a deadlock, a lock timeout, a busy file), OUTAGE (a lost
+# connection, a server down or restarting) or None (retrying cannot fix it). The store's dialect
+# knows its driver's codes: Store.classify.
+Classify = Callable[[BaseException], "str | None"]
 
 
 def fresh_connection_retry(operation: Callable[[], T]) -> T:
@@ -100,16 +64,21 @@ class Refused(Exception):
 class DatabaseGuard:
     """Run database operations for one process through outages."""
 
-    def __init__(self, logger: logging.Logger, what: str = "database") -> None:
+    def __init__(self, logger: logging.Logger, what: str, classify: Classify) -> None:
         self.logger = logger
         self.what = what
+        self.classify = classify
         self.outage_started: float | None = None
         self.failures = 0
         self.last_call_retried = False
 
+    def transient(self, exc: BaseException) -> bool:
+        """Worth retrying: lost connections, server restarts, deadlocks, lock timeouts, busy files."""
+        return self.classify(exc) is not None
+
     def _failed(self, exc: BaseException) -> None:
         self.failures += 1
-        if classify(exc) == "contention":
+        if self.classify(exc) == CONTENTION:
             # Deadlocks and lock timeouts are part of normal concurrency: retried quietly.
             self.logger.debug("%s: lock contention, retrying: %s", self.what, exc)
             return
@@ -147,9 +116,9 @@ class DatabaseGuard:
         def should_retry(state: tenacity.RetryCallState) -> bool:
             nonlocal refused
             exc = state.outcome.exception() if state.outcome is not None else None
-            if exc is None or not is_transient(exc):
+            if exc is None or not self.transient(exc):
                 return False
-            if probe is not None and state.attempt_number >= REFUSED_AFTER_FAILURES and classify(exc) == "outage":
+            if probe is not None and state.attempt_number >= REFUSED_AFTER_FAILURES and self.classify(exc) == OUTAGE:
                 try:
                     probe()
                 except Exception:
@@ -184,7 +153,7 @@ class DatabaseGuard:
                 self.outage_started, self.failures = None, 0  # the server answers: this was no outage
                 raise Refused(f"the database refused this operation {attempts} times while answering "
                               f"other queries: {exc}") from exc
-            if is_transient(exc):
+            if self.transient(exc):
                 self._failed(exc)
                 raise GaveUp(str(exc)) from exc
             raise
@@ -197,7 +166,7 @@ class DatabaseGuard:
         try:
             result = fresh_connection_retry(operation)
         except Exception as exc:
-            if not is_transient(exc):
+            if not self.transient(exc):
                 raise
             self._failed(exc)
             return False, None

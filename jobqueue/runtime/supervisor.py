@@ -36,8 +36,8 @@ from jobqueue.runtime.process import (HOARD_SECONDS, STOP_SIGNALS, ChildSpec, Wo
 from jobqueue.runtime.progress import Progress
 from jobqueue.runtime.resilience import DatabaseGuard, GaveUp
 from jobqueue.runtime.slot import Slot, SlotView
-from jobqueue.runtime.wakeup import make_waker
 from jobqueue.runtime.writer import OutcomeWriter, Unwritten
+from jobqueue.storage.dialects import WorkerState
 from jobqueue.storage.engine import mask_url
 
 if TYPE_CHECKING:
@@ -92,7 +92,7 @@ class Supervisor:
         self.last_loop_error: tuple[str, float] | None = None
         # Database work that failed during an outage, retried every tick until it succeeds.
         self.pending: list[tuple[str, Callable[[], Any]]] = []
-        self.guard = DatabaseGuard(logger, "database (supervisor)")
+        self.guard = DatabaseGuard(logger, "database (supervisor)", lambda exc: self.app.store.classify(exc))
 
     # -- entry point -------------------------------------------------------------------------------
     def run(self) -> int:
@@ -131,9 +131,8 @@ class Supervisor:
             self.guard.call(self.store.repair_ids, give_up=lambda: self.signals > 0)
             self.executor = Executor(self.app)
             self.guard.call(self._sync_schedules, give_up=lambda: self.signals > 0)
-            self.waker = self.guard.call(
-                lambda: make_waker(self.store, self.settings.queues, self.settings.idle_poll_interval),
-                give_up=lambda: self.signals > 0)
+            self.waker = self.guard.call(lambda: self.store.waker(self.settings.queues, self.settings.idle_poll_interval),
+                                         give_up=lambda: self.signals > 0)
         except GaveUp:
             logger.info("jobqueue worker %s stopped before it started", self.supervisor_id[:8])
             return False
@@ -145,7 +144,7 @@ class Supervisor:
     def _sync_schedules(self) -> None:
         """Create, update and retire schedule messages to match the code (before any child forks)."""
         report = periodic.sync(self.store, self.app.schedules, set(self.app.registry), utcnow())
-        for attempt in range(SCHEDULE_SYNC_RETRIES):
+        for _ in range(SCHEDULE_SYNC_RETRIES):
             if not report.busy:
                 break
             time.sleep(0.2)  # a schedule being fired right now: its change waits a moment
@@ -454,8 +453,8 @@ class Supervisor:
         if now >= self.next_heartbeat:
             # Set first: an error below must not make every tick try again.
             self.next_heartbeat = now + RETRY_SOON_SECONDS
-            ids = [c.spec.worker_id for c in self.children.values()]
-            ok, _ = self.guard.try_once(lambda: self.store.heartbeat(ids, self.settings.release_stuck_timeout))
+            workers = [self._worker_state(child) for child in self.children.values()]
+            ok, _ = self.guard.try_once(lambda: self.store.heartbeat(workers, self.settings.release_stuck_timeout))
             if ok:
                 self.next_heartbeat = now + self.settings.heartbeat_interval
         if now >= self.next_release:
@@ -467,6 +466,16 @@ class Supervisor:
             self.guard.try_once(lambda: self.store.prune_workers(stale))
             if ok:
                 self.next_release = now + self.settings.release_stuck_interval
+
+    @staticmethod
+    def _worker_state(child: Child) -> WorkerState:
+        """What a child is doing, for its worker row (the slot's running time is on the monotonic
+        clock, which every process of the host shares)."""
+        view = child.spec.slot.read_raw()
+        since = None
+        if view.running_id and view.running_since_ns:
+            since = utcnow() - timedelta(seconds=(time.monotonic_ns() - view.running_since_ns) / 1e9)
+        return WorkerState(child.spec.worker_id, view.running_id or None, since, view.done)
 
     def _check_burst(self) -> None:
         now = time.monotonic()

@@ -98,7 +98,7 @@ class _ReadSpec:
         archive = build_tables(self.prefix).archive
         engine = create_engine(self.url)
         try:
-            with schema_errors(self.prefix), engine.connect() as conn:
+            with schema_errors(engine, build_tables(self.prefix)), engine.connect() as conn:
                 low, high, rows = conn.execute(
                     sa.select(sa.func.min(archive.c.id), sa.func.max(archive.c.id), sa.func.count())
                     .where(*self.window.where(archive.c.archived_at))).one()
@@ -116,7 +116,7 @@ class _ReadSpec:
             with engine.connect() as conn:
                 result = conn.execution_options(stream_results=True, yield_per=2000).execute(stmt)
                 for row in result:
-                    yield tuple(_spark_value(name, value) for name, value in zip(result.keys(), row))
+                    yield tuple(_spark_value(name, value) for name, value in zip(result.keys(), row, strict=True))
         finally:
             engine.dispose()
 

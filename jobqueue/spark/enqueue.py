@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import itertools
-import os
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
@@ -17,7 +16,7 @@ from jobqueue.errors import ConfigurationError, SerializationError
 from jobqueue.job import Batch
 from jobqueue.retry import RetryStrategy
 from jobqueue.serialization import dumps_call, get_serializer
-from jobqueue.storage.engine import create_engine
+from jobqueue.storage.engine import absolute_url, create_engine
 from jobqueue.storage.store import Store
 from jobqueue.storage.tables import build_tables
 from jobqueue.task import Task
@@ -64,7 +63,7 @@ def enqueue_dataframe(df: DataFrame, task: Task, args: Sequence[str] | None = No
     if missing:
         raise ConfigurationError(f"column(s) {', '.join(map(repr, missing))} not in the DataFrame; "
                                  f"its columns: {', '.join(df.columns)}")
-    common = task.shared_row(eta=eta, countdown=countdown, queue=queue, priority=priority, headers=headers,
+    common = task.common_row(eta=eta, countdown=countdown, queue=queue, priority=priority, headers=headers,
                              partition_key=partition_key, retry_strategy=retry_strategy)
     app = task.app
     schema = {column.name: column.dataType for column in df.schema.fields}
@@ -84,11 +83,7 @@ def enqueue_dataframe(df: DataFrame, task: Task, args: Sequence[str] | None = No
 def executor_url(url: str | sa.URL) -> str:
     """The URL as executors should see it: a relative SQLite path made absolute (their working
     directory may differ), the password kept (``str(URL)`` would mask it)."""
-    parsed = sa.make_url(url)
-    if parsed.get_backend_name() == "sqlite" and parsed.database and parsed.database != ":memory:" \
-            and not parsed.database.startswith("file:") and not os.path.isabs(parsed.database):
-        parsed = parsed.set(database=os.path.abspath(parsed.database))
-    return parsed.render_as_string(hide_password=False)
+    return absolute_url(url).render_as_string(hide_password=False)
 
 
 @dataclass(frozen=True)
@@ -117,7 +112,7 @@ class _EnqueueSpec:
             while chunk := list(itertools.islice(iterator, self.batch_size)):
                 payloads, keys = [], []
                 for row in chunk:
-                    values = [convert(value) for convert, value in zip(converters, row)]
+                    values = [convert(value) for convert, value in zip(converters, row, strict=True)]
                     payloads.append(self._payload(serializer, values))
                     keys.append(self._key(values[-1]) if self.keyed else None)
                 batch = Batch(self.common, payloads, keys)
@@ -128,7 +123,7 @@ class _EnqueueSpec:
 
     def _payload(self, serializer: Any, values: list[Any]) -> bytes:
         args = values[:self.positional]
-        kwargs = dict(zip(self.keywords, values[self.positional:self.positional + len(self.keywords)]))
+        kwargs = dict(zip(self.keywords, values[self.positional:self.positional + len(self.keywords)], strict=False))
         try:
             payload = dumps_call(serializer, args, kwargs)
         except SerializationError as exc:

@@ -93,7 +93,7 @@ def _purge(written: DataFrame, database_url: str, prefix: str, batch_size: int,
     try:
         rows = written.orderBy("id").toLocalIterator()
         while chunk := [(row.id, _naive_utc(row.archived_at)) for row in itertools.islice(rows, batch_size)]:
-            with schema_errors(prefix), engine.begin() as conn:
+            with schema_errors(engine, build_tables(prefix)), engine.begin() as conn:
                 deleted += conn.execute(sa.delete(archive).where(key.in_(chunk))).rowcount
             if progress is not None:
                 progress(len(chunk))

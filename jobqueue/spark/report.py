@@ -163,7 +163,7 @@ def _throughput_plot(rows: list[Row]) -> str:
     minutes = [row["minute"].astimezone(timezone.utc).replace(tzinfo=None) for row in rows]  # PySpark: local time
     span = (max(minutes) - min(minutes)).total_seconds() / 60 + 1
     size = next((m for m in BIN_MINUTES if span / m <= MAX_BARS), BIN_MINUTES[-1])  # minutes per bar
-    for row, minute in zip(rows, minutes):
+    for row, minute in zip(rows, minutes, strict=False):
         start = minute - timedelta(minutes=(minute.hour * 60 + minute.minute) % size)  # sizes divide a day
         series[row["state"]][start] += row["jobs"]
     bins = sorted({start for counts in series.values() for start in counts})
@@ -175,7 +175,7 @@ def _throughput_plot(rows: list[Row]) -> str:
         counts = [series[state].get(start, 0) for start in bins]
         axes.bar(x, counts, bottom=bottom, width=size / 1440 * 0.9, label=state.lower(),
                  color=STATE_COLOURS.get(state, "#555"), align="edge")
-        bottom = [b + c for b, c in zip(bottom, counts)]
+        bottom = [b + c for b, c in zip(bottom, counts, strict=True)]
     axes.set_ylabel("jobs per minute" if size == 1 else f"jobs per {size} minutes")
     axes.legend(loc="lower center", bbox_to_anchor=(0.5, 1.0), frameon=False, ncols=3)
     axes.grid(axis="y", alpha=0.3)

@@ -10,7 +10,7 @@ import sqlalchemy as sa
 
 from jobqueue.clock import utcnow
 from jobqueue.job import ACTIVE_STATES, FINAL_STATES, SCHEDULE_TASK, MessageState
-from jobqueue.storage.jobs import shared_columns
+from jobqueue.storage.jobs import message_archive_columns
 from jobqueue.storage.store import Store
 
 ACTIVE = {s.value for s in ACTIVE_STATES}
@@ -89,7 +89,7 @@ def retry(store: Store, job_ids: Iterable[int], now: datetime | None = None) -> 
     """
     now = now or utcnow()
     m, a = store.tables.message, store.tables.archive
-    columns = shared_columns(store.tables)
+    columns = message_archive_columns(store.tables)
     report = RetryReport()
     for job_id in job_ids:
         try:

@@ -10,7 +10,7 @@ import sqlalchemy as sa
 
 from jobqueue.clock import utcnow
 from jobqueue.job import SCHEDULE_TASK, MessageState
-from jobqueue.storage.dialects.base import READY_LITERALS
+from jobqueue.storage.dialects.common import READY_LITERALS
 from jobqueue.storage.store import Store
 from jobqueue.storage.tables import Tables
 
@@ -25,8 +25,8 @@ class ArchivedJob:
     error_traceback: str | None
 
 
-def shared_columns(tables: Tables) -> list[str]:
-    """Columns a message row and its archive row have in common."""
+def message_archive_columns(tables: Tables) -> list[str]:
+    """The columns a message row and its archive row both have (what moves with a job between them)."""
     archive = set(tables.archive.c.keys())
     return [name for name in tables.message.c.keys() if name in archive]
 
@@ -56,7 +56,7 @@ def cancel(store: Store, job_id: int, now: datetime | None = None) -> bool:
     """Archive a PENDING or RETRYABLE job as CANCELLED; False if it is running or gone."""
     now = now or utcnow()
     m, a = store.tables.message, store.tables.archive
-    columns = shared_columns(store.tables)
+    columns = message_archive_columns(store.tables)
     with store.writing() as conn:
         row = conn.execute(
             sa.select(*[m.c[name] for name in columns])

@@ -1,64 +1,94 @@
-"""How outcomes become column values: an archive row, or the update of a requeued message."""
+"""How an outcome becomes column values, written once for every dialect.
+
+An archived outcome (COMPLETED or FAILED) fills its archive row from two sources: the columns
+``COPIED`` from its message row (the database copies them, so payloads never travel back), and the
+``ARCHIVED`` fields the outcome supplies. A requeued outcome (a retry, a deferral, a hand-back)
+updates its message row with the ``REQUEUED`` fields. Each dialect builds its statements from these
+lists: SQLite and MySQL bind the values, PostgreSQL sends them as a JSON recordset.
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, Callable
 
 from jobqueue.job import Outcome, OutcomeKind
-
 
 # The columns a delivery's lease occupies, cleared whenever a message leaves PROCESSING.
 RELEASED: dict[str, None] = {"worker_id": None, "lease_token": None, "acquired_at": None, "lease_expires_at": None}
 
-
-def archive_row(outcome: Outcome, now: datetime) -> dict[str, Any]:
-    """The archive row of a COMPLETED or FAILED outcome, built from what the worker holds."""
-    m = outcome.message
-    error = outcome.error
-    return {
-        "id": m.id, "task_name": m.task_name, "queue": m.queue, "priority": m.priority,
-        "state": outcome.state.value, "payload": m.payload, "headers": m.headers,
-        "unique_key": m.unique_key, "partition_key": m.partition_key, "checkpoint": outcome.checkpoint,
-        "options": m.options, "history": m.history, "attempts_count": m.attempts_count,
-        "deliveries_count": m.deliveries_count, "created_at": m.created_at,
-        "first_attempt_at": m.first_attempt_at or outcome.started_at,
-        "last_attempt_at": outcome.started_at or m.acquired_at, "finished_at": outcome.finished_at,
-        "archived_at": now, "result": outcome.result,
-        "error_type": error.type if error else None,
-        "error_message": error.message if error else None,
-        "error_traceback": error.traceback if error else None,
-    }
-
-
-def requeue_binds(outcome: Outcome) -> dict[str, Any]:
-    """The new values of a message that goes back to the queue (retry, defer, hand-back)."""
-    m = outcome.message
-    error = outcome.error
-    unstarted = outcome.kind is OutcomeKind.RETURN
-    return {
-        "b_id": m.id,
-        "b_token": m.lease_token,
-        "b_state": outcome.state.value,
-        "b_next": outcome.next_attempt_at or m.next_attempt_at,
-        # A recorded outcome resets deliveries (SPEC 3); handing back unstarted uncounts both.
-        "b_attempts": m.attempts_count - 1 if unstarted else m.attempts_count,
-        "b_deliveries": m.deliveries_count - 1 if unstarted else 0,
-        "b_checkpoint": outcome.checkpoint,
-        "b_error_type": error.type if error else None,
-        "b_error_message": error.message if error else None,
-        "b_error_traceback": error.traceback if error else None,
-    }
-
-
-# Archive columns copied from the message row, and those the outcome supplies (in this order).
+# Archive columns copied from the message row.
 COPIED = ("id", "task_name", "queue", "priority", "payload", "headers", "unique_key", "partition_key", "options",
           "history", "created_at")
-SUPPLIED = ("state", "checkpoint", "attempts_count", "deliveries_count", "first_attempt_at", "last_attempt_at",
-            "finished_at", "archived_at", "result", "error_type", "error_message", "error_traceback")
 
 
-def supplied_values(outcome: Outcome, now: datetime) -> tuple[Any, ...]:
-    """The SUPPLIED archive values of a COMPLETED or FAILED outcome, in SUPPLIED order."""
-    row = archive_row(outcome, now)
-    return tuple(row[column] for column in SUPPLIED)
+@dataclass(frozen=True)
+class Field:
+    """One column an outcome writes: its name, its kind ("text", "bytes", "integer", "timestamp")
+    and how its value comes from the outcome (and the time of the flush)."""
+
+    column: str
+    kind: str
+    value: Callable[[Outcome, datetime], Any]
+    keep_if_null: bool = False  # a requeue without an error keeps the last one recorded
+
+
+def _error(part: str) -> Callable[[Outcome, datetime], Any]:
+    return lambda o, now: getattr(o.error, part) if o.error is not None else None
+
+
+def _unstarted(outcome: Outcome) -> bool:
+    return outcome.kind is OutcomeKind.RETURN
+
+
+ARCHIVED = (
+    Field("state", "text", lambda o, now: o.state.value),
+    Field("checkpoint", "bytes", lambda o, now: o.checkpoint),
+    Field("attempts_count", "integer", lambda o, now: o.message.attempts_count),
+    Field("deliveries_count", "integer", lambda o, now: o.message.deliveries_count),
+    Field("first_attempt_at", "timestamp", lambda o, now: o.message.first_attempt_at or o.started_at),
+    Field("last_attempt_at", "timestamp", lambda o, now: o.started_at or o.message.acquired_at),
+    Field("finished_at", "timestamp", lambda o, now: o.finished_at),
+    Field("archived_at", "timestamp", lambda o, now: now),
+    Field("result", "bytes", lambda o, now: o.result),
+    Field("error_type", "text", _error("type")),
+    Field("error_message", "text", _error("message")),
+    Field("error_traceback", "text", _error("traceback")),
+)
+
+ARCHIVED_COLUMNS = tuple(field.column for field in ARCHIVED)
+
+REQUEUED = (
+    Field("state", "text", lambda o, now: o.state.value),
+    Field("next_attempt_at", "timestamp", lambda o, now: o.next_attempt_at or o.message.next_attempt_at),
+    # A recorded outcome resets deliveries; handing back unstarted uncounts both.
+    Field("attempts_count", "integer", lambda o, now: o.message.attempts_count - (1 if _unstarted(o) else 0)),
+    Field("deliveries_count", "integer", lambda o, now: o.message.deliveries_count - 1 if _unstarted(o) else 0),
+    Field("checkpoint", "bytes", lambda o, now: o.checkpoint),
+    Field("last_error_type", "text", _error("type"), keep_if_null=True),
+    Field("last_error_message", "text", _error("message"), keep_if_null=True),
+    Field("last_error_traceback", "text", _error("traceback"), keep_if_null=True),
+)
+
+
+def archived_values(outcome: Outcome, now: datetime) -> tuple[Any, ...]:
+    """The ARCHIVED values of a COMPLETED or FAILED outcome, in ARCHIVED order."""
+    return tuple(field.value(outcome, now) for field in ARCHIVED)
+
+
+def archive_row(outcome: Outcome, now: datetime) -> dict[str, Any]:
+    """A whole archive row built from what the worker holds (where the message row is not copied)."""
+    m = outcome.message
+    copied = {"id": m.id, "task_name": m.task_name, "queue": m.queue, "priority": m.priority, "payload": m.payload,
+              "headers": m.headers, "unique_key": m.unique_key, "partition_key": m.partition_key,
+              "options": m.options, "history": m.history, "created_at": m.created_at}
+    return {**copied, **{field.column: field.value(outcome, now) for field in ARCHIVED}}
+
+
+def requeue_binds(outcome: Outcome, now: datetime) -> dict[str, Any]:
+    """The bind values of a requeue: ``b_id``, ``b_token`` and ``b_<column>`` for each REQUEUED field."""
+    m = outcome.message
+    binds = {f"b_{field.column}": field.value(outcome, now) for field in REQUEUED}
+    binds.update(b_id=m.id, b_token=m.lease_token)
+    return binds

@@ -12,24 +12,19 @@ import secrets
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Callable, Iterator, TypeVar
+from typing import Any, Iterator
 
 import sqlalchemy as sa
 
 from jobqueue.clock import utcnow
 from jobqueue.errors import ConfigurationError, SchemaError
 from jobqueue.job import SCHEDULE_TASK, Batch, Message, MessageState, Outcome
-from jobqueue.storage.dialects import AcquireParams, Dialect, dialect_for
-from jobqueue.storage.dialects.base import LeaseClock
-from jobqueue.storage.dialects.base import PROCESSING, READY_LITERALS
-from jobqueue.storage.engine import create_engine
-from jobqueue.storage.outcomes import RELEASED
+from jobqueue.storage.dialects import dialect_for
+from jobqueue.storage.dialects.common import PROCESSING, READY_LITERALS, AcquireParams, LeaseClock, WorkerState
+from jobqueue.storage.dialects.wakeup import Listener, Waker
 from jobqueue.storage.tables import Tables, Timestamp
 
 UNIQUE_RETRIES = 10
-T = TypeVar("T")
-
-
 def new_lease_token() -> int:
     """A random positive 63-bit token; one per acquisition, so a stale delivery can never match."""
     return secrets.randbits(62) + 1
@@ -53,52 +48,46 @@ def _session_connection(session: Any) -> sa.Connection:
     return session.connection()
 
 
-def missing_table(exc: sa.exc.DBAPIError) -> bool:
-    text = str(exc.orig).lower()
-    return ("no such table" in text or "does not exist" in text and "relation" in text
-            or "1146" in text or "doesn't exist" in text)
-
-
 @contextmanager
-def schema_errors(prefix: str) -> Iterator[None]:
-    """Turn 'table missing' driver errors into a SchemaError naming the fix."""
-    try:
+def schema_errors(engine: sa.Engine, tables: Tables) -> Iterator[None]:
+    """For code with an engine of its own (Spark executors): missing tables as a SchemaError."""
+    with Store(engine, tables).schema_errors():
         yield
-    except sa.exc.DBAPIError as exc:
-        if missing_table(exc):
-            raise SchemaError(
-                f"the jobqueue tables ({prefix}*) do not exist in this database; run `jobqueue db init` "
-                "(or app.init_schema()) to create them") from exc
-        raise
 
 
 class Store:
-    """Runs the queue's operations against one engine (or a caller's connection)."""
+    """The queue's operations on one database, through its dialect (which runs them its own way)."""
 
     def __init__(self, engine: sa.Engine, tables: Tables) -> None:
         self.engine = engine
         self.tables = tables
-        self.dialect = dialect_for(engine.dialect.name, tables)
-        self._dialects: dict[str, Dialect] = {engine.dialect.name: self.dialect}
-        self._autocommit_engine: sa.Engine | None = None
+        self.dialect = dialect_for(engine, tables)
 
     def dispose(self, close: bool = True) -> None:
         """Drop every pooled connection; ``close=False`` in a forked child, whose parent still uses them."""
-        for engine in (self.engine, self._autocommit_engine):
-            if engine is not None:
-                engine.dispose(close=close)
+        self.dialect.dispose(close=close)
 
-    # -- connections -------------------------------------------------------------------------------
-    def dialect_of(self, connection: sa.Connection) -> Dialect:
-        name = connection.dialect.name
-        if name not in self._dialects:
-            self._dialects[name] = dialect_for(name, self.tables)
-        return self._dialects[name]
+    # -- errors and transactions -------------------------------------------------------------------
+    def classify(self, exc: BaseException) -> str | None:
+        """"contention", "outage", or None for an error that retrying cannot fix."""
+        return self.dialect.classify(exc)
+
+    @contextmanager
+    def schema_errors(self) -> Iterator[None]:
+        """Turn "table missing" driver errors into a SchemaError naming the fix."""
+        try:
+            yield
+        except sa.exc.DBAPIError as exc:
+            if self.dialect.missing_table(exc):
+                raise SchemaError(
+                    f"the jobqueue tables ({self.tables.prefix}*) do not exist in this database; run "
+                    "`jobqueue db init` (or app.init_schema()) to create them") from exc
+            raise
 
     @contextmanager
     def writing(self, connection: Any = None) -> Iterator[sa.Connection]:
         """Yield the caller's connection (never committed here) or a new transaction of our own."""
-        with schema_errors(self.tables.prefix):
+        with self.schema_errors():
             if connection is None:
                 with self.engine.begin() as conn:
                     yield conn
@@ -109,7 +98,7 @@ class Store:
 
     @contextmanager
     def reading(self) -> Iterator[sa.Connection]:
-        with schema_errors(self.tables.prefix), self.engine.connect() as conn:
+        with self.schema_errors(), self.engine.connect() as conn:
             conn = conn.execution_options(jobqueue_readonly=True)
             with conn.begin():
                 yield conn
@@ -120,33 +109,53 @@ class Store:
 
         Rows with a ``unique_key`` return the id of the active message holding that key, if any.
         """
-        ids: list[int] = [0] * len(rows)
         if connection is None and len(rows) == 1 and rows[0].get("unique_key") is None:
-            with schema_errors(self.tables.prefix):
-                return [self._insert_one(rows[0])]
+            with self.schema_errors():
+                return [self.dialect.enqueue_one(rows[0])]
+        ids: list[int] = [0] * len(rows)
         with self.writing(connection) as conn:
-            dialect = self.dialect_of(conn)
             plain = [i for i, row in enumerate(rows) if row.get("unique_key") is None]
             if plain:
-                for i, new_id in zip(plain, dialect.insert_messages(conn, [rows[i] for i in plain])):
+                for i, new_id in zip(plain, self.dialect.insert_messages(conn, [rows[i] for i in plain]), strict=True):
                     ids[i] = new_id
             for i, row in enumerate(rows):
                 if row.get("unique_key") is not None:
-                    ids[i] = self.insert_unique(conn, dialect, row)
+                    ids[i] = self.dialect.insert_or_existing(conn, row)
         return ids
 
     def enqueue_batch(self, batch: Batch, connection: Any = None) -> list[int]:
-        """Insert a bulk batch (one round trip for its unkeyed rows) and return the ids in order."""
+        """Insert a batch (one round trip for its unkeyed rows) and return the ids in order."""
+        with self.writing(connection) as conn:
+            return self._insert_batch(conn, batch)
+
+    def _insert_batch(self, conn: sa.Connection, batch: Batch) -> list[int]:
         ids: list[int] = [0] * len(batch)
         plain = [i for i, key in enumerate(batch.unique_keys) if key is None]
+        if plain:
+            for i, new_id in zip(plain, self.dialect.insert_batch(conn, batch.take(plain)), strict=True):
+                ids[i] = new_id
+        for i, key in enumerate(batch.unique_keys):
+            if key is not None:
+                ids[i] = self.dialect.insert_or_existing(conn, batch.row(i))
+        return ids
+
+    def enqueue_bulk(self, batch: Batch, batch_size: int, connection: Any = None) -> list[int]:
+        """Insert a whole bulk() all or nothing, ``batch_size`` rows a round trip; ids in order.
+
+        Outside the caller's transaction the dialect runs it in one of its own (PostgreSQL streams
+        one COPY, serializing each payload as it is read); otherwise every payload is serialized
+        first, so that a bad item writes nothing.
+        """
+        if connection is None and not any(key is not None for key in batch.unique_keys):
+            with self.schema_errors():
+                return self.dialect.bulk(batch, batch_size)
+        payloads = list(batch.payloads)
+        ids: list[int] = []
         with self.writing(connection) as conn:
-            dialect = self.dialect_of(conn)
-            if plain:
-                for i, new_id in zip(plain, dialect.insert_batch(conn, batch.take(plain))):
-                    ids[i] = new_id
-            for i, key in enumerate(batch.unique_keys):
-                if key is not None:
-                    ids[i] = self.insert_unique(conn, dialect, batch.row(i))
+            for start in range(0, len(payloads), batch_size):
+                end = start + batch_size
+                ids.extend(self._insert_batch(conn, Batch(batch.common, payloads[start:end],
+                                                          batch.unique_keys[start:end])))
         return ids
 
     def enqueue_new(self, batch: Batch) -> int:
@@ -163,13 +172,12 @@ class Store:
                 raise ConfigurationError(f"row {index} of a keyed batch has no unique_key")
             rows.setdefault(key, batch.row(index))
         with self.writing() as conn:
-            dialect = self.dialect_of(conn)
             seen = self._archived_keys(conn, task, list(rows))
             # In key order, so that two runs with overlapping keys lock index entries in one order.
             fresh = [rows[key] for key in sorted(rows) if key not in seen]
             if not fresh:
                 return 0
-            inserted = dialect.insert_new(conn, fresh)
+            inserted = self.dialect.insert_new(conn, fresh)
             # A job holding one of these keys may have been archived between the check and the
             # insert, letting ours in. Check again (our engines run READ COMMITTED, so this new
             # statement sees that commit) and drop those rows of ours, still uncommitted.
@@ -188,127 +196,29 @@ class Store:
             found.update(conn.execute(stmt).scalars())
         return found
 
-    def insert_unique(self, conn: sa.Connection, dialect: Dialect, row: dict[str, Any]) -> int:
-        """Insert ``row`` or return the id of the active message holding its (task_name, unique_key)."""
-        m = self.tables.message
-        existing = sa.select(m.c.id).where(m.c.task_name == row["task_name"], m.c.unique_key == row["unique_key"])
-        for _ in range(UNIQUE_RETRIES):
-            new_id = dialect.insert_unique(conn, row)
-            if new_id is not None:
-                return new_id
-            found = conn.execute(existing).scalar()
-            if found is not None:
-                return int(found)
-            # The holder was archived between our insert and our select: try again.
-        raise RuntimeError(f"could not enqueue unique key {row['unique_key']!r} after {UNIQUE_RETRIES} tries")
-
-    # -- acquire -----------------------------------------------------------------------------------
+    # -- acquire and outcomes ------------------------------------------------------------------------
     def acquire(self, worker_id: str, queues: tuple[str, ...] | None, limit: int, lease_seconds: float,
-                now: datetime | None = None, token: int | None = None, connection: Any = None) -> list[Message]:
-        """Mark up to ``limit`` ready messages PROCESSING under a new lease token and return them.
-
-        ``connection``: a pooled DB-API connection from :meth:`driver_connection` to run it on
-        (where :attr:`acquires_on_driver`), instead of one from the pool.
-        """
+                now: datetime | None = None, token: int | None = None) -> list[Message]:
+        """Mark up to ``limit`` ready messages PROCESSING under a new lease token and return them."""
         params = AcquireParams(worker_id=worker_id, token=token or new_lease_token(), queues=queues,
                                limit=limit, now=now or utcnow(), lease=self._lease_clock(lease_seconds, now))
-        if self.acquires_on_driver:
-            with schema_errors(self.tables.prefix):
-                return self.run_on_driver(lambda cursor, info: self.dialect.acquire_on_cursor(cursor, params, info),
-                                       "acquire", connection)
-        single = self.dialect.one_statement_acquire
-        with schema_errors(self.tables.prefix), self._single_statement() if single else self.engine.begin() as conn:
-            return self.dialect.acquire(conn, params)
+        with self.schema_errors():
+            return self.dialect.acquire(params)
 
-    # -- outcomes ----------------------------------------------------------------------------------
     def flush(self, outcomes: list[Outcome], now: datetime | None = None) -> FlushResult:
         """Apply outcomes in one transaction; those whose lease was lost are returned as ``lost``."""
         result = FlushResult()
         if not outcomes:
             return result
-        now = now or utcnow()
-        with self._single_statement() if self.dialect.one_statement_outcomes else self.engine.begin() as conn:
-            applied = self.dialect.apply_outcomes(conn, outcomes, now)
+        applied = self.dialect.flush(outcomes, now or utcnow())
         for outcome in outcomes:
             key = (outcome.message.id, outcome.message.lease_token)
             (result.applied if key in applied else result.lost).append(outcome)
         return result
 
-    def _insert_one(self, row: dict[str, Any]) -> int:
-        """One INSERT in autocommit on a pooled DB-API connection (SQLite autocommits a lone INSERT too)."""
-        return self.run_on_driver(lambda cursor, info: self.dialect.insert_one(cursor, row),
-                               self.dialect.insert_one_sql())
-
-    @property
-    def acquires_on_driver(self) -> bool:
-        """True where acquire runs straight on the DB-API driver (PostgreSQL with psycopg2)."""
-        return self.dialect.acquires_on_driver(self.engine.dialect.driver)
-
-    def driver_connection(self) -> Any:
-        """A pooled DB-API connection in autocommit, for the caller to keep (close() returns it)."""
-        return self._checkout(self._driver_engine())
-
-    def _driver_engine(self) -> sa.Engine:
-        return self._autocommit() if self.dialect.autocommit else self.engine
-
-    @staticmethod
-    def _checkout(engine: sa.Engine) -> Any:
-        """``engine.raw_connection()``, its connect errors wrapped as SQLAlchemy wraps them for a
-        Connection (so that the outage logic recognises a server that is down)."""
-        dbapi = engine.dialect.loaded_dbapi
-        try:
-            return engine.raw_connection()
-        except dbapi.Error as exc:
-            raise sa.exc.DBAPIError.instance("connect", None, exc, dbapi.Error, connection_invalidated=True) from exc
-
-    def run_on_driver(self, work: Callable[[Any, dict[str, Any]], T], statement: str, fairy: Any = None) -> T:
-        """Run ``work(cursor, info)`` in autocommit on a pooled DB-API connection, for the hot paths.
-
-        Straight on the driver, without SQLAlchemy's per-statement machinery: on an idle worker
-        that machinery took longer than the statement. ``info`` lives as long as the connection.
-        ``fairy``: the caller's own connection (from driver_connection) instead of the pool's.
-        """
-        engine = self._driver_engine()
-        dbapi = engine.dialect.loaded_dbapi
-        owned = fairy is not None
-        fairy = fairy if owned else self._checkout(engine)
-        try:
-            cursor = fairy.cursor()
-            try:
-                return work(cursor, fairy.info)
-            finally:
-                cursor.close()
-        except dbapi.Error as exc:
-            # Wrapped as SQLAlchemy would, so SchemaError and the outage logic recognise it.
-            invalidated = engine.dialect.is_disconnect(exc, fairy.dbapi_connection, None)
-            if invalidated:
-                # As SQLAlchemy does on a disconnect: every connection pooled before now is stale
-                # too (a restarted server), and is replaced when next checked out.
-                engine.pool._invalidate(fairy, exc)
-            raise sa.exc.DBAPIError.instance(statement, None, exc, dbapi.Error,
-                                             connection_invalidated=invalidated) from exc
-        finally:
-            if not owned:
-                fairy.close()
-
-    def _autocommit(self) -> sa.Engine:
-        if self._autocommit_engine is None:
-            # Its own pool, always in autocommit: switching a pooled MySQL connection in and out of
-            # autocommit would cost a round trip each way.
-            self._autocommit_engine = create_engine(self.engine.url, isolation_level="AUTOCOMMIT")
-        return self._autocommit_engine
-
-    @contextmanager
-    def _single_statement(self) -> Iterator[sa.Connection]:
-        """A connection for one statement that is its own transaction: one round trip where BEGIN,
-        the statement and COMMIT take three. SQLite keeps its IMMEDIATE transaction (local, cheap,
-        and needed where a statement reads before it writes)."""
-        if not self.dialect.autocommit:
-            with self.engine.begin() as conn:
-                yield conn
-            return
-        with self._autocommit().connect() as conn:
-            yield conn
+    def fire_schedule(self, message: Message, job: dict[str, Any], next_fire: datetime, state: bytes) -> bool:
+        """Enqueue a schedule's ``job`` and defer its message to ``next_fire``, fenced (see the dialect)."""
+        return self.dialect.fire_schedule(message, job, next_fire, state)
 
     def held_message(self, message_id: int, token: int) -> Message | None:
         """Load a message if it is still PROCESSING under ``token`` (for the supervisor's time limits)."""
@@ -352,40 +262,22 @@ class Store:
             return conn.execute(stmt).rowcount == 1
 
     # -- leases ------------------------------------------------------------------------------------
-    def heartbeat(self, worker_ids: list[str], lease_seconds: float, now: datetime | None = None) -> int:
-        """Renew the worker rows and the leases of every message they hold; return leases renewed.
+    def heartbeat(self, workers: list[str] | list[WorkerState], lease_seconds: float, now: datetime | None = None) -> int:
+        """Renew the worker rows (with what each process is doing) and the leases of every message
+        they hold; return leases renewed.
 
         Renewal only moves a lease forward, so a longer ``extend()`` is kept. Times come from the
         lease clock (the database server's), or ``now``.
         """
-        if not worker_ids:
+        if not workers:
             return 0
-        lease = self._lease_clock(lease_seconds, now)
-        w = self.tables.worker
-        with self.engine.begin() as conn:
-            renewed = self.dialect.renew_leases(conn, worker_ids, lease)
-            conn.execute(sa.update(w).where(w.c.id.in_(worker_ids)).values(heartbeat_at=self.dialect.clock()),
-                         lease.binds())
-        return int(renewed)
-
-    def _release(self, *conditions: Any, attempts: Any = None, deliveries: Any = None,
-                 binds: dict[str, Any] | None = None) -> int:
-        """Return PROCESSING messages matching ``conditions`` to PENDING, subtracting ``attempts`` and
-        ``deliveries`` (SQL expressions worth 0 or 1 per row) from their counters."""
-        m = self.tables.message
-        values: dict[str, Any] = dict(state=MessageState.PENDING.value, **RELEASED)
-        if attempts is not None:
-            values["attempts_count"] = m.c.attempts_count - attempts
-        if deliveries is not None:
-            values["deliveries_count"] = m.c.deliveries_count - deliveries
-        stmt = sa.update(m).where(m.c.state == PROCESSING, *conditions).values(values)
-        with self.engine.begin() as conn:
-            return int(conn.execute(stmt, binds or {}).rowcount)
+        states = [w if isinstance(w, WorkerState) else WorkerState(w) for w in workers]
+        return self.dialect.renew(states, self._lease_clock(lease_seconds, now))
 
     def release_expired(self, now: datetime | None = None) -> int:
         """Return messages whose lease expired by the lease clock to PENDING (their delivery stays counted)."""
         m = self.tables.message
-        return self._release(m.c.lease_expires_at < self.dialect.clock(), binds=self._lease_clock(0, now).binds())
+        return self.dialect.release([m.c.lease_expires_at < self.dialect.clock()], binds=self._lease_clock(0, now).binds())
 
     def release_worker(self, worker_id: str, running: int | None = None, finished: list[int] | None = None) -> int:
         """Return every message a dead worker process held to PENDING at once.
@@ -402,7 +294,7 @@ class Store:
         ran = [running] if running else []
         ran += finished or []
         unstarted = sa.case((m.c.id.in_(ran), 0), else_=1) if ran else sa.literal(1)
-        return self._release(m.c.worker_id == worker_id, attempts=unstarted, deliveries=charged)
+        return self.dialect.release([m.c.worker_id == worker_id], attempts=unstarted, deliveries=charged)
 
     def release_unstarted(self, worker_id: str, tokens: list[int], started: list[int] | None) -> int:
         """Return a live process's unstarted messages of these batches (lease tokens), uncounted.
@@ -415,12 +307,12 @@ class Store:
         conditions = [m.c.worker_id == worker_id, m.c.lease_token.in_(tokens)]
         if started:
             conditions.append(m.c.id.not_in(started))
-        return self._release(*conditions, attempts=sa.literal(1), deliveries=sa.literal(1))
+        return self.dialect.release(conditions, attempts=sa.literal(1), deliveries=sa.literal(1))
 
     def release_token(self, token: int) -> int:
         """Undo an acquisition whose reply was lost (the connection dropped after COMMIT)."""
         m = self.tables.message
-        return self._release(m.c.lease_token == token, attempts=sa.literal(1), deliveries=sa.literal(1))
+        return self.dialect.release([m.c.lease_token == token], attempts=sa.literal(1), deliveries=sa.literal(1))
 
     def has_work(self, queues: tuple[str, ...] | None, horizon: datetime) -> bool:
         """True while the queues hold a message PROCESSING or due before ``horizon`` (for --burst)."""
@@ -444,14 +336,19 @@ class Store:
 
     def notify(self) -> None:
         """Wake idle workers now (PostgreSQL: NOTIFY; elsewhere their supervisors poll anyway)."""
-        stmt = self.dialect.notify_statement()
-        if stmt is not None:
-            with self._single_statement() as conn:
-                conn.execute(stmt)
+        self.dialect.notify()
+
+    def waker(self, queues: tuple[str, ...] | None, interval: float) -> Waker:
+        """What tells a supervisor that work arrived for its idle processes (see storage.dialects.wakeup)."""
+        return self.dialect.waker(lambda: self.has_ready(queues, utcnow()), interval)
+
+    def listener(self) -> Listener | None:
+        """A worker process's own line to the database's notifications, where it has them."""
+        return self.dialect.listener()
 
     # -- worker registry ---------------------------------------------------------------------------
     def register_worker(self, row: dict[str, Any]) -> None:
-        with schema_errors(self.tables.prefix), self.engine.begin() as conn:
+        with self.schema_errors(), self.engine.begin() as conn:
             conn.execute(sa.insert(self.tables.worker), row)
 
     def remove_workers(self, worker_ids: list[str]) -> None:

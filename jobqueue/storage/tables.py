@@ -2,7 +2,7 @@
 
 ``message`` holds PENDING, PROCESSING and RETRYABLE rows; ``archive`` COMPLETED, FAILED and CANCELLED
 ones (history and dead-letter queue); ``worker`` one row per live worker process; ``schema_version``
-the version ``jobqueue db init`` installed. Timestamps are naive UTC.
+one row per version installed (by ``jobqueue db init`` or ``db upgrade``). Timestamps are naive UTC.
 """
 
 from __future__ import annotations
@@ -14,8 +14,9 @@ from sqlalchemy.dialects import mysql
 
 from jobqueue.job import READY_STATES
 
-# Bump when the tables change, and teach storage.migrations how to get there from the old version.
-SCHEMA_VERSION = 1
+# The version of the layout below. Raising it takes a numbered migration in storage.migrations that
+# brings a database of the version before up to it (and a Django migration that runs it).
+SCHEMA_VERSION = 2
 
 _MYSQL = ("mysql", "mariadb")
 Id = sa.BigInteger().with_variant(sa.Integer(), "sqlite")  # INTEGER PRIMARY KEY is SQLite's rowid
@@ -24,7 +25,7 @@ LongText = sa.Text().with_variant(mysql.MEDIUMTEXT(), *_MYSQL)
 Timestamp = sa.DateTime().with_variant(mysql.DATETIME(fsp=6), *_MYSQL)  # DATETIME drops microseconds
 Json = sa.JSON(none_as_null=True)  # None is SQL NULL, not the JSON text 'null' (parsed back on every read)
 
-_READY = sa.text("state IN ('%s')" % "', '".join(READY_STATES))
+_READY = sa.text("state IN ({})".format(", ".join(f"'{state}'" for state in READY_STATES)))
 _PROCESSING = sa.text("state = 'PROCESSING'")
 
 
@@ -145,12 +146,17 @@ def build_tables(prefix: str = "jobqueue_", metadata: sa.MetaData | None = None)
         sa.Column("started_at", Timestamp, nullable=False),
         sa.Column("heartbeat_at", Timestamp, nullable=False),
         sa.Column("version", sa.String(32)),
+        # What the process is doing, as of its last heartbeat (schema 2).
+        sa.Column("running_job_id", sa.BigInteger),
+        sa.Column("running_since", Timestamp),
+        sa.Column("jobs_done", sa.Integer, nullable=False, server_default="0"),
         mysql_charset="utf8mb4",
     )
     schema_version = sa.Table(
         f"{prefix}schema_version", md,
         sa.Column("version", sa.Integer, primary_key=True, autoincrement=False),
         sa.Column("applied_at", Timestamp, nullable=False),
+        sa.Column("applied_by", sa.String(32)),  # the jobqueue release that applied it (schema 2)
         mysql_charset="utf8mb4",
     )
     return Tables(md, message, archive, worker, schema_version, prefix)

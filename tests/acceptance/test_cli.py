@@ -112,7 +112,7 @@ def test_status_and_workers(app: JobQueue) -> None:
     assert json.loads(jobqueue("workers", "--json").stdout) == []
 
 
-def test_worker_refuses_a_database_without_tables(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_worker_refuses_a_database_without_tables(tmp_path) -> None:
     url = f"sqlite:///{tmp_path}/empty.sqlite3"
     result = jobqueue("--database-url", url, "worker", "--burst", check=False)
     assert result.returncode == 1
@@ -124,7 +124,7 @@ def test_worker_without_an_app_refuses_to_start(db_url: str) -> None:
     assert result.returncode == 1 and "--app" in result.stderr
 
 
-def test_password_never_reaches_logs(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_password_never_reaches_logs(tmp_path) -> None:
     """Passwords in the user part and in query parameters stay out of CLI errors and worker logs;
     a worker whose database is down waits for it, logging, instead of exiting."""
     for url in ("postgresql+psycopg2://someone:hunter2secret@127.0.0.1:1/nowhere?password=hunter2secret",
@@ -138,7 +138,7 @@ def test_password_never_reaches_logs(tmp_path) -> None:  # type: ignore[no-untyp
                                        "--database-url", url, "worker", "--burst"], cwd=ROOT, stdout=out,
                                       stderr=subprocess.STDOUT)
             try:
-                wait_for(lambda: "unavailable" in log.read_text(), 30, "the worker to report the outage")
+                wait_for(lambda: "unavailable" in log.read_text(), 30, "the worker to report the outage")  # noqa: B023
                 assert worker.poll() is None, log.read_text()  # still waiting for the database
                 worker.send_signal(signal.SIGTERM)
                 assert worker.wait(30) == 0, log.read_text()

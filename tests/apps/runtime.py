@@ -74,7 +74,7 @@ def grow(megabytes: int) -> int:
 
 
 @app.task(name="rt.resumable", bind=True)
-def resumable(job, steps: int, die_at: int) -> list[int]:  # type: ignore[no-untyped-def]
+def resumable(job, steps: int, die_at: int) -> list[int]:
     """Checkpoints after every step; the first delivery SIGKILLs its own process after step ``die_at``."""
     done = job.state or []
     for step in range(len(done), steps):
@@ -115,7 +115,7 @@ def unstorable(kind: str) -> object:
 
 
 @app.task(name="rt.bad_nack", bind=True, retry_strategy=NO_RETRY)
-def bad_nack(job) -> None:  # type: ignore[no-untyped-def]
+def bad_nack(job) -> None:
     job.nack(delay_seconds="60")
 
 
@@ -135,13 +135,13 @@ def nul() -> None:
 
 
 @app.task(name="rt.bad_defer", bind=True, retry_strategy=ConstantRetryStrategy(delay_seconds=0.1, max_attempts=2))
-def bad_defer(job, until: object) -> None:  # type: ignore[no-untyped-def]
+def bad_defer(job, until: object) -> None:
     record("run")
     job.defer(until=float(until) if isinstance(until, str) and until in ("1e12", "nan") else until)
 
 
 @app.task(name="rt.big_state", bind=True, retry_strategy=NO_RETRY)
-def big_state(job, how: str) -> None:  # type: ignore[no-untyped-def]
+def big_state(job, how: str) -> None:
     data = "x" * (2 * 1024 * 1024)
     if how == "checkpoint":
         job.checkpoint(data)

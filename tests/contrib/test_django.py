@@ -15,7 +15,7 @@ from tests import servers
 from tests.acceptance.cli import ROOT
 
 
-def test_django_example_site(backend: str, tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_django_example_site(backend: str, tmp_path) -> None:
     url = servers.create_database(backend, str(tmp_path))
     try:
         env = dict(os.environ, SHOP_DATABASE_URL=url)

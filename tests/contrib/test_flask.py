@@ -64,7 +64,7 @@ def jobs(module: ModuleType) -> tuple[int, int]:
                 conn.execute(sa.select(sa.func.count()).select_from(tables.archive)).scalar_one())
 
 
-def test_declined_payment_rolls_back_the_order_and_its_job(shop) -> None:  # type: ignore[no-untyped-def]
+def test_declined_payment_rolls_back_the_order_and_its_job(shop) -> None:
     module, flask_app = shop
     response = flask_app.test_client().post("/orders", json={"item": "yacht", "quantity": 500})
     assert response.status_code == 402, response.text
@@ -73,7 +73,7 @@ def test_declined_payment_rolls_back_the_order_and_its_job(shop) -> None:  # typ
     assert jobs(module) == (0, 0)
 
 
-def test_a_placed_order_is_confirmed_once_by_the_worker(shop, db_url: str) -> None:  # type: ignore[no-untyped-def]
+def test_a_placed_order_is_confirmed_once_by_the_worker(shop, db_url: str) -> None:
     module, flask_app = shop
     client = flask_app.test_client()
     placed = [client.post("/orders", json={"item": f"book {i}", "quantity": i + 1}).json for i in range(3)]
@@ -88,7 +88,7 @@ def test_a_placed_order_is_confirmed_once_by_the_worker(shop, db_url: str) -> No
         assert module.jq.job(order["job"]).get(timeout=5) == shown["confirmation"]
 
 
-def test_an_uncommitted_session_takes_its_jobs_with_it(shop) -> None:  # type: ignore[no-untyped-def]
+def test_an_uncommitted_session_takes_its_jobs_with_it(shop) -> None:
     module, flask_app = shop
     with flask_app.app_context():
         module.confirm_order.delay(1)  # through db.session, never committed
@@ -101,7 +101,7 @@ def test_an_uncommitted_session_takes_its_jobs_with_it(shop) -> None:  # type: i
     assert jobs(module) == (2, 0)
 
 
-def test_flask_jobqueue_commands_use_the_apps_database(shop, db_url: str, tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_flask_jobqueue_commands_use_the_apps_database(shop, db_url: str, tmp_path) -> None:
     module, flask_app = shop
     flask_app.test_client().post("/orders", json={"item": "pen", "quantity": 1})
     status = flask_cli("jobqueue", "status", "--json", db_url=db_url)
@@ -113,7 +113,7 @@ def test_flask_jobqueue_commands_use_the_apps_database(shop, db_url: str, tmp_pa
     assert "Flask's database" in refused.stderr and "other.sqlite3" in refused.stderr
 
 
-def test_init_app_needs_flask_sqlalchemy(shop) -> None:  # type: ignore[no-untyped-def]
+def test_init_app_needs_flask_sqlalchemy(shop) -> None:
     from flask import Flask
 
     from jobqueue import JobQueue

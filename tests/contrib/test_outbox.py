@@ -22,7 +22,7 @@ APP_TABLE = sa.Table("outbox_order", sa.MetaData(), sa.Column("id", sa.Integer, 
 
 
 @pytest.fixture
-def add(app: JobQueue):  # type: ignore[no-untyped-def]
+def add(app: JobQueue):
     # The same task name as tests.apps.basic, whose worker runs these jobs.
     @app.task(name="basic.add")
     def add(x: int, y: int) -> int:
@@ -53,7 +53,7 @@ def run_worker() -> None:
     jobqueue("worker", "--burst", "--concurrency", "1", "--max-fetch-interval", "0.2")
 
 
-def test_connection_rollback_leaves_no_job_and_commit_runs_it_once(app: JobQueue, add, user_engine) -> None:  # type: ignore[no-untyped-def]
+def test_connection_rollback_leaves_no_job_and_commit_runs_it_once(app: JobQueue, add, user_engine) -> None:
     with user_engine.connect() as conn:
         with conn.begin():
             conn.execute(sa.insert(APP_TABLE), {"item": "lost"})
@@ -75,7 +75,7 @@ def test_connection_rollback_leaves_no_job_and_commit_runs_it_once(app: JobQueue
         assert conn.execute(sa.select(APP_TABLE.c.item)).scalars().all() == ["kept"]
 
 
-def test_session_rollback_leaves_no_job_and_commit_runs_it_once(app: JobQueue, add, user_engine) -> None:  # type: ignore[no-untyped-def]
+def test_session_rollback_leaves_no_job_and_commit_runs_it_once(app: JobQueue, add, user_engine) -> None:
     factory = orm.sessionmaker(user_engine)
     add.delay(5, 5)  # no connection: jobqueue's own, committed at once
     with factory() as session:
@@ -94,7 +94,7 @@ def test_session_rollback_leaves_no_job_and_commit_runs_it_once(app: JobQueue, a
     assert counts(app) == (0, 6)
 
 
-def test_scoped_session_is_accepted(app: JobQueue, add, user_engine) -> None:  # type: ignore[no-untyped-def]
+def test_scoped_session_is_accepted(app: JobQueue, add, user_engine) -> None:
     scoped = orm.scoped_session(orm.sessionmaker(user_engine))
     add.apply_async((1, 1), connection=scoped)
     assert counts(app) == (0, 0)
@@ -103,7 +103,7 @@ def test_scoped_session_is_accepted(app: JobQueue, add, user_engine) -> None:  #
     scoped.remove()
 
 
-def test_a_job_is_invisible_to_workers_until_commit(app: JobQueue, add, user_engine) -> None:  # type: ignore[no-untyped-def]
+def test_a_job_is_invisible_to_workers_until_commit(app: JobQueue, add, user_engine) -> None:
     with user_engine.connect() as conn:
         trans = conn.begin()
         handle = add.apply_async((2, 3), connection=conn)
@@ -115,7 +115,7 @@ def test_a_job_is_invisible_to_workers_until_commit(app: JobQueue, add, user_eng
     assert handle.get(timeout=10) == 5
 
 
-def test_connection_must_be_a_connection_or_session(app: JobQueue, add) -> None:  # type: ignore[no-untyped-def]
+def test_connection_must_be_a_connection_or_session(app: JobQueue, add) -> None:
     with pytest.raises(ConfigurationError, match="Connection or Session"):
         add.apply_async((1, 1), connection="postgresql://elsewhere/db")
     assert counts(app) == (0, 0)

@@ -53,7 +53,7 @@ def test_server_restart_during_a_run_of_2000_jobs(backend: str, tmp_path: Path,
         engine = sa.create_engine(server.url, poolclass=sa.pool.NullPool)
         with engine.connect() as conn:
             total, distinct = conn.execute(sa.text("SELECT count(*), count(DISTINCT id) FROM jobqueue_archive")).one()
-            states = dict(conn.execute(sa.text("SELECT state, count(*) FROM jobqueue_archive GROUP BY state")).all())
+            states: dict[str, int] = dict(conn.execute(sa.text("SELECT state, count(*) FROM jobqueue_archive GROUP BY state")).all())
             left = conn.execute(sa.text("SELECT count(*) FROM jobqueue_message")).scalar_one()
         engine.dispose()
         assert (total, distinct, left) == (2000, 2000, 0)

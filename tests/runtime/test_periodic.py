@@ -39,7 +39,7 @@ def test_three_supervisors_one_job_per_fire_time(db_url: str, backend: str, tmp_
             supervisor.close()
     times = fire_times(app)
     assert len(times) == len(set(times)), "two jobs for one fire time"
-    gaps = [(b - a).total_seconds() for a, b in zip(times, times[1:])]
+    gaps = [(b - a).total_seconds() for a, b in zip(times, times[1:], strict=False)]
     assert gaps and all(gap == 1.0 for gap in gaps), f"gaps between fire times: {gaps}"
     created = [name for s in supervisors for line in s.text().splitlines() if "schedules created: " in line
                for name in line.split("schedules created: ", 1)[1].split(", ")]

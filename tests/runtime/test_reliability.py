@@ -111,7 +111,7 @@ def test_chaos_sigkill_the_supervisor_itself(app: JobQueue, backend: str, tmp_pa
     for round_ in range(2):
         worker = start(workers, tmp_path, *args, name=f"tree{round_}")
         done = len({j for e, j, _, _ in timed_runs(log) if e == "end"})
-        wait_for(lambda: len({j for e, j, _, _ in timed_runs(log) if e == "end"}) >= done + 100, 60,
+        wait_for(lambda: len({j for e, j, _, _ in timed_runs(log) if e == "end"}) >= done + 100, 60,  # noqa: B023 (called at once)
                  "a hundred more jobs to complete")
         tree = worker.children()
         worker.signal(signal.SIGKILL)
@@ -132,7 +132,7 @@ def test_chaos_sigkill_the_supervisor_itself(app: JobQueue, backend: str, tmp_pa
     assert {h.status() for h in handles} == {"completed"}, "a job was lost"
     events = timed_runs(log)
     starts: dict[tuple[int, int], int] = {}
-    spans: dict[int, list[tuple[int, int, int]]] = {}
+    spans: dict[int, list[tuple[int, float, int]]] = {}
     for event, job, pid, at in events:
         if event == "start":
             starts[(job, pid)] = at
@@ -285,7 +285,7 @@ def test_rows_that_cannot_be_read_fail_alone_and_the_pool_goes_on(app: JobQueue,
     assert "exited with" not in worker.text()
     states = archived(app)
     assert {states[h.id][0] for h in good} == {"COMPLETED"}
-    for handle, column in zip(bad, ("headers", "created_at", "options")):
+    for handle, column in zip(bad, ("headers", "created_at", "options"), strict=True):
         state, error_type, message = states[handle.id]
         assert (state, error_type) == ("FAILED", "jobqueue.errors.CorruptMessage"), states[handle.id]
         assert column in (message or "")

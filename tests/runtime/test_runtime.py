@@ -249,7 +249,7 @@ def test_an_idle_worker_starts_new_work_at_once_not_at_its_next_poll(app: JobQue
     start(workers, tmp_path, "--concurrency", "2", "--max-fetch-interval", "30")
     wait_for(lambda: len(table_rows(app, "worker", "id")) == 2, 30, "two worker processes")
 
-    def completes_promptly(handle) -> float:  # type: ignore[no-untyped-def]
+    def completes_promptly(handle) -> float:
         began = time.monotonic()
         wait_for(lambda: handle.status() == "completed", 2, f"job {handle.id} to complete without polling")
         return time.monotonic() - began

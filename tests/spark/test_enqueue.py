@@ -112,9 +112,9 @@ def test_bad_input_is_refused_with_the_fix(spark: Any, score: Any, app: JobQueue
     with pytest.raises(ConfigurationError, match=r"'uid' not in the DataFrame; its columns: user_id, weight, key"):
         enqueue_dataframe(df, score, args=["uid"])
     with pytest.raises(ConfigurationError, match=r"args=\['user_id'\]"):
-        enqueue_dataframe(df, score, args="user_id")  # type: ignore[arg-type]
+        enqueue_dataframe(df, score, args="user_id")
     with pytest.raises(ConfigurationError, match="decorated with @app.task"):
-        enqueue_dataframe(df, pipeline.score.fn, args=["user_id"])
+        enqueue_dataframe(df, pipeline.score.fn, args=["user_id"])  # type: ignore[arg-type]
     with pytest.raises(ConfigurationError, match="batch_size"):
         enqueue_dataframe(df, score, args=["user_id"], batch_size=0)
     with pytest.raises(Exception, match="null unique_key; drop or fill null keys first"):

@@ -18,7 +18,7 @@ from jobqueue import AckPolicy, JobCancelled, JobFailed, JobNotFound, JobQueue, 
 from jobqueue.clock import utcnow
 from jobqueue.job import Outcome
 from jobqueue.retry import ConstantRetryStrategy, ExponentialBackoffRetryStrategy, NoRetryStrategy
-from jobqueue.runtime.executor import Executor, StoreLeaseKeeper
+from jobqueue.runtime.executor import Executor, StoreDeliveryWriter
 from jobqueue.storage import deadletter
 
 WORKER = "lifecycle".ljust(32, "x")
@@ -28,7 +28,7 @@ T0 = datetime(2030, 3, 1, 9, 0, 0)  # after any real "now": jobs enqueued before
 def run_due(app: JobQueue, now: datetime | None = None) -> list[Outcome | None]:
     """One worker step in this process: acquire what is due, run it, flush the outcomes."""
     store = app.store
-    executor = Executor(app, keeper=StoreLeaseKeeper(store), ack_first=lambda o: bool(store.flush([o]).applied))
+    executor = Executor(app, writes=StoreDeliveryWriter(store), ack_first=lambda o: bool(store.flush([o]).applied))
     messages = store.acquire(WORKER, None, 100, 30.0, now=now or utcnow())
     outcomes = [executor.execute(m) for m in messages]
     store.flush([o for o in outcomes if o is not None])
@@ -42,7 +42,7 @@ def row(app: JobQueue, job_id: int, table: str = "message") -> dict[str, Any] | 
     return dict(found) if found else None
 
 
-# -- seed 000's diagram ----------------------------------------------------------------------------
+# -- the lifecycle diagram (jobqueue/job.py) ------------------------------------------------------
 
 def test_pending_to_processing_to_completed(app: JobQueue) -> None:
     @app.task
@@ -88,7 +88,7 @@ def test_over_max_deliveries_fails_without_running(app: JobQueue) -> None:
 
 def test_reject_fails_at_once(app: JobQueue) -> None:
     @app.task(bind=True)
-    def picky(job, value: int) -> None:  # type: ignore[no-untyped-def]
+    def picky(job, value: int) -> None:
         job.reject(f"bad value {value}")
 
     handle = picky.delay(7)
@@ -209,7 +209,7 @@ def test_retry_on_retries_only_the_listed_exceptions(app: JobQueue) -> None:
 
 def test_manual_policy(app: JobQueue, caplog: pytest.LogCaptureFixture) -> None:
     @app.task(ack_policy=AckPolicy.MANUAL, bind=True, retry_strategy=ConstantRetryStrategy(delay_seconds=1, max_attempts=3))
-    def manual(job, action: str) -> str:  # type: ignore[no-untyped-def]
+    def manual(job, action: str) -> str:
         if action == "ack":
             job.ack()
         elif action == "nack":
@@ -233,7 +233,7 @@ def test_manual_policy(app: JobQueue, caplog: pytest.LogCaptureFixture) -> None:
 
 def test_deciding_twice_is_an_error(app: JobQueue) -> None:
     @app.task(bind=True, retry_strategy=NoRetryStrategy())
-    def twice(job) -> None:  # type: ignore[no-untyped-def]
+    def twice(job) -> None:
         job.ack()
         job.nack()
 
@@ -248,7 +248,7 @@ def test_context_fields(app: JobQueue) -> None:
     seen: dict[str, Any] = {}
 
     @app.task(bind=True)
-    def inspect(job) -> None:  # type: ignore[no-untyped-def]
+    def inspect(job) -> None:
         seen.update(id=job.id, attempt=job.attempt, deliveries=job.deliveries, headers=job.headers,
                     state=job.state, same=current_job() is job)
 
@@ -262,7 +262,7 @@ def test_checkpoint_is_durable_at_once_and_read_by_the_next_attempt(app: JobQueu
     stored = []
 
     @app.task(bind=True, retry_strategy=ConstantRetryStrategy(delay_seconds=0, max_attempts=2))
-    def resumable(job, items: list[int]) -> list[int]:  # type: ignore[no-untyped-def]
+    def resumable(job, items: list[int]) -> list[int]:
         done = job.state or []
         for item in items[len(done):]:
             done = done + [item * 10]
@@ -282,7 +282,7 @@ def test_checkpoint_is_durable_at_once_and_read_by_the_next_attempt(app: JobQueu
 
 def test_defer_yields_and_comes_back_with_its_state(app: JobQueue) -> None:
     @app.task(bind=True)
-    def cooperative(job, total: int) -> int:  # type: ignore[no-untyped-def]
+    def cooperative(job, total: int) -> int:
         done = job.state or 0
         done += min(3, total - done)  # a bounded slice of work per run
         if done < total:

@@ -27,7 +27,7 @@ WORKER = "w" * 32
 
 
 @pytest.fixture
-def add(app: JobQueue):  # type: ignore[no-untyped-def]
+def add(app: JobQueue):
     @app.task(name="t.add")
     def add(x: object, y: object = 0) -> object:
         return x
@@ -72,16 +72,16 @@ def refusing(app: JobQueue, table: str, column: str, word: str) -> Iterator[None
                 conn.exec_driver_sql(f"DROP FUNCTION {name}()")
 
 
-def finished(message, state=MessageState.COMPLETED, error=None, result=None):  # type: ignore[no-untyped-def]
+def finished(message, state=MessageState.COMPLETED, error=None, result=None):
     return Outcome(message=message, kind=OutcomeKind.ARCHIVE, state=state, finished_at=utcnow(), started_at=utcnow(),
                    error=error, result=result, checkpoint=message.checkpoint)
 
 
 def writer(app: JobQueue) -> OutcomeWriter:
-    return OutcomeWriter(app.store, DatabaseGuard(logging.getLogger("test"), "database (test)"))
+    return OutcomeWriter(app.store, DatabaseGuard(logging.getLogger("test"), "database (test)", app.store.classify))
 
 
-def test_a_refused_outcome_fails_its_own_job_and_the_rest_are_written(app: JobQueue, add) -> None:  # type: ignore[no-untyped-def]
+def test_a_refused_outcome_fails_its_own_job_and_the_rest_are_written(app: JobQueue, add) -> None:
     add.bulk([(i,) for i in range(10)])
     held = app.store.acquire(WORKER, None, 10, 30.0)
     outcomes = [finished(m, result=b"1") for m in held]
@@ -100,7 +100,7 @@ def test_a_refused_outcome_fails_its_own_job_and_the_rest_are_written(app: JobQu
     assert {rows[m.id].result for m in held if m.id != held[6].id} == {b"1"}
 
 
-def test_when_the_archive_refuses_even_a_bare_failure_the_job_waits_in_the_queue(app: JobQueue, add) -> None:  # type: ignore[no-untyped-def]
+def test_when_the_archive_refuses_even_a_bare_failure_the_job_waits_in_the_queue(app: JobQueue, add) -> None:
     add.bulk([(i,) for i in range(3)])
     held = app.store.acquire(WORKER, None, 3, 30.0)
     with refusing(app, "archive", "task_name", "t.add"):  # every archive row of this task
@@ -123,7 +123,7 @@ def read_only(url: str) -> str:
     return parsed.update_query_dict({"init_command": "SET SESSION TRANSACTION READ ONLY"}).render_as_string(False)
 
 
-def test_when_every_write_is_refused_the_error_is_raised_and_nothing_is_failed(app: JobQueue, add, db_url: str) -> None:  # type: ignore[no-untyped-def]
+def test_when_every_write_is_refused_the_error_is_raised_and_nothing_is_failed(app: JobQueue, add, db_url: str) -> None:
     add.bulk([(i,) for i in range(3)])
     held = app.store.acquire(WORKER, None, 3, 30.0)
     frozen = JobQueue()
@@ -139,7 +139,7 @@ def test_when_every_write_is_refused_the_error_is_raised_and_nothing_is_failed(a
 
 
 @only("mysql")
-def test_a_flush_of_large_results_stays_under_max_allowed_packet(app: JobQueue, add) -> None:  # type: ignore[no-untyped-def]
+def test_a_flush_of_large_results_stays_under_max_allowed_packet(app: JobQueue, add) -> None:
     add.bulk([(i,) for i in range(22)])
     held = app.store.acquire(WORKER, None, 22, 30.0)
     big = b"r" * (900 * 1024)  # 22 of them: about 20 MB, over the server's 16 MB packet
@@ -176,7 +176,7 @@ def test_a_result_over_max_allowed_packet_fails_its_job_instead_of_retrying_for_
 
 # -- bulk() is all or nothing -------------------------------------------------------------------------
 
-def test_bulk_commits_every_batch_or_none(app: JobQueue, add) -> None:  # type: ignore[no-untyped-def]
+def test_bulk_commits_every_batch_or_none(app: JobQueue, add) -> None:
     items = [("fine",)] * 2500
     items[2100] = ("boom",)  # the third batch of 1,000 is refused by the database
     with refusing(app, "message", "payload", "boom"), pytest.raises(sa.exc.DBAPIError):
@@ -185,7 +185,7 @@ def test_bulk_commits_every_batch_or_none(app: JobQueue, add) -> None:  # type: 
 
 
 @only("mysql")
-def test_bulk_of_large_arguments_stays_under_max_allowed_packet(app: JobQueue, add) -> None:  # type: ignore[no-untyped-def]
+def test_bulk_of_large_arguments_stays_under_max_allowed_packet(app: JobQueue, add) -> None:
     handles = add.bulk([("a" * 20_000,)] * 2000)
     assert len(handles) == 2000 and count(app) == 2000
     assert len({h.id for h in handles}) == 2000
@@ -223,7 +223,7 @@ def deep() -> list[object]:
     (lambda t: t.bulk([(1,), (10 ** 5000,)]), SerializationError, "item 1"),
     (lambda t: t.bulk([(1,), (2,)], unique_key=["a", "b\x00"]), ConfigurationError, "unique_key of item 1"),
 ])
-def test_bad_values_at_enqueue_name_the_argument_and_write_nothing(app: JobQueue, add, call, error,  # type: ignore[no-untyped-def]
+def test_bad_values_at_enqueue_name_the_argument_and_write_nothing(app: JobQueue, add, call, error,
                                                                    words) -> None:
     with pytest.raises(error) as info:
         call(add)
@@ -234,7 +234,7 @@ def test_bad_values_at_enqueue_name_the_argument_and_write_nothing(app: JobQueue
 # -- ids never collide with archived jobs -----------------------------------------------------------
 
 @only("mysql")
-def test_after_a_truncate_new_ids_never_collide_with_archived_ones(app: JobQueue, add) -> None:  # type: ignore[no-untyped-def]
+def test_after_a_truncate_new_ids_never_collide_with_archived_ones(app: JobQueue, add) -> None:
     old = add.bulk([(i,) for i in range(5)])
     held = app.store.acquire(WORKER, None, 5, 30.0)
     app.store.flush([finished(m, result=app.serializer.dumps("old")) for m in held])
@@ -255,7 +255,7 @@ def test_after_a_truncate_new_ids_never_collide_with_archived_ones(app: JobQueue
 
 
 @only("mysql")
-def test_a_colliding_row_left_behind_gets_a_fresh_id_when_a_worker_starts(app: JobQueue, add) -> None:  # type: ignore[no-untyped-def]
+def test_a_colliding_row_left_behind_gets_a_fresh_id_when_a_worker_starts(app: JobQueue, add) -> None:
     (first,) = add.bulk([(1,)])
     (m,) = app.store.acquire(WORKER, None, 1, 30.0)
     app.store.flush([finished(m)])
@@ -270,7 +270,7 @@ def test_a_colliding_row_left_behind_gets_a_fresh_id_when_a_worker_starts(app: J
 
 
 @only("mysql")
-def test_a_colliding_row_a_worker_took_before_its_move_is_released_and_fenced(app: JobQueue, add) -> None:  # type: ignore[no-untyped-def]
+def test_a_colliding_row_a_worker_took_before_its_move_is_released_and_fenced(app: JobQueue, add) -> None:
     (first,) = add.bulk([(1,)])
     (m,) = app.store.acquire(WORKER, None, 1, 30.0)
     app.store.flush([finished(m)])
@@ -288,7 +288,7 @@ def test_a_colliding_row_a_worker_took_before_its_move_is_released_and_fenced(ap
 
 
 @only("postgresql", "mysql")
-def test_lease_times_come_from_the_database_servers_clock(app: JobQueue, add, backend: str,  # type: ignore[no-untyped-def]
+def test_lease_times_come_from_the_database_servers_clock(app: JobQueue, add, backend: str,
                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     """This host's clock is 20 minutes fast: leases still start and end by the server's clock, and
     this host's release loop sees no expired lease."""
@@ -297,7 +297,7 @@ def test_lease_times_come_from_the_database_servers_clock(app: JobQueue, add, ba
 
     class Fast(datetime):
         @classmethod
-        def now(cls, tz=None):  # type: ignore[no-untyped-def, override]
+        def now(cls, tz=None):
             return super().now(tz) + timedelta(minutes=20)
 
     monkeypatch.setattr("jobqueue.clock.datetime", Fast)

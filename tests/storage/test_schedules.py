@@ -28,12 +28,12 @@ def make_app(db_url: str, every: int | None = 10, cron: str | None = None) -> Jo
     return app
 
 
-def sync(app: JobQueue) -> schedules.SyncReport:
+def sync(app: JobQueue) -> periodic.SyncReport:
     return periodic.sync(app.store, app.schedules, set(app.registry), utcnow())
 
 
 def jobs_of(app: JobQueue, task: str = "report") -> list[dict]:
-    out = []
+    out: list[dict] = []
     with app.engine.connect() as conn:
         for table in (app.tables.message, app.tables.archive):
             rows = conn.execute(sa.select(table.c.id, table.c.headers, table.c.state).where(table.c.task_name == task))

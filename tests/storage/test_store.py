@@ -19,26 +19,18 @@ WORKER = "w" * 32
 LEASE = 30.0
 
 
-@pytest.fixture
-def add(app: JobQueue):  # type: ignore[no-untyped-def]
-    @app.task(name="t.add")
-    def add(x: int, y: int) -> int:
-        return x + y
-    return add
-
-
 def rows(app: JobQueue, table: str = "message") -> list[dict]:
     t = getattr(app.tables, table)
     with app.engine.connect() as conn:
         return [dict(r) for r in conn.execute(sa.select(t).order_by(t.c.id)).mappings()]
 
 
-def outcome(message, kind=OutcomeKind.ARCHIVE, state=MessageState.COMPLETED, **extra):  # type: ignore[no-untyped-def]
+def outcome(message, kind=OutcomeKind.ARCHIVE, state=MessageState.COMPLETED, **extra):
     return Outcome(message=message, kind=kind, state=state, finished_at=utcnow(), started_at=utcnow(),
                    checkpoint=message.checkpoint, **extra)
 
 
-def test_enqueue_returns_ids_in_order_and_writes_rows(app: JobQueue, add) -> None:  # type: ignore[no-untyped-def]
+def test_enqueue_returns_ids_in_order_and_writes_rows(app: JobQueue, add) -> None:
     single = add.delay(1, 2)
     many = add.bulk([(i, i) for i in range(2500)], batch_size=1000)
     ids = [single.id] + [h.id for h in many]
@@ -52,7 +44,7 @@ def test_enqueue_returns_ids_in_order_and_writes_rows(app: JobQueue, add) -> Non
     assert payload == [[4, 4], {}]
 
 
-def test_enqueue_options_are_stored(app: JobQueue, add) -> None:  # type: ignore[no-untyped-def]
+def test_enqueue_options_are_stored(app: JobQueue, add) -> None:
     when = datetime(2030, 5, 6, 7, 8, 9, 123456)
     h = add.apply_async((1, 2), eta=when, queue="other", priority=7, headers={"trace": "abc"},
                         partition_key="p1")
@@ -63,7 +55,7 @@ def test_enqueue_options_are_stored(app: JobQueue, add) -> None:  # type: ignore
     assert h.status() == "pending"
 
 
-def test_bulk_stores_the_same_rows_as_apply_async(app: JobQueue, add) -> None:  # type: ignore[no-untyped-def]
+def test_bulk_stores_the_same_rows_as_apply_async(app: JobQueue, add) -> None:
     # bulk() writes the values its rows share through each database's own fast path (COPY,
     # session variables, one shared tuple): the rows must equal what apply_async writes.
     when = datetime(2030, 5, 6, 7, 8, 9, 123456)
@@ -81,7 +73,7 @@ def test_bulk_stores_the_same_rows_as_apply_async(app: JobQueue, add) -> None:  
     assert app.serializer.loads(stored[2]["payload"]) == [[3, 4], {}]
 
 
-def test_bulk_of_many_batches_keeps_order_and_a_bad_item_writes_nothing(app: JobQueue, add) -> None:  # type: ignore[no-untyped-def]
+def test_bulk_of_many_batches_keeps_order_and_a_bad_item_writes_nothing(app: JobQueue, add) -> None:
     # PostgreSQL streams the whole bulk in one COPY, serializing items as the server reads the rows
     # before them: a bad item far in must still leave nothing behind and name itself.
     items = [(i, i) for i in range(2500)]
@@ -97,7 +89,7 @@ def test_bulk_of_many_batches_keeps_order_and_a_bad_item_writes_nothing(app: Job
     assert len(rows(app)) == before
 
 
-def test_unique_key_returns_the_active_job(app: JobQueue, add) -> None:  # type: ignore[no-untyped-def]
+def test_unique_key_returns_the_active_job(app: JobQueue, add) -> None:
     first = add.apply_async((1, 1), unique_key="k1")
     again = add.apply_async((2, 2), unique_key="k1")
     other = add.apply_async((3, 3), unique_key="k2")
@@ -105,7 +97,7 @@ def test_unique_key_returns_the_active_job(app: JobQueue, add) -> None:  # type:
     assert len(rows(app)) == 2
 
 
-def test_unique_key_is_race_free_under_concurrent_enqueues(app: JobQueue, add) -> None:  # type: ignore[no-untyped-def]
+def test_unique_key_is_race_free_under_concurrent_enqueues(app: JobQueue, add) -> None:
     barrier = threading.Barrier(20)
     results: list[int] = []
     errors: list[BaseException] = []
@@ -127,7 +119,7 @@ def test_unique_key_is_race_free_under_concurrent_enqueues(app: JobQueue, add) -
     assert len(rows(app)) == 1
 
 
-def test_acquire_order_priority_then_due_time_then_id(app: JobQueue, add) -> None:  # type: ignore[no-untyped-def]
+def test_acquire_order_priority_then_due_time_then_id(app: JobQueue, add) -> None:
     now = utcnow()
     low = add.apply_async((0, 0), priority=0)
     high = add.apply_async((0, 0), priority=9)
@@ -138,7 +130,7 @@ def test_acquire_order_priority_then_due_time_then_id(app: JobQueue, add) -> Non
     assert future.id not in [m.id for m in got]
 
 
-def test_acquire_marks_processing_and_counts(app: JobQueue, add) -> None:  # type: ignore[no-untyped-def]
+def test_acquire_marks_processing_and_counts(app: JobQueue, add) -> None:
     h = add.delay(1, 2)
     now = utcnow()
     (m,) = app.store.acquire(WORKER, None, 5, LEASE, now=now)
@@ -151,7 +143,7 @@ def test_acquire_marks_processing_and_counts(app: JobQueue, add) -> None:  # typ
     assert app.store.acquire(WORKER, None, 5, LEASE, now=now) == []  # nothing twice
 
 
-def test_acquire_respects_queues_and_limit(app: JobQueue, add) -> None:  # type: ignore[no-untyped-def]
+def test_acquire_respects_queues_and_limit(app: JobQueue, add) -> None:
     for queue in ("a", "b", "c"):
         add.bulk([(1, 1)] * 3, queue=queue)
     got = app.store.acquire(WORKER, ("a", "c"), 4, LEASE)
@@ -164,64 +156,7 @@ def test_acquire_respects_queues_and_limit(app: JobQueue, add) -> None:  # type:
     assert [m.queue for m in app.store.acquire(WORKER, ("b",), 10, LEASE)] == ["b", "b"]
 
 
-@only("postgresql")
-def test_prepared_acquire_survives_a_server_that_forgets_it(app: JobQueue, add, caplog) -> None:  # type: ignore[no-untyped-def]
-    """As behind a pooler in transaction mode: a missing prepared statement costs a retry, never a job."""
-    add.bulk([(1, 1)] * 10)
-    own = app.store.driver_connection()  # one connection for all: the test knows what it prepared
-    try:
-        def take(limit: int) -> list[int]:
-            return [m.id for m in app.store.acquire(WORKER, None, limit, LEASE, connection=own)]
-        taken = take(1)
-        for _ in range(6):  # a miss re-prepares on the next call, so every other call misses
-            own.cursor().execute("DEALLOCATE ALL")  # the server forgets; our bookkeeping says prepared
-            taken += take(1)
-        assert len(taken) == len(set(taken)) == 7
-        assert "runs its statements unprepared" in caplog.text
-        taken += take(10)  # plain from now on
-    finally:
-        own.close()
-    assert sorted(taken) == [r["id"] for r in rows(app)]
-
-
-@only("postgresql")
-def test_prepared_acquire_when_our_bookkeeping_is_lost(app: JobQueue, add) -> None:  # type: ignore[no-untyped-def]
-    add.bulk([(1, 1)] * 3)
-    own = app.store.driver_connection()
-    try:
-        assert len(app.store.acquire(WORKER, None, 1, LEASE, connection=own)) == 1
-        own.info.clear()  # the statement is still prepared on the server: PREPARE fails as a duplicate
-        assert len(app.store.acquire(WORKER, None, 5, LEASE, connection=own)) == 2
-    finally:
-        own.close()
-
-
-@only("postgresql")
-def test_prepared_acquire_keeps_the_ordered_index_walk(app: JobQueue, add) -> None:  # type: ignore[no-untyped-def]
-    """PostgreSQL may switch a prepared statement to its generic plan: that must walk a ready index too."""
-    add.bulk([(1, 1)] * 20, queue="a")
-    for queues in (None, ("a",), ("a", "b")):
-        app.store.acquire(WORKER, queues, 1, LEASE)
-        dialect = app.store.dialect
-        prepared = dialect._prepared["all" if queues is None else "one" if len(queues) == 1 else "many"]  # type: ignore[attr-defined]
-        fairy = app.store.driver_connection()
-        cursor = fairy.cursor()
-        now = utcnow()
-        binds = {"now": now, "limit": 1, "token": 1, "worker_id": WORKER, "lease_now": now, "lease_us": 1,
-                 "queues": list(queues or ()), "queue": (queues or ("",))[0]}
-        cursor.execute("BEGIN")
-        cursor.execute("SET LOCAL plan_cache_mode = force_generic_plan")
-        cursor.execute(prepared.prepare.replace(prepared.name, "jobqueue_test_plan", 1))
-        cursor.execute("EXPLAIN " + prepared.execute.replace(prepared.name, "jobqueue_test_plan", 1),
-                       [{**prepared.defaults, **binds}[n] for n in prepared.names])
-        plan = "\n".join(row[0] for row in cursor.fetchall())
-        cursor.execute("ROLLBACK")
-        cursor.execute("DEALLOCATE jobqueue_test_plan")  # prepared statements outlive transactions
-        fairy.close()
-        assert "Index Scan using ix_jobqueue_message_ready" in plan and "Sort" not in plan, plan
-
-
-def test_concurrent_acquirers_never_share_a_message(app: JobQueue, add) -> None:  # type: ignore[no-untyped-def]
+def test_concurrent_acquirers_never_share_a_message(app: JobQueue, add) -> None:
     add.bulk([(i, i) for i in range(600)])
     seen: list[list[int]] = [[] for _ in range(4)]
 
@@ -241,7 +176,7 @@ def test_concurrent_acquirers_never_share_a_message(app: JobQueue, add) -> None:
     assert len(everything) == 600 and len(set(everything)) == 600
 
 
-def test_flush_archives_completed_and_failed_in_one_go(app: JobQueue, add) -> None:  # type: ignore[no-untyped-def]
+def test_flush_archives_completed_and_failed_in_one_go(app: JobQueue, add) -> None:
     add.bulk([(1, 1), (2, 2)])
     done, failed = app.store.acquire(WORKER, None, 5, LEASE)
     ok = outcome(done, result=app.serializer.dumps(3))
@@ -257,7 +192,7 @@ def test_flush_archives_completed_and_failed_in_one_go(app: JobQueue, add) -> No
     assert archived[done.id]["attempts_count"] == 1 and archived[done.id]["payload"] == done.payload
 
 
-def test_flush_retry_resets_deliveries_and_keeps_attempts(app: JobQueue, add) -> None:  # type: ignore[no-untyped-def]
+def test_flush_retry_resets_deliveries_and_keeps_attempts(app: JobQueue, add) -> None:
     add.delay(1, 1)
     (m,) = app.store.acquire(WORKER, None, 5, LEASE)
     later = utcnow() + timedelta(minutes=1)
@@ -273,7 +208,7 @@ def test_flush_retry_resets_deliveries_and_keeps_attempts(app: JobQueue, add) ->
     assert (again.attempts_count, again.deliveries_count) == (2, 1)
 
 
-def test_handing_back_unstarted_uncounts_the_delivery(app: JobQueue, add) -> None:  # type: ignore[no-untyped-def]
+def test_handing_back_unstarted_uncounts_the_delivery(app: JobQueue, add) -> None:
     add.delay(1, 1)
     (m,) = app.store.acquire(WORKER, None, 5, LEASE)
     app.store.flush([outcome(m, kind=OutcomeKind.RETURN, state=MessageState.PENDING)])
@@ -281,7 +216,7 @@ def test_handing_back_unstarted_uncounts_the_delivery(app: JobQueue, add) -> Non
     assert (row["state"], row["attempts_count"], row["deliveries_count"]) == ("PENDING", 0, 0)
 
 
-def test_fencing_drops_outcomes_of_a_lost_lease(app: JobQueue, add) -> None:  # type: ignore[no-untyped-def]
+def test_fencing_drops_outcomes_of_a_lost_lease(app: JobQueue, add) -> None:
     add.delay(1, 1)
     now = utcnow()
     (first,) = app.store.acquire(WORKER, None, 5, 1.0, now=now)
@@ -301,7 +236,7 @@ def test_fencing_drops_outcomes_of_a_lost_lease(app: JobQueue, add) -> None:  # 
     assert [r["result"] for r in rows(app, "archive")] == [b"2"]
 
 
-def test_same_message_twice_in_one_flush_only_the_current_token_applies(app: JobQueue, add) -> None:  # type: ignore[no-untyped-def]
+def test_same_message_twice_in_one_flush_only_the_current_token_applies(app: JobQueue, add) -> None:
     add.delay(1, 1)
     now = utcnow()
     (old,) = app.store.acquire(WORKER, None, 5, 1.0, now=now)
@@ -312,7 +247,7 @@ def test_same_message_twice_in_one_flush_only_the_current_token_applies(app: Job
     assert [r["result"] for r in rows(app, "archive")] == [b"new"]
 
 
-def test_heartbeat_renews_only_forward_and_only_its_own(app: JobQueue, add) -> None:  # type: ignore[no-untyped-def]
+def test_heartbeat_renews_only_forward_and_only_its_own(app: JobQueue, add) -> None:
     add.bulk([(1, 1), (2, 2)])
     now = utcnow()
     (mine,) = app.store.acquire(WORKER, None, 1, 10.0, now=now)
@@ -326,7 +261,7 @@ def test_heartbeat_renews_only_forward_and_only_its_own(app: JobQueue, add) -> N
     assert {r["id"]: r["lease_expires_at"] for r in rows(app)}[theirs.id] == now + timedelta(seconds=30)
 
 
-def test_release_worker_charges_a_delivery_to_the_running_message_only(app: JobQueue, add) -> None:  # type: ignore[no-untyped-def]
+def test_release_worker_charges_a_delivery_to_the_running_message_only(app: JobQueue, add) -> None:
     add.bulk([(i, i) for i in range(4)])
     held = app.store.acquire(WORKER, None, 4, LEASE)
     # held[0] finished (its outcome unwritten), held[1] was running, the others never started.
@@ -339,7 +274,7 @@ def test_release_worker_charges_a_delivery_to_the_running_message_only(app: JobQ
     assert counts[held[2].id] == counts[held[3].id] == (0, 0)  # never started: as if never fetched
 
 
-def test_release_worker_that_lost_count_charges_only_the_running_one(app: JobQueue, add) -> None:  # type: ignore[no-untyped-def]
+def test_release_worker_that_lost_count_charges_only_the_running_one(app: JobQueue, add) -> None:
     add.bulk([(1, 1), (2, 2)])
     first, second = app.store.acquire(WORKER, None, 2, LEASE)
     assert app.store.release_worker(WORKER, running=first.id, finished=None) == 2
@@ -347,7 +282,7 @@ def test_release_worker_that_lost_count_charges_only_the_running_one(app: JobQue
     assert counts == {first.id: (1, 1), second.id: (0, 0)}
 
 
-def test_release_unstarted_returns_only_the_unstarted_messages_of_those_batches(app: JobQueue, add) -> None:  # type: ignore[no-untyped-def]
+def test_release_unstarted_returns_only_the_unstarted_messages_of_those_batches(app: JobQueue, add) -> None:
     add.bulk([(i, i) for i in range(5)])
     batch = app.store.acquire(WORKER, None, 3, LEASE, token=111)
     other = app.store.acquire(WORKER, None, 2, LEASE, token=222)
@@ -359,7 +294,7 @@ def test_release_unstarted_returns_only_the_unstarted_messages_of_those_batches(
     assert app.store.release_unstarted(WORKER, [222], started=None) == 0  # lost count: leave them
 
 
-def test_release_token_undoes_an_acquisition_whose_reply_was_lost(app: JobQueue, add) -> None:  # type: ignore[no-untyped-def]
+def test_release_token_undoes_an_acquisition_whose_reply_was_lost(app: JobQueue, add) -> None:
     add.delay(1, 1)
     (m,) = app.store.acquire(WORKER, None, 1, LEASE, token=12345)
     assert app.store.release_token(12345) == 1
@@ -367,7 +302,7 @@ def test_release_token_undoes_an_acquisition_whose_reply_was_lost(app: JobQueue,
     assert (row["state"], row["attempts_count"], row["deliveries_count"]) == ("PENDING", 0, 0)
 
 
-def test_cancel_archives_pending_but_not_processing(app: JobQueue, add) -> None:  # type: ignore[no-untyped-def]
+def test_cancel_archives_pending_but_not_processing(app: JobQueue, add) -> None:
     a, b = add.delay(1, 1), add.delay(2, 2)
     app.store.acquire(WORKER, None, 1, LEASE)  # takes a
     assert a.cancel() is False and a.status() == "processing"
@@ -378,7 +313,7 @@ def test_cancel_archives_pending_but_not_processing(app: JobQueue, add) -> None:
         b.get(timeout=1)
 
 
-def test_has_work_sees_processing_and_soon_due_messages(app: JobQueue, add) -> None:  # type: ignore[no-untyped-def]
+def test_has_work_sees_processing_and_soon_due_messages(app: JobQueue, add) -> None:
     now = utcnow()
     assert not app.store.has_work(None, now)
     add.apply_async((1, 1), eta=now + timedelta(seconds=30))
@@ -389,7 +324,7 @@ def test_has_work_sees_processing_and_soon_due_messages(app: JobQueue, add) -> N
     assert not app.store.has_work(("q3",), now + timedelta(seconds=1))
 
 
-def test_queue_counts(app: JobQueue, add) -> None:  # type: ignore[no-untyped-def]
+def test_queue_counts(app: JobQueue, add) -> None:
     add.bulk([(1, 1)] * 3)
     add.delay(1, 1)
     add.apply_async((1, 1), queue="later", eta=utcnow() + timedelta(hours=1))
@@ -400,7 +335,7 @@ def test_queue_counts(app: JobQueue, add) -> None:  # type: ignore[no-untyped-de
     assert counts["default"]["oldest_ready_seconds"] >= 0
 
 
-def test_enqueue_in_a_rolled_back_transaction_leaves_nothing(app: JobQueue, add) -> None:  # type: ignore[no-untyped-def]
+def test_enqueue_in_a_rolled_back_transaction_leaves_nothing(app: JobQueue, add) -> None:
     with app.engine.connect() as conn:
         with conn.begin() as tx:
             add.apply_async((1, 1), connection=conn)
@@ -412,7 +347,7 @@ def test_enqueue_in_a_rolled_back_transaction_leaves_nothing(app: JobQueue, add)
     assert h.status() == "pending"
 
 
-def test_bulk_unique_keys_per_item(app: JobQueue, add) -> None:  # type: ignore[no-untyped-def]
+def test_bulk_unique_keys_per_item(app: JobQueue, add) -> None:
     first = add.bulk([(1, 1), (2, 2), (3, 3)], unique_key=lambda item: f"k{item[0] % 2}")
     assert first[0].id == first[2].id != first[1].id  # items 1 and 3 share key k1
     again = add.bulk([(9, 9), (8, 8)], unique_key=["k1", None])

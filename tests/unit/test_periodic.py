@@ -108,7 +108,7 @@ def test_stored_definition_round_trips() -> None:
     assert Schedule.decode(schedule.encode()) == schedule
 
 
-def test_decorator(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_decorator(tmp_path) -> None:
     app = JobQueue(f"sqlite:///{tmp_path}/x.sqlite3")
 
     @app.periodic(every=timedelta(minutes=5), args=(1,), kwargs={"b": 2})

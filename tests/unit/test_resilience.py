@@ -6,7 +6,24 @@ import pytest
 import sqlalchemy as sa
 
 from jobqueue.runtime import resilience
-from jobqueue.runtime.resilience import DatabaseGuard, GaveUp, is_transient
+from jobqueue.runtime.resilience import DatabaseGuard, GaveUp
+from jobqueue.storage.dialects import dialect_for
+from jobqueue.storage.engine import create_engine
+from jobqueue.storage.tables import build_tables
+
+
+def dialect(url: str):
+    """A dialect on an engine that never connects: for reading errors."""
+    return dialect_for(create_engine(url), build_tables())
+
+
+POSTGRES = dialect("postgresql+psycopg2://nobody@localhost/nowhere")
+MYSQL = dialect("mysql+mysqldb://nobody@localhost/nowhere")
+SQLITE = dialect("sqlite:////tmp/jobqueue-never-opened.sqlite3")
+
+
+def guard() -> DatabaseGuard:
+    return DatabaseGuard(logging.getLogger("test.guard"), "db", POSTGRES.classify)
 
 
 @pytest.fixture(autouse=True)
@@ -21,14 +38,15 @@ def outage(invalidated: bool = False) -> sa.exc.OperationalError:
 
 
 def test_transient_errors() -> None:
-    assert is_transient(outage())
-    assert is_transient(sa.exc.InterfaceError("x", {}, Exception("closed")))
-    assert not is_transient(sa.exc.IntegrityError("x", {}, Exception("duplicate key")))
-    assert not is_transient(ValueError("bug"))
+    assert POSTGRES.classify(outage()) == "outage"
+    assert POSTGRES.classify(sa.exc.InterfaceError("x", {}, Exception("closed"))) == "outage"
+    assert POSTGRES.classify(sa.exc.IntegrityError("x", {}, Exception("duplicate key"))) is None
+    assert POSTGRES.classify(ValueError("bug")) is None
+    assert SQLITE.classify(outage(invalidated=True)) == "outage"  # whatever the driver: a dead connection
 
 
 def test_retries_through_an_outage_logging_once(caplog: pytest.LogCaptureFixture) -> None:
-    guard = DatabaseGuard(logging.getLogger("test.guard"), "db")
+    guard_ = guard()
     calls = {"n": 0, "cleanups": 0}
 
     def flaky() -> str:
@@ -41,16 +59,16 @@ def test_retries_through_an_outage_logging_once(caplog: pytest.LogCaptureFixture
         calls["cleanups"] += 1
 
     with caplog.at_level(logging.DEBUG, "test.guard"):
-        assert guard.call(flaky, on_retry=cleanup) == "ok"
+        assert guard_.call(flaky, on_retry=cleanup) == "ok"
     warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
     assert len(warnings) == 2  # the outage began; it ended
     assert "db unavailable" in warnings[0] and "available again" in warnings[1] and "4 failed" in warnings[1]
     assert calls["cleanups"] == 4  # before every new attempt
-    assert guard.last_call_retried
+    assert guard_.last_call_retried
 
 
 def test_a_stale_pooled_connection_is_not_an_outage(caplog: pytest.LogCaptureFixture) -> None:
-    guard = DatabaseGuard(logging.getLogger("test.guard"), "db")
+    guard_ = guard()
     results = iter([outage(invalidated=True)])
 
     def once_stale() -> int:
@@ -60,19 +78,19 @@ def test_a_stale_pooled_connection_is_not_an_outage(caplog: pytest.LogCaptureFix
         return 7
 
     with caplog.at_level(logging.WARNING, "test.guard"):
-        assert guard.call(once_stale) == 7
-        assert guard.try_once(lambda: 8) == (True, 8)
+        assert guard_.call(once_stale) == 7
+        assert guard_.try_once(lambda: 8) == (True, 8)
     assert caplog.records == []
 
 
 def test_gives_up_when_asked() -> None:
-    guard = DatabaseGuard(logging.getLogger("test.guard"), "db")
+    guard_ = guard()
     with pytest.raises(GaveUp):
-        guard.call(lambda: (_ for _ in ()).throw(outage()), give_up=lambda: True)
+        guard_.call(lambda: (_ for _ in ()).throw(outage()), give_up=lambda: True)
 
 
 def test_other_errors_are_not_retried() -> None:
-    guard = DatabaseGuard(logging.getLogger("test.guard"), "db")
+    guard_ = guard()
     calls = []
 
     def bug() -> None:
@@ -80,14 +98,14 @@ def test_other_errors_are_not_retried() -> None:
         raise sa.exc.ProgrammingError("x", {}, Exception("syntax error"))
 
     with pytest.raises(sa.exc.ProgrammingError):
-        guard.call(bug)
+        guard_.call(bug)
     assert calls == [1]
 
 
 def test_try_once_reports_an_outage_without_raising() -> None:
-    guard = DatabaseGuard(logging.getLogger("test.guard"), "db")
-    ok, value = guard.try_once(lambda: (_ for _ in ()).throw(outage()))
-    assert (ok, value) == (False, None) and guard.outage_started is not None
+    guard_ = guard()
+    ok, value = guard_.try_once(lambda: (_ for _ in ()).throw(outage()))
+    assert (ok, value) == (False, None) and guard_.outage_started is not None
 
 
 class FakeMySQLError(Exception):
@@ -104,20 +122,29 @@ class FakeSQLiteError(Exception):
 FakeSQLiteError.__module__ = "sqlite3"
 
 
-@pytest.mark.parametrize("orig, expected", [
-    (FakeMySQLError(2013, "Lost connection to server during query"), "outage"),
-    (FakeMySQLError(1213, "Deadlock found"), "contention"),
-    (FakeMySQLError(1153, "Got a packet bigger than 'max_allowed_packet'"), None),
-    (FakeSQLiteError("database is locked"), "contention"),
-    (FakeSQLiteError("too many SQL variables"), None),
-    (FakeSQLiteError("attempt to write a readonly database"), None),
+class FakePostgresError(Exception):
+    def __init__(self, pgcode: str) -> None:
+        super().__init__(pgcode)
+        self.pgcode = pgcode
+
+
+@pytest.mark.parametrize("who, orig, expected", [
+    (MYSQL, FakeMySQLError(2013, "Lost connection to server during query"), "outage"),
+    (MYSQL, FakeMySQLError(1213, "Deadlock found"), "contention"),
+    (MYSQL, FakeMySQLError(1153, "Got a packet bigger than 'max_allowed_packet'"), None),
+    (SQLITE, FakeSQLiteError("database is locked"), "contention"),
+    (SQLITE, FakeSQLiteError("too many SQL variables"), None),
+    (SQLITE, FakeSQLiteError("attempt to write a readonly database"), None),
+    (POSTGRES, FakePostgresError("40P01"), "contention"),
+    (POSTGRES, FakePostgresError("25006"), "outage"),  # read-only: a failover in progress
 ])
-def test_driver_errors_are_classified_by_what_they_mean(orig: Exception, expected: str | None) -> None:
-    assert resilience.classify(sa.exc.OperationalError("x", {}, orig)) == expected
+def test_driver_errors_are_classified_by_what_they_mean(who, orig: Exception, expected: str | None) -> None:
+    assert who.classify(sa.exc.ProgrammingError("x", {}, orig)) == expected or (
+        expected == "outage" and who.classify(sa.exc.OperationalError("x", {}, orig)) == "outage")
 
 
 def test_contention_is_retried_without_an_outage_warning(caplog: pytest.LogCaptureFixture) -> None:
-    guard = DatabaseGuard(logging.getLogger("test.guard"), "db")
+    guard_ = DatabaseGuard(logging.getLogger("test.guard"), "db", MYSQL.classify)
     errors = iter([sa.exc.OperationalError("x", {}, FakeMySQLError(1213, "Deadlock found"))])
 
     def deadlock_once() -> str:
@@ -127,5 +154,5 @@ def test_contention_is_retried_without_an_outage_warning(caplog: pytest.LogCaptu
         return "done"
 
     with caplog.at_level(logging.INFO, "test.guard"):
-        assert guard.call(deadlock_once) == "done"
+        assert guard_.call(deadlock_once) == "done"
     assert caplog.records == []

@@ -22,7 +22,7 @@ from jobqueue.clock import utcnow
 T0 = datetime(2026, 1, 1, 12, 0, 0)
 
 
-def schedule(strategy, attempts: int) -> list[float | None]:  # type: ignore[no-untyped-def]
+def schedule(strategy, attempts: int) -> list[float | None]:
     """Delays in seconds after each failed attempt 1..attempts, with the clock frozen at T0."""
     with freeze_time(T0):
         now = utcnow()
@@ -67,7 +67,7 @@ def test_max_total_delay_counts_from_the_first_attempt() -> None:
     with freeze_time(T0):
         first = utcnow()
         assert s.decide(1, first, first) == first + timedelta(seconds=10)
-        # The seed's rule: fail when the next attempt would land *more than* 25 s after the first.
+        # The rule: fail when the next attempt would land *more than* 25 s after the first.
         assert s.decide(2, first, first + timedelta(seconds=15)) == first + timedelta(seconds=25)
         assert s.decide(2, first, first + timedelta(seconds=15, microseconds=1)) is None
 
@@ -90,7 +90,7 @@ def test_default_is_exponential_jitter_three_attempts() -> None:
     ConstantWithJitterRetryStrategy(base_delay_seconds=5, jitter_seconds=1),
     NoRetryStrategy(),
 ])
-def test_stored_form_round_trips(strategy) -> None:  # type: ignore[no-untyped-def]
+def test_stored_form_round_trips(strategy) -> None:
     assert strategy_from_dict(strategy.to_dict()) == strategy
 
 
@@ -104,6 +104,6 @@ def test_unknown_stored_kind_is_refused_not_imported() -> None:
     lambda: ConstantRetryStrategy(delay_seconds=1, max_attempts=0),
     lambda: ExponentialBackoffRetryStrategy(initial_delay_seconds=1, multiplier=0.5),
 ])
-def test_invalid_parameters(make) -> None:  # type: ignore[no-untyped-def]
+def test_invalid_parameters(make) -> None:
     with pytest.raises(ConfigurationError):
         make()

@@ -12,6 +12,10 @@ class JobQueueConfig(AppConfig):
     default = True
 
     def ready(self) -> None:
+        from jobqueue.contrib import detect_django
         from jobqueue.contrib.django.integration import database_alias
+        from jobqueue.frameworks import DETECTORS
 
         database_alias()  # a bad JOBQUEUE setting fails at start-up, naming the fix
+        if detect_django not in DETECTORS:
+            DETECTORS.append(detect_django)  # a JobQueue made without a URL uses Django's database

@@ -8,7 +8,6 @@ and ``delay()`` in a web process writes through Django's connection for that ali
 
 from __future__ import annotations
 
-import os
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Iterator
 
@@ -16,6 +15,7 @@ import sqlalchemy as sa
 
 from jobqueue.contrib import Framework
 from jobqueue.errors import ConfigurationError
+from jobqueue.storage.engine import absolute_url
 
 if TYPE_CHECKING:
     from jobqueue.app import JobQueue
@@ -63,18 +63,12 @@ def database_url(alias: str) -> sa.URL:
                                  "MySQL/MariaDB and SQLite")
     config = connection.settings_dict
     name = str(config.get("NAME") or "")
-    if vendor == "sqlite":
-        if not name or name == ":memory:" or "mode=memory" in name:
-            raise ConfigurationError(
-                f"Django database {alias!r} is an in-memory SQLite database, which worker processes cannot "
-                "share; give NAME a file path (and, for tests, DATABASES[...]['TEST']['NAME'] too)")
-        return sa.URL.create("sqlite", database=os.path.abspath(name))
     options = {key: str(value) for key, value in (config.get("OPTIONS") or {}).items()
                if key not in DJANGO_ONLY_OPTIONS and isinstance(value, (str, int)) and not isinstance(value, bool)}
     port = config.get("PORT")
-    return sa.URL.create(VENDORS[vendor], username=config.get("USER") or None,
-                         password=config.get("PASSWORD") or None, host=config.get("HOST") or None,
-                         port=int(port) if port else None, database=name or None, query=options)
+    return absolute_url(sa.URL.create(VENDORS[vendor], username=config.get("USER") or None,
+                                      password=config.get("PASSWORD") or None, host=config.get("HOST") or None,
+                                      port=int(port) if port else None, database=name or None, query=options))
 
 
 class DjangoIntegration(Framework):

@@ -1,96 +1,44 @@
-"""What every database does the same way; the subclasses hold each database's own statements.
+"""The driver interface: one method per queue operation, each run whole by the dialect.
 
-Only ``storage/dialects`` knows which database it is on. The statements are built once per dialect
-with named bind parameters, so SQLAlchemy's compiled cache serves every later call.
+``acquire``, ``flush``, ``enqueue_one``, ``bulk``, ``renew``, ``release``, ``fire_schedule`` and
+``notify`` each run their own transaction (or prepared statement, or COPY) the way their database
+does it best; ``insert_*`` run inside a transaction the caller gives (an enqueue in the
+application's own). Each dialect also says how idle workers hear of new work (``waker``,
+``listener``) and what its driver's errors mean (``classify``, ``missing_table``). Only
+``storage/dialects`` knows which database it is on; here is what most databases do the same way.
+Statements are built once per dialect with named bind parameters, so SQLAlchemy's compiled cache
+serves every later call.
 """
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass
-from datetime import datetime, timedelta
-from typing import Any, Sequence
+from datetime import datetime
+from typing import Any, Callable, Sequence
 
 import sqlalchemy as sa
 
 from jobqueue.errors import ConfigurationError
-from jobqueue.job import READY_STATES, Batch, Message, Outcome, OutcomeKind
-from jobqueue.storage.outcomes import RELEASED, archive_row, requeue_binds
+from jobqueue.job import Batch, Message, MessageState, Outcome, OutcomeKind
+from jobqueue.storage.dialects.common import (ACQUIRED_COLUMNS, BATCH_COLUMNS, PROCESSING, READY_LITERALS,
+                                              AcquireParams, LeaseClock, WorkerState, json_text)
+from jobqueue.storage.dialects.connector import Connector
+from jobqueue.storage.dialects.wakeup import Listener, PollingWaker, Waker
+from jobqueue.storage.outcomes import RELEASED, REQUEUED, archive_row, requeue_binds
 from jobqueue.storage.tables import Tables, Timestamp
 
-# Literal states (not bind parameters) so that PostgreSQL and SQLite can prove a query matches the
-# partial indexes' predicates at planning time.
-READY_LITERALS: list[sa.ColumnClause[Any]] = [sa.literal_column(f"'{state}'") for state in READY_STATES]
-PROCESSING: sa.ColumnClause[Any] = sa.literal_column("'PROCESSING'")
-
-# The columns a worker needs from an acquired message, in the order of Message's fields.
-ACQUIRED_COLUMNS = (
-    "id", "task_name", "queue", "priority", "payload", "headers", "attempts_count", "deliveries_count",
-    "lease_token", "created_at", "first_attempt_at", "next_attempt_at", "acquired_at", "unique_key",
-    "partition_key", "checkpoint", "options", "history",
-)
+UNIQUE_RETRIES = 10
 
 
-# The columns every row of a bulk batch shares (all the enqueued columns but payload and unique_key),
-# in the order the driver-level bulk paths send them.
-SHARED_COLUMNS = ("task_name", "queue", "priority", "state", "headers", "partition_key", "options",
-                  "attempts_count", "deliveries_count", "created_at", "next_attempt_at")
-
-
-def json_text(value: Any) -> str | None:
-    return None if value is None else json.dumps(value, separators=(",", ":"))
-
-
-@dataclass(frozen=True)
-class LeaseClock:
-    """The binds of a statement that reads the lease clock: :meth:`Dialect.clock` and ``clock_plus``.
-
-    ``now`` pins the clock (tests); None reads the database server's clock where the dialect can.
-    ``seconds`` is the offset ``clock_plus`` adds (a lease, or minus a staleness limit).
-    """
-
-    now: datetime | None
-    seconds: float
-
-    def binds(self) -> dict[str, Any]:
-        return {"lease_now": self.now, "lease_us": int(self.seconds * 1_000_000),
-                "lease_until": None if self.now is None else self.now + timedelta(seconds=self.seconds)}
-
-
-@dataclass(frozen=True)
-class AcquireParams:
-    worker_id: str
-    token: int
-    queues: tuple[str, ...] | None
-    limit: int
-    now: datetime  # what is due: messages whose next_attempt_at is not after it
-    lease: LeaseClock
-
-    def binds(self) -> dict[str, Any]:
-        binds: dict[str, Any] = {"now": self.now, "limit": self.limit, "token": self.token,
-                                 "worker_id": self.worker_id, **self.lease.binds()}
-        if self.queues:
-            binds["queues"] = list(self.queues)
-            binds["queue"] = self.queues[0]
-        return binds
-
-
-class Dialect:
-    """Statements for one database. Subclasses override what their database does differently."""
+class Dialect(Connector):
+    """One database's way of running the queue. Subclasses override what theirs does differently."""
 
     name = "generic"
-    # True when acquire / apply_outcomes are a single statement each, so they can run in autocommit:
-    # one round trip, where BEGIN, the statement and COMMIT take three.
-    one_statement_acquire = False
-    one_statement_outcomes = False
-    # Whether single statements run in autocommit (a network round trip saved); not on SQLite,
-    # whose transactions cost no round trips and must begin IMMEDIATE.
-    autocommit = True
     # Whether lease times come from this host's clock (bound by the caller) rather than the
     # server's. True only where the server is this host (SQLite).
     client_clock = True
 
-    def __init__(self, tables: Tables) -> None:
+    def __init__(self, engine: sa.Engine, tables: Tables) -> None:
+        super().__init__(engine)
         self.tables = tables
         self.message = tables.message
         self._acquire_cache: dict[str, Any] = {}
@@ -99,20 +47,11 @@ class Dialect:
         # ids and tokens as two plain IN lists: one primary-key scan. A tuple IN of (id, token)
         # pairs makes PostgreSQL plan one index probe per pair. The exact pairs are checked after.
         self.delete_ids = sa.delete(m).where(m.c.id.in_(sa.bindparam("ids", expanding=True)))
-        self.requeue = sa.update(m).where(m.c.id == sa.bindparam("b_id")).values(
-            state=sa.bindparam("b_state"),
-            next_attempt_at=sa.bindparam("b_next", type_=Timestamp),
-            attempts_count=sa.bindparam("b_attempts"),
-            deliveries_count=sa.bindparam("b_deliveries"),
-            checkpoint=sa.bindparam("b_checkpoint", type_=m.c.checkpoint.type),
-            # A hand-back or deferral carries no error: keep the last one recorded.
-            last_error_type=sa.func.coalesce(sa.bindparam("b_error_type", type_=sa.String), m.c.last_error_type),
-            last_error_message=sa.func.coalesce(sa.bindparam("b_error_message", type_=sa.Text),
-                                                m.c.last_error_message),
-            last_error_traceback=sa.func.coalesce(sa.bindparam("b_error_traceback", type_=sa.Text),
-                                                  m.c.last_error_traceback),
-            **RELEASED,
-        )
+        requeued: dict[str, Any] = {}
+        for field in REQUEUED:
+            bind = sa.bindparam(f"b_{field.column}", type_=m.c[field.column].type)
+            requeued[field.column] = sa.func.coalesce(bind, m.c[field.column]) if field.keep_if_null else bind
+        self.requeue = sa.update(m).where(m.c.id == sa.bindparam("b_id")).values(**requeued, **RELEASED)
         self.lock_held_stmt = (
             sa.select(m.c.id, m.c.lease_token)
             .where(m.c.id.in_(sa.bindparam("ids", expanding=True)),
@@ -121,18 +60,13 @@ class Dialect:
             .with_for_update()
         )
 
-    # -- schema and notifications ----------------------------------------------------------------
+    # -- schema and server ---------------------------------------------------------------------------
     def after_create(self, connection: sa.Connection) -> None:
         """DDL beyond the tables that `db init` (re)applies: nothing by default."""
 
     def after_drop(self, connection: sa.Connection) -> None:
         """Drop what :meth:`after_create` made that dropping the tables leaves behind."""
 
-    def notify_statement(self) -> Any:
-        """A statement that wakes idle workers at once, or None where supervisors poll instead."""
-        return None
-
-    # -- server ------------------------------------------------------------------------------------
     def check_server(self, connection: sa.Connection) -> None:
         """Raise ConfigurationError if the server is too old for jobqueue's statements."""
 
@@ -143,6 +77,13 @@ class Dialect:
             shown = ".".join(map(str, numbers))
             raise ConfigurationError(f"{what} {shown} is too old: jobqueue needs {'.'.join(map(str, minimum))} "
                                      "or newer (for SKIP LOCKED and RETURNING)")
+
+    def repair_ids(self, connection: sa.Connection) -> int:
+        """Give fresh ids to waiting messages whose ids an archived job has; how many (a worker's start).
+
+        Only where the id counter can go back (MySQL's AUTO_INCREMENT after a TRUNCATE).
+        """
+        return 0
 
     # -- the lease clock ----------------------------------------------------------------------------
     # Lease times (acquired, expires, released, worker heartbeats) are read from the database
@@ -156,7 +97,28 @@ class Dialect:
         """The lease clock's time plus ``lease_us`` microseconds, as a SQL expression."""
         return sa.bindparam("lease_until", type_=Timestamp)
 
-    # -- acquire -----------------------------------------------------------------------------------
+    # -- acquire ------------------------------------------------------------------------------------
+    def acquire(self, params: AcquireParams) -> list[Message]:
+        """Mark up to ``params.limit`` ready messages PROCESSING for this worker and return them."""
+        with self.engine.begin() as connection:
+            return self.acquire_on(connection, params)
+
+    def acquire_on(self, connection: sa.Connection, params: AcquireParams) -> list[Message]:
+        rows = [Message(*row) for row in connection.execute(self.acquire_statement(params), params.binds()).all()]
+        # RETURNING gives no order guarantee: restore delivery order.
+        rows.sort(key=delivery_order)
+        return rows
+
+    def acquire_statement(self, params: AcquireParams) -> Any:
+        stmt = self._acquire_cache.get(params.shape)
+        if stmt is None:
+            stmt = self._acquire_cache[params.shape] = self.build_acquire(params.shape)
+        return stmt
+
+    def build_acquire(self, queues: str) -> Any:
+        """The acquire statement for a worker serving "all" queues, "one" or "many"."""
+        raise NotImplementedError
+
     def ready_select(self, columns: Sequence[Any], filtered: bool, one: bool = False) -> sa.Select[Any]:
         """Ready messages in delivery order: higher priority first, then due time, then id."""
         m = self.message
@@ -189,38 +151,15 @@ class Dialect:
             "last_attempt_at": now,
         }
 
-    def acquire(self, connection: sa.Connection, params: AcquireParams) -> list[Message]:
-        """Mark up to ``params.limit`` ready messages PROCESSING for this worker and return them."""
-        queues = "all" if not params.queues else "one" if len(params.queues) == 1 else "many"
-        stmt = self._acquire_cache.get(queues)
-        if stmt is None:
-            stmt = self._acquire_cache[queues] = self.build_acquire(queues)
-        rows = [Message(*row) for row in connection.execute(stmt, params.binds()).all()]
-        # RETURNING gives no order guarantee: restore delivery order.
-        rows.sort(key=lambda r: (-r.priority, r.next_attempt_at, r.id))
-        return rows
+    # -- outcomes -----------------------------------------------------------------------------------
+    def flush(self, outcomes: list[Outcome], now: datetime) -> set[tuple[int, int]]:
+        """Apply outcomes in one transaction; return the (id, token) pairs whose delivery still held
+        its message (the others lost their lease and are dropped: the fence)."""
+        with self.engine.begin() as connection:
+            return self.apply_outcomes(connection, outcomes, now)
 
-    def build_acquire(self, queues: str) -> Any:
-        """The acquire statement for a worker serving "all" queues, "one" or "many"."""
-        raise NotImplementedError
-
-    # -- leases ------------------------------------------------------------------------------------
-    def renew_leases(self, connection: sa.Connection, worker_ids: list[str], lease: LeaseClock) -> int:
-        """Move the leases of these workers' messages forward to the clock plus the lease (never back)."""
-        m = self.message
-        stmt = sa.update(m).where(*self.renewable(worker_ids)).values(lease_expires_at=self.clock_plus())
-        return int(connection.execute(stmt, lease.binds()).rowcount)
-
-    def renewable(self, worker_ids: list[str]) -> list[Any]:
-        m = self.message
-        return [m.c.worker_id.in_(worker_ids), m.c.state == PROCESSING, m.c.lease_expires_at < self.clock_plus()]
-
-    # -- outcomes ----------------------------------------------------------------------------------
     def lock_held(self, connection: sa.Connection, pairs: list[tuple[int, int]]) -> set[tuple[int, int]]:
-        """Lock and return those ``(id, lease_token)`` pairs whose message is still PROCESSING under that token.
-
-        This is the fence: an outcome is applied only for the pairs returned here.
-        """
+        """Lock and return those ``(id, lease_token)`` pairs whose message is still PROCESSING under that token."""
         if not pairs:
             return set()
         wanted = set(pairs)
@@ -242,12 +181,98 @@ class Dialect:
             rows = [archive_row(o, now) for o in finals if o.retain]
             if rows:
                 connection.execute(sa.insert(self.tables.archive), rows)
-        updates = [requeue_binds(o) for o in applied if o.kind is not OutcomeKind.ARCHIVE]
+        updates = [requeue_binds(o, now) for o in applied if o.kind is not OutcomeKind.ARCHIVE]
         if updates:
             connection.execute(self.requeue, updates)
         return held
 
-    # -- enqueue -----------------------------------------------------------------------------------
+    # -- leases -------------------------------------------------------------------------------------
+    def renew(self, workers: list[WorkerState], lease: LeaseClock) -> int:
+        """Renew these worker processes' rows (with what each is doing) and the leases of every
+        message they hold, in one transaction; return how many leases moved. A lease only ever
+        moves forward."""
+        w = self.tables.worker
+        stmt = sa.update(w).where(w.c.id == sa.bindparam("w_id")).values(
+            heartbeat_at=self.clock(), running_job_id=sa.bindparam("w_job"),
+            running_since=sa.bindparam("w_since", type_=Timestamp), jobs_done=sa.bindparam("w_done"))
+        clock = lease.binds()
+        with self.engine.begin() as connection:
+            renewed = self.renew_leases(connection, [worker.id for worker in workers], lease)
+            connection.execute(stmt, [{**clock, "w_id": worker.id, "w_job": worker.running_job_id,
+                                       "w_since": worker.running_since, "w_done": worker.jobs_done}
+                                      for worker in workers])
+        return renewed
+
+    def renew_leases(self, connection: sa.Connection, worker_ids: list[str], lease: LeaseClock) -> int:
+        m = self.message
+        stmt = sa.update(m).where(*self.renewable(worker_ids)).values(lease_expires_at=self.clock_plus())
+        return int(connection.execute(stmt, lease.binds()).rowcount)
+
+    def renewable(self, worker_ids: list[str]) -> list[Any]:
+        m = self.message
+        return [m.c.worker_id.in_(worker_ids), m.c.state == PROCESSING, m.c.lease_expires_at < self.clock_plus()]
+
+    def release(self, conditions: list[Any], attempts: Any = None, deliveries: Any = None,
+                binds: dict[str, Any] | None = None) -> int:
+        """Return PROCESSING messages matching ``conditions`` to PENDING, subtracting ``attempts`` and
+        ``deliveries`` (SQL expressions worth 0 or 1 per row) from their counters."""
+        m = self.message
+        values: dict[str, Any] = dict(state=MessageState.PENDING.value, **RELEASED)
+        if attempts is not None:
+            values["attempts_count"] = m.c.attempts_count - attempts
+        if deliveries is not None:
+            values["deliveries_count"] = m.c.deliveries_count - deliveries
+        stmt = sa.update(m).where(m.c.state == PROCESSING, *conditions).values(values)
+        with self.engine.begin() as connection:
+            return int(connection.execute(stmt, binds or {}).rowcount)
+
+    # -- enqueue ------------------------------------------------------------------------------------
+    def enqueue_one(self, row: dict[str, Any]) -> int:
+        """Insert one unkeyed row in its own transaction, on the driver with a precompiled
+        statement; return its id.
+
+        The path every ``delay()`` outside a transaction takes: straight to the driver, without
+        SQLAlchemy's per-statement machinery, which cost more client CPU than the insert itself.
+        """
+        return self.run_on_driver(lambda cursor, info: self.insert_one(cursor, row), self.insert_one_sql())
+
+    def insert_one(self, cursor: Any, row: dict[str, Any]) -> int:
+        params = (row["payload"], row["unique_key"], *[self.format_value(c, row[c]) for c in BATCH_COLUMNS])
+        cursor.execute(self.insert_one_sql(), params)
+        return int(cursor.fetchone()[0] if self.returning_id else cursor.lastrowid)
+
+    _insert_one_sql: str | None = None
+    returning_id = " RETURNING id"  # "" where the driver's lastrowid gives the id
+    marker = "%s"  # the driver's parameter marker
+
+    def insert_one_sql(self) -> str:
+        if self._insert_one_sql is None:
+            values = "(" + ", ".join([self.marker] * (len(BATCH_COLUMNS) + 2)) + ")"
+            self._insert_one_sql = self.batch_insert_sql(values, with_key=True) + self.returning_id
+        return self._insert_one_sql
+
+    def format_value(self, column: str, value: Any) -> Any:
+        """A column value as the driver takes it without SQLAlchemy's type processing."""
+        return json_text(value) if column in ("headers", "options") else value
+
+    def batch_insert_sql(self, values: str, with_key: bool = False) -> str:
+        """``INSERT INTO message (payload[, unique_key], BATCH_COLUMNS) VALUES <values>`` for exec_driver_sql."""
+        key = ", unique_key" if with_key else ""
+        return f"INSERT INTO {self.message.name} (payload{key}, {', '.join(BATCH_COLUMNS)}) VALUES {values}"
+
+    def bulk(self, batch: Batch, batch_size: int) -> list[int]:
+        """Insert an unkeyed bulk in one transaction of its own, in batches of ``batch_size``; return
+        the ids in order. Every payload is serialized (read from ``batch.payloads``) before
+        anything is sent, so a bad item writes nothing."""
+        payloads = list(batch.payloads)
+        ids: list[int] = []
+        with self.engine.begin() as connection:
+            for start in range(0, len(payloads), batch_size):
+                part = Batch(batch.common, payloads[start:start + batch_size],
+                             batch.unique_keys[start:start + batch_size])
+                ids.extend(self.insert_batch(connection, part))
+        return ids
+
     def insert_messages(self, connection: sa.Connection, rows: list[dict[str, Any]]) -> list[int]:
         """Insert ``rows`` in one round trip per page and return their ids in input order."""
         m = self.message
@@ -257,59 +282,12 @@ class Dialect:
         return list(result.scalars())
 
     def insert_batch(self, connection: sa.Connection, batch: Batch) -> list[int]:
-        """Insert a bulk batch of unkeyed rows in one round trip and return their ids in order.
+        """Insert a batch of unkeyed rows in one round trip and return their ids in order.
 
         This generic version lets SQLAlchemy process every value of every row; the dialects
         override it with driver-level paths that format the columns the rows share once.
         """
         return self.insert_messages(connection, batch.rows())
-
-    # -- the single-row hot path (delay() outside a transaction) --
-    marker = "%s"  # the driver's parameter marker
-
-    def format_value(self, column: str, value: Any) -> Any:
-        """A column value as the driver takes it without SQLAlchemy's type processing."""
-        return json_text(value) if column in ("headers", "options") else value
-
-    def insert_one_sql(self) -> str:
-        if self._insert_one_sql is None:
-            values = "(" + ", ".join([self.marker] * (len(SHARED_COLUMNS) + 2)) + ")"
-            self._insert_one_sql = self.batch_insert_sql(values, with_key=True) + self.returning_id
-        return self._insert_one_sql
-
-    def insert_one(self, cursor: Any, row: dict[str, Any]) -> int:
-        """Insert one unkeyed row on a DB-API cursor with a precompiled statement; return its id.
-
-        This is the path every ``delay()`` outside a transaction takes: it goes straight to the
-        driver, without SQLAlchemy's per-statement machinery, which cost more client CPU than the
-        insert itself. (Preparing it on PostgreSQL saved nothing measurable: its plan is trivial.)
-        """
-        params = (row["payload"], row["unique_key"],
-                  *[self.format_value(column, row[column]) for column in SHARED_COLUMNS])
-        cursor.execute(self.insert_one_sql(), params)
-        return int(cursor.fetchone()[0] if self.returning_id else cursor.lastrowid)
-
-    def repair_ids(self, connection: sa.Connection) -> int:
-        """Give fresh ids to waiting messages whose ids an archived job has; how many (a worker's start).
-
-        Only where the id counter can go back (MySQL's AUTO_INCREMENT after a TRUNCATE).
-        """
-        return 0
-
-    # Whether acquire can run straight on the named DB-API driver (acquire_on_cursor).
-    def acquires_on_driver(self, driver: str) -> bool:
-        return False
-
-    def acquire_on_cursor(self, cursor: Any, params: AcquireParams, info: dict[str, Any]) -> list[Message]:
-        raise NotImplementedError
-
-    _insert_one_sql: str | None = None
-    returning_id = " RETURNING id"  # "" where the driver's lastrowid gives the id
-
-    def batch_insert_sql(self, values: str, with_key: bool = False) -> str:
-        """``INSERT INTO message (payload[, unique_key], SHARED_COLUMNS) VALUES <values>`` for exec_driver_sql."""
-        key = ", unique_key" if with_key else ""
-        return f"INSERT INTO {self.message.name} (payload{key}, {', '.join(SHARED_COLUMNS)}) VALUES {values}"
 
     # The dialect's INSERT with ON CONFLICT (PostgreSQL and SQLite share the syntax).
     insert_on_conflict: Any = None
@@ -323,6 +301,20 @@ class Dialect:
                 .returning(m.c.id))
         return connection.execute(stmt).scalar()
 
+    def insert_or_existing(self, connection: sa.Connection, row: dict[str, Any]) -> int:
+        """Insert ``row`` or return the id of the active message holding its (task_name, unique_key)."""
+        m = self.message
+        existing = sa.select(m.c.id).where(m.c.task_name == row["task_name"], m.c.unique_key == row["unique_key"])
+        for _ in range(UNIQUE_RETRIES):
+            new_id = self.insert_unique(connection, row)
+            if new_id is not None:
+                return new_id
+            found = connection.execute(existing).scalar()
+            if found is not None:
+                return int(found)
+            # The holder was archived between our insert and our select: try again.
+        raise RuntimeError(f"could not enqueue unique key {row['unique_key']!r} after {UNIQUE_RETRIES} tries")
+
     def insert_new(self, connection: sa.Connection, rows: list[dict[str, Any]]) -> list[tuple[int, str]]:
         """Insert keyed ``rows`` (all of one task), skipping those whose unique_key an active message
         holds; return the (id, unique_key) of the rows inserted. One round trip per page of rows."""
@@ -332,3 +324,39 @@ class Dialect:
                                         index_where=m.c.unique_key.isnot(None))
                 .returning(m.c.id, m.c.unique_key))
         return [(row[0], row[1]) for row in connection.execute(stmt, rows)]
+
+    # -- schedules ----------------------------------------------------------------------------------
+    def fire_schedule(self, message: Message, job: dict[str, Any], next_fire: datetime, state: bytes) -> bool:
+        """Enqueue ``job`` and defer the schedule message to ``next_fire``, in one transaction.
+
+        Fenced like every outcome: nothing happens unless this delivery still holds the message. The
+        job's unique key (schedule name and fire time) makes a second job for the same fire impossible
+        while the first is active.
+        """
+        m = self.message
+        held = sa.and_(m.c.id == message.id, m.c.lease_token == message.lease_token, m.c.state == PROCESSING)
+        with self.engine.begin() as connection:
+            if not self.lock_held(connection, [(message.id, message.lease_token)]):
+                return False
+            self.insert_or_existing(connection, job)
+            connection.execute(sa.update(m).where(held).values(
+                state=MessageState.PENDING.value, next_attempt_at=next_fire, deliveries_count=0, checkpoint=state,
+                **RELEASED))
+        return True
+
+    # -- wake-ups -----------------------------------------------------------------------------------
+    def notify(self) -> None:
+        """Wake idle workers everywhere now, where the database can (PostgreSQL); else nothing:
+        their supervisors poll."""
+
+    def waker(self, ready: Callable[[], bool], interval: float) -> Waker:
+        """The supervisor's: ``ready()`` (one indexed query) every ``interval`` while processes idle."""
+        return PollingWaker(ready, interval)
+
+    def listener(self) -> Listener | None:
+        """A worker process's own line to the database's notifications, where it has them."""
+        return None
+
+
+def delivery_order(message: Message) -> tuple[int, datetime, int]:
+    return -message.priority, message.next_attempt_at, message.id

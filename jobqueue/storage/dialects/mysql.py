@@ -13,18 +13,27 @@ from datetime import datetime, timedelta
 from typing import Any, Callable, Iterator, TypeVar
 
 import sqlalchemy as sa
-from sqlalchemy.dialects import mysql
+from sqlalchemy import event
 
 from jobqueue.errors import ConfigurationError
 from jobqueue.job import Batch, Message, Outcome, OutcomeKind
-from jobqueue.storage.dialects.base import SHARED_COLUMNS, AcquireParams, Dialect, LeaseClock
+from jobqueue.storage.outcomes import ARCHIVED_COLUMNS, COPIED, RELEASED, archived_values, requeue_binds
+from jobqueue.storage.dialects.base import Dialect, delivery_order
+from jobqueue.storage.dialects.common import BATCH_COLUMNS, AcquireParams, LeaseClock
+from jobqueue.storage.dialects.connector import CONTENTION, OUTAGE
+from jobqueue.storage.engine import IDLE_IN_TRANSACTION_SECONDS, unless_in_url
 from jobqueue.storage.tables import Timestamp
-from jobqueue.storage.outcomes import COPIED, RELEASED, SUPPLIED, requeue_binds, supplied_values
 
 
 T = TypeVar("T")
 PACKET_OVERHEAD_PER_ROW = 1024  # the SQL text and the fixed columns of one row, generously
 DUPLICATE_KEY = 1062
+MISSING_TABLE = 1146
+# Error codes worth retrying: server gone or restarting, too many connections; lock wait timeout and
+# deadlock. mysqlclient also reports permanent server errors (a packet too large, a bad value) as
+# OperationalError, so the code decides, not the class.
+MYSQL_DISCONNECTS = {1040, 1053, 1152, 1927, 2002, 2003, 2006, 2013, 2055, 4031}
+MYSQL_CONTENTION = {1205, 1213}
 FRESH_ID_TRIES = 10
 FLOOR_MAX_AGE_SECONDS = 1.0
 logger = logging.getLogger("jobqueue.storage")
@@ -53,8 +62,36 @@ def _outcome_bytes(outcome: Outcome) -> int:
             + (len(error.message) + len(error.traceback or "") if error else 0) * 4)  # utf8mb4
 
 
+
 class MySQLDialect(Dialect):
     name = "mysql"
+    default_port = 3306
+
+    @classmethod
+    def engine_options(cls, url: sa.URL) -> tuple[sa.URL, dict[str, Any]]:
+        url, options = super().engine_options(url)
+        # READ COMMITTED: no gap locks, so SKIP LOCKED acquires never block enqueues.
+        options["isolation_level"] = "READ COMMITTED"
+        if "charset" not in url.query:
+            url = url.update_query_dict({"charset": "utf8mb4"})
+        # A silent server is noticed instead of hanging a worker forever.
+        options["connect_args"] = unless_in_url(url, {"connect_timeout": 10, "read_timeout": 60, "write_timeout": 60})
+        return url, options
+
+    @classmethod
+    def configure(cls, engine: sa.Engine) -> None:
+        @event.listens_for(engine, "connect")
+        def on_connect(dbapi_connection: Any, _record: Any) -> None:
+            info = getattr(dbapi_connection, "get_server_info", lambda: "")()
+            cursor = dbapi_connection.cursor()
+            if "MariaDB" in str(info):
+                # A session left idle inside a transaction is ended (a frozen process); MySQL 8
+                # has no such setting, and a frozen process holds its locks until it wakes.
+                cursor.execute(f"SET SESSION idle_transaction_timeout = {IDLE_IN_TRANSACTION_SECONDS}")
+            else:
+                # MySQL 8 caches information_schema's AUTO_INCREMENT; the id check needs the live value.
+                cursor.execute("SET SESSION information_schema_stats_expiry = 0")
+            cursor.close()
     returning_id = ""  # MySQL 8 has no INSERT ... RETURNING; lastrowid gives the id
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -79,11 +116,11 @@ class MySQLDialect(Dialect):
             params: list[Any] = []
             for outcome in chunk:
                 params.append(outcome.message.id)
-                params.extend(supplied_values(outcome, now))
+                params.extend(archived_values(outcome, now))
             connection.exec_driver_sql(self._archive_copy_sql(len(chunk)), tuple(params))
         if finals:
             connection.execute(self.delete_ids, {"ids": [o.message.id for o in finals]})
-        updates = [requeue_binds(o) for o in applied if o.kind is not OutcomeKind.ARCHIVE]
+        updates = [requeue_binds(o, now) for o in applied if o.kind is not OutcomeKind.ARCHIVE]
         if updates:
             connection.execute(self.requeue, updates)
         return held
@@ -112,15 +149,24 @@ class MySQLDialect(Dialect):
 
     def _archive_copy_sql(self, rows: int) -> str:
         message, archive = self.message.name, self.tables.archive.name
-        first = "SELECT %s AS id, " + ", ".join(f"%s AS {column}" for column in SUPPLIED)
-        other = "SELECT " + ", ".join(["%s"] * (len(SUPPLIED) + 1))
+        first = "SELECT %s AS id, " + ", ".join(f"%s AS {column}" for column in ARCHIVED_COLUMNS)
+        other = "SELECT " + ", ".join(["%s"] * (len(ARCHIVED_COLUMNS) + 1))
         values = " UNION ALL ".join([first] + [other] * (rows - 1))
         copied = ", ".join(f"m.{column}" for column in COPIED)
-        supplied = ", ".join(f"v.{column}" for column in SUPPLIED)
-        return (f"INSERT INTO {archive} ({', '.join(COPIED + SUPPLIED)}) SELECT {copied}, {supplied} "
+        supplied = ", ".join(f"v.{column}" for column in ARCHIVED_COLUMNS)
+        return (f"INSERT INTO {archive} ({', '.join(COPIED + ARCHIVED_COLUMNS)}) SELECT {copied}, {supplied} "
                 f"FROM {message} m JOIN ({values}) v ON v.id = m.id")
 
     client_clock = False
+
+    def classify_driver_error(self, exc: sa.exc.DBAPIError) -> str | None:
+        code = _mysql_code(exc)
+        if code in MYSQL_CONTENTION:
+            return CONTENTION
+        return OUTAGE if code in MYSQL_DISCONNECTS else None
+
+    def missing_table(self, exc: sa.exc.DBAPIError) -> bool:
+        return _mysql_code(exc) == MISSING_TABLE
 
     def clock(self) -> Any:
         # Cast: COALESCE with a parameter comes back as text, which the driver would not parse.
@@ -158,15 +204,15 @@ class MySQLDialect(Dialect):
         stmt = sa.update(m).where(m.c.id.in_(ids)).values(lease_expires_at=self.clock_plus())
         return int(connection.execute(stmt, binds).rowcount)
 
-    def acquire(self, connection: sa.Connection, params: AcquireParams) -> list[Message]:
+    def acquire_on(self, connection: sa.Connection, params: AcquireParams) -> list[Message]:
         binds = params.binds()
-        rows = connection.execute(self._acquire_select(params), binds).all()
+        rows = connection.execute(self.acquire_statement(params), binds).all()
         if not rows:
             return []
         # The server's time, read with the rows, is written as acquired_at and the lease's start.
         now = params.lease.now or rows[0][-1]
         messages = [Message(*row[:-1]) for row in rows]
-        messages.sort(key=lambda r: (-r.priority, r.next_attempt_at, r.id))
+        messages.sort(key=delivery_order)
         binds.update(ids=[m.id for m in messages], lease_now=now,
                      lease_until=now + timedelta(seconds=params.lease.seconds))
         connection.execute(self.mark_acquired, binds)
@@ -177,13 +223,6 @@ class MySQLDialect(Dialect):
             m.acquired_at = now
             m.first_attempt_at = m.first_attempt_at or now
         return messages
-
-    def _acquire_select(self, params: AcquireParams) -> Any:
-        queues = "all" if not params.queues else "one" if len(params.queues) == 1 else "many"
-        stmt = self._acquire_cache.get(queues)
-        if stmt is None:
-            stmt = self._acquire_cache[queues] = self.build_acquire(queues)
-        return stmt
 
     # -- fresh ids ----------------------------------------------------------------------------------
     # A job keeps its id in the archive, so a new message must never get the id of an archived
@@ -276,7 +315,7 @@ class MySQLDialect(Dialect):
 
     def insert_one(self, cursor: Any, row: dict[str, Any]) -> int:
         params = (row["payload"], row["unique_key"],
-                  *[self.format_value(column, row[column]) for column in SHARED_COLUMNS])
+                  *[self.format_value(column, row[column]) for column in BATCH_COLUMNS])
         cursor.execute(self.insert_one_sql(), params)
         return self._checked(_cursor_runner(cursor), [int(cursor.lastrowid)])[0]
 
@@ -297,10 +336,10 @@ class MySQLDialect(Dialect):
             return super().insert_batch(connection, batch)
         # The same round trip reads the archive's largest id (see fresh ids).
         floor = connection.exec_driver_sql(
-            "SELECT " + ", ".join(f"@jobqueue_{column} := %s" for column in SHARED_COLUMNS)
+            "SELECT " + ", ".join(f"@jobqueue_{column} := %s" for column in BATCH_COLUMNS)
             + f", {self.archive_floor_sql()}",
-            tuple(self.format_value(column, batch.common[column]) for column in SHARED_COLUMNS)).one()[-1]
-        row = "(%s, " + ", ".join(f"@jobqueue_{column}" for column in SHARED_COLUMNS) + ")"
+            tuple(self.format_value(column, batch.common[column]) for column in BATCH_COLUMNS)).one()[-1]
+        row = "(%s, " + ", ".join(f"@jobqueue_{column}" for column in BATCH_COLUMNS) + ")"
         ids: list[int] = []
         for payloads in self._packets(connection, list(batch.payloads), len):
             first = connection.exec_driver_sql(self.batch_insert_sql(", ".join([row] * len(payloads))),
@@ -323,7 +362,7 @@ class MySQLDialect(Dialect):
         # [LAST_INSERT_ID(), + len(rows)), skipped rows leaving gaps, and no other row can be there.
         inserted = self._insert_new(connection, rows)
         fresh = self.fresh_ids(connection, [job_id for job_id, _ in inserted])
-        return [(job_id, key) for job_id, (_, key) in zip(fresh, inserted)]
+        return [(job_id, key) for job_id, (_, key) in zip(fresh, inserted, strict=True)]
 
     def _insert_new(self, connection: sa.Connection, rows: list[dict[str, Any]]) -> list[tuple[int, str]]:
         m = self.message
@@ -341,8 +380,7 @@ class MySQLDialect(Dialect):
         return [(row[0], row[1]) for row in connection.execute(mine)]
 
     def insert_unique(self, connection: sa.Connection, row: dict[str, Any]) -> int | None:
-        m = self.message
-        # On a duplicate key, LAST_INSERT_ID(id) makes lastrowid the existing row's id.
-        stmt = mysql.insert(m).values(row).on_duplicate_key_update(id=sa.func.last_insert_id(m.c.id))
-        result = connection.execute(stmt)
+        # IGNORE reports a skipped duplicate as no row (ON DUPLICATE KEY UPDATE could not: with
+        # CLIENT_FOUND_ROWS, which SQLAlchemy sets, a no-op update reports one row like an insert).
+        result = connection.execute(sa.insert(self.message).prefix_with("IGNORE").values(row))
         return self.fresh_ids(connection, [int(result.lastrowid)])[0] if result.rowcount == 1 else None

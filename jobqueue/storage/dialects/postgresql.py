@@ -1,44 +1,88 @@
 """PostgreSQL: acquire in one statement, a CTE with FOR UPDATE SKIP LOCKED feeding UPDATE ... RETURNING.
 
-Acquire, on the path from enqueue to a job's start, runs on the driver as a prepared statement:
-SQLAlchemy's execution and the server's parse and plan took longer than running it, and an idle
-worker pays for every instruction twice over (cold caches).
+Acquire, on the path from enqueue to a job's start, runs on the driver as a prepared statement
+(postgresql_sql.Prepared); a flush is one statement in autocommit; bulk() streams one COPY. An
+insert trigger notifies (delivered at COMMIT, so a rolled-back enqueue wakes nobody), and each
+worker process LISTENs on the very connection it acquires on (:class:`ProcessListener`): the
+notification wakes it directly, and the acquire that follows reaches a server process that is
+awake already. With a driver other than psycopg2 (psycopg 3, untested) the supervisor polls.
 """
 
 from __future__ import annotations
 
-import base64
-import hashlib
-import io
-import json
+import contextlib
 import logging
-import re
+import select
+import threading
 from datetime import datetime
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
 
-from jobqueue.job import Batch, Message, Outcome, OutcomeKind
-from jobqueue.storage.dialects.base import PROCESSING, SHARED_COLUMNS, AcquireParams, Dialect, LeaseClock
-from jobqueue.storage.outcomes import RELEASED, requeue_binds
+from jobqueue.job import Batch, Message, Outcome
+from jobqueue.storage.dialects.base import Dialect, delivery_order
+from jobqueue.storage.dialects.common import AcquireParams, LeaseClock
+from jobqueue.storage.dialects.connector import CONTENTION, OUTAGE
+from jobqueue.storage.dialects.postgresql_sql import (Prepared, build_apply_outcomes, copy_batch, driver_values,
+                                                      outcome_binds)
+from jobqueue.storage.dialects.wakeup import Listener, PollingWaker, Waker
+from jobqueue.storage.engine import IDLE_IN_TRANSACTION_SECONDS, unless_in_url
 from jobqueue.storage.tables import Tables, notify_channel, postgresql_notify_ddl
 
 logger = logging.getLogger("jobqueue.storage")
 
+CONTENTION_CODES = {"40001", "40P01", "55P03"}  # serialization failure, deadlock, lock not available
+# A server that turned read-only (a standby after failover, or one shutting down) and a session the
+# server ended (idle in transaction too long, administrator): wait for the new primary.
+OUTAGE_CODES = {"25006", "57P01", "57P02", "57P03", "25P03"}
+UNDEFINED_TABLE = "42P01"
+
+
+# For jobqueue's own connections only. A queue table's statistics are always out of date: a burst
+# can add a million ready rows between two ANALYZE runs. Planning the acquire on stale statistics
+# picks "bitmap-scan every ready row and sort them" over "walk the ordered index, stop after LIMIT",
+# and every fetch then sorts the whole backlog. These settings make that alternative look
+# expensive, so acquire and flush stay index lookups at any backlog size.
+POSTGRES_PLANNER = "-c enable_bitmapscan=off -c enable_sort=off -c enable_seqscan=off"
+
 
 class PostgreSQLDialect(Dialect):
     name = "postgresql"
-    one_statement_acquire = True
-    one_statement_outcomes = True
+    client_clock = False
+    default_port = 5432
     insert_on_conflict = staticmethod(postgresql.insert)
+
+    @classmethod
+    def engine_options(cls, url: sa.URL) -> tuple[sa.URL, dict[str, Any]]:
+        url, options = super().engine_options(url)
+        # execute_batch for UPDATE executemany: one round trip per page, not per row.
+        options["executemany_mode"] = "values_plus_batch"
+        # Whatever the server's default: SKIP LOCKED acquires and the unique-key checks rely on
+        # each statement seeing the latest commits.
+        options["isolation_level"] = "READ COMMITTED"
+        # A dead server or network is noticed (keepalives) instead of hanging a worker forever; a
+        # lock wait that long is a fault, retried as contention; a session frozen inside a
+        # transaction is ended. The planner settings keep every statement on its index.
+        options["connect_args"] = unless_in_url(url, {
+            "connect_timeout": 10, "keepalives": 1, "keepalives_idle": 30, "keepalives_interval": 10,
+            "keepalives_count": 3,
+            "options": f"-c lock_timeout=30000 -c idle_in_transaction_session_timeout="
+                       f"{IDLE_IN_TRANSACTION_SECONDS * 1000} {POSTGRES_PLANNER}"})
+        return url, options
 
     _apply_outcomes: Any = None
 
-    def __init__(self, tables: Tables) -> None:
-        super().__init__(tables)
+    def __init__(self, engine: sa.Engine, tables: Tables) -> None:
+        super().__init__(engine, tables)
         self._prepared: dict[str, Prepared] = {}
+        self._listener: ProcessListener | None = None
 
+    @property
+    def _on_psycopg2(self) -> bool:
+        return self.engine.dialect.driver == "psycopg2"
+
+    # -- schema, server, errors -----------------------------------------------------------------------
     def after_create(self, connection: sa.Connection) -> None:
         for statement in postgresql_notify_ddl(self.tables.prefix):
             connection.exec_driver_sql(statement)
@@ -46,14 +90,21 @@ class PostgreSQLDialect(Dialect):
     def after_drop(self, connection: sa.Connection) -> None:
         connection.exec_driver_sql(f"DROP FUNCTION IF EXISTS {self.tables.prefix}notify()")
 
-    def notify_statement(self) -> Any:
-        return sa.select(sa.func.pg_notify(notify_channel(self.tables.prefix), ""))
-
     def check_server(self, connection: sa.Connection) -> None:
         self._require(connection.dialect.server_version_info, (13,), "PostgreSQL")
 
-    client_clock = False
+    def classify_driver_error(self, exc: sa.exc.DBAPIError) -> str | None:
+        code = getattr(exc.orig, "pgcode", None)
+        if code in CONTENTION_CODES:
+            return CONTENTION
+        if code in OUTAGE_CODES or isinstance(exc, (sa.exc.OperationalError, sa.exc.InterfaceError)):
+            return OUTAGE
+        return None
 
+    def missing_table(self, exc: sa.exc.DBAPIError) -> bool:
+        return getattr(exc.orig, "pgcode", None) == UNDEFINED_TABLE
+
+    # -- the lease clock ------------------------------------------------------------------------------
     def clock(self) -> Any:
         # now() is the time the transaction began: every lease statement is a short one of its own.
         return sa.func.coalesce(sa.bindparam("lease_now", type_=sa.DateTime),
@@ -63,6 +114,7 @@ class PostgreSQLDialect(Dialect):
         seconds = sa.bindparam("lease_us", type_=sa.BigInteger) / sa.literal_column("1000000.0")
         return self.clock() + sa.func.make_interval(0, 0, 0, 0, 0, 0, seconds, type_=sa.Interval)
 
+    # -- acquire --------------------------------------------------------------------------------------
     def build_acquire(self, queues: str) -> Any:
         m = self.message
         ready = (self.ready_select([m.c.id], queues != "all", queues == "one")
@@ -77,27 +129,36 @@ class PostgreSQLDialect(Dialect):
         # One parameter whatever the number of queues, so that a prepared statement serves every
         # call. One queue is an equality: the ordered walk of the queue's ready index.
         if one:
-            return self.message.c.queue == sa.bindparam("queue", type_=sa.String)
+            return self.message.c.queue == sa.bindparam("only_queue", type_=sa.String)
         return self.message.c.queue == sa.any_(sa.bindparam("queues", type_=postgresql.ARRAY(sa.String)))
 
-    # -- the hot paths, prepared on the driver --
-    def acquires_on_driver(self, driver: str) -> bool:
-        return driver == "psycopg2"
+    def acquire(self, params: AcquireParams) -> list[Message]:
+        if not self._on_psycopg2:
+            with self.single_statement() as connection:
+                return self.acquire_on(connection, params)
+        listener = self._listener
+        if listener is None:
+            return self.run_on_driver(lambda cursor, info: self._acquire_prepared(cursor, info, params), "acquire")
+        with listener.lock:
+            # News heard so far is of commits this acquire sees: no empty acquire after it.
+            listener.take_news()
+            connection = listener.connection()
+            return self.run_on_driver(lambda cursor, info: self._acquire_prepared(cursor, info, params), "acquire",
+                                      connection)
 
-    def acquire_on_cursor(self, cursor: Any, params: AcquireParams, info: dict[str, Any]) -> list[Message]:
-        queues = "all" if not params.queues else "one" if len(params.queues) == 1 else "many"
-        prepared = self._prepared.get(queues)
+    def _acquire_prepared(self, cursor: Any, info: dict[str, Any], params: AcquireParams) -> list[Message]:
+        prepared = self._prepared.get(params.shape)
         if prepared is None:
-            prepared = self._prepared[queues] = Prepared.compile(self.build_acquire(queues))
+            prepared = self._prepared[params.shape] = Prepared.compile(self.build_acquire(params.shape))
         prepared.run(cursor, params.binds(), info)
-        rows = [Message(*_driver_values(row)) for row in cursor.fetchall()]
-        rows.sort(key=lambda r: (-r.priority, r.next_attempt_at, r.id))  # RETURNING gives no order
-        return rows
+        messages = [Message(*driver_values(row)) for row in cursor.fetchall()]
+        messages.sort(key=delivery_order)  # RETURNING gives no order
+        return messages
 
-    def insert_batch(self, connection: sa.Connection, batch: Batch) -> list[int]:
-        if connection.dialect.driver != "psycopg2":  # COPY is written for psycopg2's copy_expert
-            return super().insert_batch(connection, batch)
-        return copy_batch(connection, self.message, batch)
+    # -- outcomes, leases -----------------------------------------------------------------------------
+    def flush(self, outcomes: list[Outcome], now: datetime) -> set[tuple[int, int]]:
+        with self.single_statement() as connection:  # one statement, so one round trip in autocommit
+            return self.apply_outcomes(connection, outcomes, now)
 
     def apply_outcomes(self, connection: sa.Connection, outcomes: list[Outcome],
                        now: datetime) -> set[tuple[int, int]]:
@@ -114,253 +175,123 @@ class PostgreSQLDialect(Dialect):
         stmt = sa.update(m).where(m.c.id.in_(locked.scalar_subquery())).values(lease_expires_at=self.clock_plus())
         return int(connection.execute(stmt, lease.binds()).rowcount)
 
+    # -- enqueue --------------------------------------------------------------------------------------
+    def bulk(self, batch: Batch, batch_size: int) -> list[int]:
+        if not self._on_psycopg2:
+            return super().bulk(batch, batch_size)
+        # One COPY for every row, each payload serialized as it is read, while the server parses
+        # the rows before it (17% faster than serializing first). A bad item aborts the COPY and
+        # the transaction: nothing is committed.
+        with self.engine.begin() as connection:
+            return copy_batch(connection, self.message, batch)
 
-# Outcomes travel as one JSON document per kind, which json_to_recordset turns back into typed rows
-# on the server: one literal to send and parse, where one array literal per field and row cost more
-# on both sides than the statement itself. Bytes travel base64-encoded.
-FINAL_FIELDS = (("id", "bigint"), ("token", "bigint"), ("state", "text"), ("result", "text"),
-                ("checkpoint", "text"), ("etype", "text"), ("emsg", "text"), ("etb", "text"),
-                ("started", "timestamp"), ("finished", "timestamp"), ("attempts", "integer"),
-                ("deliveries", "integer"), ("retain", "boolean"), ("first", "timestamp"))
-REQUEUE_FIELDS = (("id", "bigint"), ("token", "bigint"), ("state", "text"), ("next", "timestamp"),
-                  ("attempts", "integer"), ("deliveries", "integer"), ("checkpoint", "text"),
-                  ("etype", "text"), ("emsg", "text"), ("etb", "text"))
-_TYPES = {"bigint": sa.BigInteger, "text": sa.Text, "timestamp": sa.DateTime, "integer": sa.Integer,
-          "boolean": sa.Boolean}
+    def insert_batch(self, connection: sa.Connection, batch: Batch) -> list[int]:
+        if connection.dialect.driver != "psycopg2":  # COPY is written for psycopg2's copy_expert
+            return super().insert_batch(connection, batch)
+        return copy_batch(connection, self.message, batch)
 
+    # -- wake-ups -------------------------------------------------------------------------------------
+    def notify(self) -> None:
+        with self.single_statement() as connection:
+            connection.execute(sa.select(sa.func.pg_notify(notify_channel(self.tables.prefix), "")))
 
-def _recordset(param: str, fields: tuple[tuple[str, str], ...], name: str) -> Any:
-    rows = (sa.func.json_to_recordset(sa.cast(sa.bindparam(param, type_=sa.Text), postgresql.JSON))
-            .table_valued(*[sa.column(field, _TYPES[kind]) for field, kind in fields])
-            .render_derived(name=f"{name}_rows", with_types=True))
-    return sa.select(rows).cte(name)
+    def waker(self, ready: Callable[[], bool], interval: float) -> Waker:
+        # With psycopg2 the processes listen themselves: the supervisor has nothing to relay.
+        return Waker() if self._on_psycopg2 else PollingWaker(ready, interval)
 
-
-def _bytes(column: Any) -> Any:
-    return sa.func.decode(column, sa.literal_column("'base64'"))
-
-
-def build_apply_outcomes(m: sa.Table, a: sa.Table) -> Any:
-    """Every outcome of a flush in one statement, fenced, with the archive filled server-side.
-
-    DELETE ... RETURNING moves finished messages (payload and all, without sending them back) into
-    INSERT INTO archive; UPDATE requeues the others; both apply only where the message is still
-    PROCESSING under the delivery's lease token. The result is the (id, token) pairs applied. The
-    ids also come as an array so that both find their rows through the primary key.
-    """
-    fin = _recordset("fin", FINAL_FIELDS, "fin")
-    req = _recordset("req", REQUEUE_FIELDS, "req")
-    ids = sa.cast(sa.bindparam("ids", type_=sa.Text), postgresql.ARRAY(sa.BigInteger))
-    moved = (sa.delete(m)
-             .where(m.c.id == sa.any_(ids), m.c.id == fin.c.id, m.c.lease_token == fin.c.token,
-                    m.c.state == PROCESSING)
-             .returning(m.c.id, m.c.lease_token, m.c.task_name, m.c.queue, m.c.priority, m.c.payload, m.c.headers,
-                        m.c.unique_key, m.c.partition_key, m.c.options, m.c.history, m.c.created_at,
-                        m.c.first_attempt_at)
-             .cte("moved"))
-    matched = sa.and_(fin.c.id == moved.c.id, fin.c.token == moved.c.lease_token)
-    archived = sa.insert(a).from_select(
-        ["id", "task_name", "queue", "priority", "state", "payload", "headers", "unique_key", "partition_key",
-         "checkpoint", "options", "history", "attempts_count", "deliveries_count", "created_at", "first_attempt_at",
-         "last_attempt_at", "finished_at", "archived_at", "result", "error_type", "error_message", "error_traceback"],
-        sa.select(moved.c.id, moved.c.task_name, moved.c.queue, moved.c.priority, fin.c.state, moved.c.payload,
-                  moved.c.headers, moved.c.unique_key, moved.c.partition_key, _bytes(fin.c.checkpoint),
-                  moved.c.options, moved.c.history, fin.c.attempts, fin.c.deliveries, moved.c.created_at,
-                  sa.func.coalesce(moved.c.first_attempt_at, fin.c.first), fin.c.started, fin.c.finished,
-                  sa.bindparam("now", type_=sa.DateTime), _bytes(fin.c.result), fin.c.etype, fin.c.emsg, fin.c.etb)
-        .join_from(moved, fin, matched).where(fin.c.retain),
-    ).cte("archived")
-    requeued = (sa.update(m)
-                .where(m.c.id == sa.any_(ids), m.c.id == req.c.id, m.c.lease_token == req.c.token,
-                       m.c.state == PROCESSING)
-                .values(state=req.c.state, next_attempt_at=req.c.next, attempts_count=req.c.attempts,
-                        deliveries_count=req.c.deliveries, checkpoint=_bytes(req.c.checkpoint),
-                        # A hand-back or deferral carries no error: keep the last one recorded.
-                        last_error_type=sa.func.coalesce(req.c.etype, m.c.last_error_type),
-                        last_error_message=sa.func.coalesce(req.c.emsg, m.c.last_error_message),
-                        last_error_traceback=sa.func.coalesce(req.c.etb, m.c.last_error_traceback),
-                        **RELEASED)
-                .returning(m.c.id, req.c.token)
-                .cte("requeued"))
-    return sa.union_all(sa.select(moved.c.id, moved.c.lease_token).add_cte(archived),
-                        sa.select(requeued.c.id, requeued.c.token))
+    def listener(self) -> Listener | None:
+        if not self._on_psycopg2:
+            return None
+        if self._listener is None:
+            self._listener = ProcessListener(self)
+        return self._listener
 
 
-def _b64(data: bytes | None) -> str | None:
-    return None if data is None else base64.b64encode(data).decode("ascii")
+class ProcessListener:
+    """A worker process's own PostgreSQL connection: it LISTENs, and its acquires run on it.
 
-
-def _iso(when: datetime | None) -> str | None:
-    return None if when is None else when.isoformat()
-
-
-def outcome_binds(outcomes: list[Outcome], now: datetime) -> dict[str, Any]:
-    """The bind values of build_apply_outcomes: the ids, and a JSON document per kind of outcome."""
-    finals, requeues = [], []
-    for outcome in outcomes:
-        m = outcome.message
-        error = outcome.error
-        if outcome.kind is OutcomeKind.ARCHIVE:
-            started = _iso(outcome.started_at or m.acquired_at)
-            row: dict[str, Any] = {
-                "id": m.id, "token": m.lease_token, "state": outcome.state.value, "started": started,
-                "finished": _iso(outcome.finished_at), "attempts": m.attempts_count,
-                "deliveries": m.deliveries_count, "retain": outcome.retain, "first": started}
-            # Only what is set: a missing key reads as NULL, and most outcomes carry no result or error.
-            if outcome.result is not None:
-                row["result"] = _b64(outcome.result)
-            if outcome.checkpoint is not None:
-                row["checkpoint"] = _b64(outcome.checkpoint)
-            if error is not None:
-                row.update(etype=error.type, emsg=error.message, etb=error.traceback)
-            finals.append(row)
-        else:
-            b = requeue_binds(outcome)
-            requeues.append({
-                "id": b["b_id"], "token": b["b_token"], "state": b["b_state"], "next": _iso(b["b_next"]),
-                "attempts": b["b_attempts"], "deliveries": b["b_deliveries"], "checkpoint": _b64(b["b_checkpoint"]),
-                "etype": b["b_error_type"], "emsg": b["b_error_message"], "etb": b["b_error_traceback"]})
-    return {"ids": "{" + ",".join(str(o.message.id) for o in outcomes) + "}", "now": now,
-            "fin": json.dumps(finals), "req": json.dumps(requeues)}
-
-
-def _copy_text(value: Any) -> str:
-    """A value in COPY's text format."""
-    if value is None:
-        return "\\N"
-    if isinstance(value, bytes):
-        return "\\\\x" + value.hex()
-    if isinstance(value, datetime):
-        return value.isoformat()
-    if isinstance(value, dict):
-        value = json.dumps(value, separators=(",", ":"))
-    text = str(value)
-    if any(c in text for c in "\\\t\n\r"):
-        text = text.replace("\\", "\\\\").replace("\t", "\\t").replace("\n", "\\n").replace("\r", "\\r")
-    return text
-
-
-def copy_batch(connection: sa.Connection, table: sa.Table, batch: Batch) -> list[int]:
-    """Bulk-insert with COPY: ids reserved from the sequence first (one round trip), then the rows.
-
-    COPY is parsed as data, not as SQL: several times cheaper on the server than multi-row VALUES.
-    The columns the rows share are formatted once.
-    """
-    ids = [row[0] for row in connection.exec_driver_sql(
-        f"SELECT nextval('{table.name}_id_seq') FROM generate_series(1, {len(batch)})").all()]
-    shared = "\t".join(_copy_text(batch.common[column]) for column in SHARED_COLUMNS)
-    lines = (f"{job_id}\t\\\\x{payload.hex()}\t{shared}\n" for job_id, payload in zip(ids, batch.payloads))
-    stream = _CopyStream(lines)
-    raw = connection.connection.driver_connection
-    cursor = raw.cursor()  # type: ignore[union-attr]
-    statement = f"COPY {table.name} (id, payload, {', '.join(SHARED_COLUMNS)}) FROM STDIN"
-    try:
-        cursor.copy_expert(statement, stream, size=COPY_CHUNK)
-    except Exception as exc:
-        if stream.error is not None:  # psycopg2 reports a failed read() as a cancelled COPY: say what failed
-            raise stream.error from None
-        dbapi = connection.dialect.loaded_dbapi
-        if isinstance(exc, dbapi.Error):  # as SQLAlchemy reports every other statement's errors
-            invalidated = connection.dialect.is_disconnect(exc, raw, cursor)
-            raise sa.exc.DBAPIError.instance(statement, None, exc, dbapi.Error,
-                                             connection_invalidated=invalidated) from exc
-        raise
-    finally:
-        cursor.close()
-    return ids
-
-
-COPY_CHUNK = 1 << 16
-
-
-class _CopyStream(io.TextIOBase):
-    """COPY's text, made as psycopg2 reads it: the server parses one chunk while the next is built
-    (and, for a streamed bulk(), while its payloads are serialized)."""
-
-    def __init__(self, lines: Iterator[str]) -> None:
-        self.lines = lines
-        self.error: BaseException | None = None
-
-    def readable(self) -> bool:
-        return True
-
-    def read(self, size: int | None = -1) -> str:
-        parts, length = [], 0
-        try:
-            for line in self.lines:
-                parts.append(line)
-                length += len(line)
-                if size is not None and 0 <= size <= length:
-                    break
-        except BaseException as exc:  # a payload that cannot be serialized: the COPY is abandoned
-            self.error = exc
-            raise
-        return "".join(parts)
-
-
-
-def _driver_values(row: Sequence[Any]) -> list[Any]:
-    """A row as psycopg2 returns it, with bytea as bytes (JSON comes parsed already)."""
-    return [bytes(v) if isinstance(v, memoryview) else v for v in row]
-
-
-class Prepared:
-    """A statement PREPAREd once per connection, then EXECUTEd by name: no parse or plan per call.
-
-    Where prepared statements do not last (a pooler in transaction mode hands each transaction
-    another server connection), a missing one costs one failed round trip and the statement runs
-    plain; after ``GIVE_UP_AFTER`` misses in the life of the process this statement always runs plain.
+    Every idle process listening hears every notification, so a trickle of jobs costs one empty
+    acquire per extra idle process; in exchange nothing relays the news (one wake-up fewer, and the
+    supervisor's own work never delays it). The main thread holds ``lock`` while it acquires or
+    waits; while it runs jobs another thread drains what arrives (:meth:`drain`), so that a long
+    job never leaves notifications piling up on the server.
     """
 
-    GIVE_UP_AFTER = 3
-    MISSING = "26000"  # invalid_sql_statement_name: not prepared on this server connection
-    DUPLICATE = "42P05"  # duplicate_prepared_statement: prepared already (our bookkeeping was lost)
-    CHANGED = "0A000"  # feature_not_supported: "cached plan must not change result type"
+    def __init__(self, dialect: PostgreSQLDialect) -> None:
+        self.dialect = dialect
+        self.channel = notify_channel(dialect.tables.prefix)
+        self.pooled: Any = None  # the pooled DB-API connection (SQLAlchemy's wrapper around it)
+        self.lock = threading.Lock()
+        self.heard = False  # drained while a job ran
 
-    def __init__(self, sql: str, defaults: dict[str, Any] | None = None) -> None:
-        """``sql`` with psycopg2's ``%(name)s`` markers; ``run`` takes a dict of values over ``defaults``."""
-        self.sql = sql
-        self.defaults = defaults or {}
-        self.names = tuple(dict.fromkeys(re.findall(r"%\((\w+)\)s", sql)))
-        numbered = re.sub(r"%\((\w+)\)s", lambda m: f"${self.names.index(m.group(1)) + 1}", sql)
-        self.name = "jobqueue_" + hashlib.sha1(sql.encode()).hexdigest()[:16]
-        self.prepare = f"PREPARE {self.name} AS {numbered.replace('%%', '%')}"
-        self.execute = f"EXECUTE {self.name}" + (f" ({', '.join(['%s'] * len(self.names))})" if self.names else "")
-        self.misses = 0
-
-    @classmethod
-    def compile(cls, statement: Any) -> Prepared:
-        """A SQLAlchemy statement as its psycopg2 dialect renders it; literals it binds become defaults."""
-        compiled = statement.compile(dialect=postgresql.psycopg2.dialect())  # type: ignore[no-untyped-call]
-        return cls(str(compiled), {k: v for k, v in compiled.params.items() if not compiled.binds[k].required})
-
-    def run(self, cursor: Any, params: dict[str, Any], info: dict[str, Any]) -> None:
-        """Execute on ``cursor`` (a connection in autocommit); ``info`` lasts as long as the connection."""
-        params = {**self.defaults, **params}
-        if self.misses >= self.GIVE_UP_AFTER:
-            cursor.execute(self.sql, params)
-            return
-        prepared: set[str] = info.setdefault("jobqueue_prepared", set())
-        if self.name not in prepared:
+    def connection(self) -> Any:
+        """The connection, LISTENing (opened again after a failure); the caller holds ``lock``."""
+        if self.pooled is not None and not self.pooled.is_valid:
+            self._drop()
+        if self.pooled is None:
+            pooled = self.dialect.checkout()
             try:
-                cursor.execute(self.prepare)
-            except Exception as exc:
-                if getattr(exc, "pgcode", None) != self.DUPLICATE:
-                    raise
-            prepared.add(self.name)
-        args = [params[name] for name in self.names]
-        try:
-            cursor.execute(self.execute, args)
-        except Exception as exc:
-            code = getattr(exc, "pgcode", None)
-            if code not in (self.MISSING, self.CHANGED):
+                self.dialect.run_on_driver(lambda cursor, info: cursor.execute(f"LISTEN {self.channel}"),
+                                           f"LISTEN {self.channel}", pooled)
+            except BaseException:
+                if pooled.is_valid:
+                    pooled.invalidate()
                 raise
-            prepared.discard(self.name)
-            if code == self.CHANGED:
-                cursor.execute(f"DEALLOCATE {self.name}")
-            else:
-                self.misses += 1
-                if self.misses == self.GIVE_UP_AFTER:
-                    logger.warning("prepared statements do not last on this database connection (a pooler "
-                                   "in transaction mode?): jobqueue runs its statements unprepared from now on")
-            cursor.execute(self.sql, params)
+            self.pooled = pooled  # what committed before the LISTEN, the acquire about to run sees
+        return self.pooled
+
+    def wait(self, also: list[int], timeout: float) -> tuple[bool, list[int]]:
+        with self.lock:
+            # Heard during the last acquire, or while a job ran: newer than what the acquire saw.
+            if self.take_news():
+                return True, []
+            news = self._fileno()
+            ready, _, _ = select.select(also + ([news] if news is not None else []), [], [], timeout)
+            heard = news is not None and news in ready and self.take_news()
+        return heard, [fd for fd in ready if fd in also]
+
+    def _fileno(self) -> int | None:
+        return self.pooled.dbapi_connection.fileno() if self.pooled is not None and self.pooled.is_valid else None
+
+    def take_news(self) -> bool:
+        """Whether anything was heard since the last call; the caller holds ``lock``."""
+        heard, self.heard = self.heard, False
+        return self._read() or heard
+
+    def drain(self) -> None:
+        if not self.lock.acquire(blocking=False):
+            return
+        try:
+            if self._read():
+                self.heard = True
+        finally:
+            self.lock.release()
+
+    def _read(self) -> bool:
+        """Read what arrived: True for a notification, or for a lost connection (look at once:
+        the next acquire reconnects, or meets the outage). The caller holds ``lock``."""
+        if self.pooled is None or not self.pooled.is_valid:
+            return False
+        try:
+            raw = self.pooled.dbapi_connection
+            raw.poll()
+            heard = bool(raw.notifies)
+            raw.notifies.clear()
+            return heard
+        except Exception as exc:
+            logger.debug("LISTEN connection lost (%s)", exc)
+            self._drop()
+            return True
+
+    def _drop(self) -> None:
+        # Closed rather than pooled, as it is still LISTENing (an invalidated one was returned already).
+        if self.pooled is not None and self.pooled.is_valid:
+            with contextlib.suppress(Exception):
+                self.pooled.invalidate()
+        self.pooled = None
+
+    def close(self) -> None:
+        """Stop listening for good: the process is leaving."""
+        self._drop()
+        if self.dialect._listener is self:
+            self.dialect._listener = None

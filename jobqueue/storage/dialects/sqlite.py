@@ -7,19 +7,29 @@ select-and-mark atomic, and busy_timeout makes the other processes wait their tu
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 from datetime import datetime
 from typing import Any, Callable, Sequence
 
 import sqlalchemy as sa
+from sqlalchemy import event
 from sqlalchemy.dialects import sqlite
 
 from jobqueue.clock import utcnow
+from jobqueue.errors import ConfigurationError
+from jobqueue.storage.engine import READONLY
 from jobqueue.job import Batch, Message, Outcome, OutcomeKind
-from jobqueue.storage.outcomes import COPIED, SUPPLIED, archive_row, requeue_binds, supplied_values
-from jobqueue.storage.dialects.base import ACQUIRED_COLUMNS, SHARED_COLUMNS, AcquireParams, Dialect, json_text
+from jobqueue.storage.outcomes import ARCHIVED_COLUMNS, COPIED, archive_row, archived_values, requeue_binds
+from jobqueue.storage.dialects.base import Dialect, delivery_order
+from jobqueue.storage.dialects.common import ACQUIRED_COLUMNS, BATCH_COLUMNS, AcquireParams, json_text
+from jobqueue.storage.dialects.connector import CONTENTION, OUTAGE
+from jobqueue.storage.dialects.wakeup import PollingWaker, Waker
 
 SQLITE_DATETIME = "%Y-%m-%d %H:%M:%S.%f"  # what SQLAlchemy's DateTime stores on SQLite
+BUSY_TIMEOUT_SECONDS = 30.0
+SQLITE_CONTENTION = ("database is locked", "database table is locked", "database is busy")
+SQLITE_OUTAGE = ("disk i/o error", "unable to open database file")
 
 
 DATETIME_COLUMNS = {"created_at", "next_attempt_at", "first_attempt_at", "last_attempt_at", "finished_at",
@@ -35,20 +45,77 @@ def sqlite_value(column: str, value: Any) -> Any:
     return value
 
 
+
 class SQLiteDialect(Dialect):
     name = "sqlite"
     autocommit = False
+
+    @classmethod
+    def engine_options(cls, url: sa.URL) -> tuple[sa.URL, dict[str, Any]]:
+        if url.database in (None, "", ":memory:") or "mode=memory" in str(url):
+            # Each connection would see its own empty database; worker processes could never share it.
+            raise ConfigurationError("an in-memory SQLite database cannot be shared by worker processes; use a "
+                                     "file, for example sqlite:///jobqueue.sqlite3 (under Django, give the "
+                                     "database, and DATABASES[...]['TEST']['NAME'] for tests, a file path)")
+        return url, {"connect_args": {"timeout": BUSY_TIMEOUT_SECONDS, "check_same_thread": False}}
+
+    @classmethod
+    def configure(cls, engine: sa.Engine) -> None:
+        @event.listens_for(engine, "connect")
+        def on_connect(dbapi_connection: Any, _record: Any) -> None:
+            # Let SQLAlchemy's "begin" event issue BEGIN itself (the pysqlite driver would defer it).
+            dbapi_connection.isolation_level = None
+            cursor = dbapi_connection.cursor()
+            # WAL: readers never block the writer. NORMAL: durable across process crashes, and only
+            # the last transactions can be lost on power failure (see docs/configuration.md).
+            cursor.execute("PRAGMA journal_mode=WAL")
+            cursor.execute("PRAGMA synchronous=NORMAL")
+            cursor.execute(f"PRAGMA busy_timeout={int(BUSY_TIMEOUT_SECONDS * 1000)}")
+            cursor.close()
+
+        @event.listens_for(engine, "begin")
+        def on_begin(connection: sa.Connection) -> None:
+            # IMMEDIATE takes the write lock up front: a deferred transaction that reads and then
+            # writes fails with SQLITE_BUSY (no wait) if another process wrote in between.
+            # Straight on the driver: the event runs twice per worker batch.
+            driver: Any = connection.connection.driver_connection
+            driver.execute("BEGIN" if connection.get_execution_options().get(READONLY) else "BEGIN IMMEDIATE")
+
+    @classmethod
+    def database_identity(cls, url: sa.URL) -> tuple[Any, ...]:
+        return (os.path.realpath(url.database) if url.database else "",)
+
+    @classmethod
+    def absolute_url(cls, url: sa.URL) -> sa.URL:
+        # Another working directory (a Spark executor's, say) would find another file.
+        if url.database and not url.database.startswith("file:") and not os.path.isabs(url.database):
+            return url.set(database=os.path.abspath(url.database))
+        return url
     marker = "?"
 
     def format_value(self, column: str, value: Any) -> Any:
         return sqlite_value(column, value)
+
     insert_on_conflict = staticmethod(sqlite.insert)
+
+    def classify_driver_error(self, exc: sa.exc.DBAPIError) -> str | None:
+        # sqlite3 says it in words: busy files wait their turn, an unreadable file is an outage.
+        text = str(exc.orig).lower()
+        if any(part in text for part in SQLITE_CONTENTION):
+            return CONTENTION
+        return OUTAGE if any(part in text for part in SQLITE_OUTAGE) else None
+
+    def missing_table(self, exc: sa.exc.DBAPIError) -> bool:
+        return "no such table" in str(exc.orig).lower()
+
+    def waker(self, ready: Callable[[], bool], interval: float) -> Waker:
+        return SQLiteWaker(self, interval)
 
     def insert_batch(self, connection: sa.Connection, batch: Batch) -> list[int]:
         # One executemany in one write transaction: with AUTOINCREMENT and the write lock held, the
         # ids are the consecutive run ending at last_insert_rowid().
-        shared = tuple(self.format_value(column, batch.common[column]) for column in SHARED_COLUMNS)
-        sql = self.batch_insert_sql("(" + ", ".join(["?"] * (len(SHARED_COLUMNS) + 1)) + ")")
+        shared = tuple(self.format_value(column, batch.common[column]) for column in BATCH_COLUMNS)
+        sql = self.batch_insert_sql("(" + ", ".join(["?"] * (len(BATCH_COLUMNS) + 1)) + ")")
         connection.exec_driver_sql(sql, [(payload, *shared) for payload in batch.payloads])
         last = connection.exec_driver_sql("SELECT last_insert_rowid()").scalar_one()
         return list(range(last - len(batch) + 1, last + 1))
@@ -65,7 +132,7 @@ class SQLiteDialect(Dialect):
             kept = [o for o in finals if o.retain and o.message.corrupt is None]
             if kept:
                 connection.exec_driver_sql(self._archive_copy_sql(), [
-                    tuple(self.format_value(c, v) for c, v in zip(SUPPLIED, supplied_values(o, now)))
+                    tuple(self.format_value(c, v) for c, v in zip(ARCHIVED_COLUMNS, archived_values(o, now), strict=True))
                     + (o.message.id,) for o in kept])
             # A corrupt row is archived from the values that could be read (its error message holds
             # the unreadable text), so that the archive never holds text it cannot read back.
@@ -73,16 +140,16 @@ class SQLiteDialect(Dialect):
             if repaired:
                 connection.execute(sa.insert(self.tables.archive), repaired)
             connection.execute(self.delete_ids, {"ids": [o.message.id for o in finals]})
-        updates = [requeue_binds(o) for o in applied if o.kind is not OutcomeKind.ARCHIVE]
+        updates = [requeue_binds(o, now) for o in applied if o.kind is not OutcomeKind.ARCHIVE]
         if updates:
             connection.execute(self.requeue, updates)
         return held
 
     def _archive_copy_sql(self) -> str:
         message, archive = self.message.name, self.tables.archive.name
-        columns = ", ".join(COPIED + SUPPLIED)
+        columns = ", ".join(COPIED + ARCHIVED_COLUMNS)
         copied = ", ".join(COPIED)
-        supplied = ", ".join(["?"] * len(SUPPLIED))
+        supplied = ", ".join(["?"] * len(ARCHIVED_COLUMNS))
         return f"INSERT INTO {archive} ({columns}) SELECT {copied}, {supplied} FROM {message} WHERE id = ?"
 
     def check_server(self, connection: sa.Connection) -> None:
@@ -96,14 +163,31 @@ class SQLiteDialect(Dialect):
         raw = [sa.type_coerce(column, sa.types.NullType()).label(column.name) for column in self.returned]
         return sa.update(m).where(m.c.id.in_(ready)).values(self.acquired_values()).returning(*raw)
 
-    def acquire(self, connection: sa.Connection, params: AcquireParams) -> list[Message]:
-        queues = "all" if not params.queues else "one" if len(params.queues) == 1 else "many"
-        stmt = self._acquire_cache.get(queues)
-        if stmt is None:
-            stmt = self._acquire_cache[queues] = self.build_acquire(queues)
-        rows = [read_message(row) for row in connection.execute(stmt, params.binds()).all()]
-        rows.sort(key=lambda r: (-r.priority, r.next_attempt_at, r.id))
-        return rows
+    def acquire_on(self, connection: sa.Connection, params: AcquireParams) -> list[Message]:
+        rows = connection.execute(self.acquire_statement(params), params.binds()).all()
+        messages = [read_message(row) for row in rows]
+        messages.sort(key=delivery_order)
+        return messages
+
+
+class SQLiteWaker(PollingWaker):
+    """``PRAGMA data_version`` changes when another connection commits; reading it reads no table."""
+
+    def __init__(self, dialect: SQLiteDialect, interval: float) -> None:
+        super().__init__(self.changed, interval)
+        self.connection = dialect.engine.raw_connection()
+        self.last_seen: Any = None
+
+    def changed(self) -> bool:
+        version = self.connection.cursor().execute("PRAGMA data_version").fetchone()[0]
+        # The first reading counts as news: a commit made after a process's first (empty) fetch
+        # but before this reading would otherwise wait for that process's fallback poll.
+        changed = self.last_seen is None or version != self.last_seen
+        self.last_seen = version
+        return changed
+
+    def close(self) -> None:
+        self.connection.close()
 
 
 def _timestamp(value: Any) -> datetime:
@@ -190,7 +274,7 @@ def _read_fast(id: Any, task_name: Any, queue: Any, priority: Any, payload: Any,
 def _read_carefully(row: Sequence[Any]) -> Message:
     values: list[Any] = []
     problems: list[str] = []
-    for column, value in zip(ACQUIRED_COLUMNS, row):
+    for column, value in zip(ACQUIRED_COLUMNS, row, strict=True):
         read, stand_in = _READERS[column]
         try:
             values.append(read(value))

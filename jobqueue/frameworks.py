@@ -1,0 +1,49 @@
+"""What a web-framework integration provides a JobQueue, and how a JobQueue finds one.
+
+A :class:`Framework` binds a :class:`~jobqueue.JobQueue` to a framework's database: the queue's URL
+is the framework's, ``delay()`` without ``connection=`` writes through the framework's current
+connection or session (so the job commits or rolls back with the request's work), and every job
+runs inside the framework's per-job scope. The integrations live in ``jobqueue.contrib``; one that
+can be found on its own (Django's, when its app starts) adds a detector to :data:`DETECTORS`.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator
+
+
+class Framework:
+    """What an integration provides; the defaults do nothing."""
+
+    name = "framework"
+
+    def database_url(self) -> str:
+        """The URL of the framework's database (workers and the CLI connect to it)."""
+        raise NotImplementedError
+
+    @contextmanager
+    def connection(self) -> Iterator[Any]:
+        """The connection or session an enqueue without ``connection=`` writes through, or None."""
+        yield None
+
+    @contextmanager
+    def job_scope(self) -> Iterator[None]:
+        """Wraps every job a worker process runs."""
+        yield
+
+    def before_fork(self) -> None:
+        """Called in the supervisor before it forks worker processes."""
+
+
+# Each returns the Framework this process runs under, or None; asked by a JobQueue made without a URL.
+DETECTORS: list[Callable[[], Framework | None]] = []
+
+
+def detect_framework() -> Framework | None:
+    """The first framework a detector finds, or None (cheap: a JobQueue asks on first use)."""
+    for detect in DETECTORS:
+        framework = detect()
+        if framework is not None:
+            return framework
+    return None

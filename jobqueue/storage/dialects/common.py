@@ -1,0 +1,82 @@
+"""What the dialects share: column lists, literal states, and the parameters of an acquisition."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+import sqlalchemy as sa
+
+from jobqueue.job import READY_STATES
+
+# Literal states (not bind parameters) so that PostgreSQL and SQLite can prove a query matches the
+# partial indexes' predicates at planning time.
+READY_LITERALS: list[sa.ColumnClause[Any]] = [sa.literal_column(f"'{state}'") for state in READY_STATES]
+PROCESSING: sa.ColumnClause[Any] = sa.literal_column("'PROCESSING'")
+
+# The columns a worker needs from an acquired message, in the order of Message's fields.
+ACQUIRED_COLUMNS = (
+    "id", "task_name", "queue", "priority", "payload", "headers", "attempts_count", "deliveries_count",
+    "lease_token", "created_at", "first_attempt_at", "next_attempt_at", "acquired_at", "unique_key",
+    "partition_key", "checkpoint", "options", "history",
+)
+
+# The columns every row of a bulk batch has in common (all the enqueued columns but payload and
+# unique_key), in the order the driver-level insert paths send them.
+BATCH_COLUMNS = ("task_name", "queue", "priority", "state", "headers", "partition_key", "options",
+                 "attempts_count", "deliveries_count", "created_at", "next_attempt_at")
+
+
+def json_text(value: Any) -> str | None:
+    return None if value is None else json.dumps(value, separators=(",", ":"))
+
+
+@dataclass(frozen=True)
+class LeaseClock:
+    """The binds of a statement that reads the lease clock: :meth:`Dialect.clock` and ``clock_plus``.
+
+    ``now`` pins the clock (tests); None reads the database server's clock where the dialect can.
+    ``seconds`` is the offset ``clock_plus`` adds (a lease, or minus a staleness limit).
+    """
+
+    now: datetime | None
+    seconds: float
+
+    def binds(self) -> dict[str, Any]:
+        return {"lease_now": self.now, "lease_us": int(self.seconds * 1_000_000),
+                "lease_until": None if self.now is None else self.now + timedelta(seconds=self.seconds)}
+
+
+@dataclass(frozen=True)
+class WorkerState:
+    """What a heartbeat says of one worker process."""
+
+    id: str
+    running_job_id: int | None = None
+    running_since: datetime | None = None
+    jobs_done: int = 0
+
+
+@dataclass(frozen=True)
+class AcquireParams:
+    worker_id: str
+    token: int
+    queues: tuple[str, ...] | None
+    limit: int
+    now: datetime  # what is due: messages whose next_attempt_at is not after it
+    lease: LeaseClock
+
+    @property
+    def shape(self) -> str:
+        """Which acquire statement serves these queues: "all", "one" or "many"."""
+        return "all" if not self.queues else "one" if len(self.queues) == 1 else "many"
+
+    def binds(self) -> dict[str, Any]:
+        binds: dict[str, Any] = {"now": self.now, "limit": self.limit, "token": self.token,
+                                 "worker_id": self.worker_id, **self.lease.binds()}
+        if self.queues:
+            binds["queues"] = list(self.queues)
+            binds["only_queue"] = self.queues[0]
+        return binds

@@ -1,0 +1,150 @@
+"""A dialect's own connections and its reading of driver errors.
+
+The hot paths run straight on the DB-API driver in autocommit: on an idle worker SQLAlchemy's
+per-statement machinery took longer than the statement. The rest goes through SQLAlchemy Core.
+Errors come back wrapped as SQLAlchemy wraps them, so that the outage logic reads them one way.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator, TypeVar
+
+import sqlalchemy as sa
+
+from jobqueue.storage.engine import create_engine
+
+T = TypeVar("T")
+
+# What a driver error means to the runtime (see Connector.classify).
+CONTENTION = "contention"  # a deadlock, a lock timeout, a busy file: retried quietly
+OUTAGE = "outage"  # a lost connection, a server down or restarting: retried with backoff, logged once
+
+
+LOCAL_HOSTS = {None, "", "localhost", "127.0.0.1", "::1"}
+
+
+class Connector:
+    """The connections of one dialect: its engine's pool, and an autocommit pool where it pays."""
+
+    # Whether single statements run in autocommit (a network round trip saved); not on SQLite,
+    # whose transactions cost no round trips and must begin IMMEDIATE.
+    autocommit = True
+    default_port: int | None = None
+
+    # -- engines (class methods: they run before there is an engine) ------------------------------
+    @classmethod
+    def engine_options(cls, url: sa.URL) -> tuple[sa.URL, dict[str, Any]]:
+        """The URL and ``sqlalchemy.create_engine`` options for jobqueue's own connections."""
+        return url, {"pool_size": 2, "max_overflow": 8}
+
+    @classmethod
+    def configure(cls, engine: sa.Engine) -> None:
+        """Install what every new connection of ``engine`` needs (event listeners)."""
+
+    @classmethod
+    def database_identity(cls, url: sa.URL) -> tuple[Any, ...]:
+        """What names one database, drivers, users and passwords aside (a server's host, port, name)."""
+        host = "localhost" if url.host in LOCAL_HOSTS else url.host
+        return host, url.port or cls.default_port, url.database
+
+    @classmethod
+    def absolute_url(cls, url: sa.URL) -> sa.URL:
+        """``url`` as any working directory reads it."""
+        return url
+
+    def __init__(self, engine: sa.Engine) -> None:
+        self.engine = engine
+        self._autocommit_engine: sa.Engine | None = None
+
+    def dispose(self, close: bool = True) -> None:
+        """Drop every pooled connection; ``close=False`` in a forked child, whose parent still uses them."""
+        for engine in (self.engine, self._autocommit_engine):
+            if engine is not None:
+                engine.dispose(close=close)
+
+    def _autocommit(self) -> sa.Engine:
+        if self._autocommit_engine is None:
+            # Its own pool, always in autocommit: switching a pooled MySQL connection in and out of
+            # autocommit would cost a round trip each way.
+            self._autocommit_engine = create_engine(self.engine.url, isolation_level="AUTOCOMMIT")
+        return self._autocommit_engine
+
+    def _driver_engine(self) -> sa.Engine:
+        return self._autocommit() if self.autocommit else self.engine
+
+    @contextmanager
+    def single_statement(self) -> Iterator[sa.Connection]:
+        """A connection for one statement that is its own transaction: one round trip where BEGIN,
+        the statement and COMMIT take three. SQLite keeps its IMMEDIATE transaction (local, cheap,
+        and needed where a statement reads before it writes)."""
+        if not self.autocommit:
+            with self.engine.begin() as conn:
+                yield conn
+            return
+        with self._autocommit().connect() as conn:
+            yield conn
+
+    def checkout(self) -> Any:
+        """A pooled DB-API connection in autocommit, for the dialect to keep (close() returns it).
+
+        Its connect errors are wrapped as SQLAlchemy wraps them for a Connection, so that the
+        outage logic recognises a server that is down.
+        """
+        engine = self._driver_engine()
+        dbapi = engine.dialect.loaded_dbapi
+        try:
+            return engine.raw_connection()
+        except dbapi.Error as exc:
+            raise sa.exc.DBAPIError.instance("connect", None, exc, dbapi.Error, connection_invalidated=True) from exc
+
+    def run_on_driver(self, work: Callable[[Any, dict[str, Any]], T], statement: str, connection: Any = None) -> T:
+        """Run ``work(cursor, info)`` on a pooled DB-API connection in autocommit.
+
+        ``info`` lives as long as the connection (a place for prepared-statement bookkeeping).
+        ``connection``: one of the dialect's own from :meth:`checkout`, instead of the pool's.
+        """
+        engine = self._driver_engine()
+        dbapi = engine.dialect.loaded_dbapi
+        owned = connection is not None
+        pooled = connection if owned else self.checkout()
+        try:
+            cursor = pooled.cursor()
+            try:
+                return work(cursor, pooled.info)
+            finally:
+                cursor.close()
+        except dbapi.Error as exc:
+            # Wrapped as SQLAlchemy would, so SchemaError and the outage logic recognise it.
+            invalidated = engine.dialect.is_disconnect(exc, pooled.dbapi_connection, None)
+            if invalidated:
+                # As SQLAlchemy does on a disconnect: every connection pooled before now is stale
+                # too (a restarted server), and is replaced when next checked out.
+                engine.pool._invalidate(pooled, exc)
+            raise sa.exc.DBAPIError.instance(statement, None, exc, dbapi.Error,
+                                             connection_invalidated=invalidated) from exc
+        finally:
+            if not owned:
+                pooled.close()
+
+    # -- errors ------------------------------------------------------------------------------------
+    def classify(self, exc: BaseException) -> str | None:
+        """CONTENTION, OUTAGE, or None for an error that retrying cannot fix.
+
+        Here what every driver says the same way; the dialects add their own codes.
+        """
+        if isinstance(exc, sa.exc.DBAPIError):
+            if exc.connection_invalidated:
+                return OUTAGE
+            return self.classify_driver_error(exc)
+        if isinstance(exc, (sa.exc.DisconnectionError, ConnectionError)):
+            return OUTAGE
+        return None
+
+    def classify_driver_error(self, exc: sa.exc.DBAPIError) -> str | None:
+        """CONTENTION, OUTAGE or None for a driver error (the driver's own in ``exc.orig``)."""
+        return None
+
+    def missing_table(self, exc: sa.exc.DBAPIError) -> bool:
+        """True if ``exc`` says that a table does not exist."""
+        return False

@@ -1,0 +1,257 @@
+"""The statements PostgreSQL runs its own way: a prepared acquire, COPY, and a one-statement flush.
+
+Each was measured to pay for itself (docs/performance.md): on an idle worker SQLAlchemy's
+execution and the server's parse and plan took longer than running the acquire; COPY is parsed as
+data, several times cheaper than multi-row VALUES; a flush of any size is one round trip.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import io
+import json
+import logging
+import re
+from datetime import datetime
+from typing import Any, Iterator, Sequence
+
+import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql
+
+from jobqueue.job import Batch, Outcome, OutcomeKind
+from jobqueue.storage.dialects.common import BATCH_COLUMNS, PROCESSING
+from jobqueue.storage.outcomes import ARCHIVED, COPIED, RELEASED, REQUEUED, Field
+
+logger = logging.getLogger("jobqueue.storage")
+
+
+# -- the flush: one statement, the outcomes as JSON recordsets --------------------------------------
+# Outcomes travel as one JSON document per kind, which json_to_recordset turns back into typed rows
+# on the server: one literal to send and parse, where one array literal per field and row cost more
+# on both sides than the statement itself. Bytes travel base64-encoded. The columns are the shared
+# outcome fields (storage.outcomes), plus each delivery's id and lease token.
+_KINDS = {"text": sa.Text, "bytes": sa.Text, "integer": sa.Integer, "timestamp": sa.DateTime}
+_KEYS = (sa.column("id", sa.BigInteger), sa.column("token", sa.BigInteger))
+
+
+def _recordset(param: str, fields: tuple[Field, ...], extra: tuple[Any, ...] = ()) -> Any:
+    columns = [*_KEYS, *extra, *[sa.column(f.column, _KINDS[f.kind]) for f in fields]]
+    rows = (sa.func.json_to_recordset(sa.cast(sa.bindparam(param, type_=sa.Text), postgresql.JSON))
+            .table_valued(*columns).render_derived(name=f"{param}_rows", with_types=True))
+    return sa.select(rows).cte(param)
+
+
+def _value(field: Field, column: Any) -> Any:
+    """A recordset column as its table column takes it (bytes come base64-encoded)."""
+    return sa.func.decode(column, sa.literal_column("'base64'")) if field.kind == "bytes" else column
+
+
+def build_apply_outcomes(m: sa.Table, a: sa.Table) -> Any:
+    """Every outcome of a flush in one statement, fenced, with the archive filled server-side.
+
+    DELETE ... RETURNING moves finished messages (payload and all, without sending them back) into
+    INSERT INTO archive; UPDATE requeues the others; both apply only where the message is still
+    PROCESSING under the delivery's lease token. The result is the (id, token) pairs applied. The
+    ids also come as an array so that both find their rows through the primary key.
+    """
+    fin = _recordset("fin", ARCHIVED, (sa.column("retain", sa.Boolean),))
+    req = _recordset("req", REQUEUED)
+    ids = sa.cast(sa.bindparam("ids", type_=sa.Text), postgresql.ARRAY(sa.BigInteger))
+    moved = (sa.delete(m)
+             .where(m.c.id == sa.any_(ids), m.c.id == fin.c.id, m.c.lease_token == fin.c.token,
+                    m.c.state == PROCESSING)
+             .returning(m.c.lease_token, *[m.c[column] for column in COPIED])
+             .cte("moved"))
+    matched = sa.and_(fin.c.id == moved.c.id, fin.c.token == moved.c.lease_token)
+    archived = sa.insert(a).from_select(
+        [*COPIED, *[f.column for f in ARCHIVED]],
+        sa.select(*[moved.c[column] for column in COPIED], *[_value(f, fin.c[f.column]) for f in ARCHIVED])
+        .join_from(moved, fin, matched).where(fin.c.retain),
+    ).cte("archived")
+    values: dict[str, Any] = {}
+    for field in REQUEUED:
+        value = _value(field, req.c[field.column])
+        values[field.column] = sa.func.coalesce(value, m.c[field.column]) if field.keep_if_null else value
+    requeued = (sa.update(m)
+                .where(m.c.id == sa.any_(ids), m.c.id == req.c.id, m.c.lease_token == req.c.token,
+                       m.c.state == PROCESSING)
+                .values(**values, **RELEASED)
+                .returning(m.c.id, req.c.token)
+                .cte("requeued"))
+    return sa.union_all(sa.select(moved.c.id, moved.c.lease_token).add_cte(archived),
+                        sa.select(requeued.c.id, requeued.c.token))
+
+
+def _json_value(value: Any) -> Any:
+    if isinstance(value, bytes):
+        return base64.b64encode(value).decode("ascii")
+    if isinstance(value, datetime):
+        return value.isoformat()
+    return value
+
+
+def _document(outcome: Outcome, fields: tuple[Field, ...], now: datetime) -> dict[str, Any]:
+    row: dict[str, Any] = {"id": outcome.message.id, "token": outcome.message.lease_token}
+    for field in fields:
+        value = field.value(outcome, now)
+        if value is not None:  # a missing key reads as NULL: most outcomes carry no result or error
+            row[field.column] = _json_value(value)
+    return row
+
+
+def outcome_binds(outcomes: list[Outcome], now: datetime) -> dict[str, Any]:
+    """The bind values of build_apply_outcomes: the ids, and a JSON document per kind of outcome."""
+    finals, requeues = [], []
+    for outcome in outcomes:
+        if outcome.kind is OutcomeKind.ARCHIVE:
+            finals.append({**_document(outcome, ARCHIVED, now), "retain": outcome.retain})
+        else:
+            requeues.append(_document(outcome, REQUEUED, now))
+    return {"ids": "{" + ",".join(str(o.message.id) for o in outcomes) + "}",
+            "fin": json.dumps(finals), "req": json.dumps(requeues)}
+
+
+# -- bulk: COPY ---------------------------------------------------------------------------------------
+def _copy_text(value: Any) -> str:
+    """A value in COPY's text format."""
+    if value is None:
+        return "\\N"
+    if isinstance(value, bytes):
+        return "\\\\x" + value.hex()
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if isinstance(value, dict):
+        value = json.dumps(value, separators=(",", ":"))
+    text = str(value)
+    if any(c in text for c in "\\\t\n\r"):
+        text = text.replace("\\", "\\\\").replace("\t", "\\t").replace("\n", "\\n").replace("\r", "\\r")
+    return text
+
+
+def copy_batch(connection: sa.Connection, table: sa.Table, batch: Batch) -> list[int]:
+    """Bulk-insert with COPY: ids reserved from the sequence first (one round trip), then the rows.
+
+    COPY is parsed as data, not as SQL: several times cheaper on the server than multi-row VALUES.
+    The columns the rows share are formatted once.
+    """
+    ids = [row[0] for row in connection.exec_driver_sql(
+        f"SELECT nextval('{table.name}_id_seq') FROM generate_series(1, {len(batch)})").all()]
+    shared = "\t".join(_copy_text(batch.common[column]) for column in BATCH_COLUMNS)
+    lines = (f"{job_id}\t\\\\x{payload.hex()}\t{shared}\n" for job_id, payload in zip(ids, batch.payloads, strict=True))
+    stream = _CopyStream(lines)
+    raw = connection.connection.driver_connection
+    cursor = raw.cursor()  # type: ignore[union-attr]
+    statement = f"COPY {table.name} (id, payload, {', '.join(BATCH_COLUMNS)}) FROM STDIN"
+    try:
+        cursor.copy_expert(statement, stream, size=COPY_CHUNK)
+    except Exception as exc:
+        if stream.error is not None:  # psycopg2 reports a failed read() as a cancelled COPY: say what failed
+            raise stream.error from None
+        dbapi = connection.dialect.loaded_dbapi
+        if isinstance(exc, dbapi.Error):  # as SQLAlchemy reports every other statement's errors
+            invalidated = connection.dialect.is_disconnect(exc, raw, cursor)
+            raise sa.exc.DBAPIError.instance(statement, None, exc, dbapi.Error,
+                                             connection_invalidated=invalidated) from exc
+        raise
+    finally:
+        cursor.close()
+    return ids
+
+
+COPY_CHUNK = 1 << 16
+
+
+class _CopyStream(io.TextIOBase):
+    """COPY's text, made as psycopg2 reads it: the server parses one chunk while the next is built
+    (and, for a streamed bulk(), while its payloads are serialized)."""
+
+    def __init__(self, lines: Iterator[str]) -> None:
+        self.lines = lines
+        self.error: BaseException | None = None
+
+    def readable(self) -> bool:
+        return True
+
+    def read(self, size: int | None = -1) -> str:
+        parts, length = [], 0
+        try:
+            for line in self.lines:
+                parts.append(line)
+                length += len(line)
+                if size is not None and 0 <= size <= length:
+                    break
+        except BaseException as exc:  # a payload that cannot be serialized: the COPY is abandoned
+            self.error = exc
+            raise
+        return "".join(parts)
+
+
+
+def driver_values(row: Sequence[Any]) -> list[Any]:
+    """A row as psycopg2 returns it, with bytea as bytes (JSON comes parsed already)."""
+    return [bytes(v) if isinstance(v, memoryview) else v for v in row]
+
+
+
+# -- acquire: prepared once per connection --------------------------------------------------------
+class Prepared:
+    """A statement PREPAREd once per connection, then EXECUTEd by name: no parse or plan per call.
+
+    Where prepared statements do not last (a pooler in transaction mode hands each transaction
+    another server connection), a missing one costs one failed round trip and the statement runs
+    plain; after ``GIVE_UP_AFTER`` misses in the life of the process this statement always runs plain.
+    """
+
+    GIVE_UP_AFTER = 3
+    MISSING = "26000"  # invalid_sql_statement_name: not prepared on this server connection
+    DUPLICATE = "42P05"  # duplicate_prepared_statement: prepared already (our bookkeeping was lost)
+    CHANGED = "0A000"  # feature_not_supported: "cached plan must not change result type"
+
+    def __init__(self, sql: str, defaults: dict[str, Any] | None = None) -> None:
+        """``sql`` with psycopg2's ``%(name)s`` markers; ``run`` takes a dict of values over ``defaults``."""
+        self.sql = sql
+        self.defaults = defaults or {}
+        self.names = tuple(dict.fromkeys(re.findall(r"%\((\w+)\)s", sql)))
+        numbered = re.sub(r"%\((\w+)\)s", lambda m: f"${self.names.index(m.group(1)) + 1}", sql)
+        self.name = "jobqueue_" + hashlib.sha1(sql.encode()).hexdigest()[:16]
+        self.prepare = f"PREPARE {self.name} AS {numbered.replace('%%', '%')}"
+        self.execute = f"EXECUTE {self.name}" + (f" ({', '.join(['%s'] * len(self.names))})" if self.names else "")
+        self.misses = 0
+
+    @classmethod
+    def compile(cls, statement: Any) -> Prepared:
+        """A SQLAlchemy statement as its psycopg2 dialect renders it; literals it binds become defaults."""
+        compiled = statement.compile(dialect=postgresql.psycopg2.dialect())  # type: ignore[no-untyped-call]
+        return cls(str(compiled), {k: v for k, v in compiled.params.items() if not compiled.binds[k].required})
+
+    def run(self, cursor: Any, params: dict[str, Any], info: dict[str, Any]) -> None:
+        """Execute on ``cursor`` (a connection in autocommit); ``info`` lasts as long as the connection."""
+        params = {**self.defaults, **params}
+        if self.misses >= self.GIVE_UP_AFTER:
+            cursor.execute(self.sql, params)
+            return
+        prepared: set[str] = info.setdefault("jobqueue_prepared", set())
+        if self.name not in prepared:
+            try:
+                cursor.execute(self.prepare)
+            except Exception as exc:
+                if getattr(exc, "pgcode", None) != self.DUPLICATE:
+                    raise
+            prepared.add(self.name)
+        args = [params[name] for name in self.names]
+        try:
+            cursor.execute(self.execute, args)
+        except Exception as exc:
+            code = getattr(exc, "pgcode", None)
+            if code not in (self.MISSING, self.CHANGED):
+                raise
+            prepared.discard(self.name)
+            if code == self.CHANGED:
+                cursor.execute(f"DEALLOCATE {self.name}")
+            else:
+                self.misses += 1
+                if self.misses == self.GIVE_UP_AFTER:
+                    logger.warning("prepared statements do not last on this database connection (a pooler "
+                                   "in transaction mode?): jobqueue runs its statements unprepared from now on")
+            cursor.execute(self.sql, params)

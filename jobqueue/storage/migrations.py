@@ -1,0 +1,139 @@
+"""Numbered schema migrations: from the version a database holds to the one this release needs.
+
+A new database gets the current layout at once (``init``); an older one is brought up step by step
+(``upgrade``), each step in its own transaction where the database allows DDL in one (PostgreSQL,
+SQLite; MySQL commits each ALTER by itself, so a step is written to be run again safely). Every
+step only adds: workers of the release before keep running on an upgraded database until they
+are replaced (see docs/upgrading.md). Each applied version is recorded with the release that
+applied it, so that an older release can say which one to install.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import sqlalchemy as sa
+
+from jobqueue.clock import utcnow
+from jobqueue.errors import SchemaError
+from jobqueue.storage.dialects import dialect_for
+from jobqueue.storage.tables import SCHEMA_VERSION, Tables
+
+
+@dataclass(frozen=True)
+class Migration:
+    """One step: the version it brings a database to, what it does, and its statements."""
+
+    version: int
+    description: str
+    statements: Callable[[sa.Connection, Tables], list[str]]
+
+
+def _add_columns(connection: sa.Connection, table: sa.Table, names: list[str]) -> list[str]:
+    """``ALTER TABLE ... ADD COLUMN`` for the columns of ``table`` (as tables.py defines them) it lacks."""
+    present = {column["name"] for column in sa.inspect(connection).get_columns(table.name)}
+    statements = []
+    for name in names:
+        if name in present:
+            continue
+        column = table.c[name]
+        kind = column.type.compile(dialect=connection.dialect)
+        default = f" DEFAULT {column.server_default.arg}" if column.server_default is not None else ""  # type: ignore[attr-defined]
+        null = "" if column.nullable else " NOT NULL"
+        statements.append(f"ALTER TABLE {table.name} ADD COLUMN {name} {kind}{default}{null}")
+    return statements
+
+
+def _to_2(connection: sa.Connection, tables: Tables) -> list[str]:
+    return (_add_columns(connection, tables.worker, ["running_job_id", "running_since", "jobs_done"])
+            + _add_columns(connection, tables.schema_version, ["applied_by"]))
+
+
+MIGRATIONS = (
+    Migration(2, "worker rows tell which job each process runs, since when, and how many it has done; "
+                 "each schema version records the release that applied it", _to_2),
+)
+assert MIGRATIONS[-1].version == SCHEMA_VERSION, "the newest migration must reach SCHEMA_VERSION"
+
+
+def installed_version(connection: sa.Connection, tables: Tables) -> int | None:
+    """The schema version recorded in the database, or None if there is none (no tables)."""
+    if not sa.inspect(connection).has_table(tables.schema_version.name):
+        return None
+    value = connection.execute(sa.select(sa.func.max(tables.schema_version.c.version))).scalar()
+    return int(value) if value is not None else None
+
+
+def _applied_by(connection: sa.Connection, tables: Tables, version: int) -> str | None:
+    """The release that applied ``version`` (recorded from schema 2 on)."""
+    sv = tables.schema_version
+    if "applied_by" not in {c["name"] for c in sa.inspect(connection).get_columns(sv.name)}:
+        return None
+    return connection.execute(sa.select(sa.literal_column("applied_by")).select_from(sv)
+                              .where(sv.c.version == version)).scalar()
+
+
+def newer_error(connection: sa.Connection, tables: Tables, version: int) -> SchemaError:
+    release = _applied_by(connection, tables, version)
+    install = f"pip install 'jobqueue>={release}'" if release else "pip install -U jobqueue"
+    return SchemaError(f"the jobqueue tables ({tables.prefix}*) are at schema version {version}, newer than this "
+                       f"release's {SCHEMA_VERSION} (jobqueue {_release()}); upgrade jobqueue: {install}")
+
+
+def _release() -> str:
+    from jobqueue.version import __version__
+
+    return __version__
+
+
+def pending(connection: sa.Connection, tables: Tables) -> list[Migration]:
+    """The migrations a database still needs, in order; SchemaError if it has no tables or is newer."""
+    version = installed_version(connection, tables)
+    if version is None:
+        raise SchemaError(f"the jobqueue tables ({tables.prefix}*) do not exist in this database; run "
+                          "`jobqueue db init` to create them")
+    if version > SCHEMA_VERSION:
+        raise newer_error(connection, tables, version)
+    return [migration for migration in MIGRATIONS if migration.version > version]
+
+
+def stamp(connection: sa.Connection, tables: Tables, version: int) -> None:
+    """Record ``version`` as applied, by this release."""
+    connection.execute(sa.insert(tables.schema_version),
+                       {"version": version, "applied_at": utcnow(), "applied_by": _release()})
+
+
+def upgrade(engine: sa.Engine, tables: Tables, dry_run: bool = False) -> list[str]:
+    """Bring the database to SCHEMA_VERSION; return what was run (or, with ``dry_run``, would be).
+
+    Each step runs in a transaction of its own and is recorded as it ends, so an interrupted
+    upgrade resumes where it stopped.
+    """
+    done: list[str] = []
+    with engine.connect() as connection:
+        dialect_for(engine, tables).check_server(connection)
+        steps = pending(connection, tables)
+        connection.rollback()
+        for migration in steps:
+            with connection.begin():
+                statements = migration.statements(connection, tables)
+                done.append(f"-- {migration.version}: {migration.description}")
+                done.extend(f"{statement};" for statement in statements)
+                if dry_run:
+                    continue
+                for statement in statements:
+                    connection.exec_driver_sql(statement)
+                stamp(connection, tables, migration.version)
+    return done
+
+
+def upgrade_on(connection: sa.Connection, tables: Tables) -> list[str]:
+    """:func:`upgrade` inside the caller's transaction (a Django migration's)."""
+    done: list[str] = []
+    for migration in pending(connection, tables):
+        for statement in migration.statements(connection, tables):
+            connection.exec_driver_sql(statement)
+            done.append(statement)
+        stamp(connection, tables, migration.version)
+    return done

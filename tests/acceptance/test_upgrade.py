@@ -1,0 +1,169 @@
+"""Upgrading a database of schema 1, with jobs in every state, to this release's schema.
+
+The schema-1 tables come from the frozen layout in tests/storage/schema_v1.py; the jobs are made by
+this release's own enqueue, acquire and flush (which touch no column schema 2 added).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+
+from jobqueue import periodic
+from jobqueue.clock import utcnow
+from jobqueue.job import ErrorInfo, MessageState, Outcome, OutcomeKind
+from jobqueue.storage import migrations
+from jobqueue.storage.tables import SCHEMA_VERSION, build_tables
+from tests.acceptance.cli import ROOT, jobqueue
+from tests.apps import upgrade
+from tests.storage import schema_v1
+
+APP = "tests.apps.upgrade:app"
+PREFIX = "jqup_"
+
+
+def schema_1(url: str) -> None:
+    """Tables of schema 1 (dropping any left over), as the last release of it created them."""
+    engine = sa.create_engine(url)
+    with engine.begin() as conn:
+        build_tables(PREFIX).metadata.drop_all(conn, checkfirst=True)
+        old = schema_v1.build_tables(PREFIX)
+        old.metadata.create_all(conn)
+        if conn.dialect.name == "postgresql":
+            for statement in schema_v1.postgresql_notify_ddl(PREFIX):
+                conn.exec_driver_sql(statement)
+        conn.execute(sa.insert(old.schema_version), {"version": 1, "applied_at": utcnow()})
+    engine.dispose()
+
+
+def columns(url: str, prefix: str) -> dict[str, set[tuple[str, bool]]]:
+    engine = sa.create_engine(url)
+    try:
+        inspector = sa.inspect(engine)
+        return {table[len(prefix):]: {(c["name"], bool(c["nullable"])) for c in inspector.get_columns(table)}
+                for table in inspector.get_table_names() if table.startswith(prefix)}
+    finally:
+        engine.dispose()
+
+
+@pytest.fixture
+def old_database(db_url: str) -> Iterator[str]:
+    upgrade.app.configure(database_url=db_url)
+    schema_1(db_url)
+    yield db_url
+    upgrade.app.close()
+    engine = sa.create_engine(db_url)
+    with engine.begin() as conn:
+        build_tables(PREFIX).metadata.drop_all(conn, checkfirst=True)
+    engine.dispose()
+
+
+def test_an_upgraded_schema_is_the_schema_a_new_database_gets(old_database: str) -> None:
+    fresh = build_tables("jqnew_")
+    engine = sa.create_engine(old_database)
+    try:
+        with engine.begin() as conn:
+            fresh.metadata.create_all(conn)
+        done = migrations.upgrade(engine, build_tables(PREFIX))
+        assert done and done[0].startswith("-- 2:")
+        assert columns(old_database, PREFIX) == columns(old_database, "jqnew_")
+        assert migrations.upgrade(engine, build_tables(PREFIX)) == []  # nothing left to do
+    finally:
+        with engine.begin() as conn:
+            fresh.metadata.drop_all(conn)
+        engine.dispose()
+
+
+def test_jobs_in_every_state_survive_the_upgrade_and_run_to_their_end(old_database: str, tmp_path: Path) -> None:
+    app, store = upgrade.app, upgrade.app.store
+    pending = upgrade.double.bulk([(i,) for i in range(20)])
+    delayed = upgrade.double.apply_async((100,), countdown=1)
+    (running, retrying, finished, failed) = [upgrade.double.delay(i) for i in (200, 300, 400, 500)]
+    taken = {m.id: m for m in store.acquire("gone".ljust(32, "x"), None, 100, 1.0)}
+    store.flush([
+        Outcome(taken[finished.id], OutcomeKind.ARCHIVE, MessageState.COMPLETED, utcnow(), utcnow(),
+                result=app.serializer.dumps(800)),
+        Outcome(taken[failed.id], OutcomeKind.ARCHIVE, MessageState.FAILED, utcnow(), utcnow(),
+                error=ErrorInfo("ValueError", "before the upgrade")),
+        Outcome(taken[retrying.id], OutcomeKind.RETRY, MessageState.RETRYABLE, utcnow(), utcnow(),
+                next_attempt_at=utcnow() + timedelta(seconds=1), error=ErrorInfo("OSError", "flaky")),
+    ])
+    for handle in pending:  # fetched by a worker that died: their leases run out
+        assert handle.id in taken
+    assert periodic.sync(store, app.schedules, set(app.registry), utcnow()).created == ["up.hourly"]
+    app.close()
+
+    refused = jobqueue("worker", "--burst", app=APP, check=False, timeout=60)
+    assert refused.returncode == 1 and "jobqueue db upgrade" in refused.stderr, refused.stderr
+    check = jobqueue("db", "check", app=APP, check=False)
+    assert check.returncode == 1 and "schema version 1" in check.stderr
+    dry = jobqueue("db", "upgrade", "--dry-run", app=APP)
+    assert "ALTER TABLE jqup_worker ADD COLUMN running_job_id" in dry.stdout
+    assert jobqueue("db", "check", app=APP, check=False).returncode == 1  # a dry run changes nothing
+
+    jobqueue("db", "upgrade", app=APP)
+    assert jobqueue("db", "check", app=APP).returncode == 0
+    result = jobqueue("worker", "--burst", "--concurrency", "2", "--release-stuck-interval", "0.2", app=APP,
+                      timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert [h.get(timeout=5) for h in pending] == [2 * i for i in range(20)]
+    assert (delayed.get(timeout=5), running.get(timeout=5), retrying.get(timeout=5)) == (200, 400, 600)
+    assert finished.get(timeout=5) == 800
+    with pytest.raises(Exception, match="before the upgrade"):
+        failed.get(timeout=5)
+    rows = periodic.schedule_rows(app.store)
+    assert rows["up.hourly"].schedule is not None and rows["up.hourly"].state == "PENDING"
+    app.close()
+
+
+def test_a_worker_refuses_a_schema_newer_than_its_release_and_names_the_one_to_install(old_database: str) -> None:
+    engine = sa.create_engine(old_database)
+    migrations.upgrade(engine, build_tables(PREFIX))
+    with engine.begin() as conn:
+        conn.execute(sa.insert(build_tables(PREFIX).schema_version),
+                     {"version": SCHEMA_VERSION + 1, "applied_at": utcnow(), "applied_by": "9.9.0"})
+    engine.dispose()
+    refused = jobqueue("worker", "--burst", app=APP, check=False, timeout=60)
+    assert refused.returncode == 1
+    assert "pip install 'jobqueue>=9.9.0'" in refused.stderr and f"schema version {SCHEMA_VERSION + 1}" in refused.stderr
+
+
+def test_manage_py_migrate_upgrades_a_schema_1_database(backend: str, tmp_path: Path) -> None:
+    from tests import servers
+
+    url = servers.create_database(backend, str(tmp_path))
+    try:
+        engine = sa.create_engine(url)
+        with engine.begin() as conn:
+            old = schema_v1.build_tables("jobqueue_")
+            old.metadata.create_all(conn)
+            conn.execute(sa.insert(old.schema_version), {"version": 1, "applied_at": utcnow()})
+        engine.dispose()
+        env = dict(os.environ, SHOP_DATABASE_URL=url, DJANGO_SETTINGS_MODULE="shopsite.settings")
+        env.pop("JOBQUEUE_DATABASE_URL", None)
+        manage = [sys.executable, str(ROOT / "examples" / "django_app" / "manage.py")]
+
+        def run(*args: str) -> subprocess.CompletedProcess[str]:
+            done = subprocess.run([*manage, *args], cwd=ROOT / "examples" / "django_app", env=env,
+                                  capture_output=True, text=True, timeout=300)
+            assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+            return done
+
+        run("migrate", "jobqueue", "0001", "--fake")  # as the last release left it: 0001 applied
+        run("migrate")
+        assert "running_job_id" in {name for name, _ in columns(url, "jobqueue_")["worker"]}
+        engine = sa.create_engine(url)
+        with engine.connect() as conn:
+            assert migrations.installed_version(conn, build_tables()) == SCHEMA_VERSION
+        engine.dispose()
+        run("migrate", "jobqueue", "0001")  # unapplying 0002 keeps the columns: older releases ignore them
+        run("migrate")
+    finally:
+        servers.drop_database(backend, url)

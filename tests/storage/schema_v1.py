@@ -1,0 +1,158 @@
+"""Schema 1, the layout of the first releases, frozen: the migration tests upgrade from it.
+
+A copy of jobqueue/storage/tables.py as schema 1 defined it; never edit it to match the current
+one. The jobqueue tables, built with SQLAlchemy Core for any table prefix.
+
+``message`` holds PENDING, PROCESSING and RETRYABLE rows; ``archive`` COMPLETED, FAILED and CANCELLED
+ones (history and dead-letter queue); ``worker`` one row per live worker process; ``schema_version``
+the version ``jobqueue db init`` installed. Timestamps are naive UTC.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import sqlalchemy as sa
+from sqlalchemy.dialects import mysql
+
+from jobqueue.job import READY_STATES
+
+SCHEMA_VERSION = 1
+
+_MYSQL = ("mysql", "mariadb")
+Id = sa.BigInteger().with_variant(sa.Integer(), "sqlite")  # INTEGER PRIMARY KEY is SQLite's rowid
+Blob = sa.LargeBinary().with_variant(mysql.LONGBLOB(), *_MYSQL)  # BLOB stops at 64 KiB on MySQL
+LongText = sa.Text().with_variant(mysql.MEDIUMTEXT(), *_MYSQL)
+Timestamp = sa.DateTime().with_variant(mysql.DATETIME(fsp=6), *_MYSQL)  # DATETIME drops microseconds
+Json = sa.JSON(none_as_null=True)  # None is SQL NULL, not the JSON text 'null' (parsed back on every read)
+
+_READY = sa.text("state IN ({})".format(", ".join(f"'{state}'" for state in READY_STATES)))
+_PROCESSING = sa.text("state = 'PROCESSING'")
+
+
+def notify_channel(prefix: str) -> str:
+    """The PostgreSQL channel the message table's insert trigger notifies."""
+    return f"{prefix}new"
+
+
+def postgresql_notify_ddl(prefix: str) -> list[str]:
+    """The trigger that wakes idle workers on PostgreSQL; `db init` runs it (add it to Alembic too).
+
+    Statement-level: one notification per INSERT statement however many rows, delivered at COMMIT.
+    """
+    return [
+        f"CREATE OR REPLACE FUNCTION {prefix}notify() RETURNS trigger LANGUAGE plpgsql AS "
+        f"$$ BEGIN PERFORM pg_notify('{notify_channel(prefix)}', ''); RETURN NULL; END $$",
+        f"DROP TRIGGER IF EXISTS {prefix}message_notify ON {prefix}message",
+        f"CREATE TRIGGER {prefix}message_notify AFTER INSERT ON {prefix}message "
+        f"FOR EACH STATEMENT EXECUTE FUNCTION {prefix}notify()",
+    ]
+
+
+@dataclass(frozen=True)
+class Tables:
+    metadata: sa.MetaData
+    message: sa.Table
+    archive: sa.Table
+    worker: sa.Table
+    schema_version: sa.Table
+    prefix: str
+
+
+def _job_columns() -> list[sa.Column[object]]:
+    """Columns that a message and its archive row share."""
+    return [
+        sa.Column("task_name", sa.String(255), nullable=False),
+        sa.Column("queue", sa.String(100), nullable=False),
+        sa.Column("priority", sa.Integer, nullable=False, server_default="0"),
+        sa.Column("state", sa.String(10), nullable=False),
+        sa.Column("payload", Blob, nullable=False),
+        sa.Column("headers", Json),
+        sa.Column("unique_key", sa.String(255)),
+        sa.Column("partition_key", sa.String(255)),
+        sa.Column("checkpoint", Blob),
+        sa.Column("options", Json),
+        sa.Column("history", Json),
+        sa.Column("attempts_count", sa.Integer, nullable=False, server_default="0"),
+        sa.Column("deliveries_count", sa.Integer, nullable=False, server_default="0"),
+        sa.Column("created_at", Timestamp, nullable=False),
+        sa.Column("first_attempt_at", Timestamp),
+        sa.Column("last_attempt_at", Timestamp),
+    ]
+
+
+def build_tables(prefix: str = "jobqueue_", metadata: sa.MetaData | None = None) -> Tables:
+    """Return the jobqueue tables named with ``prefix``, attached to ``metadata`` (a new one if None)."""
+    md = metadata if metadata is not None else sa.MetaData()
+    message = sa.Table(
+        f"{prefix}message", md,
+        sa.Column("id", Id, primary_key=True, autoincrement=True),
+        *_job_columns(),
+        sa.Column("next_attempt_at", Timestamp, nullable=False),
+        sa.Column("acquired_at", Timestamp),
+        sa.Column("lease_expires_at", Timestamp),
+        sa.Column("lease_token", sa.BigInteger),
+        sa.Column("worker_id", sa.String(32)),
+        sa.Column("last_error_type", sa.String(255)),
+        sa.Column("last_error_message", LongText),
+        sa.Column("last_error_traceback", LongText),
+        # AUTOINCREMENT: never reuse the id of a deleted (archived) row, or the archive would collide.
+        sqlite_autoincrement=True,
+        mysql_charset="utf8mb4",
+    )
+    # Acquire walks one of these in order and stops after LIMIT rows: no sort of the backlog.
+    # PostgreSQL and SQLite index only ready rows; MySQL has no partial indexes and skips the few
+    # PROCESSING rows it meets.
+    sa.Index(f"ix_{prefix}message_ready_queue", message.c.queue, message.c.priority.desc(),
+             message.c.next_attempt_at, message.c.id, postgresql_where=_READY, sqlite_where=_READY)
+    sa.Index(f"ix_{prefix}message_ready", message.c.priority.desc(), message.c.next_attempt_at,
+             message.c.id, postgresql_where=_READY, sqlite_where=_READY)
+    sa.Index(f"ix_{prefix}message_lease", message.c.state, message.c.lease_expires_at,
+             postgresql_where=_PROCESSING, sqlite_where=_PROCESSING)
+    # metadata.create_all (an application's own Alembic or tests) creates the trigger too.
+    for statement in postgresql_notify_ddl(prefix):
+        ddl = sa.DDL(statement)
+        sa.event.listen(message, "after_create", ddl.execute_if(dialect="postgresql"))
+    # One active message per (task, unique_key). Partial where the database allows it, so that the
+    # many messages without a key add no entry to it on enqueue or on any update.
+    _keyed = sa.text("unique_key IS NOT NULL")
+    sa.Index(f"uq_{prefix}message_unique", message.c.task_name, message.c.unique_key, unique=True,
+             postgresql_where=_keyed, sqlite_where=_keyed)
+
+    archive = sa.Table(
+        f"{prefix}archive", md,
+        # The message id: a job has at most one archive row, so it can never be archived twice.
+        sa.Column("id", Id, primary_key=True, autoincrement=False),
+        *_job_columns(),
+        sa.Column("finished_at", Timestamp),
+        sa.Column("archived_at", Timestamp, nullable=False),
+        sa.Column("result", Blob),
+        sa.Column("error_type", sa.String(255)),
+        sa.Column("error_message", LongText),
+        sa.Column("error_traceback", LongText),
+        mysql_charset="utf8mb4",
+    )
+    sa.Index(f"ix_{prefix}archive_archived_at", archive.c.archived_at)
+    sa.Index(f"ix_{prefix}archive_state", archive.c.state, archive.c.archived_at)
+    sa.Index(f"ix_{prefix}archive_unique", archive.c.task_name, archive.c.unique_key,
+             postgresql_where=_keyed, sqlite_where=_keyed)
+
+    worker = sa.Table(
+        f"{prefix}worker", md,
+        sa.Column("id", sa.String(32), primary_key=True),
+        sa.Column("supervisor_id", sa.String(32), nullable=False),
+        sa.Column("hostname", sa.String(255), nullable=False),
+        sa.Column("pid", sa.Integer, nullable=False),
+        sa.Column("queues", sa.Text),
+        sa.Column("started_at", Timestamp, nullable=False),
+        sa.Column("heartbeat_at", Timestamp, nullable=False),
+        sa.Column("version", sa.String(32)),
+        mysql_charset="utf8mb4",
+    )
+    schema_version = sa.Table(
+        f"{prefix}schema_version", md,
+        sa.Column("version", sa.Integer, primary_key=True, autoincrement=False),
+        sa.Column("applied_at", Timestamp, nullable=False),
+        mysql_charset="utf8mb4",
+    )
+    return Tables(md, message, archive, worker, schema_version, prefix)

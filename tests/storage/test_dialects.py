@@ -1,0 +1,257 @@
+"""The driver contract: every dialect runs each operation of the interface to the same effect.
+
+One suite, run against SQLite, PostgreSQL and MariaDB over real connections, on the dialect's own
+methods (``tests/storage/test_store.py`` covers the same operations through the Store that wraps
+them). A new dialect passes this file before anything else.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+import time
+from datetime import datetime, timedelta
+
+import pytest
+import sqlalchemy as sa
+
+from jobqueue import JobQueue
+from jobqueue.clock import utcnow
+from jobqueue.job import Batch, Message, MessageState, Outcome, OutcomeKind
+from jobqueue.storage.dialects import AcquireParams, Dialect, LeaseClock, WorkerState
+
+WORKER = "w" * 32
+
+
+@pytest.fixture
+def dialect(app: JobQueue) -> Dialect:
+    return app.store.dialect
+
+
+def row(task: str = "t.x", key: str | None = None, priority: int = 0, due: datetime | None = None) -> dict:
+    now = utcnow()
+    return {"task_name": task, "queue": "default", "priority": priority, "state": "PENDING", "payload": b"[[],{}]",
+            "headers": None, "unique_key": key, "partition_key": None, "options": None, "attempts_count": 0,
+            "deliveries_count": 0, "created_at": now, "next_attempt_at": due or now}
+
+
+def acquire(dialect: Dialect, limit: int = 10, queues: tuple[str, ...] | None = None, token: int = 7,
+            now: datetime | None = None) -> list[Message]:
+    now = now or utcnow()
+    return dialect.acquire(AcquireParams(WORKER, token, queues, limit, now, LeaseClock(None if not dialect.client_clock
+                                                                                       else now, 30.0)))
+
+
+def stored(app: JobQueue, table: str = "message") -> list[dict]:
+    t = getattr(app.tables, table)
+    with app.engine.connect() as conn:
+        return [dict(r) for r in conn.execute(sa.select(t).order_by(t.c.id)).mappings()]
+
+
+def done(message: Message, kind: OutcomeKind = OutcomeKind.ARCHIVE, state: MessageState = MessageState.COMPLETED,
+         **extra) -> Outcome:
+    return Outcome(message=message, kind=kind, state=state, finished_at=utcnow(), started_at=utcnow(),
+                   checkpoint=message.checkpoint, **extra)
+
+
+# -- enqueue -----------------------------------------------------------------------------------------
+
+def test_enqueue_one_and_batches_return_ids_in_order(app: JobQueue, dialect: Dialect) -> None:
+    first = dialect.enqueue_one(row())
+    with app.engine.begin() as conn:
+        batch = dialect.insert_batch(conn, Batch(row(), [b"[[1],{}]", b"[[2],{}]", b"[[3],{}]"], [None] * 3))
+        many = dialect.insert_messages(conn, [row(), row()])
+    ids = [first, *batch, *many]
+    assert ids == sorted(ids) and len(set(ids)) == 6
+    assert [r["id"] for r in stored(app)] == ids
+    assert [r["payload"] for r in stored(app)][1:4] == [b"[[1],{}]", b"[[2],{}]", b"[[3],{}]"]
+
+
+def test_bulk_reads_each_payload_once_in_order_and_commits_once(app: JobQueue, dialect: Dialect) -> None:
+    reads: list[int] = []
+
+    class Lazy(list):
+        def __iter__(self):
+            for index, payload in enumerate(list.__iter__(self)):
+                reads.append(index)
+                yield payload
+
+    ids = dialect.bulk(Batch(row(), Lazy([f"[[{i}],{{}}]".encode() for i in range(2500)]), [None] * 2500), 1000)
+    assert reads == list(range(2500))
+    assert ids == sorted(ids) and len(ids) == 2500
+    assert [r["payload"] for r in stored(app)][2499] == b"[[2499],{}]"
+
+
+def test_unique_keys_insert_once_and_new_rows_skip_active_keys(app: JobQueue, dialect: Dialect) -> None:
+    with app.engine.begin() as conn:
+        first = dialect.insert_or_existing(conn, row(key="k1"))
+        assert dialect.insert_or_existing(conn, row(key="k1")) == first
+        assert dialect.insert_unique(conn, row(key="k1")) is None
+        inserted = dialect.insert_new(conn, [row(key="k1"), row(key="k2"), row(key="k3")])
+    assert sorted(key for _, key in inserted) == ["k2", "k3"]
+    assert sorted(r["unique_key"] for r in stored(app)) == ["k1", "k2", "k3"]
+
+
+# -- acquire, flush ----------------------------------------------------------------------------------
+
+def test_acquire_takes_ready_messages_in_delivery_order_under_one_token(app: JobQueue, dialect: Dialect) -> None:
+    later = utcnow() + timedelta(hours=1)
+    with app.engine.begin() as conn:
+        ids = dialect.insert_messages(conn, [row(), row(priority=5), row(due=later), row()])
+    taken = acquire(dialect, limit=10)
+    assert [m.id for m in taken] == [ids[1], ids[0], ids[3]]  # priority first; the delayed one waits
+    assert {m.lease_token for m in taken} == {7}
+    assert {(m.attempts_count, m.deliveries_count) for m in taken} == {(1, 1)}
+    assert acquire(dialect) == []
+
+
+def test_acquire_serves_one_or_many_queues(app: JobQueue, dialect: Dialect) -> None:
+    with app.engine.begin() as conn:
+        dialect.insert_messages(conn, [{**row(), "queue": q} for q in ("a", "b", "c", "a")])
+    assert [m.queue for m in acquire(dialect, queues=("a",))] == ["a", "a"]
+    assert sorted(m.queue for m in acquire(dialect, queues=("b", "c"))) == ["b", "c"]
+
+
+def test_concurrent_acquires_never_share_a_message(app: JobQueue, dialect: Dialect) -> None:
+    dialect.bulk(Batch(row(), [b"[[],{}]"] * 400, [None] * 400), 400)
+    seen: list[int] = []
+    lock = threading.Lock()
+
+    def take(token: int) -> None:
+        while got := acquire(dialect, limit=20, token=token):
+            with lock:
+                seen.extend(m.id for m in got)
+
+    threads = [threading.Thread(target=take, args=(token,)) for token in range(1, 5)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(seen) == len(set(seen)) == 400
+
+
+def test_flush_applies_every_kind_of_outcome_fenced_by_the_token(app: JobQueue, dialect: Dialect) -> None:
+    dialect.bulk(Batch(row(), [b"[[],{}]"] * 5, [None] * 5), 5)
+    done_, failed, retried, returned, stale = acquire(dialect)
+    stale.lease_token = 999  # another delivery's outcome: fenced out
+    later = utcnow() + timedelta(minutes=5)
+    applied = dialect.flush([
+        done(done_, result=b"42"),
+        done(failed, state=MessageState.FAILED),
+        done(retried, OutcomeKind.RETRY, MessageState.RETRYABLE, next_attempt_at=later),
+        done(returned, OutcomeKind.RETURN, MessageState.PENDING),
+        done(stale),
+    ], utcnow())
+    assert applied == {(m.id, 7) for m in (done_, failed, retried, returned)}
+    archive = {r["id"]: r for r in stored(app, "archive")}
+    assert (archive[done_.id]["state"], archive[done_.id]["result"]) == ("COMPLETED", b"42")
+    assert archive[failed.id]["state"] == "FAILED"
+    messages = {r["id"]: r for r in stored(app)}
+    assert (messages[retried.id]["state"], messages[retried.id]["deliveries_count"]) == ("RETRYABLE", 0)
+    assert (messages[returned.id]["attempts_count"], messages[returned.id]["deliveries_count"]) == (0, 0)
+    assert messages[stale.id]["state"] == "PROCESSING"
+
+
+def test_fire_schedule_is_fenced_and_enqueues_once(app: JobQueue, dialect: Dialect) -> None:
+    dialect.enqueue_one(row(task="jobqueue.schedule"))
+    (message,) = acquire(dialect)
+    job = row(task="t.report", key="report@1")
+    assert dialect.fire_schedule(message, job, utcnow() + timedelta(hours=1), b"{}")
+    assert not dialect.fire_schedule(message, job, utcnow() + timedelta(hours=1), b"{}")  # the token moved on
+    assert sorted(r["task_name"] for r in stored(app)) == ["jobqueue.schedule", "t.report"]
+
+
+# -- leases ----------------------------------------------------------------------------------------------
+
+def test_renew_moves_leases_forward_and_release_returns_them(app: JobQueue, dialect: Dialect) -> None:
+    dialect.bulk(Batch(row(), [b"[[],{}]"] * 2, [None] * 2), 2)
+    held = acquire(dialect)
+    app.store.register_worker({"id": WORKER, "supervisor_id": "s" * 32, "hostname": "h", "pid": 1, "queues": None,
+                               "started_at": utcnow(), "heartbeat_at": utcnow(), "version": "test"})
+    now = utcnow()
+    state = WorkerState(WORKER, running_job_id=held[0].id, running_since=now, jobs_done=5)
+    assert dialect.renew([state], LeaseClock(now, 3600.0)) == 2
+    assert dialect.renew([WorkerState(WORKER, jobs_done=6)], LeaseClock(now, 60.0)) == 0  # never shortened
+    with app.store.reading() as connection:
+        worker = connection.execute(sa.select(app.tables.worker)).mappings().one()
+    assert (worker["running_job_id"], worker["jobs_done"]) == (None, 6)  # the heartbeat says what runs now
+    m = app.tables.message
+    assert dialect.release([m.c.worker_id == WORKER], attempts=sa.literal(1), deliveries=sa.literal(1)) == 2
+    assert {(r["state"], r["attempts_count"], r["worker_id"]) for r in stored(app)} == {("PENDING", 0, None)}
+
+
+# -- wake-ups ------------------------------------------------------------------------------------------
+
+def test_an_idle_worker_hears_of_new_work(app: JobQueue, dialect: Dialect) -> None:
+    listener = dialect.listener()
+    waker = dialect.waker(lambda: app.store.has_ready(None, utcnow()), 0.0)
+    try:
+        if listener is not None:
+            acquire(dialect)  # a process listens on the connection it acquires on
+            assert listener.wait([], 0.05) == (False, [])
+        else:
+            waker.check(time.monotonic())  # the first reading
+        dialect.enqueue_one(row())
+        if listener is not None:
+            assert listener.wait([], 5.0)[0], "the listener heard nothing"
+        else:
+            assert waker.check(time.monotonic()) >= 1, "the waker saw nothing"
+    finally:
+        waker.close()
+        if listener is not None:
+            listener.close()
+
+
+# -- errors ----------------------------------------------------------------------------------------------
+
+def test_a_missing_table_is_recognised(app: JobQueue, dialect: Dialect) -> None:
+    with pytest.raises(sa.exc.DBAPIError) as info, app.engine.connect() as conn:
+        conn.execute(sa.text("SELECT * FROM jobqueue_no_such_table"))
+    assert dialect.missing_table(info.value)
+    assert dialect.classify(info.value) is None  # retrying cannot fix it
+
+
+def test_a_lock_wait_is_contention(app: JobQueue, dialect: Dialect, backend: str) -> None:
+    dialect.enqueue_one(row())
+    m = app.tables.message
+    if backend == "sqlite":
+        holder = sqlite3.connect(app.engine.url.database or "", isolation_level=None)
+        holder.execute("BEGIN IMMEDIATE")
+        try:
+            impatient = sqlite3.connect(app.engine.url.database or "", timeout=0, isolation_level=None)
+            with pytest.raises(sqlite3.OperationalError) as raw:
+                impatient.execute("BEGIN IMMEDIATE")
+            error: BaseException = sa.exc.OperationalError("BEGIN IMMEDIATE", {}, raw.value)
+        finally:
+            holder.execute("ROLLBACK")
+    else:
+        with app.engine.connect() as locker, app.engine.connect() as waiter:
+            locker.begin()
+            locker.execute(sa.update(m).values(priority=1))
+            waiter.begin()
+            waiter.exec_driver_sql("SET lock_timeout = 100" if backend == "postgresql"
+                                   else "SET SESSION innodb_lock_wait_timeout = 1")
+            with pytest.raises(sa.exc.DBAPIError) as info:
+                waiter.execute(sa.update(m).values(priority=2))
+            error = info.value
+            locker.rollback()
+    assert dialect.classify(error) == "contention"
+
+
+def test_a_killed_connection_is_an_outage(app: JobQueue, dialect: Dialect, backend: str,
+                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    if backend == "sqlite":
+        monkeypatch.delenv("JOBQUEUE_DATABASE_URL")  # it would win over the URL given here
+        broken = JobQueue(f"sqlite:////nonexistent-folder-{time.time_ns()}/x.sqlite3")
+        with pytest.raises(sa.exc.DBAPIError) as info, broken.engine.connect() as conn:
+            conn.execute(sa.text("SELECT 1"))
+        assert broken.store.dialect.classify(info.value) == "outage"
+        return
+    with app.engine.connect() as victim, app.engine.connect() as killer:
+        own = victim.exec_driver_sql("SELECT pg_backend_pid()" if backend == "postgresql"
+                                     else "SELECT CONNECTION_ID()").scalar()
+        killer.exec_driver_sql(f"SELECT pg_terminate_backend({own})" if backend == "postgresql" else f"KILL {own}")
+        killer.commit()
+        with pytest.raises(sa.exc.DBAPIError) as info:
+            victim.exec_driver_sql("SELECT 1")
+    assert dialect.classify(info.value) == "outage"

@@ -1,0 +1,70 @@
+"""What only PostgreSQL does: a prepared acquire, and plans that stay on the ready index."""
+
+from __future__ import annotations
+
+from jobqueue import JobQueue
+from jobqueue.clock import utcnow
+from jobqueue.storage.dialects import AcquireParams, LeaseClock
+from jobqueue.storage.dialects.postgresql import ProcessListener
+from tests.conftest import only
+from tests.storage.test_store import LEASE, WORKER, rows
+
+
+@only("postgresql")
+def test_prepared_acquire_survives_a_server_that_forgets_it(app: JobQueue, add, caplog) -> None:
+    """As behind a pooler in transaction mode: a missing prepared statement costs a retry, never a job."""
+    add.bulk([(1, 1)] * 10)
+    listener = app.store.listener()  # acquires run on its one connection: the test knows what it prepared
+    assert isinstance(listener, ProcessListener)
+    try:
+        def take(limit: int) -> list[int]:
+            return [m.id for m in app.store.acquire(WORKER, None, limit, LEASE)]
+        taken = take(1)
+        for _ in range(6):  # a miss re-prepares on the next call, so every other call misses
+            with listener.lock:
+                listener.connection().cursor().execute("DEALLOCATE ALL")  # the server forgets; we think it prepared
+            taken += take(1)
+        assert len(taken) == len(set(taken)) == 7
+        assert "runs its statements unprepared" in caplog.text
+        taken += take(10)  # plain from now on
+    finally:
+        listener.close()
+    assert sorted(taken) == [r["id"] for r in rows(app)]
+
+
+@only("postgresql")
+def test_prepared_acquire_when_our_bookkeeping_is_lost(app: JobQueue, add) -> None:
+    add.bulk([(1, 1)] * 3)
+    listener = app.store.listener()
+    assert isinstance(listener, ProcessListener)
+    try:
+        assert len(app.store.acquire(WORKER, None, 1, LEASE)) == 1
+        with listener.lock:  # the statement is still prepared on the server: PREPARE fails as a duplicate
+            listener.connection().info.clear()
+        assert len(app.store.acquire(WORKER, None, 5, LEASE)) == 2
+    finally:
+        listener.close()
+
+
+@only("postgresql")
+def test_prepared_acquire_keeps_the_ordered_index_walk(app: JobQueue, add) -> None:
+    """PostgreSQL may switch a prepared statement to its generic plan: that must walk a ready index too."""
+    add.bulk([(1, 1)] * 20, queue="a")
+    for queues in (None, ("a",), ("a", "b")):
+        app.store.acquire(WORKER, queues, 1, LEASE)
+        dialect = app.store.dialect
+        prepared = dialect._prepared["all" if queues is None else "one" if len(queues) == 1 else "many"]  # type: ignore[attr-defined]
+        own = app.store.dialect.checkout()
+        cursor = own.cursor()
+        now = utcnow()
+        binds = AcquireParams(WORKER, 1, queues, 1, now, LeaseClock(now, 1.0)).binds()
+        cursor.execute("BEGIN")
+        cursor.execute("SET LOCAL plan_cache_mode = force_generic_plan")
+        cursor.execute(prepared.prepare.replace(prepared.name, "jobqueue_test_plan", 1))
+        cursor.execute("EXPLAIN " + prepared.execute.replace(prepared.name, "jobqueue_test_plan", 1),
+                       [{**prepared.defaults, **binds}[n] for n in prepared.names])
+        plan = "\n".join(row[0] for row in cursor.fetchall())
+        cursor.execute("ROLLBACK")
+        cursor.execute("DEALLOCATE jobqueue_test_plan")  # prepared statements outlive transactions
+        own.close()
+        assert "Index Scan using ix_jobqueue_message_ready" in plan and "Sort" not in plan, plan
