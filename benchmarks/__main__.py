@@ -17,10 +17,16 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=10_000, help="jobs per run (default 10,000)")
     parser.add_argument("--processes", type=int, default=2, help="worker processes (default 2)")
     parser.add_argument("--json", dest="json_path", help="append one JSON object per result to this file")
-    parser.add_argument("--worker-option", action="append", default=[], metavar="OPTION",
-                        help="passed to `jobqueue worker`, e.g. --worker-option=--fetch-batch-size=500")
+    parser.add_argument(
+        "--worker-option",
+        action="append",
+        default=[],
+        metavar="OPTION",
+        help="passed to `jobqueue worker`, e.g. --worker-option=--fetch-batch-size=500",
+    )
     options = parser.parse_args()
     from benchmarks import scenarios
+
     scenarios.WORKER_OPTIONS[:] = options.worker_option
     logging.basicConfig(level=logging.WARNING)
     scenarios = sorted(SCENARIOS) if options.scenario == "all" else [options.scenario]

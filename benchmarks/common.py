@@ -7,15 +7,17 @@ import os
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import sqlalchemy as sa
 
 # The login scripts/test.sh creates; override with JOBQUEUE_BENCH_<BACKEND>_URL.
 ADMIN_URLS = {
-    "postgresql": os.environ.get("JOBQUEUE_BENCH_POSTGRESQL_URL",
-                                 "postgresql+psycopg2://jobqueue_test:jobqueue_test@127.0.0.1:5432/postgres"),
+    "postgresql": os.environ.get(
+        "JOBQUEUE_BENCH_POSTGRESQL_URL", "postgresql+psycopg2://jobqueue_test:jobqueue_test@127.0.0.1:5432/postgres"
+    ),
     "mysql": os.environ.get("JOBQUEUE_BENCH_MYSQL_URL", "mysql+mysqldb://jobqueue_test:jobqueue_test@127.0.0.1:3306/"),
 }
 BENCH_DATABASE = "jobqueue_test_bench"  # inside the test login's grant
@@ -31,7 +33,9 @@ def database_url(backend: str) -> str:
     engine = sa.create_engine(admin, isolation_level="AUTOCOMMIT", poolclass=sa.pool.NullPool)
     with engine.connect() as conn:
         if backend == "postgresql":
-            exists = conn.execute(sa.text("SELECT 1 FROM pg_database WHERE datname = :n"), {"n": BENCH_DATABASE}).first()
+            exists = conn.execute(
+                sa.text("SELECT 1 FROM pg_database WHERE datname = :n"), {"n": BENCH_DATABASE}
+            ).first()
             if not exists:
                 conn.execute(sa.text(f"CREATE DATABASE {BENCH_DATABASE}"))
         else:
@@ -70,13 +74,21 @@ def interleave(runs: int, variants: dict[str, Callable[[], float]], units: dict[
     for round_number in range(runs):
         for name, variant in variants.items():
             measures[name].values.append(variant())
-        print(f"  round {round_number + 1}/{runs}: " +
-              ", ".join(f"{n} {m.values[-1]:,.0f}" for n, m in measures.items()), file=sys.stderr)
+        print(
+            f"  round {round_number + 1}/{runs}: " + ", ".join(f"{n} {m.values[-1]:,.0f}" for n, m in measures.items()),
+            file=sys.stderr,
+        )
     return list(measures.values())
 
 
-def report(title: str, backend: str, measures: list[Measure], ratios: dict[str, tuple[str, str]],
-           extra: dict[str, Any] | None = None, json_path: str | None = None) -> dict[str, Any]:
+def report(
+    title: str,
+    backend: str,
+    measures: list[Measure],
+    ratios: dict[str, tuple[str, str]],
+    extra: dict[str, Any] | None = None,
+    json_path: str | None = None,
+) -> dict[str, Any]:
     """Print a table (medians and ratios) and return (and optionally save) the JSON form."""
     by_name = {m.name: m for m in measures}
     print(f"\n{title} on {backend} (median of {len(measures[0].values)} runs)")
@@ -87,8 +99,14 @@ def report(title: str, backend: str, measures: list[Measure], ratios: dict[str, 
     for label, (a, b) in ratios.items():
         ratio_values[label] = by_name[a].median / by_name[b].median
         print(f"  {label:<{width}} {ratio_values[label]:>12.2f}x")
-    data = {"scenario": title, "backend": backend, "measures": [m.as_dict() for m in measures],
-            "ratios": ratio_values, "machine": machine(), **(extra or {})}
+    data = {
+        "scenario": title,
+        "backend": backend,
+        "measures": [m.as_dict() for m in measures],
+        "ratios": ratio_values,
+        "machine": machine(),
+        **(extra or {}),
+    }
     if json_path:
         with open(json_path, "a") as out:
             out.write(json.dumps(data) + "\n")
@@ -96,5 +114,4 @@ def report(title: str, backend: str, measures: list[Measure], ratios: dict[str, 
 
 
 def machine() -> dict[str, Any]:
-    return {"cpus": os.cpu_count(), "python": sys.version.split()[0], "platform": sys.platform,
-            "load": os.getloadavg()}
+    return {"cpus": os.cpu_count(), "python": sys.version.split()[0], "platform": sys.platform, "load": os.getloadavg()}

@@ -41,16 +41,20 @@ def idle(url: str, backend: str, runs: int, jobs: int, processes: int, json_path
             server.values.append((xacts_after - xacts - 1) / IDLE_WINDOW_SECONDS)  # minus our own query
         app.close()
     measures = [per_process, supervisor] + ([server] if server.values else [])
-    return report(f"idle worker, {processes} processes", backend, measures, {}, {"window_seconds": IDLE_WINDOW_SECONDS},
-                  json_path)
+    return report(
+        f"idle worker, {processes} processes", backend, measures, {}, {"window_seconds": IDLE_WINDOW_SECONDS}, json_path
+    )
 
 
 def _xacts(app: Any) -> int | None:
     if app.engine.dialect.name != "postgresql":
         return None
     with app.engine.connect() as conn:
-        return int(conn.exec_driver_sql(
-            "SELECT xact_commit + xact_rollback FROM pg_stat_database WHERE datname = current_database()").scalar_one())
+        return int(
+            conn.exec_driver_sql(
+                "SELECT xact_commit + xact_rollback FROM pg_stat_database WHERE datname = current_database()"
+            ).scalar_one()
+        )
 
 
 def _rate_over(app: Any, url: str, processes: int, start_at: int, count: int) -> float:
@@ -66,27 +70,41 @@ def _rate_over(app: Any, url: str, processes: int, start_at: int, count: int) ->
     worker = BenchWorker(url, "--concurrency", str(processes))
     try:
         with engine.connect() as conn:
+
             def archived() -> int:
                 value = int(conn.execute(count_stmt).scalar_one())
                 conn.commit()
                 return value
+
             wait_until(lambda: archived() >= start_at + count, interval=0.5)
     finally:
         worker.stop()
     try:
         with engine.connect() as conn:
+
             def nth(n: int) -> Any:
-                return conn.execute(sa.select(a.c.finished_at).order_by(a.c.finished_at).offset(n).limit(1)).scalar_one()
+                return conn.execute(
+                    sa.select(a.c.finished_at).order_by(a.c.finished_at).offset(n).limit(1)
+                ).scalar_one()
+
             first, last = nth(start_at), nth(start_at + count - 1)
         return (count - 1) / max((last - first).total_seconds(), 1e-6)
     finally:
         engine.dispose()
 
 
-def backlog(url: str, backend: str, runs: int, jobs: int, processes: int, json_path: str | None,
-            big: int = int(os.environ.get("BENCH_BACKLOG", "1000000"))) -> dict[str, Any]:
+def backlog(
+    url: str,
+    backend: str,
+    runs: int,
+    jobs: int,
+    processes: int,
+    json_path: str | None,
+    big: int = int(os.environ.get("BENCH_BACKLOG", "1000000")),
+) -> dict[str, Any]:
     """Processing speed with a 1,000,000-message backlog against a 10,000-message one."""
     from benchmarks.tasks import noop
+
     small_rate = Measure("10,000 backlog", "jobs/s")
     big_rate = Measure(f"{big:,} backlog", "jobs/s")
     extra: dict[str, Any] = {}
@@ -104,11 +122,18 @@ def backlog(url: str, backend: str, runs: int, jobs: int, processes: int, json_p
             with app.engine.connect() as conn:
                 row = conn.exec_driver_sql(
                     "SELECT n_live_tup, n_dead_tup, autovacuum_count, autoanalyze_count FROM pg_stat_user_tables "
-                    f"WHERE relname = '{app.tables.message.name}'").one()
+                    f"WHERE relname = '{app.tables.message.name}'"
+                ).one()
             extra["message_table"] = dict(zip(("live", "dead", "autovacuums", "autoanalyzes"), row, strict=True))
         app.close()
-    return report("backlog scaling", backend, [small_rate, big_rate],
-                  {"1M / 10k": (big_rate.name, small_rate.name)}, extra, json_path)
+    return report(
+        "backlog scaling",
+        backend,
+        [small_rate, big_rate],
+        {"1M / 10k": (big_rate.name, small_rate.name)},
+        extra,
+        json_path,
+    )
 
 
 def _memory_kib(pid: int) -> tuple[int, int, int]:
@@ -125,6 +150,7 @@ def _memory_kib(pid: int) -> tuple[int, int, int]:
 def memory(url: str, backend: str, runs: int, jobs: int, processes: int, json_path: str | None) -> dict[str, Any]:
     """Worker process memory over ``jobs`` no-op jobs (use --jobs 1000000 for the documented figure)."""
     from benchmarks.tasks import noop
+
     warm_rss = Measure("RSS after 10% of the jobs", "MiB", higher_is_better=False)
     end_rss = Measure("RSS at the end", "MiB", higher_is_better=False)
     end_uss = Measure("USS at the end", "MiB", higher_is_better=False)
@@ -155,13 +181,20 @@ def memory(url: str, backend: str, runs: int, jobs: int, processes: int, json_pa
         end_uss.values.append(max(u for _, _, u in last) / 1024)
         growth.values.append((end_rss.values[-1] / warm_rss.values[-1] - 1) * 100)
         app.close()
-    return report(f"worker memory over {jobs:,} no-op jobs, {processes} processes (largest process)", backend,
-                  [warm_rss, end_rss, end_uss, growth], {}, {"jobs": jobs}, json_path)
+    return report(
+        f"worker memory over {jobs:,} no-op jobs, {processes} processes (largest process)",
+        backend,
+        [warm_rss, end_rss, end_uss, growth],
+        {},
+        {"jobs": jobs},
+        json_path,
+    )
 
 
 def prefetch(url: str, backend: str, runs: int, jobs: int, processes: int, json_path: str | None) -> dict[str, Any]:
     """Batch sizes for no-op jobs, and one-second jobs spread over the processes (no hoarding)."""
     from benchmarks.tasks import noop, sleep
+
     per_acquire = Measure("no-op jobs per acquire", "jobs", higher_is_better=True)
     slow_wall = Measure("8 one-second jobs after 30 quick ones", "s", higher_is_better=False)
     spread = Measure("processes that ran one-second jobs", "processes")
@@ -194,6 +227,7 @@ def prefetch(url: str, backend: str, runs: int, jobs: int, processes: int, json_
 def _acquire_count(directory: str, backend: str) -> int:
     """Acquisitions: PostgreSQL and SQLite acquire with one UPDATE; MySQL with SELECT ... FOR UPDATE + UPDATE."""
     import pathlib
+
     total = 0
     for path in pathlib.Path(directory).glob("*"):
         words = path.read_text().split()

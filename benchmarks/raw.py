@@ -1,8 +1,9 @@
 """Raw-SQL references: what the database itself can do, measured with its driver and no framework.
 
-As in the issue's table: single inserts (one commit each), multi-row bulk inserts (batches of 100
-as the reference, and of 1,000), and the batched cycle (claim with SKIP LOCKED, archive) with N processes, with and without the inserts. The table
-is the simplest that supports the cycle: an id, a queue, a payload, a state and a due time.
+Single inserts (one commit each), multi-row bulk inserts (batches of 100 as the reference, and of
+1,000), and the batched cycle (claim with SKIP LOCKED, archive) with N processes, with and without
+the inserts. The table is the simplest that supports the cycle: an id, a queue, a payload, a state
+and a due time.
 """
 
 from __future__ import annotations
@@ -10,7 +11,8 @@ from __future__ import annotations
 import multiprocessing
 import sqlite3
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import sqlalchemy as sa
 
@@ -34,11 +36,15 @@ class Raw:
             return conn
         if self.backend == "postgresql":
             import psycopg2
-            return psycopg2.connect(host=u.host, port=u.port or 5432, user=u.username, password=u.password,
-                                    dbname=u.database)
+
+            return psycopg2.connect(
+                host=u.host, port=u.port or 5432, user=u.username, password=u.password, dbname=u.database
+            )
         import MySQLdb
-        conn = MySQLdb.connect(host=u.host, port=u.port or 3306, user=u.username, password=u.password or "",
-                               database=u.database)
+
+        conn = MySQLdb.connect(
+            host=u.host, port=u.port or 3306, user=u.username, password=u.password or "", database=u.database
+        )
         conn.cursor().execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
         return conn
 
@@ -67,23 +73,31 @@ class Raw:
 
     def _ddl(self) -> list[str]:
         if self.backend == "postgresql":
-            return ["DROP TABLE IF EXISTS raw_message, raw_archive",
-                    "CREATE TABLE raw_message (id bigserial PRIMARY KEY, queue text NOT NULL, payload bytea NOT NULL, "
-                    "state text NOT NULL DEFAULT 'PENDING', next_at timestamp NOT NULL DEFAULT now())",
-                    "CREATE INDEX raw_ready ON raw_message (next_at, id) WHERE state = 'PENDING'",
-                    "CREATE TABLE raw_archive (id bigint PRIMARY KEY, queue text, payload bytea, archived_at timestamp)"]
-        if self.backend == "mysql":
-            return ["DROP TABLE IF EXISTS raw_message, raw_archive",
-                    "CREATE TABLE raw_message (id bigint AUTO_INCREMENT PRIMARY KEY, queue varchar(100) NOT NULL, "
-                    "payload longblob NOT NULL, state varchar(10) NOT NULL DEFAULT 'PENDING', "
-                    "next_at datetime(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6), INDEX raw_ready (state, next_at, id))",
-                    "CREATE TABLE raw_archive (id bigint PRIMARY KEY, queue varchar(100), payload longblob, "
-                    "archived_at datetime(6))"]
-        return ["DROP TABLE IF EXISTS raw_message", "DROP TABLE IF EXISTS raw_archive",
-                "CREATE TABLE raw_message (id INTEGER PRIMARY KEY AUTOINCREMENT, queue TEXT NOT NULL, payload BLOB NOT NULL, "
-                "state TEXT NOT NULL DEFAULT 'PENDING', next_at TEXT NOT NULL DEFAULT (strftime('%Y-%m-%d %H:%M:%f')))",
+            return [
+                "DROP TABLE IF EXISTS raw_message, raw_archive",
+                "CREATE TABLE raw_message (id bigserial PRIMARY KEY, queue text NOT NULL, payload bytea NOT NULL, "
+                "state text NOT NULL DEFAULT 'PENDING', next_at timestamp NOT NULL DEFAULT now())",
                 "CREATE INDEX raw_ready ON raw_message (next_at, id) WHERE state = 'PENDING'",
-                "CREATE TABLE raw_archive (id INTEGER PRIMARY KEY, queue TEXT, payload BLOB, archived_at TEXT)"]
+                "CREATE TABLE raw_archive (id bigint PRIMARY KEY, queue text, payload bytea, archived_at timestamp)",
+            ]
+        if self.backend == "mysql":
+            return [
+                "DROP TABLE IF EXISTS raw_message, raw_archive",
+                "CREATE TABLE raw_message (id bigint AUTO_INCREMENT PRIMARY KEY, queue varchar(100) NOT NULL, "
+                "payload longblob NOT NULL, state varchar(10) NOT NULL DEFAULT 'PENDING', "
+                "next_at datetime(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6), INDEX raw_ready (state, next_at, id))",
+                "CREATE TABLE raw_archive (id bigint PRIMARY KEY, queue varchar(100), payload longblob, "
+                "archived_at datetime(6))",
+            ]
+        return [
+            "DROP TABLE IF EXISTS raw_message",
+            "DROP TABLE IF EXISTS raw_archive",
+            "CREATE TABLE raw_message (id INTEGER PRIMARY KEY AUTOINCREMENT, queue TEXT NOT NULL, "
+            "payload BLOB NOT NULL, "
+            "state TEXT NOT NULL DEFAULT 'PENDING', next_at TEXT NOT NULL DEFAULT (strftime('%Y-%m-%d %H:%M:%f')))",
+            "CREATE INDEX raw_ready ON raw_message (next_at, id) WHERE state = 'PENDING'",
+            "CREATE TABLE raw_archive (id INTEGER PRIMARY KEY, queue TEXT, payload BLOB, archived_at TEXT)",
+        ]
 
     # -- enqueue -----------------------------------------------------------------------------------
     def insert_single(self, n: int) -> float:
@@ -126,15 +140,21 @@ class Raw:
         cur = conn.cursor()
         m = self.marker
         if self.backend == "postgresql":
-            cur.execute(f"""WITH r AS (SELECT id FROM raw_message WHERE state = 'PENDING' AND next_at <= now()
+            cur.execute(
+                f"""WITH r AS (SELECT id FROM raw_message WHERE state = 'PENDING' AND next_at <= now()
                                        ORDER BY next_at, id LIMIT {m} FOR UPDATE SKIP LOCKED)
                             UPDATE raw_message SET state = 'PROCESSING' FROM r WHERE raw_message.id = r.id
-                            RETURNING raw_message.id, raw_message.queue, raw_message.payload""", (batch,))
+                            RETURNING raw_message.id, raw_message.queue, raw_message.payload""",
+                (batch,),
+            )
             rows = cur.fetchall()
             conn.commit()
             if rows:
-                cur.execute("""WITH d AS (DELETE FROM raw_message WHERE id = ANY(%s) RETURNING id, queue, payload)
-                               INSERT INTO raw_archive SELECT id, queue, payload, now() FROM d""", ([r[0] for r in rows],))
+                cur.execute(
+                    """WITH d AS (DELETE FROM raw_message WHERE id = ANY(%s) RETURNING id, queue, payload)
+                               INSERT INTO raw_archive SELECT id, queue, payload, now() FROM d""",
+                    ([r[0] for r in rows],),
+                )
                 conn.commit()
             return len(rows)
         if self.backend == "mysql":
@@ -146,21 +166,28 @@ class Raw:
                 cur.execute(f"UPDATE raw_message SET state = 'PROCESSING' WHERE id IN ({ids})")
             conn.commit()
             if rows:
-                cur.execute(f"INSERT INTO raw_archive SELECT id, queue, payload, NOW(6) FROM raw_message WHERE id IN ({ids})")
+                cur.execute(
+                    f"INSERT INTO raw_archive SELECT id, queue, payload, NOW(6) FROM raw_message WHERE id IN ({ids})"
+                )
                 cur.execute(f"DELETE FROM raw_message WHERE id IN ({ids})")
                 conn.commit()
             return len(rows)
         conn.execute("BEGIN IMMEDIATE")
-        rows = conn.execute("""UPDATE raw_message SET state = 'PROCESSING' WHERE id IN (
+        rows = conn.execute(
+            """UPDATE raw_message SET state = 'PROCESSING' WHERE id IN (
                                  SELECT id FROM raw_message WHERE state = 'PENDING'
                                  AND next_at <= strftime('%Y-%m-%d %H:%M:%f') ORDER BY next_at, id LIMIT ?)
-                               RETURNING id, queue, payload""", (batch,)).fetchall()
+                               RETURNING id, queue, payload""",
+            (batch,),
+        ).fetchall()
         conn.execute("COMMIT")
         if rows:
             ids = ",".join(str(r[0]) for r in rows)
             conn.execute("BEGIN IMMEDIATE")
-            conn.execute(f"INSERT INTO raw_archive SELECT id, queue, payload, strftime('%Y-%m-%d %H:%M:%f') "
-                         f"FROM raw_message WHERE id IN ({ids})")
+            conn.execute(
+                f"INSERT INTO raw_archive SELECT id, queue, payload, strftime('%Y-%m-%d %H:%M:%f') "
+                f"FROM raw_message WHERE id IN ({ids})"
+            )
             conn.execute(f"DELETE FROM raw_message WHERE id IN ({ids})")
             conn.execute("COMMIT")
         return len(rows)
@@ -177,8 +204,13 @@ class Raw:
         share = n // processes
         context = multiprocessing.get_context("fork")
         started = time.perf_counter()
-        workers = [context.Process(target=_cycle_worker, args=(self.url.render_as_string(hide_password=False), share if with_inserts else 0, batch))
-                   for _ in range(processes)]
+        workers = [
+            context.Process(
+                target=_cycle_worker,
+                args=(self.url.render_as_string(hide_password=False), share if with_inserts else 0, batch),
+            )
+            for _ in range(processes)
+        ]
         for worker in workers:
             worker.start()
         for worker in workers:
@@ -219,11 +251,12 @@ def references(url: str, runs: int, jobs: int, processes: int) -> dict[str, Call
         def run() -> float:
             raw.setup()
             return raw.insert_bulk(jobs * 2, batch)
+
         return run
 
     return {
         "raw single insert": single,
-        # The issue's reference: multi-row VALUES in batches of 100, a commit each; 1,000-row
+        # The reference: multi-row VALUES in batches of 100, a commit each; 1,000-row
         # batches are shown beside it.
         "raw bulk insert": bulk(100),
         "raw bulk insert, 1,000 rows": bulk(1000),

@@ -17,7 +17,6 @@ from benchmarks import raw
 from benchmarks.common import Measure, interleave, report
 from benchmarks.worker import BenchWorker, fresh_app, queue_empty, wait_until
 
-
 WORKER_OPTIONS: list[str] = []  # extra `jobqueue worker` options (--worker-option on the command line)
 
 
@@ -27,6 +26,7 @@ def enqueue(url: str, backend: str, runs: int, jobs: int, processes: int, json_p
 
     def single() -> float:
         from benchmarks.tasks import noop
+
         fresh_app(url)
         n = max(500, jobs // 10)
         started = time.perf_counter()
@@ -36,22 +36,33 @@ def enqueue(url: str, backend: str, runs: int, jobs: int, processes: int, json_p
 
     def bulk() -> float:
         from benchmarks.tasks import noop
+
         fresh_app(url)
         started = time.perf_counter()
         noop.bulk([()] * (jobs * 2))
         return jobs * 2 / (time.perf_counter() - started)
 
     names = ["raw single insert", "raw bulk insert", "raw bulk insert, 1,000 rows"]
-    measures = interleave(runs, {**{name: references[name] for name in names}, "delay()": single, "bulk()": bulk},
-                          units=dict.fromkeys([*names, "delay()", "bulk()"], "jobs/s"))
-    return report("enqueue", backend, measures, {"delay() / raw single": ("delay()", "raw single insert"),
-                                                 "bulk() / raw bulk": ("bulk()", "raw bulk insert"),
-                                                 "bulk() / raw bulk, 1,000 rows": ("bulk()", "raw bulk insert, 1,000 rows")},
-                  {"jobs": jobs}, json_path)
+    measures = interleave(
+        runs,
+        {**{name: references[name] for name in names}, "delay()": single, "bulk()": bulk},
+        units=dict.fromkeys([*names, "delay()", "bulk()"], "jobs/s"),
+    )
+    return report(
+        "enqueue",
+        backend,
+        measures,
+        {
+            "delay() / raw single": ("delay()", "raw single insert"),
+            "bulk() / raw bulk": ("bulk()", "raw bulk insert"),
+            "bulk() / raw bulk, 1,000 rows": ("bulk()", "raw bulk insert, 1,000 rows"),
+        },
+        {"jobs": jobs},
+        json_path,
+    )
 
 
-def processing(url: str, backend: str, runs: int, jobs: int, processes: int,
-               json_path: str | None) -> dict[str, Any]:
+def processing(url: str, backend: str, runs: int, jobs: int, processes: int, json_path: str | None) -> dict[str, Any]:
     """No-op jobs enqueued beforehand, processed by a worker with ``processes`` processes."""
     references = raw.references(url, runs, jobs, processes)
 
@@ -59,6 +70,7 @@ def processing(url: str, backend: str, runs: int, jobs: int, processes: int,
 
     def ours() -> float:
         from benchmarks.tasks import noop
+
         app = fresh_app(url)
         noop.bulk([()] * jobs)
         app.close()
@@ -72,13 +84,23 @@ def processing(url: str, backend: str, runs: int, jobs: int, processes: int,
         return jobs / processing_span(app)
 
     units = dict.fromkeys(["raw cycle", "raw claim+archive", "jobqueue"], "jobs/s")
-    measures = interleave(runs, {"raw cycle": references["raw cycle"],
-                                 "raw claim+archive": references["raw claim+archive"], "jobqueue": ours}, units)
+    measures = interleave(
+        runs,
+        {"raw cycle": references["raw cycle"], "raw claim+archive": references["raw claim+archive"], "jobqueue": ours},
+        units,
+    )
     measures.append(Measure("jobqueue, wall clock incl. start-up", "jobs/s", walls))
-    return report(f"processing {jobs} no-op jobs, {processes} processes", backend, measures,
-                  {"jobqueue / raw cycle": ("jobqueue", "raw cycle"),
-                   "jobqueue / raw claim+archive": ("jobqueue", "raw claim+archive")},
-                  {"jobs": jobs, "processes": processes}, json_path)
+    return report(
+        f"processing {jobs} no-op jobs, {processes} processes",
+        backend,
+        measures,
+        {
+            "jobqueue / raw cycle": ("jobqueue", "raw cycle"),
+            "jobqueue / raw claim+archive": ("jobqueue", "raw claim+archive"),
+        },
+        {"jobs": jobs, "processes": processes},
+        json_path,
+    )
 
 
 def processing_span(app: Any) -> float:
@@ -92,6 +114,7 @@ def processing_span(app: Any) -> float:
 def latency(url: str, backend: str, runs: int, jobs: int, processes: int, json_path: str | None) -> dict[str, Any]:
     """Enqueue-to-start latency on an idle worker: jobs enqueued one at a time, 20 ms apart."""
     from benchmarks.tasks import noop
+
     count = min(jobs, 200)
     p50 = Measure("p50", "ms", higher_is_better=False)
     p99 = Measure("p99", "ms", higher_is_better=False)
@@ -138,11 +161,23 @@ def jobqueue_like_peers(url: str, jobs: int, processes: int) -> dict[str, float]
         conn.commit()
         return value
 
-    command = [sys.executable, "-m", "jobqueue", "--app", "benchmarks.tasks:app", "--log-level", "WARNING",
-               "worker", "--concurrency", str(processes), *WORKER_OPTIONS]
+    command = [
+        sys.executable,
+        "-m",
+        "jobqueue",
+        "--app",
+        "benchmarks.tasks:app",
+        "--log-level",
+        "WARNING",
+        "worker",
+        "--concurrency",
+        str(processes),
+        *WORKER_OPTIONS,
+    ]
     try:
-        return _common.run_processing(jobs, lambda: _common.Workers(
-            "jobqueue", [command], env={"JOBQUEUE_DATABASE_URL": url}), done)
+        return _common.run_processing(
+            jobs, lambda: _common.Workers("jobqueue", [command], env={"JOBQUEUE_DATABASE_URL": url}), done
+        )
     finally:
         conn.close()
         engine.dispose()
@@ -152,8 +187,7 @@ def jobqueue_like_peers(url: str, jobs: int, processes: int) -> dict[str, float]
 def compare(url: str, backend: str, runs: int, jobs: int, processes: int, json_path: str | None) -> dict[str, Any]:
     """jobqueue next to pgqueuer, procrastinate and huey (those installed in PEERS_PYTHON's environment)."""
     peers_python = os.environ.get("PEERS_PYTHON", sys.executable)
-    names = [n for n in ("pgqueuer", "procrastinate", "huey")
-             if backend == "postgresql" or n == "huey"]
+    names = [n for n in ("pgqueuer", "procrastinate", "huey") if backend == "postgresql" or n == "huey"]
     raw_cycle = raw.references(url, runs, jobs, processes)["raw cycle"]
     measures: dict[str, Measure] = {}
 
@@ -166,9 +200,12 @@ def compare(url: str, backend: str, runs: int, jobs: int, processes: int, json_p
         add("jobqueue steady", "jobs/s", ours["steady"])
         add("jobqueue wall", "jobs/s", ours["wall"])
         for name in names:
-            out = subprocess.run([peers_python, "-m", "benchmarks.peers", name], capture_output=True, text=True,
-                                 env=dict(os.environ, PEERS_JOBS=str(jobs), PEERS_PROCESSES=str(processes),
-                                          PYTHONPATH=os.getcwd()))
+            out = subprocess.run(
+                [peers_python, "-m", "benchmarks.peers", name],
+                capture_output=True,
+                text=True,
+                env=dict(os.environ, PEERS_JOBS=str(jobs), PEERS_PROCESSES=str(processes), PYTHONPATH=os.getcwd()),
+            )
             lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
             if not lines:
                 print(f"  {name}: not available ({out.stderr.strip().splitlines()[-1:]})", file=sys.stderr)
@@ -187,8 +224,14 @@ def compare(url: str, backend: str, runs: int, jobs: int, processes: int, json_p
         if name.endswith(" steady") and not name.startswith("jobqueue"):
             ratios[f"jobqueue steady / {name}"] = ("jobqueue steady", name)
             ratios[f"jobqueue wall / {name[:-7]} wall"] = ("jobqueue wall", name[:-7] + " wall")
-    return report(f"compare: {jobs} no-op jobs, {processes} processes", backend, list(measures.values()), ratios,
-                  {"jobs": jobs, "processes": processes}, json_path)
+    return report(
+        f"compare: {jobs} no-op jobs, {processes} processes",
+        backend,
+        list(measures.values()),
+        ratios,
+        {"jobs": jobs, "processes": processes},
+        json_path,
+    )
 
 
 SCENARIOS["compare"] = compare
@@ -200,6 +243,7 @@ SCENARIOS.update(OPERATIONS)
 
 def _spark(*args: Any) -> dict[str, Any]:
     from benchmarks.spark import spark_enqueue  # needs jobqueue[spark]
+
     return spark_enqueue(*args)
 
 

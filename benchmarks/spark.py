@@ -9,8 +9,9 @@ from benchmarks.common import interleave, report
 from benchmarks.worker import fresh_app
 
 
-def spark_enqueue(url: str, backend: str, runs: int, jobs: int, processes: int,
-                  json_path: str | None) -> dict[str, Any]:
+def spark_enqueue(
+    url: str, backend: str, runs: int, jobs: int, processes: int, json_path: str | None
+) -> dict[str, Any]:
     """``enqueue_dataframe`` of ``10 * jobs`` rows (one int column) against ``noop.bulk`` of as many
     one-argument calls; the SparkSession is started once, before any timing."""
     from benchmarks.tasks import noop
@@ -42,7 +43,14 @@ def spark_enqueue(url: str, backend: str, runs: int, jobs: int, processes: int,
         return rows / (time.perf_counter() - started)
 
     names = ["bulk(), one process", f"Spark local[{processes}]", f"Spark local[{processes}], unique_key"]
-    measures = interleave(runs, dict(zip(names, (bulk, from_spark, from_spark_keyed), strict=True)), dict.fromkeys(names, "rows/s"))
-    return report(f"enqueue {rows} rows from Spark", backend, measures,
-                  {"Spark / bulk()": (names[1], names[0]), "Spark keyed / bulk()": (names[2], names[0])},
-                  {"rows": rows, "processes": processes}, json_path)
+    measures = interleave(
+        runs, dict(zip(names, (bulk, from_spark, from_spark_keyed), strict=True)), dict.fromkeys(names, "rows/s")
+    )
+    return report(
+        f"enqueue {rows} rows from Spark",
+        backend,
+        measures,
+        {"Spark / bulk()": (names[1], names[0]), "Spark keyed / bulk()": (names[2], names[0])},
+        {"rows": rows, "processes": processes},
+        json_path,
+    )

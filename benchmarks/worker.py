@@ -7,7 +7,7 @@ import signal
 import subprocess
 import sys
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import sqlalchemy as sa
 
@@ -16,10 +16,24 @@ from jobqueue import JobQueue
 
 class BenchWorker:
     def __init__(self, url: str, *args: str, env: dict[str, str] | None = None) -> None:
-        command = [sys.executable, "-m", "jobqueue", "--app", "benchmarks.tasks:app", "--log-level", "WARNING",
-                   "worker", *args]
-        self.process = subprocess.Popen(command, env=dict(os.environ, JOBQUEUE_DATABASE_URL=url, **(env or {})),
-                                        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        command = [
+            sys.executable,
+            "-m",
+            "jobqueue",
+            "--app",
+            "benchmarks.tasks:app",
+            "--log-level",
+            "WARNING",
+            "worker",
+            *args,
+        ]
+        self.process = subprocess.Popen(
+            command,
+            env=dict(os.environ, JOBQUEUE_DATABASE_URL=url, **(env or {})),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
 
     def stop(self) -> None:
         if self.process.poll() is None:

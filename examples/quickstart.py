@@ -65,8 +65,9 @@ def main() -> int:
     half = options.jobs // 2
     adds = [add.delay(i, i) for i in range(half)]  # one INSERT each
     adds += add.bulk([(i, 1) for i in range(half, options.jobs)])  # one round trip per 1,000
-    invoice = invoice_total.delay([{"price": Decimal("9.99"), "quantity": Decimal(3)}],
-                                  datetime(2026, 11, 1, tzinfo=timezone.utc))
+    invoice = invoice_total.delay(
+        [{"price": Decimal("9.99"), "quantity": Decimal(3)}], datetime(2026, 11, 1, tzinfo=timezone.utc)
+    )
     flakies = [flaky.delay(n) for n in range(3)]
     doomed = always_fails.delay()
     later = add.apply_async((40, 2), countdown=1.5)  # runs once its time has come

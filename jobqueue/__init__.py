@@ -18,11 +18,25 @@ from jobqueue.errors import (
 )
 from jobqueue.handle import JobHandle
 from jobqueue.task import Task
-
 from jobqueue.version import __version__
 
 __all__ = [
-    "AckPolicy", "JobQueue", "JobContext", "current_job", "JobHandle", "Task", "ConfigurationError",
-    "JobCancelled", "JobFailed", "JobNotFound", "JobQueueError", "LeaseLost", "SchemaError",
-    "SerializationError", "SoftTimeLimitExceeded", "TimeLimitExceeded", "UnknownTaskError", "__version__",
+    "AckPolicy",
+    "JobQueue",
+    "JobContext",
+    "current_job",
+    "JobHandle",
+    "Task",
+    "ConfigurationError",
+    "JobCancelled",
+    "JobFailed",
+    "JobNotFound",
+    "JobQueueError",
+    "LeaseLost",
+    "SchemaError",
+    "SerializationError",
+    "SoftTimeLimitExceeded",
+    "TimeLimitExceeded",
+    "UnknownTaskError",
+    "__version__",
 ]

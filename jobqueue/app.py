@@ -5,9 +5,10 @@ from __future__ import annotations
 import logging
 import os
 import weakref
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, Callable, Iterator, overload
+from typing import TYPE_CHECKING, Any, overload
 
 import sqlalchemy as sa
 
@@ -44,8 +45,9 @@ class JobQueue:
             settings["queues"] = parse_queues(settings["queues"])
         unknown = sorted(set(settings) - set(setting_names()))
         if unknown:
-            raise ConfigurationError(f"unknown JobQueue setting(s): {', '.join(unknown)}; "
-                                     f"known: {', '.join(setting_names())}")
+            raise ConfigurationError(
+                f"unknown JobQueue setting(s): {', '.join(unknown)}; known: {', '.join(setting_names())}"
+            )
         self.settings = Settings(database_url=database_url, **settings)
         self.serializer = get_serializer(self.settings.serializer)
         self.registry: dict[str, Task] = {}
@@ -66,13 +68,17 @@ class JobQueue:
         if framework is None:
             return resolve_database_url(self._url_override, self.settings.database_url)
         url = framework.database_url()
-        for source, other in (("--database-url", self._url_override), (DATABASE_URL_ENV, os.environ.get(DATABASE_URL_ENV)),
-                              ("the URL given to JobQueue()", self.settings.database_url)):
+        for source, other in (
+            ("--database-url", self._url_override),
+            (DATABASE_URL_ENV, os.environ.get(DATABASE_URL_ENV)),
+            ("the URL given to JobQueue()", self.settings.database_url),
+        ):
             if other and not same_database(other, url):
                 raise ConfigurationError(
                     f"{source} names {mask_url(other)}, but under {framework.name} jobqueue uses "
                     f"{framework.name}'s database ({mask_url(url)}), so that jobs commit with your data; "
-                    f"remove {source} or point {framework.name} at that database")
+                    f"remove {source} or point {framework.name} at that database"
+                )
         return url
 
     # -- frameworks --------------------------------------------------------------------------------
@@ -94,8 +100,9 @@ class JobQueue:
         app factory wins); binding to another framework is an error.
         """
         if self._framework is not None and self._framework.name != framework.name:
-            raise ConfigurationError(f"this JobQueue is bound to {self._framework.name}; it cannot also use "
-                                     f"{framework.name}")
+            raise ConfigurationError(
+                f"this JobQueue is bound to {self._framework.name}; it cannot also use {framework.name}"
+            )
         self.close()
         self._framework = framework
         self.database_url  # noqa: B018 -- a URL naming another database fails now, not at first use
@@ -201,6 +208,7 @@ class JobQueue:
 
         Options are checked now: an unknown or invalid one raises ConfigurationError at import.
         """
+
         def register(func: Callable[..., Any]) -> Task:
             if isinstance(func, Task):
                 raise ConfigurationError(f"{func.name} is already a task; apply @app.task once")
@@ -209,7 +217,8 @@ class JobQueue:
             if existing is not None and existing.fn is not func and _origin(existing.fn) != _origin(func):
                 raise ConfigurationError(
                     f"task name {task.name!r} is already registered by {_origin(existing.fn)}; "
-                    "give one of them another name=")
+                    "give one of them another name="
+                )
             self.registry[task.name] = task
             return task
 
@@ -219,9 +228,16 @@ class JobQueue:
             return register(fn)
         return register
 
-    def periodic(self, *, cron: str | None = None, every: timedelta | float | None = None, timezone: str = "UTC",
-                 name: str | None = None, args: tuple[Any, ...] | list[Any] = (),
-                 kwargs: dict[str, Any] | None = None) -> Callable[[Task], Task]:
+    def periodic(
+        self,
+        *,
+        cron: str | None = None,
+        every: timedelta | float | None = None,
+        timezone: str = "UTC",
+        name: str | None = None,
+        args: tuple[Any, ...] | list[Any] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> Callable[[Task], Task]:
         """Run a task on a schedule: ``@app.periodic(cron="*/5 * * * *", timezone="Europe/Paris")`` or
         ``@app.periodic(every=timedelta(minutes=5))``, written above ``@app.task``.
 
@@ -229,6 +245,7 @@ class JobQueue:
         schedule, so one task can have several. Checked now: a bad expression or timezone raises
         ConfigurationError at import. Workers create the schedule when they start.
         """
+
         def register(task: Task) -> Task:
             schedule = make_schedule(self, task, cron, every, timezone, name, args, kwargs)
             if not 0 < len(schedule.name) <= MAX_SCHEDULE_NAME:

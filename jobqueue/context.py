@@ -47,8 +47,13 @@ class JobContext:
     ``checkpoint()`` and ``extend()`` write to the database at once.
     """
 
-    def __init__(self, message: Message | None, serializer: Serializer, writes: DeliveryWriter | None = None,
-                 max_state_bytes: int | None = None) -> None:
+    def __init__(
+        self,
+        message: Message | None,
+        serializer: Serializer,
+        writes: DeliveryWriter | None = None,
+        max_state_bytes: int | None = None,
+    ) -> None:
         self._message = message
         self._serializer = serializer
         self._writes = writes
@@ -123,8 +128,10 @@ class JobContext:
     def _dump_state(self, state: Any, what: str) -> bytes:
         data = self._serializer.dumps(state, path=what)
         if self._max_state_bytes is not None and len(data) > self._max_state_bytes:
-            raise SerializationError(f"{what} serializes to {len(data)} bytes, over max_payload_bytes="
-                                     f"{self._max_state_bytes}; keep large data elsewhere and save a reference")
+            raise SerializationError(
+                f"{what} serializes to {len(data)} bytes, over max_payload_bytes="
+                f"{self._max_state_bytes}; keep large data elsewhere and save a reference"
+            )
         return data
 
     def checkpoint(self, state: Any) -> None:
@@ -158,8 +165,10 @@ class JobContext:
         elif isinstance(until, (int, float)) and not isinstance(until, bool):
             when = from_now("defer(until=...)", until)
         else:
-            raise TypeError(f"defer(until=...) takes a datetime or a number of seconds from now, got "
-                            f"{type(until).__name__} {until!r}")
+            raise TypeError(
+                f"defer(until=...) takes a datetime or a number of seconds from now, got "
+                f"{type(until).__name__} {until!r}"
+            )
         data = None if state is None else self._dump_state(state, "defer state")
         self._decide(Decision.DEFER)  # only once the arguments are known to be good
         self.defer_until = when

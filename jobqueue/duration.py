@@ -15,6 +15,7 @@ def parse_age(text: str) -> timedelta:
     """Parse ``7d`` into ``timedelta(days=7)``; raise ConfigurationError naming the accepted forms."""
     match = _AGE.match(text or "")
     if not match:
-        raise ConfigurationError(f"cannot read {text!r} as an age: write a number and a unit, "
-                                 "for example 90s, 30m, 24h, 7d or 2w")
+        raise ConfigurationError(
+            f"cannot read {text!r} as an age: write a number and a unit, for example 90s, 30m, 24h, 7d or 2w"
+        )
     return timedelta(seconds=float(match.group(1)) * _UNITS[match.group(2).lower()])

@@ -62,8 +62,9 @@ class JobFailed(JobQueueError):
     ``str()`` holds the remote exception type and message; ``traceback`` the remote traceback.
     """
 
-    def __init__(self, job_id: int, error_type: str | None, error_message: str | None,
-                 traceback: str | None = None) -> None:
+    def __init__(
+        self, job_id: int, error_type: str | None, error_message: str | None, traceback: str | None = None
+    ) -> None:
         self.job_id = job_id
         self.error_type = error_type
         self.error_message = error_message

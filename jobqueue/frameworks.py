@@ -9,8 +9,9 @@ can be found on its own (Django's, when its app starts) adds a detector to :data
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any, Callable, Iterator
+from typing import Any
 
 
 class Framework:

@@ -38,8 +38,10 @@ class JobHandle:
         """Return "pending", "processing", "retryable", "completed", "failed" or "cancelled"."""
         state = jobs.job_state(self.app.store, self.id)
         if state is None:
-            raise JobNotFound(f"job {self.id} not found: it never existed, was purged, or its archive "
-                              "row was not retained (retain_in_archive_on_ack/on_reject)")
+            raise JobNotFound(
+                f"job {self.id} not found: it never existed, was purged, or its archive "
+                "row was not retained (retain_in_archive_on_ack/on_reject)"
+            )
         return state.public
 
     def get(self, timeout: float | None = None) -> Any:
@@ -60,8 +62,10 @@ class JobHandle:
                 archived = jobs.archived_job(store, self.id)
                 if archived is not None:
                     return self._finish(archived)
-                raise JobNotFound(f"job {self.id} not found: it never existed, was purged, or its archive "
-                                  "row was not retained, so there is no result to read")
+                raise JobNotFound(
+                    f"job {self.id} not found: it never existed, was purged, or its archive "
+                    "row was not retained, so there is no result to read"
+                )
             if deadline is not None and time.monotonic() >= deadline:
                 raise TimeoutError(f"job {self.id} did not finish within {timeout} seconds")
             pause = interval if deadline is None else min(interval, max(0.0, deadline - time.monotonic()))

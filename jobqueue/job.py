@@ -15,9 +15,10 @@ rows in the archive table.
 from __future__ import annotations
 
 import enum
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Sequence
+from typing import Any
 
 
 class MessageState(str, enum.Enum):

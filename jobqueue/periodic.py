@@ -16,16 +16,18 @@ from __future__ import annotations
 import base64
 import json
 import logging
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from cronsim import CronSim, CronSimError
 
 from jobqueue.errors import ConfigurationError
 from jobqueue.job import SCHEDULE_PRIORITY, SCHEDULE_TASK, Message, MessageState
-from jobqueue.storage import jobs, schedules as stored
+from jobqueue.storage import jobs
+from jobqueue.storage import schedules as stored
 
 if TYPE_CHECKING:
     from jobqueue.app import JobQueue
@@ -59,14 +61,18 @@ class Schedule:
         try:
             object.__setattr__(self, "tz", ZoneInfo(self.timezone))
         except (ZoneInfoNotFoundError, ValueError):
-            raise ConfigurationError(f"schedule {self.name!r}: unknown timezone {self.timezone!r}; use an IANA "
-                                     "name such as 'UTC' or 'Europe/Paris'") from None
+            raise ConfigurationError(
+                f"schedule {self.name!r}: unknown timezone {self.timezone!r}; use an IANA "
+                "name such as 'UTC' or 'Europe/Paris'"
+            ) from None
         if self.cron is not None:
             try:
                 CronSim(self.cron, datetime.now(self.tz))
             except CronSimError as exc:
-                raise ConfigurationError(f"schedule {self.name!r}: invalid cron expression {self.cron!r} ({exc}); "
-                                         "five fields: minute hour day-of-month month day-of-week") from None
+                raise ConfigurationError(
+                    f"schedule {self.name!r}: invalid cron expression {self.cron!r} ({exc}); "
+                    "five fields: minute hour day-of-month month day-of-week"
+                ) from None
         elif not self.every_seconds or self.every_seconds <= 0:
             raise ConfigurationError(f"schedule {self.name!r}: every= must be a positive duration")
 
@@ -130,16 +136,29 @@ class Schedule:
     # -- the stored form ---------------------------------------------------------------------------
     def definition(self) -> dict[str, Any]:
         """What the schedule message stores; comparing it tells whether code changed the schedule."""
-        return {"name": self.name, "task": self.task_name, "cron": self.cron, "every_seconds": self.every_seconds,
-                "timezone": self.timezone, "queue": self.queue, "priority": self.priority,
-                "payload": base64.b64encode(self.payload).decode("ascii")}
+        return {
+            "name": self.name,
+            "task": self.task_name,
+            "cron": self.cron,
+            "every_seconds": self.every_seconds,
+            "timezone": self.timezone,
+            "queue": self.queue,
+            "priority": self.priority,
+            "payload": base64.b64encode(self.payload).decode("ascii"),
+        }
 
     @classmethod
     def from_definition(cls, data: dict[str, Any]) -> Schedule:
-        return cls(name=data["name"], task_name=data["task"], cron=data.get("cron"),
-                   every_seconds=data.get("every_seconds"), timezone=data.get("timezone", "UTC"),
-                   queue=data.get("queue", "default"), priority=data.get("priority", 0),
-                   payload=base64.b64decode(data.get("payload", "")))
+        return cls(
+            name=data["name"],
+            task_name=data["task"],
+            cron=data.get("cron"),
+            every_seconds=data.get("every_seconds"),
+            timezone=data.get("timezone", "UTC"),
+            queue=data.get("queue", "default"),
+            priority=data.get("priority", 0),
+            payload=base64.b64decode(data.get("payload", "")),
+        )
 
     def encode(self) -> bytes:
         return json.dumps(self.definition(), sort_keys=True).encode("utf-8")
@@ -166,8 +185,16 @@ def encode_state(last_fire: datetime) -> bytes:
     return json.dumps({"last_fire": last_fire.isoformat()}).encode("utf-8")
 
 
-def make_schedule(app: JobQueue, task: Task, cron: str | None, every: timedelta | float | None, timezone_name: str,
-                  name: str | None, args: tuple[Any, ...] | list[Any], kwargs: dict[str, Any] | None) -> Schedule:
+def make_schedule(
+    app: JobQueue,
+    task: Task,
+    cron: str | None,
+    every: timedelta | float | None,
+    timezone_name: str,
+    name: str | None,
+    args: tuple[Any, ...] | list[Any],
+    kwargs: dict[str, Any] | None,
+) -> Schedule:
     """Build and check a task's schedule when ``@app.periodic`` runs (errors surface at import)."""
     from jobqueue.serialization import dumps_call
     from jobqueue.task import Task as TaskClass
@@ -176,11 +203,20 @@ def make_schedule(app: JobQueue, task: Task, cron: str | None, every: timedelta 
         raise ConfigurationError("@app.periodic goes above @app.task: it schedules a task, not a plain function")
     seconds = every.total_seconds() if isinstance(every, timedelta) else every
     payload = dumps_call(app.serializer, tuple(args), dict(kwargs or {}))
-    return Schedule(name=name or task.name, task_name=task.name, cron=cron, every_seconds=seconds,
-                    timezone=timezone_name, queue=task.queue, priority=task.options.priority, payload=payload)
+    return Schedule(
+        name=name or task.name,
+        task_name=task.name,
+        cron=cron,
+        every_seconds=seconds,
+        timezone=timezone_name,
+        queue=task.queue,
+        priority=task.options.priority,
+        payload=payload,
+    )
 
 
 # -- schedule messages ------------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class ScheduleRow:
@@ -207,22 +243,41 @@ def schedule_rows(store: Store) -> dict[str, ScheduleRow]:
 def message_row(schedule: Schedule, first_fire: datetime, now: datetime) -> dict[str, Any]:
     """The never-completing message that drives ``schedule``."""
     return {
-        "task_name": SCHEDULE_TASK, "queue": schedule.queue, "priority": SCHEDULE_PRIORITY,
-        "state": MessageState.PENDING.value, "payload": schedule.encode(), "headers": {"schedule": schedule.name},
-        "unique_key": schedule.name, "partition_key": None, "options": None, "attempts_count": 0,
-        "deliveries_count": 0, "created_at": now, "next_attempt_at": first_fire,
+        "task_name": SCHEDULE_TASK,
+        "queue": schedule.queue,
+        "priority": SCHEDULE_PRIORITY,
+        "state": MessageState.PENDING.value,
+        "payload": schedule.encode(),
+        "headers": {"schedule": schedule.name},
+        "unique_key": schedule.name,
+        "partition_key": None,
+        "options": None,
+        "attempts_count": 0,
+        "deliveries_count": 0,
+        "created_at": now,
+        "next_attempt_at": first_fire,
     }
 
 
-def fire(store: Store, message: Message, schedule: Schedule, when: datetime, next_fire: datetime, now: datetime) -> bool:
+def fire(
+    store: Store, message: Message, schedule: Schedule, when: datetime, next_fire: datetime, now: datetime
+) -> bool:
     """Enqueue the job for fire time ``when`` and defer the schedule message to ``next_fire``, fenced;
     False if this delivery no longer holds the message."""
     job = {
-        "task_name": schedule.task_name, "queue": schedule.queue, "priority": schedule.priority,
+        "task_name": schedule.task_name,
+        "queue": schedule.queue,
+        "priority": schedule.priority,
         "state": MessageState.PENDING.value,
-        "payload": schedule.payload, "headers": {"schedule": schedule.name, "fire_time": when.isoformat()},
-        "unique_key": fire_key(schedule.name, when), "partition_key": None, "options": None,
-        "attempts_count": 0, "deliveries_count": 0, "created_at": now, "next_attempt_at": now,
+        "payload": schedule.payload,
+        "headers": {"schedule": schedule.name, "fire_time": when.isoformat()},
+        "unique_key": fire_key(schedule.name, when),
+        "partition_key": None,
+        "options": None,
+        "attempts_count": 0,
+        "deliveries_count": 0,
+        "created_at": now,
+        "next_attempt_at": now,
     }
     return store.fire_schedule(message, job, next_fire, encode_state(when))
 

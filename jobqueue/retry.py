@@ -9,14 +9,14 @@ returns the time of the next attempt, or ``None`` when the job must be FAILED be
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from datetime import datetime, timedelta
-from typing import Any, Callable, ClassVar
+from typing import Any, ClassVar
 
 import tenacity
 
 from jobqueue.errors import ConfigurationError
-
 
 _RETRYING = tenacity.Retrying()  # owns the call states below; never called
 
@@ -42,10 +42,14 @@ class RetryStrategy:
     max_total_delay_seconds: float | None = None
 
     def __post_init__(self) -> None:
-        _check(self.max_attempts is None or self.max_attempts >= 1,
-               f"{type(self).__name__}: max_attempts must be >= 1 or None, got {self.max_attempts!r}")
-        _check(self.max_total_delay_seconds is None or self.max_total_delay_seconds >= 0,
-               f"{type(self).__name__}: max_total_delay_seconds must be >= 0 or None")
+        _check(
+            self.max_attempts is None or self.max_attempts >= 1,
+            f"{type(self).__name__}: max_attempts must be >= 1 or None, got {self.max_attempts!r}",
+        )
+        _check(
+            self.max_total_delay_seconds is None or self.max_total_delay_seconds >= 0,
+            f"{type(self).__name__}: max_total_delay_seconds must be >= 0 or None",
+        )
 
     def delay_for(self, attempt: int) -> float:
         """Return the delay before the attempt after ``attempt``."""
@@ -113,8 +117,9 @@ class LinearRetryStrategy(RetryStrategy):
         _check(self.initial_delay_seconds >= 0, "LinearRetryStrategy: initial_delay_seconds must be >= 0")
 
     def delay_for(self, attempt: int) -> float:
-        wait = tenacity.wait_incrementing(start=self.initial_delay_seconds, increment=self.step_seconds,
-                                          max=float("inf"))
+        wait = tenacity.wait_incrementing(
+            start=self.initial_delay_seconds, increment=self.step_seconds, max=float("inf")
+        )
         return _tenacity_wait(wait, attempt)
 
 
@@ -134,8 +139,9 @@ class ExponentialBackoffRetryStrategy(RetryStrategy):
 
     def delay_for(self, attempt: int) -> float:
         cap = float("inf") if self.max_delay_seconds is None else self.max_delay_seconds
-        wait = tenacity.wait_exponential(multiplier=self.initial_delay_seconds, exp_base=self.multiplier,
-                                         min=0, max=cap)
+        wait = tenacity.wait_exponential(
+            multiplier=self.initial_delay_seconds, exp_base=self.multiplier, min=0, max=cap
+        )
         return _tenacity_wait(wait, attempt)
 
 
@@ -167,8 +173,10 @@ class ConstantWithJitterRetryStrategy(RetryStrategy):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        _check(self.base_delay_seconds >= 0 and self.jitter_seconds >= 0,
-               "ConstantWithJitterRetryStrategy: base_delay_seconds and jitter_seconds must be >= 0")
+        _check(
+            self.base_delay_seconds >= 0 and self.jitter_seconds >= 0,
+            "ConstantWithJitterRetryStrategy: base_delay_seconds and jitter_seconds must be >= 0",
+        )
 
     def delay_for(self, attempt: int) -> float:
         base = _tenacity_wait(tenacity.wait_fixed(self.base_delay_seconds), attempt)
@@ -177,8 +185,14 @@ class ConstantWithJitterRetryStrategy(RetryStrategy):
 
 STRATEGIES: dict[str, type[RetryStrategy]] = {
     cls.kind: cls
-    for cls in (NoRetryStrategy, ConstantRetryStrategy, LinearRetryStrategy, ExponentialBackoffRetryStrategy,
-                ExponentialBackoffWithJitterRetryStrategy, ConstantWithJitterRetryStrategy)
+    for cls in (
+        NoRetryStrategy,
+        ConstantRetryStrategy,
+        LinearRetryStrategy,
+        ExponentialBackoffRetryStrategy,
+        ExponentialBackoffWithJitterRetryStrategy,
+        ConstantWithJitterRetryStrategy,
+    )
 }
 
 
@@ -194,12 +208,19 @@ def strategy_from_dict(data: dict[str, Any]) -> RetryStrategy:
 
 def default_strategy() -> RetryStrategy:
     """Exponential backoff with jitter, 3 attempts: 1 s then 2 s (plus up to 50% jitter)."""
-    return ExponentialBackoffWithJitterRetryStrategy(initial_delay_seconds=1.0, multiplier=2.0,
-                                                     max_delay_seconds=60.0, max_attempts=3)
+    return ExponentialBackoffWithJitterRetryStrategy(
+        initial_delay_seconds=1.0, multiplier=2.0, max_delay_seconds=60.0, max_attempts=3
+    )
 
 
 __all__ = [
-    "RetryStrategy", "NoRetryStrategy", "ConstantRetryStrategy", "LinearRetryStrategy",
-    "ExponentialBackoffRetryStrategy", "ExponentialBackoffWithJitterRetryStrategy",
-    "ConstantWithJitterRetryStrategy", "strategy_from_dict", "default_strategy",
+    "RetryStrategy",
+    "NoRetryStrategy",
+    "ConstantRetryStrategy",
+    "LinearRetryStrategy",
+    "ExponentialBackoffRetryStrategy",
+    "ExponentialBackoffWithJitterRetryStrategy",
+    "ConstantWithJitterRetryStrategy",
+    "strategy_from_dict",
+    "default_strategy",
 ]

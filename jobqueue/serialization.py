@@ -15,9 +15,10 @@ import base64
 import json
 import pickle
 import uuid
+from collections.abc import Callable
 from datetime import date, datetime
 from decimal import Decimal
-from typing import Any, Callable, Protocol
+from typing import Any, Protocol
 
 from jobqueue.errors import ConfigurationError, SerializationError
 
@@ -44,14 +45,16 @@ def dumps_call(serializer: Serializer, args: tuple[Any, ...] | list[Any], kwargs
     if serializer.name != "json":
         return serializer.dumps([list(args), kwargs], path="arguments")
     try:
-        if ((not args or all(type(v) in FLAT for v in args))
-                and (not kwargs or TAG not in kwargs and all(type(v) in FLAT for v in kwargs.values()))):
+        if (not args or all(type(v) in FLAT for v in args)) and (
+            not kwargs or TAG not in kwargs and all(type(v) in FLAT for v in kwargs.values())
+        ):
             # Flat arguments (the common case): the encoder alone, no walk to tag anything.
             return _JSON.encode([list(args), kwargs]).encode("utf-8")
         return _JSON.encode([_encode(list(args), "args"), _encode(kwargs, "kwargs")]).encode("utf-8")
     except ENCODING_ERRORS as exc:
         parts = [(f"args[{i}]", value) for i, value in enumerate(args)] + [
-            (f"kwargs[{key!r}]", value) for key, value in kwargs.items()]
+            (f"kwargs[{key!r}]", value) for key, value in kwargs.items()
+        ]
         for path, value in parts:  # name the argument at fault
             try:
                 _JSON.encode(_encode(value, path)).encode("utf-8")
@@ -79,8 +82,12 @@ def _unencodable(path: str, exc: BaseException) -> SerializationError:
 def loads_call(serializer: Serializer, data: bytes) -> tuple[list[Any], dict[str, Any]]:
     """Read back what :func:`dumps_call` wrote; a malformed payload raises SerializationError."""
     value = serializer.loads(data)
-    if (not isinstance(value, list) or len(value) != 2 or not isinstance(value[0], list)
-            or not isinstance(value[1], dict)):
+    if (
+        not isinstance(value, list)
+        or len(value) != 2
+        or not isinstance(value[0], list)
+        or not isinstance(value[1], dict)
+    ):
         raise SerializationError("corrupt payload: expected [args, kwargs]")
     return value[0], value[1]
 
@@ -94,8 +101,12 @@ def _encode(obj: Any, path: str) -> Any:
     if kind is dict:
         if TAG not in obj and all(type(key) is str for key in obj):
             return {key: _encode(value, f"{path}[{key!r}]") for key, value in obj.items()}
-        return {TAG: "dict", "v": [[_encode(key, f"{path} key {key!r}"), _encode(value, f"{path}[{key!r}]")]
-                                   for key, value in obj.items()]}
+        return {
+            TAG: "dict",
+            "v": [
+                [_encode(key, f"{path} key {key!r}"), _encode(value, f"{path}[{key!r}]")] for key, value in obj.items()
+            ],
+        }
     if kind is datetime:
         return {TAG: "datetime", "v": obj.isoformat()}
     if kind is date:
@@ -169,7 +180,7 @@ class PickleSerializer:
 
     def loads(self, data: bytes) -> Any:
         try:
-            return pickle.loads(data)  # noqa: S301 - explicit opt-in, documented as unsafe
+            return pickle.loads(data)
         except Exception as exc:
             raise SerializationError(f"corrupt payload: cannot unpickle ({exc})") from exc
 

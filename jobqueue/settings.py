@@ -30,11 +30,11 @@ def _opt(default: Any, help: str, worker: bool = True) -> Any:
 class Settings:
     """Every tunable parameter, with its default and the reason for it (see docs/configuration.md)."""
 
-    database_url: str | None = _opt(None, "Database URL (see 'jobqueue --help' for the order of precedence).",
-                                    worker=False)
+    database_url: str | None = _opt(
+        None, "Database URL (see 'jobqueue --help' for the order of precedence).", worker=False
+    )
     table_prefix: str = _opt("jobqueue_", "Prefix of the jobqueue table names.", worker=False)
-    serializer: str = _opt("json", "Payload serializer: json (safe default) or pickle (unsafe opt-in).",
-                           worker=False)
+    serializer: str = _opt("json", "Payload serializer: json (safe default) or pickle (unsafe opt-in).", worker=False)
     default_queue: str = _opt("default", "Queue of tasks that do not name one.", worker=False)
     max_payload_bytes: int = _opt(1_048_576, "Largest serialized arguments or result accepted.", worker=False)
     concurrency: int | None = _opt(None, "Worker processes to fork (default: CPU count).")
@@ -43,8 +43,11 @@ class Settings:
     overfetch_factor: float = _opt(1.0, "Buffer capacity as a multiple of fetch_batch_size.")
     min_fetch_interval: float = _opt(0.0, "Seconds between fetches while fetches come back full.")
     max_fetch_interval: float = _opt(1.0, "Seconds between fetches while the queues are empty (polling).")
-    idle_poll_interval: float = _opt(0.05, "Seconds between the supervisor's checks for new work while its "
-                                     "processes idle (SQLite, MySQL; PostgreSQL is notified).")
+    idle_poll_interval: float = _opt(
+        0.05,
+        "Seconds between the supervisor's checks for new work while its "
+        "processes idle (SQLite, MySQL; PostgreSQL is notified).",
+    )
     flush_interval: float = _opt(0.5, "Most seconds an outcome waits in the buffer before it is written.")
     release_stuck_interval: float = _opt(5.0, "Seconds between scans for expired leases.")
     release_stuck_timeout: float = _opt(30.0, "Lease (visibility timeout) in seconds, renewed by heartbeats.")
@@ -61,8 +64,11 @@ class Settings:
     def __repr__(self) -> str:
         from jobqueue.storage.engine import mask_url  # storage imports settings
 
-        fields = ", ".join(f"{f.name}={mask_url(value) if f.name == 'database_url' and value else value!r}"
-                           for f in dataclasses.fields(self) for value in [getattr(self, f.name)])
+        fields = ", ".join(
+            f"{f.name}={mask_url(value) if f.name == 'database_url' and value else value!r}"
+            for f in dataclasses.fields(self)
+            for value in [getattr(self, f.name)]
+        )
         return f"Settings({fields})"
 
     def replace(self, **changes: Any) -> Settings:
@@ -78,8 +84,15 @@ class Settings:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ConfigurationError(f"{name} must be an integer >= 1, got {value!r}")
-        for name in ("min_fetch_interval", "max_fetch_interval", "idle_poll_interval", "flush_interval",
-                     "release_stuck_interval", "release_stuck_timeout", "graceful_timeout"):
+        for name in (
+            "min_fetch_interval",
+            "max_fetch_interval",
+            "idle_poll_interval",
+            "flush_interval",
+            "release_stuck_interval",
+            "release_stuck_timeout",
+            "graceful_timeout",
+        ):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0:
                 raise ConfigurationError(f"{name} must be a number of seconds >= 0, got {value!r}")
@@ -96,7 +109,8 @@ class Settings:
         if not TABLE_PREFIX.match(self.table_prefix):
             raise ConfigurationError(
                 f"table_prefix {self.table_prefix!r} is invalid: use lower-case letters, digits and _, "
-                "starting with a letter, at most 31 characters (for example 'jobqueue_')")
+                "starting with a letter, at most 31 characters (for example 'jobqueue_')"
+            )
         validate_queue_name(self.default_queue)
         for queue in self.queues or ():
             validate_queue_name(queue)
@@ -128,7 +142,8 @@ def validate_queue_name(queue: Any) -> str:
     if not isinstance(queue, str) or not QUEUE_NAME.match(queue):
         raise ConfigurationError(
             f"invalid queue name {queue!r}: use 1 to 100 letters, digits, '_', '.', ':' or '-', "
-            "starting with a letter or digit")
+            "starting with a letter or digit"
+        )
     return queue
 
 

@@ -8,9 +8,10 @@ import json
 import os
 import re
 import sys
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any
 
 from jobqueue.ack import AckPolicy
 from jobqueue.clock import to_naive_utc, utcnow
@@ -53,7 +54,8 @@ def validate_task_name(name: Any) -> str:
     if not isinstance(name, str) or not TASK_NAME.match(name):
         raise ConfigurationError(
             f"invalid task name {name!r}: use up to 255 letters, digits, '_', '.', ':' or '-', "
-            "starting with a letter or '_'")
+            "starting with a letter or '_'"
+        )
     if name.startswith("jobqueue."):
         raise ConfigurationError(f"task names starting with 'jobqueue.' are reserved; rename {name!r}")
     return name
@@ -69,8 +71,9 @@ def validate_priority(priority: Any) -> int:
 def _positive(name: str, value: Any, integer: bool = False) -> None:
     kinds = (int,) if integer else (int, float)
     if value is not None and (not isinstance(value, kinds) or isinstance(value, bool) or value <= 0):
-        raise ConfigurationError(f"task option {name} must be a positive {'integer' if integer else 'number'} "
-                                 f"or None, got {value!r}")
+        raise ConfigurationError(
+            f"task option {name} must be a positive {'integer' if integer else 'number'} or None, got {value!r}"
+        )
 
 
 def default_task_name(fn: Callable[..., Any]) -> str:
@@ -90,10 +93,13 @@ def build_options(fn: Callable[..., Any], options: dict[str, Any]) -> TaskOption
     """Check decorator options now, so a typo fails at import rather than in production."""
     unknown = sorted(set(options) - set(OPTION_NAMES))
     if unknown:
-        hints = [f"{u!r} (did you mean {m[0]!r}?)" if (m := difflib.get_close_matches(u, OPTION_NAMES, 1))
-                 else repr(u) for u in unknown]
-        raise ConfigurationError(f"unknown task option {', '.join(hints)} on {fn.__qualname__}; "
-                                 f"known options: {', '.join(OPTION_NAMES)}")
+        hints = [
+            f"{u!r} (did you mean {m[0]!r}?)" if (m := difflib.get_close_matches(u, OPTION_NAMES, 1)) else repr(u)
+            for u in unknown
+        ]
+        raise ConfigurationError(
+            f"unknown task option {', '.join(hints)} on {fn.__qualname__}; known options: {', '.join(OPTION_NAMES)}"
+        )
     values = dict(options)
     values["name"] = validate_task_name(values.get("name") or default_task_name(fn))
     if values.get("queue") is not None:
@@ -101,8 +107,10 @@ def build_options(fn: Callable[..., Any], options: dict[str, Any]) -> TaskOption
     validate_priority(values.get("priority", 0))
     strategy = values.get("retry_strategy")
     if strategy is not None and not isinstance(strategy, RetryStrategy):
-        raise ConfigurationError("retry_strategy must be a strategy from jobqueue.retry, "
-                                 f"for example ConstantRetryStrategy(delay_seconds=5), got {strategy!r}")
+        raise ConfigurationError(
+            "retry_strategy must be a strategy from jobqueue.retry, "
+            f"for example ConstantRetryStrategy(delay_seconds=5), got {strategy!r}"
+        )
     retry_on = values.get("retry_on")
     if retry_on is not None:
         retry_on = tuple(retry_on) if isinstance(retry_on, (tuple, list)) else (retry_on,)
@@ -156,24 +164,44 @@ class Task:
         """Enqueue a call that runs at ``when`` (a naive datetime is UTC)."""
         return self.apply_async(args, kwargs, eta=when)
 
-    def apply_async(self, args: Sequence[Any] = (), kwargs: dict[str, Any] | None = None, *,
-                    eta: datetime | None = None, countdown: float | None = None, queue: str | None = None,
-                    priority: int | None = None, headers: dict[str, Any] | None = None,
-                    unique_key: str | None = None, partition_key: str | None = None,
-                    retry_strategy: RetryStrategy | None = None, connection: Any = None) -> JobHandle:
+    def apply_async(
+        self,
+        args: Sequence[Any] = (),
+        kwargs: dict[str, Any] | None = None,
+        *,
+        eta: datetime | None = None,
+        countdown: float | None = None,
+        queue: str | None = None,
+        priority: int | None = None,
+        headers: dict[str, Any] | None = None,
+        unique_key: str | None = None,
+        partition_key: str | None = None,
+        retry_strategy: RetryStrategy | None = None,
+        connection: Any = None,
+    ) -> JobHandle:
         """Enqueue a call with options; with ``connection`` it is written in that transaction, uncommitted."""
-        options = self._call_options(eta, countdown, queue, priority, headers, unique_key, partition_key,
-                                     retry_strategy)
+        options = self._call_options(
+            eta, countdown, queue, priority, headers, unique_key, partition_key, retry_strategy
+        )
         row = self._row(args, kwargs or {}, options, utcnow())
         with self.app.enqueue_connection(connection) as conn:
             return JobHandle(self.app, self.app.store.enqueue([row], connection=conn)[0])
 
-    def bulk(self, items: Iterable[Sequence[Any] | dict[str, Any]], *, batch_size: int = BULK_BATCH_SIZE,
-             eta: datetime | None = None, countdown: float | None = None, queue: str | None = None,
-             priority: int | None = None, headers: dict[str, Any] | None = None,
-             unique_key: Callable[[Any], str | None] | Sequence[str | None] | None = None,
-             partition_key: str | None = None, retry_strategy: RetryStrategy | None = None,
-             connection: Any = None) -> list[JobHandle]:
+    def bulk(
+        self,
+        items: Iterable[Sequence[Any] | dict[str, Any]],
+        *,
+        batch_size: int = BULK_BATCH_SIZE,
+        eta: datetime | None = None,
+        countdown: float | None = None,
+        queue: str | None = None,
+        priority: int | None = None,
+        headers: dict[str, Any] | None = None,
+        unique_key: Callable[[Any], str | None] | Sequence[str | None] | None = None,
+        partition_key: str | None = None,
+        retry_strategy: RetryStrategy | None = None,
+        connection: Any = None,
+    ) -> list[JobHandle]:
         """Enqueue one job per item (a tuple of positional args, or a dict of kwargs).
 
         Each batch of ``batch_size`` is one round trip; handles come back in input order. A bad
@@ -185,10 +213,19 @@ class Task:
         if batch_size < 1:
             raise ConfigurationError("batch_size must be >= 1")
         if isinstance(unique_key, str):
-            raise ConfigurationError("one unique_key for a whole bulk() would make every item the same job; pass "
-                                     "a function of the item, or a list with one key per item")
-        common = self.common_row(eta=eta, countdown=countdown, queue=queue, priority=priority, headers=headers,
-                                 partition_key=partition_key, retry_strategy=retry_strategy)
+            raise ConfigurationError(
+                "one unique_key for a whole bulk() would make every item the same job; pass "
+                "a function of the item, or a list with one key per item"
+            )
+        common = self.common_row(
+            eta=eta,
+            countdown=countdown,
+            queue=queue,
+            priority=priority,
+            headers=headers,
+            partition_key=partition_key,
+            retry_strategy=retry_strategy,
+        )
         items = list(items)
         keys = self._bulk_keys(items, unique_key)
         # Payloads are serialized as the store reads them: all before anything is sent, or, where
@@ -205,13 +242,23 @@ class Task:
         elif isinstance(item, (tuple, list)):
             args, kwargs = item, {}
         else:
-            raise SerializationError(f"bulk item {index} is a {type(item).__name__}: give a tuple of "
-                                     "positional arguments (for one argument: (value,)) or a dict of kwargs")
+            raise SerializationError(
+                f"bulk item {index} is a {type(item).__name__}: give a tuple of "
+                "positional arguments (for one argument: (value,)) or a dict of kwargs"
+            )
         return self._payload(args, kwargs, index)
 
-    def common_row(self, *, eta: datetime | None = None, countdown: float | None = None, queue: str | None = None,
-                   priority: int | None = None, headers: dict[str, Any] | None = None,
-                   partition_key: str | None = None, retry_strategy: RetryStrategy | None = None) -> dict[str, Any]:
+    def common_row(
+        self,
+        *,
+        eta: datetime | None = None,
+        countdown: float | None = None,
+        queue: str | None = None,
+        priority: int | None = None,
+        headers: dict[str, Any] | None = None,
+        partition_key: str | None = None,
+        retry_strategy: RetryStrategy | None = None,
+    ) -> dict[str, Any]:
         """The columns every job of one bulk enqueue shares (``Batch.common``), options checked."""
         options = self._call_options(eta, countdown, queue, priority, headers, None, partition_key, retry_strategy)
         return self._row((), {}, options, utcnow())
@@ -228,9 +275,17 @@ class Task:
                 check_key(f"unique_key of item {index}", key)
         return keys
 
-    def _call_options(self, eta: datetime | None, countdown: float | None, queue: str | None,
-                      priority: int | None, headers: dict[str, Any] | None, unique_key: str | None,
-                      partition_key: str | None, retry_strategy: RetryStrategy | None) -> dict[str, Any]:
+    def _call_options(
+        self,
+        eta: datetime | None,
+        countdown: float | None,
+        queue: str | None,
+        priority: int | None,
+        headers: dict[str, Any] | None,
+        unique_key: str | None,
+        partition_key: str | None,
+        retry_strategy: RetryStrategy | None,
+    ) -> dict[str, Any]:
         if eta is not None and countdown is not None:
             raise ConfigurationError("give eta or countdown, not both")
         if eta is not None and not isinstance(eta, datetime):
@@ -251,7 +306,10 @@ class Task:
         return {
             "queue": validate_queue_name(queue) if queue is not None else self.queue,
             "priority": validate_priority(priority) if priority is not None else self.options.priority,
-            "headers": headers, "unique_key": unique_key, "partition_key": partition_key, "eta": when,
+            "headers": headers,
+            "unique_key": unique_key,
+            "partition_key": partition_key,
+            "eta": when,
             "options": {"retry": retry_strategy.to_dict()} if retry_strategy is not None else None,
         }
 
@@ -266,18 +324,28 @@ class Task:
         if len(payload) > limit:
             raise SerializationError(
                 f"{_item(item)}task {self.name}: arguments serialize to {len(payload)} bytes, over max_payload_bytes="
-                f"{limit}; store large data elsewhere and pass a reference (or raise max_payload_bytes)")
+                f"{limit}; store large data elsewhere and pass a reference (or raise max_payload_bytes)"
+            )
         return payload
 
-    def _row(self, args: Sequence[Any], kwargs: dict[str, Any], options: dict[str, Any],
-             now: datetime) -> dict[str, Any]:
+    def _row(
+        self, args: Sequence[Any], kwargs: dict[str, Any], options: dict[str, Any], now: datetime
+    ) -> dict[str, Any]:
         payload = self._payload(args, kwargs)
         return {
-            "task_name": self.name, "queue": options["queue"], "priority": options["priority"],
-            "state": MessageState.PENDING.value, "payload": payload, "headers": options["headers"],
-            "unique_key": options["unique_key"], "partition_key": options["partition_key"],
-            "options": options["options"], "attempts_count": 0, "deliveries_count": 0,
-            "created_at": now, "next_attempt_at": options["eta"] or now,
+            "task_name": self.name,
+            "queue": options["queue"],
+            "priority": options["priority"],
+            "state": MessageState.PENDING.value,
+            "payload": payload,
+            "headers": options["headers"],
+            "unique_key": options["unique_key"],
+            "partition_key": options["partition_key"],
+            "options": options["options"],
+            "attempts_count": 0,
+            "deliveries_count": 0,
+            "created_at": now,
+            "next_attempt_at": options["eta"] or now,
         }
 
 
@@ -286,12 +354,13 @@ def check_key(label: str, key: Any) -> str:
     if not isinstance(key, str) or not 0 < len(key) <= 255:
         raise ConfigurationError(f"{label} must be a string of 1 to 255 characters, got {key!r}")
     if "\x00" in key:
-        raise ConfigurationError(f"{label} must not contain NUL characters (PostgreSQL cannot store them), "
-                                 f"got {key!r}")
+        raise ConfigurationError(f"{label} must not contain NUL characters (PostgreSQL cannot store them), got {key!r}")
     try:
         key.encode("utf-8")
     except UnicodeEncodeError:
-        raise ConfigurationError(f"{label} is not valid Unicode (it holds an unpaired surrogate), got {key!r}") from None
+        raise ConfigurationError(
+            f"{label} is not valid Unicode (it holds an unpaired surrogate), got {key!r}"
+        ) from None
     return key
 
 
@@ -304,8 +373,10 @@ def check_headers(headers: Any) -> None:
             json.dumps({key: value}, allow_nan=False, ensure_ascii=False).encode("utf-8")
         except (TypeError, ValueError, RecursionError, UnicodeEncodeError) as exc:
             kind = type(value).__name__
-            raise ConfigurationError(f"headers[{key!r}]: a {kind} cannot be stored as a JSON header value ({exc}); "
-                                     "use strings, numbers, booleans, None, lists and dicts of them") from None
+            raise ConfigurationError(
+                f"headers[{key!r}]: a {kind} cannot be stored as a JSON header value ({exc}); "
+                "use strings, numbers, booleans, None, lists and dicts of them"
+            ) from None
 
 
 def _item(index: int | None) -> str:

@@ -7,7 +7,7 @@ this session with the jobqueue tables, emptied before each test; ``app`` a JobQu
 from __future__ import annotations
 
 import os
-from typing import Iterator
+from collections.abc import Iterator
 
 import pytest
 import sqlalchemy as sa
@@ -29,9 +29,11 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
 def only(*names: str):
     """Decorator: run a backend-parametrized test only on these backends."""
+
     def mark(fn):
         fn.backends = names
         return fn
+
     return mark
 
 

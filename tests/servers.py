@@ -14,10 +14,10 @@ import uuid
 
 import sqlalchemy as sa
 
-POSTGRES_URL = os.environ.get("JOBQUEUE_TEST_POSTGRES_URL",
-                              "postgresql+psycopg2://jobqueue_test:jobqueue_test@127.0.0.1:5432/postgres")
-MYSQL_URL = os.environ.get("JOBQUEUE_TEST_MYSQL_URL",
-                           "mysql+mysqldb://jobqueue_test:jobqueue_test@127.0.0.1:3306/")
+POSTGRES_URL = os.environ.get(
+    "JOBQUEUE_TEST_POSTGRES_URL", "postgresql+psycopg2://jobqueue_test:jobqueue_test@127.0.0.1:5432/postgres"
+)
+MYSQL_URL = os.environ.get("JOBQUEUE_TEST_MYSQL_URL", "mysql+mysqldb://jobqueue_test:jobqueue_test@127.0.0.1:3306/")
 ALL_BACKENDS = ("sqlite", "postgresql", "mysql")
 
 
@@ -32,8 +32,11 @@ def _start_commands(backend: str) -> list[list[str]]:
     if backend == "postgresql":
         versions = sorted(os.listdir("/etc/postgresql")) if os.path.isdir("/etc/postgresql") else []
         return [["pg_ctlcluster", "--skip-systemctl-redirect", versions[-1], "main", "start"]] if versions else []
-    return [["mkdir", "-p", "/run/mysqld"], ["chown", "mysql:mysql", "/run/mysqld"],
-            ["start-stop-daemon", "--start", "--oknodo", "--background", "--exec", "/usr/sbin/mariadbd"]]
+    return [
+        ["mkdir", "-p", "/run/mysqld"],
+        ["chown", "mysql:mysql", "/run/mysqld"],
+        ["start-stop-daemon", "--start", "--oknodo", "--background", "--exec", "/usr/sbin/mariadbd"],
+    ]
 
 
 def _reachable(url: str) -> Exception | None:
@@ -63,9 +66,11 @@ def ensure_server(backend: str) -> None:
             if error is None:
                 return
             time.sleep(0.5)
-    raise RuntimeError(f"{backend} server unreachable at {sa.make_url(url).render_as_string(hide_password=True)}: "
-                       f"{error}. Run scripts/test.sh, which installs and starts it and creates the "
-                       "jobqueue_test login.")
+    raise RuntimeError(
+        f"{backend} server unreachable at {sa.make_url(url).render_as_string(hide_password=True)}: "
+        f"{error}. Run scripts/test.sh, which installs and starts it and creates the "
+        "jobqueue_test login."
+    )
 
 
 def create_database(backend: str, tmp_dir: str) -> str:
@@ -104,7 +109,7 @@ import glob  # noqa: E402
 import shutil  # noqa: E402
 import socket  # noqa: E402
 import tempfile  # noqa: E402
-from typing import Iterator  # noqa: E402
+from collections.abc import Iterator  # noqa: E402
 
 
 def free_port() -> int:
@@ -146,13 +151,24 @@ class PrivatePostgres:
         self.dir = _private_dir("postgres")
         self.port = free_port()
         self.url = f"postgresql+psycopg2://postgres@127.0.0.1:{self.port}/postgres"
-        _as("postgres", [f"{self.bin}/initdb", "-D", f"{self.dir}/data", "-A", "trust", "-U", "postgres",
-                         "--no-sync"])
+        _as("postgres", [f"{self.bin}/initdb", "-D", f"{self.dir}/data", "-A", "trust", "-U", "postgres", "--no-sync"])
 
     def start(self) -> None:
         options = f"-p {self.port} -k {self.dir} -c listen_addresses=127.0.0.1 -c fsync=off"
-        _as("postgres", [f"{self.bin}/pg_ctl", "-D", f"{self.dir}/data", "-o", options, "-l",
-                         f"{self.dir}/server.log", "-w", "start"])
+        _as(
+            "postgres",
+            [
+                f"{self.bin}/pg_ctl",
+                "-D",
+                f"{self.dir}/data",
+                "-o",
+                options,
+                "-l",
+                f"{self.dir}/server.log",
+                "-w",
+                "start",
+            ],
+        )
         _wait_reachable(self.url)
 
     def stop(self) -> None:
@@ -172,17 +188,32 @@ class PrivateMariaDB:
         self.port = free_port()
         self.url = f"mysql+mysqldb://root@127.0.0.1:{self.port}/jobqueue_private"
         self.process: subprocess.Popen | None = None
-        command = ["mariadb-install-db", "--no-defaults", f"--datadir={self.dir}/data", "--skip-test-db",
-                   "--auth-root-authentication-method=normal"]
+        command = [
+            "mariadb-install-db",
+            "--no-defaults",
+            f"--datadir={self.dir}/data",
+            "--skip-test-db",
+            "--auth-root-authentication-method=normal",
+        ]
         if os.geteuid() == 0:
             command.append("--user=mysql")
         subprocess.run(command, check=True, capture_output=True, text=True, cwd="/tmp")
 
     def start(self) -> None:
-        command = ["/usr/sbin/mariadbd", "--no-defaults", f"--datadir={self.dir}/data", f"--port={self.port}",
-                   f"--socket={self.dir}/mysqld.sock", "--bind-address=127.0.0.1", f"--pid-file={self.dir}/pid",
-                   "--skip-grant-tables", "--skip-log-bin", "--innodb-buffer-pool-size=64M",
-                   "--innodb-flush-log-at-trx-commit=2", f"--log-error={self.dir}/error.log"]
+        command = [
+            "/usr/sbin/mariadbd",
+            "--no-defaults",
+            f"--datadir={self.dir}/data",
+            f"--port={self.port}",
+            f"--socket={self.dir}/mysqld.sock",
+            "--bind-address=127.0.0.1",
+            f"--pid-file={self.dir}/pid",
+            "--skip-grant-tables",
+            "--skip-log-bin",
+            "--innodb-buffer-pool-size=64M",
+            "--innodb-flush-log-at-trx-commit=2",
+            f"--log-error={self.dir}/error.log",
+        ]
         if os.geteuid() == 0:
             command.append("--user=mysql")
         self.process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

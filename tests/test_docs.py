@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import importlib
 import dataclasses
+import importlib
 import os
 import re
 import subprocess
@@ -34,8 +34,9 @@ def test_python_block_runs(doc: str, number: int, code: str, tmp_path: Path) -> 
     # The working directory is a fresh folder: the default sqlite:///jobqueue.sqlite3 is made there.
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     env.pop("JOBQUEUE_DATABASE_URL", None)
-    result = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True,
-                            timeout=120)
+    result = subprocess.run(
+        [sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
+    )
     assert result.returncode == 0, f"{doc} block {number} failed:\n{result.stdout}\n{result.stderr}"
 
 
@@ -48,8 +49,14 @@ def test_every_setting_is_documented() -> None:
 def test_quickstart_example_runs_as_documented(tmp_path: Path) -> None:
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     env.pop("JOBQUEUE_DATABASE_URL", None)
-    result = subprocess.run([sys.executable, str(ROOT / "examples" / "quickstart.py"), "--jobs", "300"],
-                            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180)
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "quickstart.py"), "--jobs", "300"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert result.returncode == 0, result.stderr
     assert (tmp_path / "jobqueue.sqlite3").exists()  # the embedded default, in the working directory
     assert "add(299, 1) = 300" in result.stdout
@@ -63,8 +70,14 @@ def test_quickstart_tasks_run_through_the_cli(tmp_path: Path) -> None:
     app = str(ROOT / "examples" / "quickstart.py")
 
     def run(*args: str) -> str:
-        result = subprocess.run([sys.executable, "-m", "jobqueue", "--app", app, *args], cwd=tmp_path, env=env,
-                                capture_output=True, text=True, timeout=120)
+        result = subprocess.run(
+            [sys.executable, "-m", "jobqueue", "--app", app, *args],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert result.returncode == 0, result.stderr
         return result.stdout
 

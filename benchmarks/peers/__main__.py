@@ -21,9 +21,14 @@ def main(names: list[str]) -> None:
     for name in names or available():
         peer = PEERS[name]
         peer.setup(os.environ.get("PEERS_POSTGRES_URL"))
-        result = {"peer": peer.NAME, "jobs": jobs, "processes": processes,
-                  "processing": peer.processing(jobs, processes),
-                  "enqueue_single": peer.enqueue_single(single), "enqueue_bulk": peer.enqueue_bulk(jobs)}
+        result = {
+            "peer": peer.NAME,
+            "jobs": jobs,
+            "processes": processes,
+            "processing": peer.processing(jobs, processes),
+            "enqueue_single": peer.enqueue_single(single),
+            "enqueue_bulk": peer.enqueue_bulk(jobs),
+        }
         result["latency_p50_ms"], result["latency_p99_ms"] = peer.latency(probes)
         print(json.dumps(result), flush=True)
 

@@ -11,8 +11,9 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 MAIN_DIR = Path(__file__).resolve().parents[2]  # /work/main: cwd and PYTHONPATH of the workers
@@ -87,9 +88,12 @@ class Workers:
         environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(MAIN_DIR), environ.get("PYTHONPATH")) if p)
         self.log_path = LOG_DIR / f"{name}.log"
         self.log = open(self.log_path, "w")
-        self.processes = [subprocess.Popen(command, cwd=MAIN_DIR, env=environ, stdout=self.log,
-                                           stderr=subprocess.STDOUT, start_new_session=True)
-                          for command in commands]
+        self.processes = [
+            subprocess.Popen(
+                command, cwd=MAIN_DIR, env=environ, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True
+            )
+            for command in commands
+        ]
 
     def check(self) -> None:
         """Raise if a worker has exited (with the end of its log)."""
@@ -150,8 +154,9 @@ def run_processing(jobs: int, workers: Callable[[], Workers], done: Callable[[],
     return {"wall": jobs / (now - started), "steady": 0.8 * jobs / max(t90 - t10, 1e-9)}
 
 
-def run_latency(name: str, n: int, workers: Callable[[], Workers],
-                enqueue: Callable[[int], Any]) -> tuple[float, float]:
+def run_latency(
+    name: str, n: int, workers: Callable[[], Workers], enqueue: Callable[[int], Any]
+) -> tuple[float, float]:
     """Start ``workers()``, wait 2 s, ``enqueue(key)`` n times 20 ms apart; p50 and p99 ms enqueue-to-start.
 
     The probe task appends "key time.time()" to ``latency_file(name)`` when it starts.
@@ -210,7 +215,7 @@ def read_starts(path: Path) -> dict[int, float]:
 
 
 def distribution_name(distribution: str) -> str:
-    """"<distribution> <installed version>", or "<distribution> (not installed)"."""
+    """ "<distribution> <installed version>", or "<distribution> (not installed)"."""
     from importlib.metadata import PackageNotFoundError, version
 
     try:
@@ -221,6 +226,7 @@ def distribution_name(distribution: str) -> str:
 
 def name_attribute(distribution: str) -> Callable[[str], Any]:
     """A module ``__getattr__`` computing ``NAME`` on access, from the installed distribution."""
+
     def __getattr__(name: str) -> Any:
         if name == "NAME":
             return distribution_name(distribution)

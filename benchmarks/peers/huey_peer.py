@@ -12,7 +12,7 @@ import sqlite3
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from benchmarks.peers import _common
 
@@ -66,8 +66,9 @@ def enqueue_bulk(n: int) -> float:
 
 
 def _workers(name: str, processes: int) -> _common.Workers:
-    command = _common.python_command("-m", "huey.bin.huey_consumer", f"{TASKS_MODULE}.huey",
-                                     "-k", "process", "-w", str(processes), "--quiet")
+    command = _common.python_command(
+        "-m", "huey.bin.huey_consumer", f"{TASKS_MODULE}.huey", "-k", "process", "-w", str(processes), "--quiet"
+    )
     return _common.Workers(name, [command])
 
 

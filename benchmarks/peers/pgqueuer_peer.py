@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from benchmarks.peers import _common
 
@@ -112,8 +112,9 @@ def processing(jobs: int, processes: int) -> dict[str, float]:
     _enqueue_many(jobs)
     count, close = _common.pg_counter(dsn(), "SELECT count(*) FROM pgqueuer")
     try:
-        result = _common.run_processing(jobs, lambda: _workers("pgqueuer-processing", processes),
-                                        lambda: jobs - count())
+        result = _common.run_processing(
+            jobs, lambda: _workers("pgqueuer-processing", processes), lambda: jobs - count()
+        )
     finally:
         close()
     succeeded = _common.scalar(dsn(), "SELECT count(*) FROM pgqueuer_log WHERE status = 'successful'")
@@ -134,8 +135,12 @@ def latency(n: int) -> tuple[float, float]:
     connection = loop.run_until_complete(asyncpg.connect(dsn()))
     queries = Queries.from_asyncpg_connection(connection)
     try:
-        return _common.run_latency("pgqueuer", n, lambda: _workers("pgqueuer-latency", 1),
-                                   lambda key: loop.run_until_complete(queries.enqueue(PROBE, str(key).encode())))
+        return _common.run_latency(
+            "pgqueuer",
+            n,
+            lambda: _workers("pgqueuer-latency", 1),
+            lambda key: loop.run_until_complete(queries.enqueue(PROBE, str(key).encode())),
+        )
     finally:
         loop.run_until_complete(connection.close())
         loop.close()

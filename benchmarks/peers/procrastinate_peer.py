@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from benchmarks.peers import _common
 
@@ -93,8 +93,14 @@ def enqueue_bulk(n: int) -> float:
 
 
 def _workers(name: str, processes: int) -> _common.Workers:
-    command = _common.python_command("-m", "procrastinate", "--app=benchmarks.peers.procrastinate_tasks.app",
-                                     "--log-level=warning", "worker", f"--concurrency={CONCURRENCY}")
+    command = _common.python_command(
+        "-m",
+        "procrastinate",
+        "--app=benchmarks.peers.procrastinate_tasks.app",
+        "--log-level=warning",
+        "worker",
+        f"--concurrency={CONCURRENCY}",
+    )
     return _common.Workers(name, [command] * processes, env={"PEERS_PROCRASTINATE_DSN": dsn()})
 
 
@@ -121,5 +127,6 @@ def latency(n: int) -> tuple[float, float]:
 
     _fresh()
     with _opened_app():
-        return _common.run_latency("procrastinate", n, lambda: _workers("procrastinate-latency", 1),
-                                   lambda key: probe.defer(key=key))
+        return _common.run_latency(
+            "procrastinate", n, lambda: _workers("procrastinate-latency", 1), lambda key: probe.defer(key=key)
+        )

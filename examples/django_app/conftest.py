@@ -31,7 +31,6 @@ def migrated() -> None:
 @pytest.fixture(autouse=True)
 def empty() -> None:
     import sqlalchemy as sa
-
     from shop.models import Order
     from shop.tasks import app
 

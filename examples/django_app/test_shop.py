@@ -15,7 +15,6 @@ import pytest
 import sqlalchemy as sa
 from django.db import transaction
 from django.test import Client
-
 from shop.models import Order
 from shop.tasks import app, confirm_order, send_receipt
 
@@ -25,20 +24,24 @@ HERE = Path(__file__).resolve().parent
 def manage(*args: str) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ)
     env.pop("JOBQUEUE_DATABASE_URL", None)
-    return subprocess.run([sys.executable, "manage.py", *args], cwd=HERE, env=env, capture_output=True,
-                          text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "manage.py", *args], cwd=HERE, env=env, capture_output=True, text=True, timeout=120
+    )
 
 
 def jobs() -> tuple[int, int]:
     """(messages, archived jobs) in the jobqueue tables."""
     with app.store.reading() as conn:
-        return (conn.execute(sa.select(sa.func.count()).select_from(app.tables.message)).scalar_one(),
-                conn.execute(sa.select(sa.func.count()).select_from(app.tables.archive)).scalar_one())
+        return (
+            conn.execute(sa.select(sa.func.count()).select_from(app.tables.message)).scalar_one(),
+            conn.execute(sa.select(sa.func.count()).select_from(app.tables.archive)).scalar_one(),
+        )
 
 
 def place(client: Client, item: str, quantity: int):  # type: ignore[no-untyped-def]
-    return client.post("/orders/", data=json.dumps({"item": item, "quantity": quantity}),
-                       content_type="application/json")
+    return client.post(
+        "/orders/", data=json.dumps({"item": item, "quantity": quantity}), content_type="application/json"
+    )
 
 
 def test_a_declined_payment_leaves_no_order_and_no_job() -> None:

@@ -51,8 +51,9 @@ def charge(order: Order) -> None:
 
 def create_app(database_url: str | None = None) -> Flask:
     app = Flask(__name__)
-    app.config["SQLALCHEMY_DATABASE_URI"] = (database_url or os.environ.get("SHOP_DATABASE_URL")
-                                             or "sqlite:///shop.sqlite3")
+    app.config["SQLALCHEMY_DATABASE_URI"] = (
+        database_url or os.environ.get("SHOP_DATABASE_URL") or "sqlite:///shop.sqlite3"
+    )
     db.init_app(app)
     jq.init_app(app, db)  # jobs go through db.session; `flask jobqueue ...` runs the jobqueue CLI
 
@@ -70,8 +71,9 @@ def create_app(database_url: str | None = None) -> Flask:
     @app.get("/orders/<int:order_id>")
     def show_order(order_id: int) -> Any:
         order = db.get_or_404(Order, order_id)
-        return jsonify(id=order.id, item=order.item, quantity=order.quantity, status=order.status,
-                       confirmation=order.confirmation)
+        return jsonify(
+            id=order.id, item=order.item, quantity=order.quantity, status=order.status, confirmation=order.confirmation
+        )
 
     @app.errorhandler(PaymentDeclined)
     def declined(error: PaymentDeclined) -> Any:

@@ -13,13 +13,25 @@ if TYPE_CHECKING:
 
 
 @click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
-@click.option("--app", "app_spec", metavar="MODULE:ATTR", help="The JobQueue to use (or JOBQUEUE_APP); "
-              "MODULE may also be a path to a .py file.")
-@click.option("--database-url", metavar="URL", help="Database URL. Precedence: this option, "
-              "JOBQUEUE_DATABASE_URL, the URL given to JobQueue(...), sqlite:///jobqueue.sqlite3.")
+@click.option(
+    "--app",
+    "app_spec",
+    metavar="MODULE:ATTR",
+    help="The JobQueue to use (or JOBQUEUE_APP); MODULE may also be a path to a .py file.",
+)
+@click.option(
+    "--database-url",
+    metavar="URL",
+    help="Database URL. Precedence: this option, "
+    "JOBQUEUE_DATABASE_URL, the URL given to JobQueue(...), sqlite:///jobqueue.sqlite3.",
+)
 @click.option("--log-json", is_flag=True, help="Log one JSON object per line.")
-@click.option("--log-level", default="INFO", show_default=True,
-              type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
+@click.option(
+    "--log-level",
+    default="INFO",
+    show_default=True,
+    type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
+)
 @click.version_option(package_name="jobqueue")
 @click.pass_context
 def cli(ctx: click.Context, app_spec: str | None, database_url: str | None, log_json: bool, log_level: str) -> None:
@@ -27,8 +39,14 @@ def cli(ctx: click.Context, app_spec: str | None, database_url: str | None, log_
     _start(ctx, app_spec, database_url, log_json, log_level)
 
 
-def _start(ctx: click.Context, app_spec: str | None, database_url: str | None, log_json: bool, log_level: str,
-           app: JobQueue | None = None) -> None:
+def _start(
+    ctx: click.Context,
+    app_spec: str | None,
+    database_url: str | None,
+    log_json: bool,
+    log_level: str,
+    app: JobQueue | None = None,
+) -> None:
     state = ctx.ensure_object(CliState)
     state.app_spec = app_spec or state.app_spec
     state.database_url = database_url or state.database_url
@@ -47,15 +65,23 @@ def bound_cli(app: JobQueue, name: str = "jobqueue") -> click.Group:
 
     The same commands and global options as ``jobqueue``, less ``--app``: the app is this one.
     """
+
     @click.pass_context
-    def bound(ctx: click.Context, app_spec: str | None, database_url: str | None, log_json: bool,
-              log_level: str) -> None:
+    def bound(
+        ctx: click.Context, app_spec: str | None, database_url: str | None, log_json: bool, log_level: str
+    ) -> None:
         if app_spec:
             raise click.UsageError(f"--app does not apply here: the app is {app!r}")
         _start(ctx, None, database_url, log_json, log_level, app=app)
 
-    return Group(name=name, commands=cli.commands, params=list(cli.params), callback=bound, help=cli.help,
-                 context_settings=cli.context_settings)
+    return Group(
+        name=name,
+        commands=cli.commands,
+        params=list(cli.params),
+        callback=bound,
+        help=cli.help,
+        context_settings=cli.context_settings,
+    )
 
 
 def _register() -> None:

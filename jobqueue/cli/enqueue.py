@@ -32,14 +32,24 @@ def _json_arg(value: str | None, kind: type, name: str) -> Any:
 @click.option("--queue", help="Queue (default: the task's).")
 @click.option("--priority", type=int, help="Higher runs first.")
 @click.option("--countdown", type=float, metavar="SECONDS", help="Run no sooner than this many seconds from now.")
-@click.option("--eta", type=click.DateTime(["%Y-%m-%dT%H:%M:%S", "%Y-%m-%d %H:%M:%S"]),
-              help="Run no sooner than this UTC time.")
+@click.option(
+    "--eta", type=click.DateTime(["%Y-%m-%dT%H:%M:%S", "%Y-%m-%d %H:%M:%S"]), help="Run no sooner than this UTC time."
+)
 @click.option("--unique-key", help="Return the active job holding this key instead of adding one.")
 @click.option("--json", "as_json", is_flag=True, help="Print the job as JSON.")
 @click.pass_obj
-def enqueue(state: CliState, task_name: str, args_json: str | None, kwargs_json: str | None, queue: str | None,
-            priority: int | None, countdown: float | None, eta: datetime | None, unique_key: str | None,
-            as_json: bool) -> None:
+def enqueue(
+    state: CliState,
+    task_name: str,
+    args_json: str | None,
+    kwargs_json: str | None,
+    queue: str | None,
+    priority: int | None,
+    countdown: float | None,
+    eta: datetime | None,
+    unique_key: str | None,
+    as_json: bool,
+) -> None:
     """Enqueue a call of TASK, a task registered in the --app application."""
     args = _json_arg(args_json, list, "--args")
     kwargs = _json_arg(kwargs_json, dict, "--kwargs")
@@ -47,11 +57,14 @@ def enqueue(state: CliState, task_name: str, args_json: str | None, kwargs_json:
         task = state.app.get_task(task_name)
     except UnknownTaskError as exc:
         if not state.has_app:
-            raise ConfigurationError(f"task {task_name!r} is unknown: no app was given; pass --app module:attr "
-                                     "(or set JOBQUEUE_APP) so jobqueue knows the registered tasks") from None
+            raise ConfigurationError(
+                f"task {task_name!r} is unknown: no app was given; pass --app module:attr "
+                "(or set JOBQUEUE_APP) so jobqueue knows the registered tasks"
+            ) from None
         raise exc
-    handle = task.apply_async(args, kwargs, queue=queue, priority=priority, countdown=countdown, eta=eta,
-                              unique_key=unique_key)
+    handle = task.apply_async(
+        args, kwargs, queue=queue, priority=priority, countdown=countdown, eta=eta, unique_key=unique_key
+    )
     if as_json:
         echo_json({"id": handle.id, "task": task.name, "status": handle.status()})
     else:

@@ -13,7 +13,8 @@ from jobqueue.clock import utcnow
 from jobqueue.duration import parse_age
 from jobqueue.errors import JobNotFound
 from jobqueue.serialization import loads_call
-from jobqueue.storage import deadletter, jobs as job_queries
+from jobqueue.storage import deadletter
+from jobqueue.storage import jobs as job_queries
 
 STATES = ["pending", "processing", "retryable", "completed", "failed", "cancelled"]
 ARCHIVED_STATES = ["completed", "failed", "cancelled"]
@@ -31,15 +32,21 @@ def jobs() -> None:
 @click.option("--limit", default=50, show_default=True, type=click.IntRange(1, 100_000))
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.pass_obj
-def list_(state: CliState, /, states: tuple[str, ...], task: str | None, queue: str | None, limit: int,
-          as_json: bool) -> None:
+def list_(
+    state: CliState, /, states: tuple[str, ...], task: str | None, queue: str | None, limit: int, as_json: bool
+) -> None:
     """The newest jobs first, with their last error."""
     rows = deadletter.list_jobs(state.app.store, states, task, queue, limit)
     if as_json:
         echo_json(rows)
     else:
-        click.echo(table(rows, ["id", "task_name", "queue", "state", "attempts_count", "created_at", "when",
-                                "error_type", "error"], empty="no jobs match"))
+        click.echo(
+            table(
+                rows,
+                ["id", "task_name", "queue", "state", "attempts_count", "created_at", "when", "error_type", "error"],
+                empty="no jobs match",
+            )
+        )
 
 
 def _decoded(state: CliState, row: dict[str, Any]) -> dict[str, Any]:
@@ -101,8 +108,10 @@ def show(state: CliState, /, job_id: int, as_json: bool) -> None:
         lines.append("traceback:")
         lines.extend("  " + line for line in traceback.rstrip().splitlines())
     for number, entry in enumerate(row.get("history") or [], 1):
-        lines.append(f"history {number}: {entry.get('state')} after {entry.get('attempts')} attempt(s), archived "
-                     f"{entry.get('archived_at')}: {entry.get('error_type')}: {entry.get('error_message')}")
+        lines.append(
+            f"history {number}: {entry.get('state')} after {entry.get('attempts')} attempt(s), archived "
+            f"{entry.get('archived_at')}: {entry.get('error_type')}: {entry.get('error_message')}"
+        )
     click.echo("\n".join(lines))
 
 
@@ -151,25 +160,36 @@ def cancel(state: CliState, /, job_ids: tuple[int, ...], as_json: bool) -> None:
     store = state.app.store
     results = {job_id: job_queries.cancel(store, job_id) for job_id in job_ids}
     if as_json:
-        echo_json({"cancelled": [j for j, ok in results.items() if ok],
-                   "not_cancelled": [j for j, ok in results.items() if not ok]})
+        echo_json(
+            {
+                "cancelled": [j for j, ok in results.items() if ok],
+                "not_cancelled": [j for j, ok in results.items() if not ok],
+            }
+        )
     else:
         for job_id, ok in results.items():
-            click.echo(f"job {job_id} cancelled" if ok else f"job {job_id} not cancelled: it is running, has "
-                       "ended or does not exist", err=not ok)
+            click.echo(
+                f"job {job_id} cancelled"
+                if ok
+                else f"job {job_id} not cancelled: it is running, has ended or does not exist",
+                err=not ok,
+            )
     if not all(results.values()):
         raise SystemExit(1)
 
 
 @jobs.command()
 @click.option("--state", "state_name", required=True, type=click.Choice(ARCHIVED_STATES))
-@click.option("--older-than", required=True, metavar="AGE", help="Archived longer ago than this: 90s, 30m, 24h, 7d, 2w.")
+@click.option(
+    "--older-than", required=True, metavar="AGE", help="Archived longer ago than this: 90s, 30m, 24h, 7d, 2w."
+)
 @click.option("--task", help="Only this task's jobs.")
 @click.option("--batch-size", default=1000, show_default=True, type=click.IntRange(1, 100_000))
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.pass_obj
-def purge(state: CliState, /, state_name: str, older_than: str, task: str | None, batch_size: int,
-          as_json: bool) -> None:
+def purge(
+    state: CliState, /, state_name: str, older_than: str, task: str | None, batch_size: int, as_json: bool
+) -> None:
     """Delete archived jobs for good, in batches of short transactions."""
     before = utcnow() - parse_age(older_than)
     store = state.app.store

@@ -5,9 +5,10 @@ from __future__ import annotations
 import json
 import shutil
 import sys
+from collections.abc import Sequence
 from datetime import date, datetime
 from decimal import Decimal
-from typing import Any, Sequence
+from typing import Any
 
 import click
 

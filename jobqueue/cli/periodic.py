@@ -44,13 +44,18 @@ def list_(state: CliState, /, as_json: bool) -> None:
             status = "not in this app's code"
         else:
             status = "firing" if row.state == "PROCESSING" else "scheduled"
-        out.append({
-            "name": name, "task": schedule.task_name if schedule else None,
-            "expression": schedule.expression if schedule else None,
-            "description": schedule.description if schedule else None,
-            "timezone": schedule.timezone if schedule else None,
-            "next_fire": row.next_fire if row is not None else None, "last_fire": last_fire, "status": status,
-        })
+        out.append(
+            {
+                "name": name,
+                "task": schedule.task_name if schedule else None,
+                "expression": schedule.expression if schedule else None,
+                "description": schedule.description if schedule else None,
+                "timezone": schedule.timezone if schedule else None,
+                "next_fire": row.next_fire if row is not None else None,
+                "last_fire": last_fire,
+                "status": status,
+            }
+        )
     if as_json:
         echo_json(out)
         return
@@ -58,5 +63,10 @@ def list_(state: CliState, /, as_json: bool) -> None:
         zone = entry["timezone"] or "UTC"
         entry["next_fire"] = _local(entry["next_fire"], zone)
         entry["last_fire"] = _local(entry["last_fire"], zone)
-    click.echo(table(out, ["name", "task", "expression", "description", "next_fire", "last_fire", "status"],
-                     empty="no schedules: define them with @app.periodic above @app.task"))
+    click.echo(
+        table(
+            out,
+            ["name", "task", "expression", "description", "next_fire", "last_fire", "status"],
+            empty="no schedules: define them with @app.periodic above @app.task",
+        )
+    )

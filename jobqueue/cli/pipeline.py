@@ -24,8 +24,13 @@ def _spark(master: str | None) -> tuple[Any, Any]:
 
 
 @click.command()
-@click.option("--since", default="24h", show_default=True, metavar="AGE",
-              help="Jobs archived within this age: 90s, 30m, 24h, 7d, 2w; 'all' for the whole archive.")
+@click.option(
+    "--since",
+    default="24h",
+    show_default=True,
+    metavar="AGE",
+    help="Jobs archived within this age: 90s, 30m, 24h, 7d, 2w; 'all' for the whole archive.",
+)
 @click.option("--out", required=True, type=click.Path(dir_okay=False, writable=True), help="The HTML file to write.")
 @click.option("--master", help=MASTER_HELP)
 @click.pass_obj
@@ -48,13 +53,26 @@ def archive() -> None:
 @click.option("--to", "path", required=True, help="Directory (or cluster URI) the Parquet files go under.")
 @click.option("--older-than", metavar="AGE", help="Only jobs archived longer ago than this (default: all).")
 @click.option("--purge", is_flag=True, help="Then delete the exported rows, once the files are read back and checked.")
-@click.option("--batch-size", default=1000, show_default=True, type=click.IntRange(1, 100_000),
-              help="Rows deleted per transaction when purging.")
+@click.option(
+    "--batch-size",
+    default=1000,
+    show_default=True,
+    type=click.IntRange(1, 100_000),
+    help="Rows deleted per transaction when purging.",
+)
 @click.option("--master", help=MASTER_HELP)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.pass_obj
-def export(state: CliState, /, path: str, older_than: str | None, purge: bool, batch_size: int,
-           master: str | None, as_json: bool) -> None:
+def export(
+    state: CliState,
+    /,
+    path: str,
+    older_than: str | None,
+    purge: bool,
+    batch_size: int,
+    master: str | None,
+    as_json: bool,
+) -> None:
     """Append archived jobs to Parquet, partitioned by date and queue."""
     age = parse_age(older_than) if older_than else None
     app = state.app
@@ -66,17 +84,33 @@ def export(state: CliState, /, path: str, older_than: str | None, purge: bool, b
         if purge:
             bars.append(progress_bar(count, "purging exported jobs"))
 
-    result = spark.export_archive(session, app.database_url, path, older_than=age, purge=purge,
-                                  table_prefix=app.settings.table_prefix, batch_size=batch_size,
-                                  progress=lambda count: bars[0].update(count),
-                                  on_verified=on_verified)
+    result = spark.export_archive(
+        session,
+        app.database_url,
+        path,
+        older_than=age,
+        purge=purge,
+        table_prefix=app.settings.table_prefix,
+        batch_size=batch_size,
+        progress=lambda count: bars[0].update(count),
+        on_verified=on_verified,
+    )
     for bar in bars:
         bar.render_finish()
     if as_json:
-        echo_json({"path": result.path, "export_batch": result.batch, "archived_before": result.cutoff,
-                   "exported": result.exported, "purged": result.purged})
+        echo_json(
+            {
+                "path": result.path,
+                "export_batch": result.batch,
+                "archived_before": result.cutoff,
+                "exported": result.exported,
+                "purged": result.purged,
+            }
+        )
         return
-    click.echo(f"exported {result.exported:,} job(s) archived before {result.cutoff:%Y-%m-%d %H:%M:%S} UTC "
-               f"to {result.path} (export_batch {result.batch})")
+    click.echo(
+        f"exported {result.exported:,} job(s) archived before {result.cutoff:%Y-%m-%d %H:%M:%S} UTC "
+        f"to {result.path} (export_batch {result.batch})"
+    )
     if purge:
         click.echo(f"purged {result.purged:,} exported job(s) from the archive")

@@ -95,8 +95,14 @@ class JsonFormatter(logging.Formatter):
     """One JSON object per line: time, level, logger, process, message (and exception)."""
 
     def format(self, record: logging.LogRecord) -> str:
-        entry = {"time": self.formatTime(record), "level": record.levelname, "logger": record.name,
-                 "process": record.processName, "pid": record.process, "message": record.getMessage()}
+        entry = {
+            "time": self.formatTime(record),
+            "level": record.levelname,
+            "logger": record.name,
+            "process": record.processName,
+            "pid": record.process,
+            "message": record.getMessage(),
+        }
         if record.exc_info:
             entry["exception"] = self.formatException(record.exc_info)
         return json.dumps(entry, ensure_ascii=False)

@@ -21,8 +21,11 @@ def status(state: CliState, as_json: bool) -> None:
     if as_json:
         echo_json({"queues": queues, "archive": archive, "workers": len(workers)})
         return
-    click.echo(table(queues, ["queue", "pending", "processing", "retryable", "oldest_ready_seconds"],
-                     empty="no active messages"))
+    click.echo(
+        table(
+            queues, ["queue", "pending", "processing", "retryable", "oldest_ready_seconds"], empty="no active messages"
+        )
+    )
     click.echo("")
     totals = ", ".join(f"{state_name} {count}" for state_name, count in sorted(archive.items())) or "empty"
     click.echo(f"archive: {totals}")
@@ -38,6 +41,10 @@ def workers(state: CliState, as_json: bool) -> None:
     if as_json:
         echo_json(rows)
         return
-    click.echo(table(rows, ["hostname", "pid", "queues", "running_job_id", "running_since", "jobs_done",
-                            "heartbeat_at", "version"],
-                     empty="no live worker processes"))
+    click.echo(
+        table(
+            rows,
+            ["hostname", "pid", "queues", "running_job_id", "running_since", "jobs_done", "heartbeat_at", "version"],
+            empty="no live worker processes",
+        )
+    )

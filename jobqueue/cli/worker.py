@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import click
 
@@ -32,8 +33,11 @@ def worker_options(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 @click.command()
 @worker_options
-@click.option("--burst", is_flag=True, help="Exit 0 once no message in the served queues is processing "
-              "or due within 5 s (for scripts, tests and demos).")
+@click.option(
+    "--burst",
+    is_flag=True,
+    help="Exit 0 once no message in the served queues is processing or due within 5 s (for scripts, tests and demos).",
+)
 @click.option("--progress", is_flag=True, help="Show jobs done, jobs left and the rate.")
 @click.pass_obj
 def worker(state: CliState, /, burst: bool, progress: bool, **options: Any) -> None:

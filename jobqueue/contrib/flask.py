@@ -15,8 +15,9 @@ at once on jobqueue's own connection. Workers run every job inside an app contex
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any
 
 from jobqueue.contrib import Framework
 from jobqueue.errors import ConfigurationError
@@ -68,8 +69,10 @@ def init_app(jq: JobQueue, flask_app: Any, db: Any = None) -> None:
     if db is None:
         db = flask_app.extensions.get("sqlalchemy")
         if db is None:
-            raise ConfigurationError("init_app(app, db): Flask-SQLAlchemy is not registered on this app; "
-                                     "pass db, or call db.init_app(app) first")
+            raise ConfigurationError(
+                "init_app(app, db): Flask-SQLAlchemy is not registered on this app; "
+                "pass db, or call db.init_app(app) first"
+            )
     jq.bind_framework(FlaskIntegration(flask_app, db))
     flask_app.extensions["jobqueue"] = jq
     from jobqueue.cli import bound_cli

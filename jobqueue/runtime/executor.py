@@ -11,14 +11,22 @@ from __future__ import annotations
 import logging
 import signal
 import traceback
+from collections.abc import Callable
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 from jobqueue.ack import AckPolicy
 from jobqueue.clock import utcnow
-from jobqueue.context import Decision, JobContext, DeliveryWriter, activate, deactivate
-from jobqueue.errors import (CorruptMessage, LeaseLost, MaxDeliveriesExceeded, Rejected, SerializationError,
-                             SoftTimeLimitExceeded, UnknownTaskError)
+from jobqueue.context import Decision, DeliveryWriter, JobContext, activate, deactivate
+from jobqueue.errors import (
+    CorruptMessage,
+    LeaseLost,
+    MaxDeliveriesExceeded,
+    Rejected,
+    SerializationError,
+    SoftTimeLimitExceeded,
+    UnknownTaskError,
+)
 from jobqueue.job import ErrorInfo, Message, MessageState, Outcome, OutcomeKind
 from jobqueue.periodic import CATCH_UP_GRACE_SECONDS, SCHEDULE_TASK, Schedule, fire
 from jobqueue.retry import RetryStrategy, default_strategy, strategy_from_dict
@@ -49,9 +57,13 @@ class StoreDeliveryWriter:
 class Executor:
     """Turns messages into outcomes for one worker process."""
 
-    def __init__(self, app: JobQueue, writes: DeliveryWriter | None = None,
-                 ack_first: Callable[[Outcome], bool] | None = None,
-                 writer: Callable[[Callable[[], Any]], Any] | None = None) -> None:
+    def __init__(
+        self,
+        app: JobQueue,
+        writes: DeliveryWriter | None = None,
+        ack_first: Callable[[Outcome], bool] | None = None,
+        writer: Callable[[Callable[[], Any]], Any] | None = None,
+    ) -> None:
         self.app = app
         # Runs a database write the executor makes itself (firing a schedule); a worker process
         # passes its DatabaseGuard so the write retries through outages.
@@ -87,22 +99,35 @@ class Executor:
 
     def _execute(self, message: Message, started: datetime) -> Outcome | None:
         if message.corrupt is not None:
-            return self._refused(message, started, CorruptMessage(
-                f"its row could not be read: {message.corrupt}; it is failed without running"))
+            return self._refused(
+                message,
+                started,
+                CorruptMessage(f"its row could not be read: {message.corrupt}; it is failed without running"),
+            )
         if message.task_name == SCHEDULE_TASK:
             return self._fire_schedule(message, started)
         task = self.app.registry.get(message.task_name)
         if task is None:
             known = ", ".join(sorted(self.app.registry)) or "none"
-            return self._refused(message, started, UnknownTaskError(
-                f"task {message.task_name!r} is not registered in this worker (registered: {known}); "
-                "deploy the code that defines it, or cancel the job"))
+            return self._refused(
+                message,
+                started,
+                UnknownTaskError(
+                    f"task {message.task_name!r} is not registered in this worker (registered: {known}); "
+                    "deploy the code that defines it, or cancel the job"
+                ),
+            )
         max_deliveries = task.options.max_deliveries or self.settings.max_deliveries
         if message.deliveries_count > max_deliveries:
-            return self._refused(message, started, MaxDeliveriesExceeded(
-                f"delivered {message.deliveries_count} times without an outcome, over max_deliveries="
-                f"{max_deliveries}: an earlier delivery probably killed its worker process (crash, OOM "
-                "kill, os._exit) or outlived its lease; not run again"))
+            return self._refused(
+                message,
+                started,
+                MaxDeliveriesExceeded(
+                    f"delivered {message.deliveries_count} times without an outcome, over max_deliveries="
+                    f"{max_deliveries}: an earlier delivery probably killed its worker process (crash, OOM "
+                    "kill, os._exit) or outlived its lease; not run again"
+                ),
+            )
         try:
             args, kwargs = loads_call(self.serializer, message.payload)
         except SerializationError as exc:
@@ -136,8 +161,12 @@ class Executor:
             logger.warning("schedule %s: lease lost before it fired for %s; the holder fires it", schedule.name, when)
             return None
         if when != message.next_attempt_at:
-            logger.warning("schedule %s missed its fires from %s; one catch-up run for %s", schedule.name,
-                           message.next_attempt_at, when)
+            logger.warning(
+                "schedule %s missed its fires from %s; one catch-up run for %s",
+                schedule.name,
+                message.next_attempt_at,
+                when,
+            )
         logger.info("schedule %s fired %s for %s; next at %s", schedule.name, schedule.task_name, when, next_fire)
         self.wake_at = next_fire
         return None
@@ -161,8 +190,9 @@ class Executor:
                 signal.signal(signal.SIGALRM, previous)
             deactivate(token)
 
-    def _ack_first(self, task: Task, message: Message, args: list[Any], kwargs: dict[str, Any],
-                   started: datetime) -> None:
+    def _ack_first(
+        self, task: Task, message: Message, args: list[Any], kwargs: dict[str, Any], started: datetime
+    ) -> None:
         outcome = self._outcome(message, started, MessageState.COMPLETED)
         if self.ack_first is not None and not self.ack_first(outcome):
             logger.warning("job %s %s: lease lost before it ran (ACK_FIRST); not run", message.id, task.name)
@@ -174,33 +204,51 @@ class Executor:
         return None
 
     # -- decisions ---------------------------------------------------------------------------------
-    def _after_return(self, task: Task, policy: AckPolicy, context: JobContext, message: Message,
-                      started: datetime, result: Any) -> Outcome:
+    def _after_return(
+        self, task: Task, policy: AckPolicy, context: JobContext, message: Message, started: datetime, result: Any
+    ) -> Outcome:
         decision = context.decision
         if decision is Decision.DEFER:
             return self._deferred(message, started, context)
         if decision is Decision.NACK:
             return self._nacked(task, message, started, context, None)
         if decision is Decision.REJECT:
-            return self._failed(message, started, Rejected(context.reject_reason or "rejected by the handler"),
-                                context)
+            return self._failed(message, started, Rejected(context.reject_reason or "rejected by the handler"), context)
         if decision is None and policy is AckPolicy.MANUAL:
             logger.warning("job %s %s returned without ack/nack/reject (MANUAL); acked", message.id, task.name)
         try:
             data = None if result is None else self.serializer.dumps(result, path="result")
         except SerializationError as exc:
-            return self._failed(message, started, SerializationError(f"task {task.name} returned a value that "
-                                                                     f"cannot be stored: {exc}"), context)
+            return self._failed(
+                message,
+                started,
+                SerializationError(f"task {task.name} returned a value that cannot be stored: {exc}"),
+                context,
+            )
         if data is not None and len(data) > self.settings.max_payload_bytes:
-            return self._failed(message, started, SerializationError(
-                f"task {task.name} returned {len(data)} bytes, over max_payload_bytes="
-                f"{self.settings.max_payload_bytes}; store large results elsewhere and return a reference"), context)
+            return self._failed(
+                message,
+                started,
+                SerializationError(
+                    f"task {task.name} returned {len(data)} bytes, over max_payload_bytes="
+                    f"{self.settings.max_payload_bytes}; store large results elsewhere and return a reference"
+                ),
+                context,
+            )
         outcome = self._outcome(message, started, MessageState.COMPLETED, context=context)
         outcome.result = data
         return outcome
 
-    def _after_error(self, task: Task, policy: AckPolicy, context: JobContext, message: Message,
-                     started: datetime, exc: BaseException, error: ErrorInfo) -> Outcome:
+    def _after_error(
+        self,
+        task: Task,
+        policy: AckPolicy,
+        context: JobContext,
+        message: Message,
+        started: datetime,
+        exc: BaseException,
+        error: ErrorInfo,
+    ) -> Outcome:
         decision = context.decision
         if decision is Decision.DEFER:
             return self._deferred(message, started, context)
@@ -222,14 +270,21 @@ class Executor:
             return task.options.retry_strategy
         return self.default_strategy
 
-    def _nacked(self, task: Task | None, message: Message, started: datetime, context: JobContext | None,
-                error: ErrorInfo | None) -> Outcome:
+    def _nacked(
+        self,
+        task: Task | None,
+        message: Message,
+        started: datetime,
+        context: JobContext | None,
+        error: ErrorInfo | None,
+    ) -> Outcome:
         now = utcnow()
         strategy = self.strategy_for(task, message)
         next_at = strategy.decide(message.attempts_count, message.first_attempt_at or started, now)
         if next_at is None:
-            error = error or ErrorInfo("Nacked", f"nacked by the handler with no retry left after attempt "
-                                                 f"{message.attempts_count}")
+            error = error or ErrorInfo(
+                "Nacked", f"nacked by the handler with no retry left after attempt {message.attempts_count}"
+            )
             return self._failed(message, started, error, context)
         if context is not None and context.nack_delay_seconds is not None:
             next_at = now + timedelta(seconds=max(0.0, context.nack_delay_seconds))
@@ -254,18 +309,34 @@ class Executor:
         message.attempts_count -= 1
         return self._failed(message, started, error)
 
-    def _failed(self, message: Message, started: datetime, error: Exception | ErrorInfo,
-                context: JobContext | None = None) -> Outcome:
+    def _failed(
+        self, message: Message, started: datetime, error: Exception | ErrorInfo, context: JobContext | None = None
+    ) -> Outcome:
         info = error if isinstance(error, ErrorInfo) else ErrorInfo.from_exception(error)
         return self._outcome(message, started, MessageState.FAILED, info, context=context)
 
-    def _outcome(self, message: Message, started: datetime, state: MessageState, error: ErrorInfo | None = None,
-                 context: JobContext | None = None) -> Outcome:
-        retain = {MessageState.COMPLETED: self.settings.retain_in_archive_on_ack,
-                  MessageState.FAILED: self.settings.retain_in_archive_on_reject}.get(state, True)
-        return Outcome(message=message, kind=OutcomeKind.ARCHIVE, state=state, finished_at=utcnow(),
-                       started_at=started, error=error, retain=retain,
-                       checkpoint=context.checkpoint_bytes if context is not None else message.checkpoint)
+    def _outcome(
+        self,
+        message: Message,
+        started: datetime,
+        state: MessageState,
+        error: ErrorInfo | None = None,
+        context: JobContext | None = None,
+    ) -> Outcome:
+        retain = {
+            MessageState.COMPLETED: self.settings.retain_in_archive_on_ack,
+            MessageState.FAILED: self.settings.retain_in_archive_on_reject,
+        }.get(state, True)
+        return Outcome(
+            message=message,
+            kind=OutcomeKind.ARCHIVE,
+            state=state,
+            finished_at=utcnow(),
+            started_at=started,
+            error=error,
+            retain=retain,
+            checkpoint=context.checkpoint_bytes if context is not None else message.checkpoint,
+        )
 
 
 def log_outcome(outcome: Outcome) -> None:
@@ -276,12 +347,26 @@ def log_outcome(outcome: Outcome) -> None:
     ms = (outcome.duration_seconds or 0.0) * 1000
     error = outcome.error
     if outcome.kind is OutcomeKind.RETRY:
-        logger.info("job %s %s failed on attempt %s (%s: %s); retry at %s", m.id, m.task_name, m.attempts_count,
-                    error.type if error else "nack", error.message if error else "", outcome.next_attempt_at)
+        logger.info(
+            "job %s %s failed on attempt %s (%s: %s); retry at %s",
+            m.id,
+            m.task_name,
+            m.attempts_count,
+            error.type if error else "nack",
+            error.message if error else "",
+            outcome.next_attempt_at,
+        )
     elif outcome.kind is OutcomeKind.DEFER:
         logger.info("job %s %s deferred to %s", m.id, m.task_name, outcome.next_attempt_at)
     elif outcome.state is MessageState.FAILED:
-        logger.warning("job %s %s failed on attempt %s after %.1f ms: %s: %s", m.id, m.task_name, m.attempts_count,
-                       ms, error.type if error else "?", error.message if error else "")
+        logger.warning(
+            "job %s %s failed on attempt %s after %.1f ms: %s: %s",
+            m.id,
+            m.task_name,
+            m.attempts_count,
+            ms,
+            error.type if error else "?",
+            error.message if error else "",
+        )
     elif outcome.kind is OutcomeKind.ARCHIVE:
         logger.info("job %s %s completed in %.1f ms", m.id, m.task_name, ms)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from typing import Callable
+from collections.abc import Callable
 
 from jobqueue.clock import utcnow
 from jobqueue.job import Message, MessageState, Outcome, OutcomeKind
@@ -24,8 +24,13 @@ from jobqueue.runtime.slot import Slot
 
 def hand_back(message: Message) -> Outcome:
     """The outcome that returns an unstarted message to PENDING, uncounted."""
-    return Outcome(message=message, kind=OutcomeKind.RETURN, state=MessageState.PENDING, finished_at=utcnow(),
-                   checkpoint=message.checkpoint)
+    return Outcome(
+        message=message,
+        kind=OutcomeKind.RETURN,
+        state=MessageState.PENDING,
+        finished_at=utcnow(),
+        checkpoint=message.checkpoint,
+    )
 
 
 class Holdings:

@@ -23,8 +23,9 @@ import select
 import signal
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 from jobqueue.clock import utcnow
 from jobqueue.job import Message, MessageState, Outcome, OutcomeKind
@@ -83,8 +84,9 @@ class WorkerProcess:
         self.pending_token: int | None = None
         self.keeper_stop = threading.Event()
         self.guard = DatabaseGuard(logger, f"database (worker process {os.getpid()})", self._classify)
-        self.executor = Executor(app, writes=StoreDeliveryWriter(app.store), ack_first=self._ack_first,
-                                 writer=self.guard.call)
+        self.executor = Executor(
+            app, writes=StoreDeliveryWriter(app.store), ack_first=self._ack_first, writer=self.guard.call
+        )
         self.writer = OutcomeWriter(app.store, self.guard)
         # The keeper thread writes through its own guard: a guard's bookkeeping belongs to one thread.
         self.keeper_writer = OutcomeWriter(app.store, DatabaseGuard(logger, "database (keeper)", self._classify))
@@ -99,9 +101,16 @@ class WorkerProcess:
         self.guard.what = f"database (worker process {os.getpid()})"
         self.store = self.app.store
         self.listener = self.store.listener()
-        row = {"id": self.spec.worker_id, "supervisor_id": self.spec.supervisor_id, "hostname": os.uname().nodename,
-               "pid": os.getpid(), "queues": ",".join(self.settings.queues or ()) or None,
-               "started_at": utcnow(), "heartbeat_at": utcnow(), "version": _version()}
+        row = {
+            "id": self.spec.worker_id,
+            "supervisor_id": self.spec.supervisor_id,
+            "hostname": os.uname().nodename,
+            "pid": os.getpid(),
+            "queues": ",".join(self.settings.queues or ()) or None,
+            "started_at": utcnow(),
+            "heartbeat_at": utcnow(),
+            "version": _version(),
+        }
         keeper = threading.Thread(target=self._keeper, name="jobqueue-keeper", daemon=True)
         try:
             self.guard.call(lambda: self.store.register_worker(row), give_up=lambda: self.stopping)
@@ -169,8 +178,13 @@ class WorkerProcess:
             # The token is ours before the statement runs, so an acquisition whose COMMIT reply was
             # lost (connection dropped) can be found and undone before we try again.
             self.pending_token = new_lease_token()
-            messages = self.store.acquire(self.spec.worker_id, self.settings.queues, limit,
-                                          self.settings.release_stuck_timeout, token=self.pending_token)
+            messages = self.store.acquire(
+                self.spec.worker_id,
+                self.settings.queues,
+                limit,
+                self.settings.release_stuck_timeout,
+                token=self.pending_token,
+            )
             self.pending_token = None
             return messages
 
@@ -212,10 +226,14 @@ class WorkerProcess:
             self.executor.wake_at = None
             self.wake_at = min(self.wake_at or float("inf"), time.monotonic() + max(0.0, due_in))
         self.done += 1
-        self.avg_duration = duration if self.avg_duration is None else (
-            EWMA_WEIGHT * duration + (1 - EWMA_WEIGHT) * self.avg_duration)
-        if pending and (not len(self.held) or pending >= self.capacity
-                        or time.monotonic() - self.last_flush >= self.settings.flush_interval):
+        self.avg_duration = (
+            duration if self.avg_duration is None else (EWMA_WEIGHT * duration + (1 - EWMA_WEIGHT) * self.avg_duration)
+        )
+        if pending and (
+            not len(self.held)
+            or pending >= self.capacity
+            or time.monotonic() - self.last_flush >= self.settings.flush_interval
+        ):
             self._flush()
 
     def _idle_wait(self) -> None:
@@ -239,8 +257,9 @@ class WorkerProcess:
         memory = self.settings.max_memory_per_child
         # Between two jobs: leaving hands the rest of the buffer back, uncounted.
         if memory is not None and rss_kib() > memory:
-            logger.info("worker process %s recycled at %s KiB RSS (max_memory_per_child=%s)", os.getpid(),
-                        rss_kib(), memory)
+            logger.info(
+                "worker process %s recycled at %s KiB RSS (max_memory_per_child=%s)", os.getpid(), rss_kib(), memory
+            )
             return True
         return False
 
@@ -261,9 +280,15 @@ class WorkerProcess:
             except Unwritten as refused:
                 self._written(refused.written)
                 self.held.restore(refused.remaining)
-                logger.error("worker process %s: the database refuses to store %s outcome(s) (%s); they are kept "
-                             "and written again in %.0f s", os.getpid(), len(refused.remaining), refused.__cause__,
-                             backoff, exc_info=refused.__cause__)
+                logger.error(
+                    "worker process %s: the database refuses to store %s outcome(s) (%s); they are kept "
+                    "and written again in %.0f s",
+                    os.getpid(),
+                    len(refused.remaining),
+                    refused.__cause__,
+                    backoff,
+                    exc_info=refused.__cause__,
+                )
                 deadline = time.monotonic() + backoff
                 while time.monotonic() < deadline and not give_up():
                     time.sleep(0.1)
@@ -288,12 +313,20 @@ class WorkerProcess:
             if outcome.kind is OutcomeKind.RETURN:
                 continue  # a hand-back whose lease had gone anyway: nothing was lost
             if retried:
-                logger.info("job %s %s: outcome not applied on retry (applied before the connection dropped, "
-                            "or the lease was lost)", outcome.message.id, outcome.message.task_name)
+                logger.info(
+                    "job %s %s: outcome not applied on retry (applied before the connection dropped, "
+                    "or the lease was lost)",
+                    outcome.message.id,
+                    outcome.message.task_name,
+                )
             else:
-                logger.warning("job %s %s: lease lost (it expired and the message was released or taken by "
-                               "another worker); this delivery's %s outcome is dropped", outcome.message.id,
-                               outcome.message.task_name, outcome.state.public)
+                logger.warning(
+                    "job %s %s: lease lost (it expired and the message was released or taken by "
+                    "another worker); this delivery's %s outcome is dropped",
+                    outcome.message.id,
+                    outcome.message.task_name,
+                    outcome.state.public,
+                )
 
     def _ack_first(self, outcome: Outcome) -> bool:
         """Record one outcome before the handler runs (ACK_FIRST); False if the lease was lost."""
@@ -336,8 +369,9 @@ class WorkerProcess:
                 self.guard.call(self._undo_lost_acquire, give_up=lambda: time.monotonic() > deadline)
             self._flush(give_up=lambda: time.monotonic() > deadline)
         except GaveUp:
-            logger.error("worker process %s: could not write its outcomes before exiting; those jobs will run "
-                         "again", os.getpid())
+            logger.error(
+                "worker process %s: could not write its outcomes before exiting; those jobs will run again", os.getpid()
+            )
 
 
 def watch_supervisor(supervisor_pid: int) -> None:
@@ -396,6 +430,7 @@ def rss_kib() -> int:
             return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") // 1024
     except OSError:
         import resource
+
         return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
 
 

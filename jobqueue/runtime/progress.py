@@ -9,7 +9,6 @@ from typing import TextIO
 import sqlalchemy as sa
 
 from jobqueue.job import SCHEDULE_TASK
-
 from jobqueue.storage.store import Store
 
 BAR_WIDTH = 30

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Callable, TypeVar
+from collections.abc import Callable
+from typing import TypeVar
 
 import sqlalchemy as sa
 import tenacity
@@ -85,8 +86,12 @@ class DatabaseGuard:
         if self.outage_started is None:
             self.outage_started = time.monotonic()
             reason = str(getattr(exc, "orig", None) or exc).strip().splitlines()
-            self.logger.warning("%s unavailable (%s: %s); retrying with backoff", self.what, type(exc).__name__,
-                                reason[0] if reason else "")
+            self.logger.warning(
+                "%s unavailable (%s: %s); retrying with backoff",
+                self.what,
+                type(exc).__name__,
+                reason[0] if reason else "",
+            )
         else:
             self.logger.debug("%s still unavailable: %s", self.what, exc)
 
@@ -97,12 +102,21 @@ class DatabaseGuard:
 
     def _succeeded(self) -> None:
         if self.outage_started is not None:
-            self.logger.warning("%s available again after %.1f s and %d failed attempts", self.what,
-                                time.monotonic() - self.outage_started, self.failures)
+            self.logger.warning(
+                "%s available again after %.1f s and %d failed attempts",
+                self.what,
+                time.monotonic() - self.outage_started,
+                self.failures,
+            )
         self.outage_started, self.failures = None, 0
 
-    def call(self, operation: Callable[[], T], give_up: Callable[[], bool] = lambda: False,
-             on_retry: Callable[[], None] | None = None, probe: Callable[[], object] | None = None) -> T:
+    def call(
+        self,
+        operation: Callable[[], T],
+        give_up: Callable[[], bool] = lambda: False,
+        on_retry: Callable[[], None] | None = None,
+        probe: Callable[[], object] | None = None,
+    ) -> T:
         """Run ``operation`` until it succeeds; raise GaveUp once ``give_up()`` is true during an outage.
 
         ``on_retry`` runs before each new attempt (inside the retry, so it may fail transiently too).
@@ -134,8 +148,9 @@ class DatabaseGuard:
                 on_retry()
             return operation()
 
-        backoff = (tenacity.wait_exponential(multiplier=BACKOFF_INITIAL_SECONDS, max=BACKOFF_MAX_SECONDS)
-                   + tenacity.wait_random(0, BACKOFF_INITIAL_SECONDS))
+        backoff = tenacity.wait_exponential(
+            multiplier=BACKOFF_INITIAL_SECONDS, max=BACKOFF_MAX_SECONDS
+        ) + tenacity.wait_random(0, BACKOFF_INITIAL_SECONDS)
         retrying = tenacity.Retrying(
             retry=should_retry,
             # A first failure on a connection the server had closed retries at once, unlogged:
@@ -151,8 +166,9 @@ class DatabaseGuard:
             self.last_call_retried = attempts > 1
             if refused:
                 self.outage_started, self.failures = None, 0  # the server answers: this was no outage
-                raise Refused(f"the database refused this operation {attempts} times while answering "
-                              f"other queries: {exc}") from exc
+                raise Refused(
+                    f"the database refused this operation {attempts} times while answering other queries: {exc}"
+                ) from exc
             if self.transient(exc):
                 self._failed(exc)
                 raise GaveUp(str(exc)) from exc

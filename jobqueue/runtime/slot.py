@@ -21,8 +21,9 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-(RUNNING_ID, TOKEN, DEADLINE_NS, DONE, IDLE, STARTED_COUNT, RUNNING_SINCE_NS, TOKEN_COUNT, BUFFERED,
- REVOKES) = range(10)
+(RUNNING_ID, TOKEN, DEADLINE_NS, DONE, IDLE, STARTED_COUNT, RUNNING_SINCE_NS, TOKEN_COUNT, BUFFERED, REVOKES) = range(
+    10
+)
 SIZE = 10
 UNKNOWN = -1  # more started ids than the list holds: only the running one is known
 MAX_BATCHES = 16  # buffered batches a child may hold (it stops fetching when they are all in use)
@@ -60,8 +61,12 @@ class Slot:
     def create(cls, context: Any, capacity: int) -> Slot:
         # Started-but-unwritten ids: the running one, pending outcomes (flushed at ``capacity``) and
         # up to two flushes in flight (the loop's and the keeper's).
-        return cls(context.Array("q", SIZE, lock=False), context.Array("q", 4 * capacity + 16, lock=False),
-                   context.Array("q", MAX_BATCHES, lock=False), context.Lock())
+        return cls(
+            context.Array("q", SIZE, lock=False),
+            context.Array("q", 4 * capacity + 16, lock=False),
+            context.Array("q", MAX_BATCHES, lock=False),
+            context.Lock(),
+        )
 
     # -- the child's side --------------------------------------------------------------------------
     def start(self, message_id: int, token: int, timeout_seconds: float | None, buffered: int) -> bool:
@@ -78,8 +83,13 @@ class Slot:
                     a[BUFFERED] = buffered
                     return False
                 self.seen_revokes = a[REVOKES]
-            a[RUNNING_ID], a[TOKEN], a[DEADLINE_NS], a[IDLE], a[RUNNING_SINCE_NS] = (message_id, token, deadline,
-                                                                                     0, now)
+            a[RUNNING_ID], a[TOKEN], a[DEADLINE_NS], a[IDLE], a[RUNNING_SINCE_NS] = (
+                message_id,
+                token,
+                deadline,
+                0,
+                now,
+            )
             a[BUFFERED] = buffered
             count = a[STARTED_COUNT]
             if count != UNKNOWN:
@@ -150,8 +160,12 @@ class Slot:
             return None
         try:
             a = self.array
-            if (not a[RUNNING_ID] or not a[BUFFERED] or a[RUNNING_SINCE_NS] > slow_since_ns
-                    or a[STARTED_COUNT] == UNKNOWN):  # without the started ids, nothing could be released
+            if (
+                not a[RUNNING_ID]
+                or not a[BUFFERED]
+                or a[RUNNING_SINCE_NS] > slow_since_ns
+                or a[STARTED_COUNT] == UNKNOWN
+            ):  # without the started ids, nothing could be released
                 return None
             tokens = [self.tokens[i] for i in range(a[TOKEN_COUNT])]
             a[TOKEN_COUNT] = a[BUFFERED] = 0
@@ -168,5 +182,6 @@ class Slot:
     def read_raw(self) -> SlotView:
         """Read without the lock: for a dead child, which may have died holding it."""
         a = self.array
-        return SlotView(a[RUNNING_ID], a[TOKEN], a[DEADLINE_NS], a[DONE], bool(a[IDLE]), a[RUNNING_SINCE_NS],
-                        a[BUFFERED])
+        return SlotView(
+            a[RUNNING_ID], a[TOKEN], a[DEADLINE_NS], a[DONE], bool(a[IDLE]), a[RUNNING_SINCE_NS], a[BUFFERED]
+        )

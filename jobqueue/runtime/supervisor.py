@@ -19,9 +19,10 @@ import signal
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 import multiprocess
 from multiprocess import connection as mp_connection
@@ -31,8 +32,7 @@ from jobqueue.clock import utcnow
 from jobqueue.errors import ConfigurationError, TimeLimitExceeded
 from jobqueue.job import ErrorInfo
 from jobqueue.runtime.executor import Executor
-from jobqueue.runtime.process import (HOARD_SECONDS, STOP_SIGNALS, ChildSpec, WorkerProcess, _drain, capacity_of,
-                                      poke)
+from jobqueue.runtime.process import HOARD_SECONDS, STOP_SIGNALS, ChildSpec, WorkerProcess, _drain, capacity_of, poke
 from jobqueue.runtime.progress import Progress
 from jobqueue.runtime.resilience import DatabaseGuard, GaveUp
 from jobqueue.runtime.slot import Slot, SlotView
@@ -97,8 +97,9 @@ class Supervisor:
     # -- entry point -------------------------------------------------------------------------------
     def run(self) -> int:
         if not self.app.registry:
-            raise ConfigurationError("no tasks are registered: point the worker at your app with --app "
-                                     "module:attribute (or JOBQUEUE_APP)")
+            raise ConfigurationError(
+                "no tasks are registered: point the worker at your app with --app module:attribute (or JOBQUEUE_APP)"
+            )
         self.wake_r, self.wake_w = _pipe()
         self.more_r, self.more_w = _pipe()
         self._install_signals()
@@ -123,16 +124,24 @@ class Supervisor:
     def _start(self) -> bool:
         """Check the schema, create the schedules and fork the pool; wait out a database that is down."""
         queues = ",".join(self.settings.queues) if self.settings.queues else "all queues"
-        logger.info("jobqueue worker %s: %s processes on %s serving %s; tasks: %s", self.supervisor_id[:8],
-                    self.size, mask_url(self.app.database_url), queues, ", ".join(sorted(self.app.registry)))
+        logger.info(
+            "jobqueue worker %s: %s processes on %s serving %s; tasks: %s",
+            self.supervisor_id[:8],
+            self.size,
+            mask_url(self.app.database_url),
+            queues,
+            ", ".join(sorted(self.app.registry)),
+        )
         try:
             self.guard.call(self.app.check_schema, give_up=lambda: self.signals > 0)
             self.store = self.app.store
             self.guard.call(self.store.repair_ids, give_up=lambda: self.signals > 0)
             self.executor = Executor(self.app)
             self.guard.call(self._sync_schedules, give_up=lambda: self.signals > 0)
-            self.waker = self.guard.call(lambda: self.store.waker(self.settings.queues, self.settings.idle_poll_interval),
-                                         give_up=lambda: self.signals > 0)
+            self.waker = self.guard.call(
+                lambda: self.store.waker(self.settings.queues, self.settings.idle_poll_interval),
+                give_up=lambda: self.signals > 0,
+            )
         except GaveUp:
             logger.info("jobqueue worker %s stopped before it started", self.supervisor_id[:8])
             return False
@@ -157,8 +166,10 @@ class Supervisor:
             if names:
                 logger.info("schedules %s: %s", kind, ", ".join(sorted(names)))
         if report.busy:
-            logger.warning("schedules changed in code but busy being fired: %s; the change applies at the next "
-                           "start", ", ".join(sorted(report.busy)))
+            logger.warning(
+                "schedules changed in code but busy being fired: %s; the change applies at the next start",
+                ", ".join(sorted(report.busy)),
+            )
 
     def _install_signals(self) -> None:
         def on_signal(signum: int, frame: Any) -> None:
@@ -277,11 +288,17 @@ class Supervisor:
         wake_r, wake_w = _pipe()
         try:
             capacity = capacity_of(self.settings.fetch_batch_size, self.settings.overfetch_factor)
-            spec = ChildSpec(index=index, worker_id=uuid.uuid4().hex, supervisor_id=self.supervisor_id,
-                             slot=Slot.create(self.context, capacity), wake_r=wake_r, wake_w=wake_w,
-                             more_w=self.more_w, supervisor_pid=os.getpid())
-            process = self.context.Process(target=_child_main, args=(self.app, spec),
-                                           name=f"jobqueue-worker-{index}")
+            spec = ChildSpec(
+                index=index,
+                worker_id=uuid.uuid4().hex,
+                supervisor_id=self.supervisor_id,
+                slot=Slot.create(self.context, capacity),
+                wake_r=wake_r,
+                wake_w=wake_w,
+                more_w=self.more_w,
+                supervisor_pid=os.getpid(),
+            )
+            process = self.context.Process(target=_child_main, args=(self.app, spec), name=f"jobqueue-worker-{index}")
             # Block stop signals across fork: a SIGTERM sent before the child installs its own
             # handler then waits for it instead of hitting the supervisor's handler copied into it.
             previous = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
@@ -307,8 +324,13 @@ class Supervisor:
             if code != 0 and child.timed_out is None:
                 how = f"signal {-code}" if code < 0 else f"code {code}"
                 running = f" while running job {view.running_id}" if view.running_id else ""
-                logger.error("worker process %s (pid %s) exited with %s%s; its messages are returned now",
-                             index, child.process.pid, how, running)
+                logger.error(
+                    "worker process %s (pid %s) exited with %s%s; its messages are returned now",
+                    index,
+                    child.process.pid,
+                    how,
+                    running,
+                )
             self._release(child)
             os.close(child.spec.wake_w)
             if not self.stopping:
@@ -367,8 +389,12 @@ class Supervisor:
         if deaths < QUICK_DEATHS_BEFORE_BACKOFF:
             return 0.0
         delay = min(RESPAWN_BACKOFF_MAX_SECONDS, 0.5 * 2.0 ** (deaths - QUICK_DEATHS_BEFORE_BACKOFF))
-        logger.warning("worker process %s failed %s times in a row before running a job; next start in %.1f s",
-                       index, deaths, delay)
+        logger.warning(
+            "worker process %s failed %s times in a row before running a job; next start in %.1f s",
+            index,
+            deaths,
+            delay,
+        )
         return delay
 
     def _respawn_due(self) -> None:
@@ -383,8 +409,13 @@ class Supervisor:
         now = time.monotonic_ns()
         for child in self.children.values():
             view = child.spec.slot.read()
-            if (view is not None and view.running_id and view.deadline_ns and now > view.deadline_ns
-                    and child.timed_out is None):
+            if (
+                view is not None
+                and view.running_id
+                and view.deadline_ns
+                and now > view.deadline_ns
+                and child.timed_out is None
+            ):
                 child.timed_out = view
                 _kill(child.process.pid)
 
@@ -402,12 +433,19 @@ class Supervisor:
                 continue
             worker_id, pid = child.spec.worker_id, child.process.pid
 
-            def release(tokens: list[int] = revoked.tokens, started: list[int] | None = revoked.started,
-                        pid: int | None = pid, worker_id: str = worker_id) -> None:
+            def release(
+                tokens: list[int] = revoked.tokens,
+                started: list[int] | None = revoked.started,
+                pid: int | None = pid,
+                worker_id: str = worker_id,
+            ) -> None:
                 count = self.store.release_unstarted(worker_id, tokens, started)
                 if count:
-                    logger.info("handed back %s unstarted message(s) waiting behind a slow job in worker process "
-                                "pid %s", count, pid)
+                    logger.info(
+                        "handed back %s unstarted message(s) waiting behind a slow job in worker process pid %s",
+                        count,
+                        pid,
+                    )
                     self.unspent += 1  # an idle process of ours takes them now
                     self.store.notify()  # and idle processes elsewhere
 
@@ -527,8 +565,9 @@ class Supervisor:
             self.next_pending_retry = 0.0
             self._retry_pending()
         except Exception:
-            logger.exception("could not return the messages of the killed worker processes; they return "
-                             "when their leases expire")
+            logger.exception(
+                "could not return the messages of the killed worker processes; they return when their leases expire"
+            )
 
     def _done(self) -> int:
         views = [c.spec.slot.read_raw() for c in self.children.values()]

@@ -12,8 +12,8 @@ cannot be written is the error raised: then the database refuses every write, no
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from datetime import timedelta
-from typing import Callable
 
 from jobqueue.clock import utcnow
 from jobqueue.job import ErrorInfo, MessageState, Outcome, OutcomeKind
@@ -64,7 +64,7 @@ class OutcomeWriter:
         parts = [outcomes[:middle], outcomes[middle:]]
         done = FlushResult()
         for index, part in enumerate(parts):
-            rest = [outcome for later in parts[index + 1:] for outcome in later]
+            rest = [outcome for later in parts[index + 1 :] for outcome in later]
             try:
                 done = _merged(done, self.write(part, give_up))
             except Unwritten as refused:
@@ -95,12 +95,23 @@ class OutcomeWriter:
                 continue
             error = replacement.error.message if replacement.error else exc
             if replacement.kind is OutcomeKind.ARCHIVE:
-                logger.error("job %s %s: the database refused its %s outcome (%s); the job is failed instead",
-                             message.id, message.task_name, outcome.state.public, error)
+                logger.error(
+                    "job %s %s: the database refused its %s outcome (%s); the job is failed instead",
+                    message.id,
+                    message.task_name,
+                    outcome.state.public,
+                    error,
+                )
             else:
-                logger.error("job %s %s: the database refused its %s outcome and even a bare failure (%s); "
-                             "the job waits in the queue and is tried again at %s", message.id, message.task_name,
-                             outcome.state.public, error, replacement.next_attempt_at)
+                logger.error(
+                    "job %s %s: the database refused its %s outcome and even a bare failure (%s); "
+                    "the job waits in the queue and is tried again at %s",
+                    message.id,
+                    message.task_name,
+                    outcome.state.public,
+                    error,
+                    replacement.next_attempt_at,
+                )
             return result
         # Even the requeue is refused: every write is, not this job's.
         raise Unwritten(FlushResult(), [outcome]) from exc
@@ -114,21 +125,36 @@ def _refusal(outcome: Outcome, exc: BaseException) -> ErrorInfo:
     reason = ErrorInfo.from_exception(exc)
     cause = getattr(exc, "orig", None) or exc.__cause__ or exc
     detail = ErrorInfo.from_exception(cause).message.strip().splitlines()
-    return ErrorInfo("jobqueue.errors.OutcomeRefused",
-                     f"the database refused to store this job's {outcome.state.public} outcome: "
-                     f"{reason.type}: {detail[0] if detail else ''}"[:2000])
+    return ErrorInfo(
+        "jobqueue.errors.OutcomeRefused",
+        f"the database refused to store this job's {outcome.state.public} outcome: "
+        f"{reason.type}: {detail[0] if detail else ''}"[:2000],
+    )
 
 
 def refused_outcome(outcome: Outcome, exc: BaseException) -> Outcome:
     """A bare FAILED outcome in place of one the database refused: no result, the stored checkpoint."""
-    return Outcome(message=outcome.message, kind=OutcomeKind.ARCHIVE, state=MessageState.FAILED,
-                   finished_at=outcome.finished_at or utcnow(), started_at=outcome.started_at,
-                   error=_refusal(outcome, exc), checkpoint=outcome.message.checkpoint, retain=True)
+    return Outcome(
+        message=outcome.message,
+        kind=OutcomeKind.ARCHIVE,
+        state=MessageState.FAILED,
+        finished_at=outcome.finished_at or utcnow(),
+        started_at=outcome.started_at,
+        error=_refusal(outcome, exc),
+        checkpoint=outcome.message.checkpoint,
+        retain=True,
+    )
 
 
 def refused_retry(outcome: Outcome, exc: BaseException) -> Outcome:
     """The last resort when the archive refuses even a bare failure: back to the queue, later."""
-    return Outcome(message=outcome.message, kind=OutcomeKind.RETRY, state=MessageState.RETRYABLE,
-                   finished_at=outcome.finished_at or utcnow(), started_at=outcome.started_at,
-                   error=_refusal(outcome, exc), checkpoint=outcome.message.checkpoint,
-                   next_attempt_at=utcnow() + timedelta(seconds=REFUSED_RETRY_SECONDS))
+    return Outcome(
+        message=outcome.message,
+        kind=OutcomeKind.RETRY,
+        state=MessageState.RETRYABLE,
+        finished_at=outcome.finished_at or utcnow(),
+        started_at=outcome.started_at,
+        error=_refusal(outcome, exc),
+        checkpoint=outcome.message.checkpoint,
+        next_attempt_at=utcnow() + timedelta(seconds=REFUSED_RETRY_SECONDS),
+    )

@@ -20,7 +20,6 @@ from jobqueue.spark.session import get_session
 from jobqueue.spark.stats import archive_stats, throughput
 
 
-
 def __getattr__(name: str) -> object:
     # The report needs matplotlib, which executors (they import this package) need not have.
     if name in ("render_report", "write_report"):
@@ -31,6 +30,14 @@ def __getattr__(name: str) -> object:
 
 
 __all__ = [
-    "ARCHIVE_SCHEMA", "ExportResult", "archive_stats", "enqueue_dataframe", "export_archive", "get_session",
-    "read_archive", "render_report", "throughput", "write_report",
+    "ARCHIVE_SCHEMA",
+    "ExportResult",
+    "archive_stats",
+    "enqueue_dataframe",
+    "export_archive",
+    "get_session",
+    "read_archive",
+    "render_report",
+    "throughput",
+    "write_report",
 ]

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
-from typing import Any, Iterator
+from typing import Any
 
 import sqlalchemy as sa
 from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql.types import (BinaryType, IntegerType, LongType, StringType, StructField, StructType,
-                               TimestampType)
+from pyspark.sql.types import BinaryType, IntegerType, LongType, StringType, StructField, StructType, TimestampType
 
 from jobqueue.clock import to_naive_utc, utcnow
 from jobqueue.errors import ConfigurationError
@@ -21,23 +21,40 @@ from jobqueue.storage.tables import build_tables
 
 ROWS_PER_RANGE = 50_000  # at most this many ids per read task, so that big archives spread out
 
-_TYPES = {"id": LongType(), "priority": IntegerType(), "attempts_count": IntegerType(),
-          "deliveries_count": IntegerType(), "payload": BinaryType(), "checkpoint": BinaryType(),
-          "result": BinaryType()}
+_TYPES = {
+    "id": LongType(),
+    "priority": IntegerType(),
+    "attempts_count": IntegerType(),
+    "deliveries_count": IntegerType(),
+    "payload": BinaryType(),
+    "checkpoint": BinaryType(),
+    "result": BinaryType(),
+}
 _JSON = ("headers", "options", "history")
 _TIMES = ("created_at", "first_attempt_at", "last_attempt_at", "finished_at", "archived_at")
 
 # Every archive column: JSON columns as their JSON text, blobs as binary, times as TIMESTAMP (UTC).
-ARCHIVE_SCHEMA = StructType([
-    StructField(column.name, _TYPES.get(column.name, TimestampType() if column.name in _TIMES else StringType()),
-                nullable=column.nullable or column.name == "id")
-    for column in build_tables().archive.columns
-])
+ARCHIVE_SCHEMA = StructType(
+    [
+        StructField(
+            column.name,
+            _TYPES.get(column.name, TimestampType() if column.name in _TIMES else StringType()),
+            nullable=column.nullable or column.name == "id",
+        )
+        for column in build_tables().archive.columns
+    ]
+)
 
 
-def read_archive(spark: SparkSession, database_url: str, since: datetime | timedelta | None = None,
-                 until: datetime | timedelta | None = None, *, table_prefix: str = "jobqueue_",
-                 partitions: int | None = None) -> DataFrame:
+def read_archive(
+    spark: SparkSession,
+    database_url: str,
+    since: datetime | timedelta | None = None,
+    until: datetime | timedelta | None = None,
+    *,
+    table_prefix: str = "jobqueue_",
+    partitions: int | None = None,
+) -> DataFrame:
     """The archive (completed, failed and cancelled jobs) as a DataFrame with :data:`ARCHIVE_SCHEMA`.
 
     ``since``/``until`` bound ``archived_at`` (a datetime, naive meaning UTC, or a timedelta meaning
@@ -100,17 +117,21 @@ class _ReadSpec:
         try:
             with schema_errors(engine, build_tables(self.prefix)), engine.connect() as conn:
                 low, high, rows = conn.execute(
-                    sa.select(sa.func.min(archive.c.id), sa.func.max(archive.c.id), sa.func.count())
-                    .where(*self.window.where(archive.c.archived_at))).one()
+                    sa.select(sa.func.min(archive.c.id), sa.func.max(archive.c.id), sa.func.count()).where(
+                        *self.window.where(archive.c.archived_at)
+                    )
+                ).one()
         finally:
             engine.dispose()
         return low, high, int(rows)
 
     def read_range(self, bounds: tuple[int, int]) -> Iterator[tuple[Any, ...]]:
         archive = build_tables(self.prefix).archive
-        stmt = (sa.select(archive).where(archive.c.id >= bounds[0], archive.c.id < bounds[1],
-                                         *self.window.where(archive.c.archived_at))
-                .order_by(archive.c.id))
+        stmt = (
+            sa.select(archive)
+            .where(archive.c.id >= bounds[0], archive.c.id < bounds[1], *self.window.where(archive.c.archived_at))
+            .order_by(archive.c.id)
+        )
         engine = create_engine(self.url)
         try:
             with engine.connect() as conn:

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any
 
 import sqlalchemy as sa
 from pyspark.sql import DataFrame, Row
@@ -24,12 +25,23 @@ from jobqueue.task import Task
 DEFAULT_BATCH_SIZE = 1000
 
 
-def enqueue_dataframe(df: DataFrame, task: Task, args: Sequence[str] | None = None,
-                      kwargs: Mapping[str, str] | None = None, *, unique_key: str | None = None,
-                      queue: str | None = None, priority: int | None = None, eta: datetime | None = None,
-                      countdown: float | None = None, headers: dict[str, Any] | None = None,
-                      partition_key: str | None = None, retry_strategy: RetryStrategy | None = None,
-                      batch_size: int = DEFAULT_BATCH_SIZE, database_url: str | None = None) -> int:
+def enqueue_dataframe(
+    df: DataFrame,
+    task: Task,
+    args: Sequence[str] | None = None,
+    kwargs: Mapping[str, str] | None = None,
+    *,
+    unique_key: str | None = None,
+    queue: str | None = None,
+    priority: int | None = None,
+    eta: datetime | None = None,
+    countdown: float | None = None,
+    headers: dict[str, Any] | None = None,
+    partition_key: str | None = None,
+    retry_strategy: RetryStrategy | None = None,
+    batch_size: int = DEFAULT_BATCH_SIZE,
+    database_url: str | None = None,
+) -> int:
     """Enqueue one call of ``task`` per row of ``df`` and return how many jobs were inserted.
 
     Args:
@@ -54,24 +66,40 @@ def enqueue_dataframe(df: DataFrame, task: Task, args: Sequence[str] | None = No
     arg_columns = list(args or [])
     kwarg_columns = dict(kwargs or {})
     if not all(isinstance(name, str) for name in [*arg_columns, *kwarg_columns, *kwarg_columns.values()]):
-        raise ConfigurationError("args lists column names and kwargs maps parameter names to column names, "
-                                 "all as strings (select or alias computed columns first)")
+        raise ConfigurationError(
+            "args lists column names and kwargs maps parameter names to column names, "
+            "all as strings (select or alias computed columns first)"
+        )
     if unique_key is not None and not isinstance(unique_key, str):
         raise ConfigurationError(f"unique_key takes a column name, got {unique_key!r}")
     wanted = arg_columns + list(kwarg_columns.values()) + ([unique_key] if unique_key is not None else [])
     missing = [name for name in wanted if name not in df.columns]
     if missing:
-        raise ConfigurationError(f"column(s) {', '.join(map(repr, missing))} not in the DataFrame; "
-                                 f"its columns: {', '.join(df.columns)}")
-    common = task.common_row(eta=eta, countdown=countdown, queue=queue, priority=priority, headers=headers,
-                             partition_key=partition_key, retry_strategy=retry_strategy)
+        raise ConfigurationError(
+            f"column(s) {', '.join(map(repr, missing))} not in the DataFrame; its columns: {', '.join(df.columns)}"
+        )
+    common = task.common_row(
+        eta=eta,
+        countdown=countdown,
+        queue=queue,
+        priority=priority,
+        headers=headers,
+        partition_key=partition_key,
+        retry_strategy=retry_strategy,
+    )
     app = task.app
     schema = {column.name: column.dataType for column in df.schema.fields}
     spec = _EnqueueSpec(
-        url=executor_url(database_url or app.database_url), prefix=app.settings.table_prefix,
-        serializer=app.settings.serializer, max_payload_bytes=app.settings.max_payload_bytes,
-        task_name=task.name, common=common, positional=len(arg_columns), keywords=tuple(kwarg_columns),
-        keyed=unique_key is not None, batch_size=batch_size,
+        url=executor_url(database_url or app.database_url),
+        prefix=app.settings.table_prefix,
+        serializer=app.settings.serializer,
+        max_payload_bytes=app.settings.max_payload_bytes,
+        task_name=task.name,
+        common=common,
+        positional=len(arg_columns),
+        keywords=tuple(kwarg_columns),
+        keyed=unique_key is not None,
+        batch_size=batch_size,
         types=tuple(schema[name] for name in wanted),
     )
     selected = [F.col(name) for name in arg_columns + list(kwarg_columns.values())]
@@ -122,21 +150,25 @@ class _EnqueueSpec:
         yield inserted
 
     def _payload(self, serializer: Any, values: list[Any]) -> bytes:
-        args = values[:self.positional]
-        kwargs = dict(zip(self.keywords, values[self.positional:self.positional + len(self.keywords)], strict=False))
+        args = values[: self.positional]
+        kwargs = dict(zip(self.keywords, values[self.positional : self.positional + len(self.keywords)], strict=False))
         try:
             payload = dumps_call(serializer, args, kwargs)
         except SerializationError as exc:
             raise SerializationError(f"task {self.task_name}: a row's {exc}") from None
         if len(payload) > self.max_payload_bytes:
-            raise SerializationError(f"task {self.task_name}: a row's arguments serialize to {len(payload)} bytes, "
-                                     f"over max_payload_bytes={self.max_payload_bytes}")
+            raise SerializationError(
+                f"task {self.task_name}: a row's arguments serialize to {len(payload)} bytes, "
+                f"over max_payload_bytes={self.max_payload_bytes}"
+            )
         return payload
 
     def _key(self, key: Any) -> str:
         if key is None:
-            raise ConfigurationError(f"task {self.task_name}: a row has a null unique_key; drop or fill "
-                                     "null keys first, e.g. df.where(df.key.isNotNull())")
+            raise ConfigurationError(
+                f"task {self.task_name}: a row has a null unique_key; drop or fill "
+                "null keys first, e.g. df.where(df.key.isNotNull())"
+            )
         if not 0 < len(key) <= 255:
             raise ConfigurationError(f"task {self.task_name}: unique_key {key[:40]!r} must be 1 to 255 characters")
         return str(key)

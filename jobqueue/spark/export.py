@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import itertools
 import secrets
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
-from typing import Callable
 
 import sqlalchemy as sa
 from pyspark import StorageLevel
@@ -26,16 +26,24 @@ from jobqueue.storage.tables import build_tables
 @dataclass(frozen=True)
 class ExportResult:
     path: str
-    batch: str        # the export_batch column of the rows this export wrote
+    batch: str  # the export_batch column of the rows this export wrote
     cutoff: datetime  # rows archived before this (naive UTC) were exported
     exported: int
     purged: int
 
 
-def export_archive(spark: SparkSession, database_url: str, path: str, *, older_than: timedelta | None = None,
-                   purge: bool = False, table_prefix: str = "jobqueue_", batch_size: int = 1000,
-                   progress: Callable[[int], None] | None = None,
-                   on_verified: Callable[[int], None] | None = None) -> ExportResult:
+def export_archive(
+    spark: SparkSession,
+    database_url: str,
+    path: str,
+    *,
+    older_than: timedelta | None = None,
+    purge: bool = False,
+    table_prefix: str = "jobqueue_",
+    batch_size: int = 1000,
+    progress: Callable[[int], None] | None = None,
+    on_verified: Callable[[int], None] | None = None,
+) -> ExportResult:
     """Append the archive's rows (those archived more than ``older_than`` ago; all without it) to
     Parquet files under ``path``, partitioned by ``date`` (of ``archived_at``, UTC) and ``queue``.
 
@@ -56,8 +64,9 @@ def export_archive(spark: SparkSession, database_url: str, path: str, *, older_t
         if not exported:
             return ExportResult(path, batch, cutoff, 0, 0)
         zone = spark.conf.get("spark.sql.session.timeZone") or "UTC"
-        rows = (archive.withColumn("date", F.date_format(F.to_utc_timestamp("archived_at", zone), "yyyy-MM-dd"))
-                .withColumn("export_batch", F.lit(batch)))
+        rows = archive.withColumn(
+            "date", F.date_format(F.to_utc_timestamp("archived_at", zone), "yyyy-MM-dd")
+        ).withColumn("export_batch", F.lit(batch))
         previous = spark.conf.get("spark.sql.parquet.outputTimestampType")
         spark.conf.set("spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS")
         try:
@@ -71,18 +80,21 @@ def export_archive(spark: SparkSession, database_url: str, path: str, *, older_t
     finally:
         archive.unpersist()
     if missing or unexpected:
-        raise ExportError(f"export {batch} to {path} does not match the archive: of {exported} rows read, "
-                          f"{missing} are missing from the files and {unexpected} ids there are extra or "
-                          f"repeated; nothing was purged. Remove that batch's rows (export_batch = '{batch}') "
-                          "from the files before exporting again")
+        raise ExportError(
+            f"export {batch} to {path} does not match the archive: of {exported} rows read, "
+            f"{missing} are missing from the files and {unexpected} ids there are extra or "
+            f"repeated; nothing was purged. Remove that batch's rows (export_batch = '{batch}') "
+            "from the files before exporting again"
+        )
     if on_verified is not None:
         on_verified(exported)
     purged = _purge(written, database_url, table_prefix, batch_size, progress) if purge else 0
     return ExportResult(path, batch, cutoff, exported, purged)
 
 
-def _purge(written: DataFrame, database_url: str, prefix: str, batch_size: int,
-           progress: Callable[[int], None] | None) -> int:
+def _purge(
+    written: DataFrame, database_url: str, prefix: str, batch_size: int, progress: Callable[[int], None] | None
+) -> int:
     """Delete the exported rows, one short transaction per batch, streamed from the files in id
     order. Each row goes only if its ``archived_at`` is still the exported one: a job retried and
     archived again since keeps its new row."""

@@ -9,8 +9,8 @@ from __future__ import annotations
 import html
 import io
 from collections import defaultdict
+from collections.abc import Sequence
 from datetime import datetime, timedelta, timezone
-from typing import Any, Sequence
 
 try:
     from matplotlib.dates import date2num
@@ -39,8 +39,15 @@ svg{width:100%;height:auto}
 """
 
 
-def write_report(spark: SparkSession, database_url: str, out: str, *, since: datetime | timedelta | None = None,
-                 until: datetime | timedelta | None = None, table_prefix: str = "jobqueue_") -> int:
+def write_report(
+    spark: SparkSession,
+    database_url: str,
+    out: str,
+    *,
+    since: datetime | timedelta | None = None,
+    until: datetime | timedelta | None = None,
+    table_prefix: str = "jobqueue_",
+) -> int:
     """Read the archive (``since <= archived_at < until``), write the report to ``out`` and return
     how many jobs it covers."""
     now = utcnow()
@@ -56,8 +63,14 @@ def write_report(spark: SparkSession, database_url: str, out: str, *, since: dat
     return jobs
 
 
-def render_report(archive: DataFrame, *, title: str = "jobqueue report", database_url: str | None = None,
-                  since: datetime | None = None, until: datetime | None = None) -> str:
+def render_report(
+    archive: DataFrame,
+    *,
+    title: str = "jobqueue report",
+    database_url: str | None = None,
+    since: datetime | None = None,
+    until: datetime | None = None,
+) -> str:
     """The HTML report of an archive DataFrame (from :func:`jobqueue.spark.read_archive`)."""
     per_group = archive_stats(archive).collect()
     per_task = archive_stats(archive, by=("task_name",)).collect()
@@ -71,14 +84,23 @@ def render_report(archive: DataFrame, *, title: str = "jobqueue report", databas
     parts.append("<h2>Per task and queue</h2>")
     parts.append(_table(per_group))
     parts.append(_figure(_throughput_plot(per_minute), "Jobs finished over time (UTC), by final state."))
-    parts.append(_figure(_percentile_plot(per_task, "wait", "queue wait, s"),
-                         "Queue wait (first attempt − enqueue) per task: p50, p95, p99."))
-    parts.append(_figure(_percentile_plot(per_task, "run", "run time, s"),
-                         "Run time of the last attempt per task: p50, p95, p99."))
+    parts.append(
+        _figure(
+            _percentile_plot(per_task, "wait", "queue wait, s"),
+            "Queue wait (first attempt − enqueue) per task: p50, p95, p99.",
+        )
+    )
+    parts.append(
+        _figure(
+            _percentile_plot(per_task, "run", "run time, s"), "Run time of the last attempt per task: p50, p95, p99."
+        )
+    )
     parts.append(_figure(_failure_plot(per_task), "Failure rate per task: failed / (completed + failed)."))
-    parts.append("<h2>Definitions</h2><p>Percentiles are exact, interpolated between the nearest values. "
-                 "Queue wait counts from enqueue (or the retry that reset a job) to its first attempt; "
-                 "cancelled jobs count in totals but not in the failure rate.</p>")
+    parts.append(
+        "<h2>Definitions</h2><p>Percentiles are exact, interpolated between the nearest values. "
+        "Queue wait counts from enqueue (or the retry that reset a job) to its first attempt; "
+        "cancelled jobs count in totals but not in the failure rate.</p>"
+    )
     return _page(title, parts)
 
 
@@ -95,30 +117,48 @@ def _when(value: datetime) -> str:
 
 def _page(title: str, parts: list[str]) -> str:
     body = "\n".join(parts)
-    return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>'
-            f"<style>{CSS}</style></head><body>\n{body}\n</body></html>\n")
+    return (
+        f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>'
+        f"<style>{CSS}</style></head><body>\n{body}\n</body></html>\n"
+    )
 
 
 def _cards(totals: Row, per_minute: list[Row]) -> str:
     minutes = len({row["minute"] for row in per_minute}) or 1
     rate = totals["failure_rate"]
-    cards = [("jobs", f"{totals['total']:,}"), ("completed", f"{totals['completed']:,}"),
-             ("failed", f"{totals['failed']:,}"), ("cancelled", f"{totals['cancelled']:,}"),
-             ("failure rate", _percent(rate)), ("jobs per active minute", f"{totals['total'] / minutes:,.1f}"),
-             ("queue wait p95", _seconds(totals["wait_p95"])), ("run time p95", _seconds(totals["run_p95"]))]
-    inner = "".join(f'<div class="card">{html.escape(label)}<b>{html.escape(value)}</b></div>'
-                    for label, value in cards)
+    cards = [
+        ("jobs", f"{totals['total']:,}"),
+        ("completed", f"{totals['completed']:,}"),
+        ("failed", f"{totals['failed']:,}"),
+        ("cancelled", f"{totals['cancelled']:,}"),
+        ("failure rate", _percent(rate)),
+        ("jobs per active minute", f"{totals['total'] / minutes:,.1f}"),
+        ("queue wait p95", _seconds(totals["wait_p95"])),
+        ("run time p95", _seconds(totals["run_p95"])),
+    ]
+    inner = "".join(
+        f'<div class="card">{html.escape(label)}<b>{html.escape(value)}</b></div>' for label, value in cards
+    )
     return f'<div class="cards">{inner}</div>'
 
 
-COLUMNS = (("task", "task_name", str), ("queue", "queue", str), ("jobs", "total", "{:,}".format),
-           ("completed", "completed", "{:,}".format), ("failed", "failed", "{:,}".format),
-           ("cancelled", "cancelled", "{:,}".format))
+COLUMNS = (
+    ("task", "task_name", str),
+    ("queue", "queue", str),
+    ("jobs", "total", "{:,}".format),
+    ("completed", "completed", "{:,}".format),
+    ("failed", "failed", "{:,}".format),
+    ("cancelled", "cancelled", "{:,}".format),
+)
 
 
 def _table(rows: Sequence[Row]) -> str:
-    head = [label for label, _, _ in COLUMNS] + ["failure rate", "attempts avg / max", "wait p50 / p95 / p99",
-                                                 "run p50 / p95 / p99"]
+    head = [label for label, _, _ in COLUMNS] + [
+        "failure rate",
+        "attempts avg / max",
+        "wait p50 / p95 / p99",
+        "run p50 / p95 / p99",
+    ]
     lines = ["<table><thead><tr>" + "".join(f"<th>{h}</th>" for h in head) + "</tr></thead><tbody>"]
     for row in rows:
         cells = [fmt(row[key]) for _, key, fmt in COLUMNS]
@@ -151,7 +191,7 @@ def _svg(figure: Figure) -> str:
     buffer = io.StringIO()
     figure.savefig(buffer, format="svg", bbox_inches="tight", metadata={"Date": None})
     text = buffer.getvalue()
-    return text[text.index("<svg"):]  # no XML declaration or DOCTYPE inside HTML
+    return text[text.index("<svg") :]  # no XML declaration or DOCTYPE inside HTML
 
 
 BIN_MINUTES = (1, 5, 15, 60, 240, 1440)
@@ -173,8 +213,15 @@ def _throughput_plot(rows: list[Row]) -> str:
     bottom = [0] * len(bins)
     for state in sorted(series, key=lambda s: list(STATE_COLOURS).index(s) if s in STATE_COLOURS else 9):
         counts = [series[state].get(start, 0) for start in bins]
-        axes.bar(x, counts, bottom=bottom, width=size / 1440 * 0.9, label=state.lower(),
-                 color=STATE_COLOURS.get(state, "#555"), align="edge")
+        axes.bar(
+            x,
+            counts,
+            bottom=bottom,
+            width=size / 1440 * 0.9,
+            label=state.lower(),
+            color=STATE_COLOURS.get(state, "#555"),
+            align="edge",
+        )
         bottom = [b + c for b, c in zip(bottom, counts, strict=True)]
     axes.set_ylabel("jobs per minute" if size == 1 else f"jobs per {size} minutes")
     axes.legend(loc="lower center", bbox_to_anchor=(0.5, 1.0), frameon=False, ncols=3)
@@ -191,8 +238,13 @@ def _percentile_plot(rows: list[Row], kind: str, label: str) -> str:
     height = 0.8 / 3
     for i, p in enumerate((50, 95, 99)):
         values = [row[f"{kind}_p{p}"] or 0.0 for row in rows]
-        axes.barh([t + (i - 1) * height for t in range(len(tasks))], values, height=height, label=f"p{p}",
-                  color=PERCENTILE_COLOURS[i])
+        axes.barh(
+            [t + (i - 1) * height for t in range(len(tasks))],
+            values,
+            height=height,
+            label=f"p{p}",
+            color=PERCENTILE_COLOURS[i],
+        )
     axes.set_yticks(range(len(tasks)), tasks)
     axes.invert_yaxis()
     axes.set_xlabel(label)

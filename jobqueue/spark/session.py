@@ -24,10 +24,13 @@ def get_session(master: str | None = None, app_name: str = "jobqueue") -> SparkS
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
         os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    session = (SparkSession.builder.master(master).appName(app_name)
-               .config("spark.ui.enabled", "false")
-               .config("spark.sql.session.timeZone", "UTC")
-               .config("spark.sql.shuffle.partitions", "8" if master.startswith("local") else "200")
-               .getOrCreate())
+    session = (
+        SparkSession.builder.master(master)
+        .appName(app_name)
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.sql.shuffle.partitions", "8" if master.startswith("local") else "200")
+        .getOrCreate()
+    )
     session.sparkContext.setLogLevel("WARN")
     return session

@@ -9,7 +9,7 @@ Percentiles are exact, interpolated linearly between the two nearest values (SQL
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
@@ -30,6 +30,7 @@ def archive_stats(archive: DataFrame, by: Sequence[str] = ("task_name", "queue")
     (null without completed or failed jobs), ``attempts_avg``, ``attempts_max``,
     ``wait_p50/p95/p99`` and ``run_p50/p95/p99`` in seconds, ``first_finished``, ``last_finished``.
     """
+
     def count_state(state: str) -> Column:
         return F.sum(F.when(F.col("state") == state, 1).otherwise(0)).cast("long").alias(state.lower())
 
@@ -39,11 +40,14 @@ def archive_stats(archive: DataFrame, by: Sequence[str] = ("task_name", "queue")
 
     finished = F.coalesce(F.col("finished_at"), F.col("archived_at"))
     stats = archive.groupBy(*by).agg(
-        F.count(F.lit(1)).alias("total"), *[count_state(state) for state in STATES],
-        F.avg("attempts_count").alias("attempts_avg"), F.max("attempts_count").alias("attempts_max"),
+        F.count(F.lit(1)).alias("total"),
+        *[count_state(state) for state in STATES],
+        F.avg("attempts_count").alias("attempts_avg"),
+        F.max("attempts_count").alias("attempts_max"),
         *percentiles("wait", seconds_between("created_at", "first_attempt_at")),
         *percentiles("run", seconds_between("last_attempt_at", "finished_at")),
-        F.min(finished).alias("first_finished"), F.max(finished).alias("last_finished"),
+        F.min(finished).alias("first_finished"),
+        F.max(finished).alias("last_finished"),
     )
     decided = F.col("completed") + F.col("failed")
     stats = stats.withColumn("failure_rate", F.when(decided > 0, F.col("failed") / decided))
@@ -57,5 +61,4 @@ def throughput(archive: DataFrame, by: Sequence[str] = ("state",)) -> DataFrame:
     """
     finished = F.coalesce(F.col("finished_at"), F.col("archived_at"))
     minute = F.timestamp_seconds(F.floor(F.unix_seconds(finished) / 60) * 60).alias("minute")
-    return (archive.groupBy(minute, *by).agg(F.count(F.lit(1)).alias("jobs"))
-            .orderBy("minute", *by))
+    return archive.groupBy(minute, *by).agg(F.count(F.lit(1)).alias("jobs")).orderBy("minute", *by)

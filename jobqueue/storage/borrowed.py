@@ -8,7 +8,8 @@ engine commits or rolls back with the owner's work, exactly like the owner's own
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import registry
@@ -56,8 +57,12 @@ class BorrowedSQLite(_Borrowing, SQLiteDialect_pysqlite):  # type: ignore[misc]
 
 
 # backend and DB-API module name -> dialect class
-DIALECTS = {("postgresql", "psycopg2"): "BorrowedPsycopg2", ("postgresql", "psycopg"): "BorrowedPsycopg",
-            ("mysql", "MySQLdb"): "BorrowedMySQLdb", ("sqlite", "sqlite3"): "BorrowedSQLite"}
+DIALECTS = {
+    ("postgresql", "psycopg2"): "BorrowedPsycopg2",
+    ("postgresql", "psycopg"): "BorrowedPsycopg",
+    ("mysql", "MySQLdb"): "BorrowedMySQLdb",
+    ("sqlite", "sqlite3"): "BorrowedSQLite",
+}
 for (_backend, _module), _name in DIALECTS.items():
     registry.register(f"{_backend}.{DRIVER}_{_module.lower()}", __name__, _name)
 
@@ -71,7 +76,9 @@ def borrowed_engine(backend: str, dbapi_module: str, get_connection: Callable[[]
     if (backend, dbapi_module) not in DIALECTS:
         from jobqueue.errors import ConfigurationError
 
-        raise ConfigurationError(f"jobqueue cannot write through a {backend} connection of the {dbapi_module} driver; "
-                                 "supported: psycopg2 and psycopg (PostgreSQL), mysqlclient (MySQL), sqlite3")
+        raise ConfigurationError(
+            f"jobqueue cannot write through a {backend} connection of the {dbapi_module} driver; "
+            "supported: psycopg2 and psycopg (PostgreSQL), mysqlclient (MySQL), sqlite3"
+        )
     url = sa.URL.create(f"{backend}+{DRIVER}_{dbapi_module.lower()}")
     return sa.create_engine(url, creator=get_connection, poolclass=sa.pool.NullPool, pool_reset_on_return=None)

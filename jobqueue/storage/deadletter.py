@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Callable, Iterable
+from typing import Any
 
 import sqlalchemy as sa
 
@@ -19,8 +20,9 @@ RETRYABLE_FROM_ARCHIVE = (MessageState.FAILED.value, MessageState.CANCELLED.valu
 HISTORY_TRACEBACK_CHARS = 20_000
 
 
-def list_jobs(store: Store, states: Iterable[str] = (), task: str | None = None, queue: str | None = None,
-              limit: int = 50) -> list[dict[str, Any]]:
+def list_jobs(
+    store: Store, states: Iterable[str] = (), task: str | None = None, queue: str | None = None, limit: int = 50
+) -> list[dict[str, Any]]:
     """The newest jobs (highest ids first) in the given states, from both tables as needed."""
     wanted = {s.upper() for s in states} or ACTIVE | ARCHIVED
     m, a = store.tables.message, store.tables.archive
@@ -30,10 +32,18 @@ def list_jobs(store: Store, states: Iterable[str] = (), task: str | None = None,
             chosen = sorted(wanted & in_table)
             if not chosen:
                 continue
-            stmt = sa.select(table.c.id, table.c.task_name, table.c.queue, table.c.state, table.c.priority,
-                             table.c.attempts_count, table.c.created_at, table.c[when].label("when"),
-                             (table.c.error_type if table is a else table.c.last_error_type).label("error_type"),
-                             (table.c.error_message if table is a else table.c.last_error_message).label("error"))
+            stmt = sa.select(
+                table.c.id,
+                table.c.task_name,
+                table.c.queue,
+                table.c.state,
+                table.c.priority,
+                table.c.attempts_count,
+                table.c.created_at,
+                table.c[when].label("when"),
+                (table.c.error_type if table is a else table.c.last_error_type).label("error_type"),
+                (table.c.error_message if table is a else table.c.last_error_message).label("error"),
+            )
             stmt = stmt.where(table.c.state.in_(chosen))
             if task:
                 stmt = stmt.where(table.c.task_name == task)
@@ -73,10 +83,15 @@ def _history_entry(row: dict[str, Any]) -> dict[str, Any]:
 
     traceback = row.get("error_traceback")
     return {
-        "state": row["state"], "attempts": row["attempts_count"], "deliveries": row["deliveries_count"],
-        "first_attempt_at": iso(row.get("first_attempt_at")), "last_attempt_at": iso(row.get("last_attempt_at")),
-        "finished_at": iso(row.get("finished_at")), "archived_at": iso(row.get("archived_at")),
-        "error_type": row.get("error_type"), "error_message": row.get("error_message"),
+        "state": row["state"],
+        "attempts": row["attempts_count"],
+        "deliveries": row["deliveries_count"],
+        "first_attempt_at": iso(row.get("first_attempt_at")),
+        "last_attempt_at": iso(row.get("last_attempt_at")),
+        "finished_at": iso(row.get("finished_at")),
+        "archived_at": iso(row.get("archived_at")),
+        "error_type": row.get("error_type"),
+        "error_message": row.get("error_message"),
         "error_traceback": traceback[-HISTORY_TRACEBACK_CHARS:] if traceback else None,
     }
 
@@ -104,10 +119,15 @@ def retry(store: Store, job_ids: Iterable[int], now: datetime | None = None) -> 
                     continue
                 values = {name: row[name] for name in columns}
                 values.update(
-                    state=MessageState.PENDING.value, attempts_count=0, deliveries_count=0, first_attempt_at=None,
-                    last_attempt_at=None, next_attempt_at=now,
+                    state=MessageState.PENDING.value,
+                    attempts_count=0,
+                    deliveries_count=0,
+                    first_attempt_at=None,
+                    last_attempt_at=None,
+                    next_attempt_at=now,
                     history=list(row["history"] or []) + [_history_entry(dict(row))],
-                    last_error_type=row["error_type"], last_error_message=row["error_message"],
+                    last_error_type=row["error_type"],
+                    last_error_message=row["error_message"],
                     last_error_traceback=row["error_traceback"],
                 )
                 conn.execute(sa.insert(m), values)
@@ -124,8 +144,14 @@ def _active(conn: sa.Connection, store: Store, job_id: int) -> bool:
     return conn.execute(sa.select(m.c.id).where(m.c.id == job_id)).first() is not None
 
 
-def archived_ids(store: Store, state: str, task: str | None = None, before: datetime | None = None,
-                 limit: int = 1000, after_id: int = 0) -> list[int]:
+def archived_ids(
+    store: Store,
+    state: str,
+    task: str | None = None,
+    before: datetime | None = None,
+    limit: int = 1000,
+    after_id: int = 0,
+) -> list[int]:
     """Ids of archived jobs in ``state`` (optionally of ``task``, archived before ``before``), ascending."""
     a = store.tables.archive
     stmt = sa.select(a.c.id).where(a.c.state == state.upper(), a.c.id > after_id)
@@ -148,8 +174,14 @@ def count_archived(store: Store, state: str, task: str | None = None, before: da
         return int(conn.execute(stmt).scalar_one())
 
 
-def purge(store: Store, state: str, before: datetime | None, task: str | None = None, batch_size: int = 1000,
-          progress: Callable[[int], None] | None = None) -> int:
+def purge(
+    store: Store,
+    state: str,
+    before: datetime | None,
+    task: str | None = None,
+    batch_size: int = 1000,
+    progress: Callable[[int], None] | None = None,
+) -> int:
     """Delete archived jobs in ``state`` archived before ``before``, one short transaction per batch."""
     a = store.tables.archive
     deleted = 0

@@ -105,7 +105,8 @@ def create_engine(url: str | sa.URL, **kwargs: Any) -> sa.Engine:
     except ModuleNotFoundError as exc:
         raise ConfigurationError(
             f"the driver for {mask_url(parsed)} is not installed ({exc.name}); "
-            f"pip install 'jobqueue[{backend_name(parsed)}]'") from None
+            f"pip install 'jobqueue[{backend_name(parsed)}]'"
+        ) from None
     cls.configure(engine)
     return engine
 

@@ -48,8 +48,9 @@ def archived_job(store: Store, job_id: int) -> ArchivedJob | None:
         row = conn.execute(stmt.where(a.c.id == job_id)).first()
     if row is None:
         return None
-    return ArchivedJob(row.id, MessageState(row.state), row.result, row.error_type, row.error_message,
-                       row.error_traceback)
+    return ArchivedJob(
+        row.id, MessageState(row.state), row.result, row.error_type, row.error_message, row.error_traceback
+    )
 
 
 def cancel(store: Store, job_id: int, now: datetime | None = None) -> bool:
@@ -58,10 +59,15 @@ def cancel(store: Store, job_id: int, now: datetime | None = None) -> bool:
     m, a = store.tables.message, store.tables.archive
     columns = message_archive_columns(store.tables)
     with store.writing() as conn:
-        row = conn.execute(
-            sa.select(*[m.c[name] for name in columns])
-            .where(m.c.id == job_id, m.c.state.in_(READY_LITERALS)).with_for_update()
-        ).mappings().first()
+        row = (
+            conn.execute(
+                sa.select(*[m.c[name] for name in columns])
+                .where(m.c.id == job_id, m.c.state.in_(READY_LITERALS))
+                .with_for_update()
+            )
+            .mappings()
+            .first()
+        )
         if row is None:
             return False
         conn.execute(sa.delete(m).where(m.c.id == job_id))
@@ -76,14 +82,18 @@ def queue_counts(store: Store, now: datetime | None = None) -> list[dict[str, An
     now = now or utcnow()
     m = store.tables.message
     ready = sa.and_(m.c.state.in_(READY_LITERALS), m.c.next_attempt_at <= now)
-    stmt = (sa.select(m.c.queue, m.c.state, sa.func.count(), sa.func.min(sa.case((ready, m.c.next_attempt_at))))
-            .where(m.c.task_name != SCHEDULE_TASK)  # schedules are listed by `jobqueue periodic list`
-            .group_by(m.c.queue, m.c.state).order_by(m.c.queue, m.c.state))
+    stmt = (
+        sa.select(m.c.queue, m.c.state, sa.func.count(), sa.func.min(sa.case((ready, m.c.next_attempt_at))))
+        .where(m.c.task_name != SCHEDULE_TASK)  # schedules are listed by `jobqueue periodic list`
+        .group_by(m.c.queue, m.c.state)
+        .order_by(m.c.queue, m.c.state)
+    )
     queues: dict[str, dict[str, Any]] = {}
     with store.reading() as conn:
         for queue, state, count, oldest in conn.execute(stmt):
-            entry = queues.setdefault(queue, {"queue": queue, "pending": 0, "processing": 0, "retryable": 0,
-                                              "oldest_ready_seconds": None})
+            entry = queues.setdefault(
+                queue, {"queue": queue, "pending": 0, "processing": 0, "retryable": 0, "oldest_ready_seconds": None}
+            )
             entry[state.lower()] = int(count)
             if oldest is not None:
                 age = (now - oldest).total_seconds()
@@ -95,8 +105,10 @@ def queue_counts(store: Store, now: datetime | None = None) -> list[dict[str, An
 def archive_counts(store: Store) -> dict[str, int]:
     a = store.tables.archive
     with store.reading() as conn:
-        return {state.lower(): int(n) for state, n in
-                conn.execute(sa.select(a.c.state, sa.func.count()).group_by(a.c.state))}
+        return {
+            state.lower(): int(n)
+            for state, n in conn.execute(sa.select(a.c.state, sa.func.count()).group_by(a.c.state))
+        }
 
 
 def live_workers(store: Store) -> list[dict[str, Any]]:

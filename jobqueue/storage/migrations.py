@@ -10,8 +10,8 @@ applied it, so that an older release can say which one to install.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import sqlalchemy as sa
 
@@ -46,13 +46,18 @@ def _add_columns(connection: sa.Connection, table: sa.Table, names: list[str]) -
 
 
 def _to_2(connection: sa.Connection, tables: Tables) -> list[str]:
-    return (_add_columns(connection, tables.worker, ["running_job_id", "running_since", "jobs_done"])
-            + _add_columns(connection, tables.schema_version, ["applied_by"]))
+    return _add_columns(connection, tables.worker, ["running_job_id", "running_since", "jobs_done"]) + _add_columns(
+        connection, tables.schema_version, ["applied_by"]
+    )
 
 
 MIGRATIONS = (
-    Migration(2, "worker rows tell which job each process runs, since when, and how many it has done; "
-                 "each schema version records the release that applied it", _to_2),
+    Migration(
+        2,
+        "worker rows tell which job each process runs, since when, and how many it has done; "
+        "each schema version records the release that applied it",
+        _to_2,
+    ),
 )
 assert MIGRATIONS[-1].version == SCHEMA_VERSION, "the newest migration must reach SCHEMA_VERSION"
 
@@ -70,15 +75,18 @@ def _applied_by(connection: sa.Connection, tables: Tables, version: int) -> str 
     sv = tables.schema_version
     if "applied_by" not in {c["name"] for c in sa.inspect(connection).get_columns(sv.name)}:
         return None
-    return connection.execute(sa.select(sa.literal_column("applied_by")).select_from(sv)
-                              .where(sv.c.version == version)).scalar()
+    return connection.execute(
+        sa.select(sa.literal_column("applied_by")).select_from(sv).where(sv.c.version == version)
+    ).scalar()
 
 
 def newer_error(connection: sa.Connection, tables: Tables, version: int) -> SchemaError:
     release = _applied_by(connection, tables, version)
     install = f"pip install 'jobqueue>={release}'" if release else "pip install -U jobqueue"
-    return SchemaError(f"the jobqueue tables ({tables.prefix}*) are at schema version {version}, newer than this "
-                       f"release's {SCHEMA_VERSION} (jobqueue {_release()}); upgrade jobqueue: {install}")
+    return SchemaError(
+        f"the jobqueue tables ({tables.prefix}*) are at schema version {version}, newer than this "
+        f"release's {SCHEMA_VERSION} (jobqueue {_release()}); upgrade jobqueue: {install}"
+    )
 
 
 def _release() -> str:
@@ -91,8 +99,10 @@ def pending(connection: sa.Connection, tables: Tables) -> list[Migration]:
     """The migrations a database still needs, in order; SchemaError if it has no tables or is newer."""
     version = installed_version(connection, tables)
     if version is None:
-        raise SchemaError(f"the jobqueue tables ({tables.prefix}*) do not exist in this database; run "
-                          "`jobqueue db init` to create them")
+        raise SchemaError(
+            f"the jobqueue tables ({tables.prefix}*) do not exist in this database; run "
+            "`jobqueue db init` to create them"
+        )
     if version > SCHEMA_VERSION:
         raise newer_error(connection, tables, version)
     return [migration for migration in MIGRATIONS if migration.version > version]
@@ -100,8 +110,9 @@ def pending(connection: sa.Connection, tables: Tables) -> list[Migration]:
 
 def stamp(connection: sa.Connection, tables: Tables, version: int) -> None:
     """Record ``version`` as applied, by this release."""
-    connection.execute(sa.insert(tables.schema_version),
-                       {"version": version, "applied_at": utcnow(), "applied_by": _release()})
+    connection.execute(
+        sa.insert(tables.schema_version), {"version": version, "applied_at": utcnow(), "applied_by": _release()}
+    )
 
 
 def upgrade(engine: sa.Engine, tables: Tables, dry_run: bool = False) -> list[str]:

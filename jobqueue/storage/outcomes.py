@@ -9,9 +9,10 @@ lists: SQLite and MySQL bind the values, PostgreSQL sends them as a JSON records
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Callable
+from typing import Any
 
 from jobqueue.job import Outcome, OutcomeKind
 
@@ -19,8 +20,19 @@ from jobqueue.job import Outcome, OutcomeKind
 RELEASED: dict[str, None] = {"worker_id": None, "lease_token": None, "acquired_at": None, "lease_expires_at": None}
 
 # Archive columns copied from the message row.
-COPIED = ("id", "task_name", "queue", "priority", "payload", "headers", "unique_key", "partition_key", "options",
-          "history", "created_at")
+COPIED = (
+    "id",
+    "task_name",
+    "queue",
+    "priority",
+    "payload",
+    "headers",
+    "unique_key",
+    "partition_key",
+    "options",
+    "history",
+    "created_at",
+)
 
 
 @dataclass(frozen=True)
@@ -80,9 +92,19 @@ def archived_values(outcome: Outcome, now: datetime) -> tuple[Any, ...]:
 def archive_row(outcome: Outcome, now: datetime) -> dict[str, Any]:
     """A whole archive row built from what the worker holds (where the message row is not copied)."""
     m = outcome.message
-    copied = {"id": m.id, "task_name": m.task_name, "queue": m.queue, "priority": m.priority, "payload": m.payload,
-              "headers": m.headers, "unique_key": m.unique_key, "partition_key": m.partition_key,
-              "options": m.options, "history": m.history, "created_at": m.created_at}
+    copied = {
+        "id": m.id,
+        "task_name": m.task_name,
+        "queue": m.queue,
+        "priority": m.priority,
+        "payload": m.payload,
+        "headers": m.headers,
+        "unique_key": m.unique_key,
+        "partition_key": m.partition_key,
+        "options": m.options,
+        "history": m.history,
+        "created_at": m.created_at,
+    }
     return {**copied, **{field.column: field.value(outcome, now) for field in ARCHIVED}}
 
 

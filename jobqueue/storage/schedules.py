@@ -31,10 +31,13 @@ def schedule_messages(store: Store) -> list[StoredSchedule]:
     """The active schedule messages."""
     m = store.tables.message
     stmt = sa.select(m.c.id, m.c.unique_key, m.c.state, m.c.next_attempt_at, m.c.checkpoint, m.c.payload).where(
-        m.c.task_name == SCHEDULE_TASK)
+        m.c.task_name == SCHEDULE_TASK
+    )
     with store.reading() as conn:
-        return [StoredSchedule(row.id, row.unique_key, row.state, row.next_attempt_at, row.checkpoint, row.payload)
-                for row in conn.execute(stmt)]
+        return [
+            StoredSchedule(row.id, row.unique_key, row.state, row.next_attempt_at, row.checkpoint, row.payload)
+            for row in conn.execute(stmt)
+        ]
 
 
 def insert_schedule(store: Store, row: dict[str, Any]) -> bool:
@@ -47,7 +50,10 @@ def insert_schedule(store: Store, row: dict[str, Any]) -> bool:
 def update_schedule(store: Store, row_id: int, payload: bytes, queue: str, next_fire: datetime) -> bool:
     """Store a changed definition and its new next fire; False while a worker is firing it."""
     m = store.tables.message
-    stmt = (sa.update(m).where(m.c.id == row_id, m.c.state.in_(READY_LITERALS))
-            .values(payload=payload, queue=queue, next_attempt_at=next_fire))
+    stmt = (
+        sa.update(m)
+        .where(m.c.id == row_id, m.c.state.in_(READY_LITERALS))
+        .values(payload=payload, queue=queue, next_attempt_at=next_fire)
+    )
     with store.writing() as conn:
         return bool(conn.execute(stmt).rowcount)

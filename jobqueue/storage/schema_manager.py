@@ -49,8 +49,12 @@ def check_schema(engine: sa.Engine, tables: Tables) -> None:
         if version is not None and version > SCHEMA_VERSION:
             raise newer_error(conn, tables, version)
     if version is None:
-        raise SchemaError(f"the jobqueue tables ({tables.prefix}*) do not exist in this database; "
-                          "run `jobqueue db init` to create them")
+        raise SchemaError(
+            f"the jobqueue tables ({tables.prefix}*) do not exist in this database; "
+            "run `jobqueue db init` to create them"
+        )
     if version < SCHEMA_VERSION:
-        raise SchemaError(f"the jobqueue tables ({tables.prefix}*) are at schema version {version}, this "
-                          f"release needs {SCHEMA_VERSION}; run `jobqueue db upgrade` (see docs/upgrading.md)")
+        raise SchemaError(
+            f"the jobqueue tables ({tables.prefix}*) are at schema version {version}, this "
+            f"release needs {SCHEMA_VERSION}; run `jobqueue db upgrade` (see docs/upgrading.md)"
+        )

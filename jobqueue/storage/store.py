@@ -9,10 +9,11 @@ while a job runs.
 from __future__ import annotations
 
 import secrets
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Iterator
+from typing import Any
 
 import sqlalchemy as sa
 
@@ -25,6 +26,8 @@ from jobqueue.storage.dialects.wakeup import Listener, Waker
 from jobqueue.storage.tables import Tables, Timestamp
 
 UNIQUE_RETRIES = 10
+
+
 def new_lease_token() -> int:
     """A random positive 63-bit token; one per acquisition, so a stale delivery can never match."""
     return secrets.randbits(62) + 1
@@ -43,8 +46,7 @@ def _session_connection(session: Any) -> sa.Connection:
     if isinstance(session, orm.scoped_session):
         session = session()
     if not isinstance(session, orm.Session):
-        raise ConfigurationError(
-            f"connection must be a SQLAlchemy Connection or Session, not {type(session).__name__}")
+        raise ConfigurationError(f"connection must be a SQLAlchemy Connection or Session, not {type(session).__name__}")
     return session.connection()
 
 
@@ -69,7 +71,7 @@ class Store:
 
     # -- errors and transactions -------------------------------------------------------------------
     def classify(self, exc: BaseException) -> str | None:
-        """"contention", "outage", or None for an error that retrying cannot fix."""
+        """ "contention", "outage", or None for an error that retrying cannot fix."""
         return self.dialect.classify(exc)
 
     @contextmanager
@@ -81,7 +83,8 @@ class Store:
             if self.dialect.missing_table(exc):
                 raise SchemaError(
                     f"the jobqueue tables ({self.tables.prefix}*) do not exist in this database; run "
-                    "`jobqueue db init` (or app.init_schema()) to create them") from exc
+                    "`jobqueue db init` (or app.init_schema()) to create them"
+                ) from exc
             raise
 
     @contextmanager
@@ -154,8 +157,9 @@ class Store:
         with self.writing(connection) as conn:
             for start in range(0, len(payloads), batch_size):
                 end = start + batch_size
-                ids.extend(self._insert_batch(conn, Batch(batch.common, payloads[start:end],
-                                                          batch.unique_keys[start:end])))
+                ids.extend(
+                    self._insert_batch(conn, Batch(batch.common, payloads[start:end], batch.unique_keys[start:end]))
+                )
         return ids
 
     def enqueue_new(self, batch: Batch) -> int:
@@ -192,16 +196,31 @@ class Store:
         a = self.tables.archive
         found: set[str] = set()
         for start in range(0, len(keys), 1000):
-            stmt = sa.select(a.c.unique_key).where(a.c.task_name == task, a.c.unique_key.in_(keys[start:start + 1000]))
+            stmt = sa.select(a.c.unique_key).where(
+                a.c.task_name == task, a.c.unique_key.in_(keys[start : start + 1000])
+            )
             found.update(conn.execute(stmt).scalars())
         return found
 
     # -- acquire and outcomes ------------------------------------------------------------------------
-    def acquire(self, worker_id: str, queues: tuple[str, ...] | None, limit: int, lease_seconds: float,
-                now: datetime | None = None, token: int | None = None) -> list[Message]:
+    def acquire(
+        self,
+        worker_id: str,
+        queues: tuple[str, ...] | None,
+        limit: int,
+        lease_seconds: float,
+        now: datetime | None = None,
+        token: int | None = None,
+    ) -> list[Message]:
         """Mark up to ``limit`` ready messages PROCESSING under a new lease token and return them."""
-        params = AcquireParams(worker_id=worker_id, token=token or new_lease_token(), queues=queues,
-                               limit=limit, now=now or utcnow(), lease=self._lease_clock(lease_seconds, now))
+        params = AcquireParams(
+            worker_id=worker_id,
+            token=token or new_lease_token(),
+            queues=queues,
+            limit=limit,
+            now=now or utcnow(),
+            lease=self._lease_clock(lease_seconds, now),
+        )
         with self.schema_errors():
             return self.dialect.acquire(params)
 
@@ -223,8 +242,9 @@ class Store:
     def held_message(self, message_id: int, token: int) -> Message | None:
         """Load a message if it is still PROCESSING under ``token`` (for the supervisor's time limits)."""
         m = self.tables.message
-        stmt = sa.select(*self.dialect.returned).where(m.c.id == message_id, m.c.lease_token == token,
-                                                       m.c.state == PROCESSING)
+        stmt = sa.select(*self.dialect.returned).where(
+            m.c.id == message_id, m.c.lease_token == token, m.c.state == PROCESSING
+        )
         with self.engine.begin() as conn:
             row = conn.execute(stmt).mappings().first()
         return Message(**row) if row is not None else None
@@ -232,8 +252,9 @@ class Store:
     def archived_with(self, message_id: int, finished_at: datetime) -> bool:
         """True if the job is archived COMPLETED with exactly this ``finished_at`` (our own ack)."""
         a = self.tables.archive
-        stmt = sa.select(a.c.id).where(a.c.id == message_id, a.c.state == MessageState.COMPLETED.value,
-                                       a.c.finished_at == finished_at)
+        stmt = sa.select(a.c.id).where(
+            a.c.id == message_id, a.c.state == MessageState.COMPLETED.value, a.c.finished_at == finished_at
+        )
         with self.engine.begin() as conn:
             return conn.execute(stmt).first() is not None
 
@@ -248,21 +269,29 @@ class Store:
         m = self.tables.message
         until = self.dialect.clock_plus()
         later = sa.case((m.c.lease_expires_at < until, until), else_=m.c.lease_expires_at)
-        stmt = (sa.update(m).where(m.c.id == message_id, m.c.lease_token == token, m.c.state == PROCESSING)
-                .values(lease_expires_at=later))
+        stmt = (
+            sa.update(m)
+            .where(m.c.id == message_id, m.c.lease_token == token, m.c.state == PROCESSING)
+            .values(lease_expires_at=later)
+        )
         with self.engine.begin() as conn:
             return conn.execute(stmt, self._lease_clock(seconds, now).binds()).rowcount == 1
 
     def save_checkpoint(self, message_id: int, token: int, checkpoint: bytes | None) -> bool:
         """Store a running delivery's checkpoint durably now; False if the lease was lost."""
         m = self.tables.message
-        stmt = (sa.update(m).where(m.c.id == message_id, m.c.lease_token == token, m.c.state == PROCESSING)
-                .values(checkpoint=checkpoint))
+        stmt = (
+            sa.update(m)
+            .where(m.c.id == message_id, m.c.lease_token == token, m.c.state == PROCESSING)
+            .values(checkpoint=checkpoint)
+        )
         with self.engine.begin() as conn:
             return conn.execute(stmt).rowcount == 1
 
     # -- leases ------------------------------------------------------------------------------------
-    def heartbeat(self, workers: list[str] | list[WorkerState], lease_seconds: float, now: datetime | None = None) -> int:
+    def heartbeat(
+        self, workers: list[str] | list[WorkerState], lease_seconds: float, now: datetime | None = None
+    ) -> int:
         """Renew the worker rows (with what each process is doing) and the leases of every message
         they hold; return leases renewed.
 
@@ -277,7 +306,9 @@ class Store:
     def release_expired(self, now: datetime | None = None) -> int:
         """Return messages whose lease expired by the lease clock to PENDING (their delivery stays counted)."""
         m = self.tables.message
-        return self.dialect.release([m.c.lease_expires_at < self.dialect.clock()], binds=self._lease_clock(0, now).binds())
+        return self.dialect.release(
+            [m.c.lease_expires_at < self.dialect.clock()], binds=self._lease_clock(0, now).binds()
+        )
 
     def release_worker(self, worker_id: str, running: int | None = None, finished: list[int] | None = None) -> int:
         """Return every message a dead worker process held to PENDING at once.
@@ -373,4 +404,3 @@ class Store:
         """Raise unless the database answers a trivial query on a new connection."""
         with self.engine.connect() as conn:
             conn.execute(sa.text("SELECT 1"))
-

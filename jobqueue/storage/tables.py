@@ -84,7 +84,8 @@ def build_tables(prefix: str = "jobqueue_", metadata: sa.MetaData | None = None)
     """Return the jobqueue tables named with ``prefix``, attached to ``metadata`` (a new one if None)."""
     md = metadata if metadata is not None else sa.MetaData()
     message = sa.Table(
-        f"{prefix}message", md,
+        f"{prefix}message",
+        md,
         sa.Column("id", Id, primary_key=True, autoincrement=True),
         *_job_columns(),
         sa.Column("next_attempt_at", Timestamp, nullable=False),
@@ -102,12 +103,30 @@ def build_tables(prefix: str = "jobqueue_", metadata: sa.MetaData | None = None)
     # Acquire walks one of these in order and stops after LIMIT rows: no sort of the backlog.
     # PostgreSQL and SQLite index only ready rows; MySQL has no partial indexes and skips the few
     # PROCESSING rows it meets.
-    sa.Index(f"ix_{prefix}message_ready_queue", message.c.queue, message.c.priority.desc(),
-             message.c.next_attempt_at, message.c.id, postgresql_where=_READY, sqlite_where=_READY)
-    sa.Index(f"ix_{prefix}message_ready", message.c.priority.desc(), message.c.next_attempt_at,
-             message.c.id, postgresql_where=_READY, sqlite_where=_READY)
-    sa.Index(f"ix_{prefix}message_lease", message.c.state, message.c.lease_expires_at,
-             postgresql_where=_PROCESSING, sqlite_where=_PROCESSING)
+    sa.Index(
+        f"ix_{prefix}message_ready_queue",
+        message.c.queue,
+        message.c.priority.desc(),
+        message.c.next_attempt_at,
+        message.c.id,
+        postgresql_where=_READY,
+        sqlite_where=_READY,
+    )
+    sa.Index(
+        f"ix_{prefix}message_ready",
+        message.c.priority.desc(),
+        message.c.next_attempt_at,
+        message.c.id,
+        postgresql_where=_READY,
+        sqlite_where=_READY,
+    )
+    sa.Index(
+        f"ix_{prefix}message_lease",
+        message.c.state,
+        message.c.lease_expires_at,
+        postgresql_where=_PROCESSING,
+        sqlite_where=_PROCESSING,
+    )
     # metadata.create_all (an application's own Alembic or tests) creates the trigger too.
     for statement in postgresql_notify_ddl(prefix):
         ddl = sa.DDL(statement)  # type: ignore[no-untyped-call]
@@ -115,11 +134,18 @@ def build_tables(prefix: str = "jobqueue_", metadata: sa.MetaData | None = None)
     # One active message per (task, unique_key). Partial where the database allows it, so that the
     # many messages without a key add no entry to it on enqueue or on any update.
     _keyed = sa.text("unique_key IS NOT NULL")
-    sa.Index(f"uq_{prefix}message_unique", message.c.task_name, message.c.unique_key, unique=True,
-             postgresql_where=_keyed, sqlite_where=_keyed)
+    sa.Index(
+        f"uq_{prefix}message_unique",
+        message.c.task_name,
+        message.c.unique_key,
+        unique=True,
+        postgresql_where=_keyed,
+        sqlite_where=_keyed,
+    )
 
     archive = sa.Table(
-        f"{prefix}archive", md,
+        f"{prefix}archive",
+        md,
         # The message id: a job has at most one archive row, so it can never be archived twice.
         sa.Column("id", Id, primary_key=True, autoincrement=False),
         *_job_columns(),
@@ -133,11 +159,17 @@ def build_tables(prefix: str = "jobqueue_", metadata: sa.MetaData | None = None)
     )
     sa.Index(f"ix_{prefix}archive_archived_at", archive.c.archived_at)
     sa.Index(f"ix_{prefix}archive_state", archive.c.state, archive.c.archived_at)
-    sa.Index(f"ix_{prefix}archive_unique", archive.c.task_name, archive.c.unique_key,
-             postgresql_where=_keyed, sqlite_where=_keyed)
+    sa.Index(
+        f"ix_{prefix}archive_unique",
+        archive.c.task_name,
+        archive.c.unique_key,
+        postgresql_where=_keyed,
+        sqlite_where=_keyed,
+    )
 
     worker = sa.Table(
-        f"{prefix}worker", md,
+        f"{prefix}worker",
+        md,
         sa.Column("id", sa.String(32), primary_key=True),
         sa.Column("supervisor_id", sa.String(32), nullable=False),
         sa.Column("hostname", sa.String(255), nullable=False),
@@ -153,7 +185,8 @@ def build_tables(prefix: str = "jobqueue_", metadata: sa.MetaData | None = None)
         mysql_charset="utf8mb4",
     )
     schema_version = sa.Table(
-        f"{prefix}schema_version", md,
+        f"{prefix}schema_version",
+        md,
         sa.Column("version", sa.Integer, primary_key=True, autoincrement=False),
         sa.Column("applied_at", Timestamp, nullable=False),
         sa.Column("applied_by", sa.String(32)),  # the jobqueue release that applied it (schema 2)

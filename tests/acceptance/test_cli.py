@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -13,8 +12,8 @@ import sqlalchemy as sa
 
 from jobqueue import JobFailed, JobQueue, SerializationError
 from tests.acceptance.cli import ROOT, jobqueue
-from tests.runtime.harness import wait_for
 from tests.apps import basic
+from tests.runtime.harness import wait_for
 
 
 def count(app: JobQueue, table: str) -> int:
@@ -76,14 +75,18 @@ def test_enqueue_from_the_command_line(app: JobQueue) -> None:
     assert app.job(job["id"]).get(timeout=5) == 42
 
 
-@pytest.mark.parametrize("args, fragment", [
-    (("enqueue", "no.such.task"), "no.such.task"),
-    (("enqueue", "basic.add", "--args", "{not json"), "not valid JSON"),
-    (("enqueue", "basic.add", "--args", '{"x": 1}'), "JSON array"),
-    (("enqueue", "basic.add", "--queue", "bad queue"), "invalid queue name"),
-])
-def test_bad_enqueue_input_exits_non_zero_and_writes_nothing(app: JobQueue, args: tuple[str, ...],
-                                                             fragment: str) -> None:
+@pytest.mark.parametrize(
+    "args, fragment",
+    [
+        (("enqueue", "no.such.task"), "no.such.task"),
+        (("enqueue", "basic.add", "--args", "{not json"), "not valid JSON"),
+        (("enqueue", "basic.add", "--args", '{"x": 1}'), "JSON array"),
+        (("enqueue", "basic.add", "--queue", "bad queue"), "invalid queue name"),
+    ],
+)
+def test_bad_enqueue_input_exits_non_zero_and_writes_nothing(
+    app: JobQueue, args: tuple[str, ...], fragment: str
+) -> None:
     result = jobqueue(*args, check=False)
     assert result.returncode != 0
     assert fragment in result.stderr
@@ -127,16 +130,31 @@ def test_worker_without_an_app_refuses_to_start(db_url: str) -> None:
 def test_password_never_reaches_logs(tmp_path) -> None:
     """Passwords in the user part and in query parameters stay out of CLI errors and worker logs;
     a worker whose database is down waits for it, logging, instead of exiting."""
-    for url in ("postgresql+psycopg2://someone:hunter2secret@127.0.0.1:1/nowhere?password=hunter2secret",
-                "mysql+mysqldb://someone@127.0.0.1:1/nowhere?passwd=hunter2secret"):
+    for url in (
+        "postgresql+psycopg2://someone:hunter2secret@127.0.0.1:1/nowhere?password=hunter2secret",
+        "mysql+mysqldb://someone@127.0.0.1:1/nowhere?passwd=hunter2secret",
+    ):
         result = jobqueue("--database-url", url, "db", "init", check=False, timeout=60)
         assert result.returncode == 1 and "hunter2secret" not in result.stdout + result.stderr
         assert "127.0.0.1:1/nowhere" in result.stderr  # the URL itself is shown, masked
         log = tmp_path / "worker.log"
         with open(log, "w") as out:
-            worker = subprocess.Popen([sys.executable, "-m", "jobqueue", "--app", "tests.apps.basic:app",
-                                       "--database-url", url, "worker", "--burst"], cwd=ROOT, stdout=out,
-                                      stderr=subprocess.STDOUT)
+            worker = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "jobqueue",
+                    "--app",
+                    "tests.apps.basic:app",
+                    "--database-url",
+                    url,
+                    "worker",
+                    "--burst",
+                ],
+                cwd=ROOT,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
             try:
                 wait_for(lambda: "unavailable" in log.read_text(), 30, "the worker to report the outage")  # noqa: B023
                 assert worker.poll() is None, log.read_text()  # still waiting for the database

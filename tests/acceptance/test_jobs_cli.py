@@ -79,11 +79,14 @@ def test_purge_with_progress(app: JobQueue) -> None:
     assert json.loads(jobqueue("jobs", "list", "--json").stdout)[0]["id"] == keep.id
 
 
-@pytest.mark.parametrize("args, fragment", [
-    (("jobs", "purge", "--state", "completed", "--older-than", "7x"), "90s, 30m, 24h, 7d or 2w"),
-    (("jobs", "purge", "--state", "pending", "--older-than", "1d"), "Invalid value for '--state'"),
-    (("jobs", "show", "987654321"), "not found"),
-])
+@pytest.mark.parametrize(
+    "args, fragment",
+    [
+        (("jobs", "purge", "--state", "completed", "--older-than", "7x"), "90s, 30m, 24h, 7d or 2w"),
+        (("jobs", "purge", "--state", "pending", "--older-than", "1d"), "Invalid value for '--state'"),
+        (("jobs", "show", "987654321"), "not found"),
+    ],
+)
 def test_bad_input(app: JobQueue, args: tuple[str, ...], fragment: str) -> None:
     result = jobqueue(*args, check=False)
     assert result.returncode != 0 and fragment in result.stderr

@@ -47,8 +47,11 @@ def columns(url: str, prefix: str) -> dict[str, set[tuple[str, bool]]]:
     engine = sa.create_engine(url)
     try:
         inspector = sa.inspect(engine)
-        return {table[len(prefix):]: {(c["name"], bool(c["nullable"])) for c in inspector.get_columns(table)}
-                for table in inspector.get_table_names() if table.startswith(prefix)}
+        return {
+            table[len(prefix) :]: {(c["name"], bool(c["nullable"])) for c in inspector.get_columns(table)}
+            for table in inspector.get_table_names()
+            if table.startswith(prefix)
+        }
     finally:
         engine.dispose()
 
@@ -87,14 +90,35 @@ def test_jobs_in_every_state_survive_the_upgrade_and_run_to_their_end(old_databa
     delayed = upgrade.double.apply_async((100,), countdown=1)
     (running, retrying, finished, failed) = [upgrade.double.delay(i) for i in (200, 300, 400, 500)]
     taken = {m.id: m for m in store.acquire("gone".ljust(32, "x"), None, 100, 1.0)}
-    store.flush([
-        Outcome(taken[finished.id], OutcomeKind.ARCHIVE, MessageState.COMPLETED, utcnow(), utcnow(),
-                result=app.serializer.dumps(800)),
-        Outcome(taken[failed.id], OutcomeKind.ARCHIVE, MessageState.FAILED, utcnow(), utcnow(),
-                error=ErrorInfo("ValueError", "before the upgrade")),
-        Outcome(taken[retrying.id], OutcomeKind.RETRY, MessageState.RETRYABLE, utcnow(), utcnow(),
-                next_attempt_at=utcnow() + timedelta(seconds=1), error=ErrorInfo("OSError", "flaky")),
-    ])
+    store.flush(
+        [
+            Outcome(
+                taken[finished.id],
+                OutcomeKind.ARCHIVE,
+                MessageState.COMPLETED,
+                utcnow(),
+                utcnow(),
+                result=app.serializer.dumps(800),
+            ),
+            Outcome(
+                taken[failed.id],
+                OutcomeKind.ARCHIVE,
+                MessageState.FAILED,
+                utcnow(),
+                utcnow(),
+                error=ErrorInfo("ValueError", "before the upgrade"),
+            ),
+            Outcome(
+                taken[retrying.id],
+                OutcomeKind.RETRY,
+                MessageState.RETRYABLE,
+                utcnow(),
+                utcnow(),
+                next_attempt_at=utcnow() + timedelta(seconds=1),
+                error=ErrorInfo("OSError", "flaky"),
+            ),
+        ]
+    )
     for handle in pending:  # fetched by a worker that died: their leases run out
         assert handle.id in taken
     assert periodic.sync(store, app.schedules, set(app.registry), utcnow()).created == ["up.hourly"]
@@ -110,8 +134,9 @@ def test_jobs_in_every_state_survive_the_upgrade_and_run_to_their_end(old_databa
 
     jobqueue("db", "upgrade", app=APP)
     assert jobqueue("db", "check", app=APP).returncode == 0
-    result = jobqueue("worker", "--burst", "--concurrency", "2", "--release-stuck-interval", "0.2", app=APP,
-                      timeout=120)
+    result = jobqueue(
+        "worker", "--burst", "--concurrency", "2", "--release-stuck-interval", "0.2", app=APP, timeout=120
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert [h.get(timeout=5) for h in pending] == [2 * i for i in range(20)]
     assert (delayed.get(timeout=5), running.get(timeout=5), retrying.get(timeout=5)) == (200, 400, 600)
@@ -127,12 +152,16 @@ def test_a_worker_refuses_a_schema_newer_than_its_release_and_names_the_one_to_i
     engine = sa.create_engine(old_database)
     migrations.upgrade(engine, build_tables(PREFIX))
     with engine.begin() as conn:
-        conn.execute(sa.insert(build_tables(PREFIX).schema_version),
-                     {"version": SCHEMA_VERSION + 1, "applied_at": utcnow(), "applied_by": "9.9.0"})
+        conn.execute(
+            sa.insert(build_tables(PREFIX).schema_version),
+            {"version": SCHEMA_VERSION + 1, "applied_at": utcnow(), "applied_by": "9.9.0"},
+        )
     engine.dispose()
     refused = jobqueue("worker", "--burst", app=APP, check=False, timeout=60)
     assert refused.returncode == 1
-    assert "pip install 'jobqueue>=9.9.0'" in refused.stderr and f"schema version {SCHEMA_VERSION + 1}" in refused.stderr
+    assert (
+        "pip install 'jobqueue>=9.9.0'" in refused.stderr and f"schema version {SCHEMA_VERSION + 1}" in refused.stderr
+    )
 
 
 def test_manage_py_migrate_upgrades_a_schema_1_database(backend: str, tmp_path: Path) -> None:
@@ -151,8 +180,14 @@ def test_manage_py_migrate_upgrades_a_schema_1_database(backend: str, tmp_path: 
         manage = [sys.executable, str(ROOT / "examples" / "django_app" / "manage.py")]
 
         def run(*args: str) -> subprocess.CompletedProcess[str]:
-            done = subprocess.run([*manage, *args], cwd=ROOT / "examples" / "django_app", env=env,
-                                  capture_output=True, text=True, timeout=300)
+            done = subprocess.run(
+                [*manage, *args],
+                cwd=ROOT / "examples" / "django_app",
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=300,
+            )
             assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
             return done
 

@@ -111,7 +111,7 @@ def unstorable(kind: str) -> object:
         for _ in range(1200):
             deep = [deep]
         return deep
-    return 10 ** 5000  # over the 4,300 digits Python writes as text
+    return 10**5000  # over the 4,300 digits Python writes as text
 
 
 @app.task(name="rt.bad_nack", bind=True, retry_strategy=NO_RETRY)

@@ -21,6 +21,6 @@ class SkewedDatetime(datetime):
         return super().now(tz) + SKEW
 
 
-setattr(jobqueue.clock, "datetime", SkewedDatetime)  # every reading of the host clock goes through it
+jobqueue.clock.datetime = SkewedDatetime  # every reading of the host clock goes through it
 
 __all__ = ["app"]

@@ -20,9 +20,14 @@ def test_django_example_site(backend: str, tmp_path) -> None:
     try:
         env = dict(os.environ, SHOP_DATABASE_URL=url)
         env.pop("JOBQUEUE_DATABASE_URL", None)
-        result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                                 str(ROOT / "examples" / "django_app")],
-                                cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+        result = subprocess.run(
+            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(ROOT / "examples" / "django_app")],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         assert result.returncode == 0, f"{result.stdout[-6000:]}\n{result.stderr[-3000:]}"
         assert " passed" in result.stdout and "failed" not in result.stdout
     finally:

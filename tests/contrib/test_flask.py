@@ -10,8 +10,9 @@ import importlib.util
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from types import ModuleType
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
@@ -53,15 +54,23 @@ def flask_cli(*args: str, db_url: str) -> subprocess.CompletedProcess[str]:
     """``flask --app shop ...`` run from the example's folder, as its README says."""
     env = dict(os.environ, SHOP_DATABASE_URL=db_url, PYTHONPATH=str(ROOT))
     env.pop("JOBQUEUE_DATABASE_URL", None)
-    return subprocess.run([sys.executable, "-m", "flask", "--app", "shop", *args], cwd=SHOP_DIR, env=env,
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "flask", "--app", "shop", *args],
+        cwd=SHOP_DIR,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def jobs(module: ModuleType) -> tuple[int, int]:
     with module.jq.store.reading() as conn:
         tables = module.jq.tables
-        return (conn.execute(sa.select(sa.func.count()).select_from(tables.message)).scalar_one(),
-                conn.execute(sa.select(sa.func.count()).select_from(tables.archive)).scalar_one())
+        return (
+            conn.execute(sa.select(sa.func.count()).select_from(tables.message)).scalar_one(),
+            conn.execute(sa.select(sa.func.count()).select_from(tables.archive)).scalar_one(),
+        )
 
 
 def test_declined_payment_rolls_back_the_order_and_its_job(shop) -> None:

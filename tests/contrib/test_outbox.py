@@ -7,7 +7,7 @@ the caller's transaction itself.
 
 from __future__ import annotations
 
-from typing import Iterator
+from collections.abc import Iterator
 
 import pytest
 import sqlalchemy as sa
@@ -17,8 +17,9 @@ from jobqueue import JobQueue
 from jobqueue.errors import ConfigurationError
 from tests.acceptance.cli import jobqueue
 
-APP_TABLE = sa.Table("outbox_order", sa.MetaData(), sa.Column("id", sa.Integer, primary_key=True),
-                     sa.Column("item", sa.String(50)))
+APP_TABLE = sa.Table(
+    "outbox_order", sa.MetaData(), sa.Column("id", sa.Integer, primary_key=True), sa.Column("item", sa.String(50))
+)
 
 
 @pytest.fixture
@@ -27,6 +28,7 @@ def add(app: JobQueue):
     @app.task(name="basic.add")
     def add(x: int, y: int) -> int:
         return x + y
+
     return add
 
 
@@ -45,8 +47,10 @@ def counts(app: JobQueue) -> tuple[int, int]:
     """(messages, archived jobs), read on a connection of jobqueue's own (a reader: on SQLite it
     must not wait for the application's open write transaction)."""
     with app.store.reading() as conn:
-        return (conn.execute(sa.select(sa.func.count()).select_from(app.tables.message)).scalar_one(),
-                conn.execute(sa.select(sa.func.count()).select_from(app.tables.archive)).scalar_one())
+        return (
+            conn.execute(sa.select(sa.func.count()).select_from(app.tables.message)).scalar_one(),
+            conn.execute(sa.select(sa.func.count()).select_from(app.tables.archive)).scalar_one(),
+        )
 
 
 def run_worker() -> None:

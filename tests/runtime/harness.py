@@ -8,8 +8,8 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import sqlalchemy as sa
 
@@ -33,13 +33,25 @@ def wait_for(condition: Callable[[], object], timeout: float, what: str, interva
 class Worker:
     """``jobqueue --app tests.apps.runtime:app worker ...`` with its log in a file."""
 
-    def __init__(self, tmp: Path, *args: str, app: str = "tests.apps.runtime:app", name: str = "worker",
-                 env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        tmp: Path,
+        *args: str,
+        app: str = "tests.apps.runtime:app",
+        name: str = "worker",
+        env: dict[str, str] | None = None,
+    ) -> None:
         self.log_path = tmp / f"{name}.log"
         self.log = open(self.log_path, "w")
         command = [sys.executable, "-m", "jobqueue", "--app", app, "worker", *args]
-        self.process = subprocess.Popen(command, cwd=ROOT, stdout=self.log, stderr=subprocess.STDOUT,
-                                        env=dict(os.environ, **(env or {})), preexec_fn=_default_signals)
+        self.process = subprocess.Popen(
+            command,
+            cwd=ROOT,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            env=dict(os.environ, **(env or {})),
+            preexec_fn=_default_signals,
+        )
 
     @property
     def pid(self) -> int:
@@ -81,8 +93,14 @@ class Worker:
         self.log.close()
 
 
-def start(workers: list[Worker], tmp_path: Path, *args: str, name: str = "worker",
-          app: str = "tests.apps.runtime:app", env: dict[str, str] | None = None) -> Worker:
+def start(
+    workers: list[Worker],
+    tmp_path: Path,
+    *args: str,
+    name: str = "worker",
+    app: str = "tests.apps.runtime:app",
+    env: dict[str, str] | None = None,
+) -> Worker:
     """Start a worker that the ``workers`` fixture stops after the test."""
     worker = Worker(tmp_path, *args, name=name, app=app, env=env)
     workers.append(worker)
@@ -127,8 +145,10 @@ def others_in_transaction(engine: sa.Engine) -> bool:
         finally:
             probe.close()
     if engine.dialect.name == "postgresql":
-        query = ("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-                 "AND pid <> pg_backend_pid() AND xact_start IS NOT NULL")
+        query = (
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+            "AND pid <> pg_backend_pid() AND xact_start IS NOT NULL"
+        )
         with engine.connect() as conn:
             return bool(conn.execute(sa.text(query)).scalar())
     # MySQL: innodb_trx needs the PROCESS privilege; try to lock every row instead.

@@ -30,8 +30,9 @@ def archive_count(url: str) -> int:
 
 
 @only("postgresql", "mysql")
-def test_server_restart_during_a_run_of_2000_jobs(backend: str, tmp_path: Path,
-                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+def test_server_restart_during_a_run_of_2000_jobs(
+    backend: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     with private_server(backend) as server:
         monkeypatch.setenv("JOBQUEUE_DATABASE_URL", server.url)
         monkeypatch.setenv("JOBQUEUE_TEST_RUNS", str(tmp_path / "runs.txt"))
@@ -53,7 +54,9 @@ def test_server_restart_during_a_run_of_2000_jobs(backend: str, tmp_path: Path,
         engine = sa.create_engine(server.url, poolclass=sa.pool.NullPool)
         with engine.connect() as conn:
             total, distinct = conn.execute(sa.text("SELECT count(*), count(DISTINCT id) FROM jobqueue_archive")).one()
-            states: dict[str, int] = dict(conn.execute(sa.text("SELECT state, count(*) FROM jobqueue_archive GROUP BY state")).all())
+            states: dict[str, int] = dict(
+                conn.execute(sa.text("SELECT state, count(*) FROM jobqueue_archive GROUP BY state")).all()
+            )
             left = conn.execute(sa.text("SELECT count(*) FROM jobqueue_message")).scalar_one()
         engine.dispose()
         assert (total, distinct, left) == (2000, 2000, 0)
@@ -64,13 +67,16 @@ def test_server_restart_during_a_run_of_2000_jobs(backend: str, tmp_path: Path,
         assert 1 <= warnings <= 6, f"an outage should be logged once per process, not per attempt:\n{log[-3000:]}"
         assert "available again after" in log
         twice = repeated(runs(tmp_path / "runs.txt"), "run")
-        REPORTS.append(f"restart[{backend}]: server down {downtime:.1f} s mid-run; 2000/2000 completed, "
-                       f"0 duplicate archive rows, {len(twice)} jobs ran twice, {warnings} outage warnings")
+        REPORTS.append(
+            f"restart[{backend}]: server down {downtime:.1f} s mid-run; 2000/2000 completed, "
+            f"0 duplicate archive rows, {len(twice)} jobs ran twice, {warnings} outage warnings"
+        )
 
 
 @only("postgresql", "mysql")
-def test_an_idle_worker_hears_new_work_again_after_a_server_restart(backend: str, tmp_path: Path,
-                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+def test_an_idle_worker_hears_new_work_again_after_a_server_restart(
+    backend: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Idle processes lose their connections (PostgreSQL: the one they LISTEN on) with the server;
     they must reconnect without crashing and be woken by new work, not by their 30 s fallback poll."""
     with private_server(backend) as server:
@@ -96,5 +102,7 @@ def test_an_idle_worker_hears_new_work_again_after_a_server_restart(backend: str
         finally:
             worker.close()
             rt.app.close()
-        REPORTS.append(f"restart[{backend}], idle worker: a job enqueued after the restart completed in {waited:.1f} s "
-                       "(fallback poll: 30 s)")
+        REPORTS.append(
+            f"restart[{backend}], idle worker: a job enqueued after the restart completed in {waited:.1f} s "
+            "(fallback poll: 30 s)"
+        )

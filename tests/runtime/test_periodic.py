@@ -27,8 +27,9 @@ def fire_times(app: JobQueue) -> list[datetime]:
 
 def test_three_supervisors_one_job_per_fire_time(db_url: str, backend: str, tmp_path: Path) -> None:
     app = JobQueue(db_url)
-    supervisors = [Worker(tmp_path, "--concurrency", "2", app="tests.apps.periodic:app", name=f"sup{i}")
-                   for i in range(3)]
+    supervisors = [
+        Worker(tmp_path, "--concurrency", "2", app="tests.apps.periodic:app", name=f"sup{i}") for i in range(3)
+    ]
     try:
         wait_for(lambda: len(fire_times(app)) >= 10, 40, "ten fires of the every-second schedule")
         for supervisor in supervisors:
@@ -41,20 +42,31 @@ def test_three_supervisors_one_job_per_fire_time(db_url: str, backend: str, tmp_
     assert len(times) == len(set(times)), "two jobs for one fire time"
     gaps = [(b - a).total_seconds() for a, b in zip(times, times[1:], strict=False)]
     assert gaps and all(gap == 1.0 for gap in gaps), f"gaps between fire times: {gaps}"
-    created = [name for s in supervisors for line in s.text().splitlines() if "schedules created: " in line
-               for name in line.split("schedules created: ", 1)[1].split(", ")]
+    created = [
+        name
+        for s in supervisors
+        for line in s.text().splitlines()
+        if "schedules created: " in line
+        for name in line.split("schedules created: ", 1)[1].split(", ")
+    ]
     # Each schedule was created by exactly one supervisor (not always the same one); the others found it.
     assert sorted(created) == sorted(periodic_app.app.schedules)
-    REPORTS.append(f"periodic[{backend}]: 3 supervisors, {len(times)} fires of an every-second schedule, "
-                   "0 duplicates, no gap over 1 s")
+    REPORTS.append(
+        f"periodic[{backend}]: 3 supervisors, {len(times)} fires of an every-second schedule, "
+        "0 duplicates, no gap over 1 s"
+    )
     app.close()
 
 
 def test_periodic_list_and_an_edit_after_restart(db_url: str, tmp_path: Path) -> None:
     jobqueue("worker", "--burst", "--concurrency", "1", app="tests.apps.periodic:app")
-    listed = {s["name"]: s for s in json.loads(jobqueue("periodic", "list", "--json", app="tests.apps.periodic:app").stdout)}
+    listed = {
+        s["name"]: s for s in json.loads(jobqueue("periodic", "list", "--json", app="tests.apps.periodic:app").stdout)
+    }
     assert listed["pd.tick"]["expression"] == "every 1 s"
-    assert listed["morning-report"]["timezone"] == "Europe/Paris" and listed["morning-report"]["expression"] == "0 7 * * *"
+    assert (
+        listed["morning-report"]["timezone"] == "Europe/Paris" and listed["morning-report"]["expression"] == "0 7 * * *"
+    )
     next_report = datetime.fromisoformat(listed["morning-report"]["next_fire"])
     assert next_report.minute == 0 and next_report.hour in (5, 6)  # 07:00 in Paris is 05:00 or 06:00 UTC
     table = jobqueue("periodic", "list", app="tests.apps.periodic:app").stdout
@@ -63,8 +75,10 @@ def test_periodic_list_and_an_edit_after_restart(db_url: str, tmp_path: Path) ->
     # A restart with the edited code: the new expression and its next fire; the deleted one retired.
     run = jobqueue("worker", "--burst", "--concurrency", "1", app="tests.apps.periodic_edited:app")
     assert "schedules updated: pd.tick" in run.stderr and "schedules retired: morning-report" in run.stderr
-    edited = {s["name"]: s for s in json.loads(
-        jobqueue("periodic", "list", "--json", app="tests.apps.periodic_edited:app").stdout)}
+    edited = {
+        s["name"]: s
+        for s in json.loads(jobqueue("periodic", "list", "--json", app="tests.apps.periodic_edited:app").stdout)
+    }
     assert set(edited) == {"pd.tick"} and edited["pd.tick"]["expression"] == "*/15 * * * *"
     next_fire = datetime.fromisoformat(edited["pd.tick"]["next_fire"])
     assert next_fire.minute % 15 == 0 and next_fire.second == 0

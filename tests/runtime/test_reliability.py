@@ -36,15 +36,19 @@ def alive(pid: int) -> bool:
 def archived(app: JobQueue) -> dict[int, tuple[str, str | None, str | None]]:
     a = app.tables.archive
     with app.engine.connect() as conn:
-        return {row[0]: (row[1], row[2], row[3]) for row in
-                conn.execute(sa.select(a.c.id, a.c.state, a.c.error_type, a.c.error_message))}
+        return {
+            row[0]: (row[1], row[2], row[3])
+            for row in conn.execute(sa.select(a.c.id, a.c.state, a.c.error_type, a.c.error_message))
+        }
 
 
 def counters(app: JobQueue, table: str = "archive") -> dict[int, tuple[int, int]]:
     t = getattr(app.tables, table)
     with app.engine.connect() as conn:
-        return {row[0]: (row[1], row[2]) for row in
-                conn.execute(sa.select(t.c.id, t.c.attempts_count, t.c.deliveries_count))}
+        return {
+            row[0]: (row[1], row[2])
+            for row in conn.execute(sa.select(t.c.id, t.c.attempts_count, t.c.deliveries_count))
+        }
 
 
 def children_of(worker: Worker) -> list[int]:
@@ -53,10 +57,12 @@ def children_of(worker: Worker) -> list[int]:
 
 # -- the supervisor owns its children --------------------------------------------------------------
 
+
 @only("sqlite")
 @pytest.mark.parametrize("signum", [signal.SIGKILL, signal.SIGQUIT, signal.SIGHUP])
-def test_children_stop_within_two_seconds_of_their_supervisors_death(app: JobQueue, tmp_path: Path,
-                                                                     workers: list[Worker], signum: int) -> None:
+def test_children_stop_within_two_seconds_of_their_supervisors_death(
+    app: JobQueue, tmp_path: Path, workers: list[Worker], signum: int
+) -> None:
     rt.slow.bulk([(30,)] * 4)
     worker = start(workers, tmp_path, "--concurrency", "2")
     wait_for(lambda: len([e for e in runs(tmp_path / "runs.txt") if e[0] == "start"]) == 2, 30, "two jobs running")
@@ -65,12 +71,15 @@ def test_children_stop_within_two_seconds_of_their_supervisors_death(app: JobQue
     worker.signal(signum)
     died = time.monotonic()
     wait_for(lambda: not any(alive(pid) for pid in children), 2, "the orphaned worker processes to stop")
-    REPORTS.append(f"orphans[{signal.Signals(signum).name}]: both worker processes gone "
-                   f"{(time.monotonic() - died) * 1000:.0f} ms after the supervisor died")
+    REPORTS.append(
+        f"orphans[{signal.Signals(signum).name}]: both worker processes gone "
+        f"{(time.monotonic() - died) * 1000:.0f} ms after the supervisor died"
+    )
 
 
-def test_the_supervisor_survives_an_error_of_its_own_loop(app: JobQueue, backend: str, tmp_path: Path,
-                                                          workers: list[Worker]) -> None:
+def test_the_supervisor_survives_an_error_of_its_own_loop(
+    app: JobQueue, backend: str, tmp_path: Path, workers: list[Worker]
+) -> None:
     """The worker table vanishes under a running supervisor: every heartbeat fails with an error no
     retry fixes (as on a database that turned read-only). The supervisor logs it and carries on."""
     handles = rt.slow.bulk([(1.0,)] * 6)
@@ -99,8 +108,9 @@ def timed_runs(path: Path) -> list[tuple[str, int, int, int]]:
     return [(e, int(j), int(p), int(t)) for e, j, p, t in (line.split() for line in path.read_text().splitlines())]
 
 
-def test_chaos_sigkill_the_supervisor_itself(app: JobQueue, backend: str, tmp_path: Path,
-                                             workers: list[Worker]) -> None:
+def test_chaos_sigkill_the_supervisor_itself(
+    app: JobQueue, backend: str, tmp_path: Path, workers: list[Worker]
+) -> None:
     """Kill whole supervisors, not only children, and start new ones at once: nothing is lost, no
     job ever runs in two processes at the same time, and no process of a killed tree lives on."""
     handles = rt.timed.bulk([(0.02,)] * 600)
@@ -111,8 +121,11 @@ def test_chaos_sigkill_the_supervisor_itself(app: JobQueue, backend: str, tmp_pa
     for round_ in range(2):
         worker = start(workers, tmp_path, *args, name=f"tree{round_}")
         done = len({j for e, j, _, _ in timed_runs(log) if e == "end"})
-        wait_for(lambda: len({j for e, j, _, _ in timed_runs(log) if e == "end"}) >= done + 100, 60,  # noqa: B023 (called at once)
-                 "a hundred more jobs to complete")
+        wait_for(
+            lambda: len({j for e, j, _, _ in timed_runs(log) if e == "end"}) >= done + 100,  # noqa: B023 (called at once)
+            60,
+            "a hundred more jobs to complete",
+        )
         tree = worker.children()
         worker.signal(signal.SIGKILL)
         killed += 1
@@ -141,18 +154,25 @@ def test_chaos_sigkill_the_supervisor_itself(app: JobQueue, backend: str, tmp_pa
     for (job, pid), began in starts.items():  # cut short: by its process's death
         assert pid in dead_by, f"job {job} started in pid {pid} and never ended, yet that process was not killed"
         spans.setdefault(job, []).append((began, dead_by[pid], pid))
-    overlapping = [job for job, runs_ in spans.items()
-                   if any(a[0] < b[1] and b[0] < a[1] for i, a in enumerate(runs_) for b in runs_[i + 1:])]
+    overlapping = [
+        job
+        for job, runs_ in spans.items()
+        if any(a[0] < b[1] and b[0] < a[1] for i, a in enumerate(runs_) for b in runs_[i + 1 :])
+    ]
     assert not overlapping, f"jobs ran in two processes at once: {overlapping[:10]}"
     twice = sum(1 for runs_ in spans.values() if len(runs_) > 1)
-    REPORTS.append(f"supervisor chaos[{backend}]: 600 jobs, {killed} supervisors SIGKILLed, 0 lost, "
-                   f"{twice} ran again (never two at once), every orphan gone within 5 s")
+    REPORTS.append(
+        f"supervisor chaos[{backend}]: 600 jobs, {killed} supervisors SIGKILLed, 0 lost, "
+        f"{twice} ran again (never two at once), every orphan gone within 5 s"
+    )
 
 
 # -- a poison job costs its neighbours nothing ------------------------------------------------------
 
-def test_a_job_that_kills_its_process_takes_no_finished_job_with_it(app: JobQueue, backend: str, tmp_path: Path,
-                                                                  workers: list[Worker]) -> None:
+
+def test_a_job_that_kills_its_process_takes_no_finished_job_with_it(
+    app: JobQueue, backend: str, tmp_path: Path, workers: list[Worker]
+) -> None:
     rt.noop.bulk([()] * 30)  # warm-up: the process learns that jobs are quick and fetches big batches
     innocent = rt.short.bulk([(0,)] * 30)
     poison = rt.crash.delay()  # max_deliveries=2: it kills the process twice, then is failed unrun
@@ -169,8 +189,9 @@ def test_a_job_that_kills_its_process_takes_no_finished_job_with_it(app: JobQueu
     assert "next start in" not in log, "poison deaths must not slow down the respawn of its slot"
 
 
-def test_respawn_does_not_back_off_for_deaths_caused_by_jobs(app: JobQueue, tmp_path: Path,
-                                                            workers: list[Worker]) -> None:
+def test_respawn_does_not_back_off_for_deaths_caused_by_jobs(
+    app: JobQueue, tmp_path: Path, workers: list[Worker]
+) -> None:
     poison = [rt.crash.delay() for _ in range(5)]  # ten deaths in a row, each right after a start
     began = time.monotonic()
     worker = start(workers, tmp_path, "--burst", "--concurrency", "1")
@@ -184,14 +205,22 @@ def test_respawn_does_not_back_off_for_deaths_caused_by_jobs(app: JobQueue, tmp_
 
 # -- anything a job does ends that job only ---------------------------------------------------------
 
-def test_jobs_that_raise_anything_or_return_the_unstorable_end_alone(app: JobQueue, tmp_path: Path,
-                                                                     workers: list[Worker]) -> None:
+
+def test_jobs_that_raise_anything_or_return_the_unstorable_end_alone(
+    app: JobQueue, tmp_path: Path, workers: list[Worker]
+) -> None:
     rt.noop.bulk([()] * 30)  # warm-up: the bad jobs then share batches and flushes with good ones
     bad = {
-        "bad_str": rt.bad_str.delay(), "cyclic": rt.unstorable.delay("cyclic"),
-        "deep": rt.unstorable.delay("deep"), "bigint": rt.unstorable.delay("bigint"),
-        "bad_nack": rt.bad_nack.delay(), "exits": rt.exits.delay(), "interrupt": rt.interrupt.delay(),
-        "nul": rt.nul.delay(), "checkpoint": rt.big_state.delay("checkpoint"), "defer": rt.big_state.delay("defer"),
+        "bad_str": rt.bad_str.delay(),
+        "cyclic": rt.unstorable.delay("cyclic"),
+        "deep": rt.unstorable.delay("deep"),
+        "bigint": rt.unstorable.delay("bigint"),
+        "bad_nack": rt.bad_nack.delay(),
+        "exits": rt.exits.delay(),
+        "interrupt": rt.interrupt.delay(),
+        "nul": rt.nul.delay(),
+        "checkpoint": rt.big_state.delay("checkpoint"),
+        "defer": rt.big_state.delay("defer"),
     }
     good = rt.short.bulk([(0,)] * 20)
     worker = start(workers, tmp_path, "--burst", "--concurrency", "1", "--flush-interval", "5")
@@ -216,8 +245,9 @@ def test_jobs_that_raise_anything_or_return_the_unstorable_end_alone(app: JobQue
 
 
 @pytest.mark.parametrize("until", ["tomorrow", "1e12", "nan"])
-def test_a_defer_that_cannot_be_honoured_fails_the_job(app: JobQueue, tmp_path: Path, workers: list[Worker],
-                                                       until: str) -> None:
+def test_a_defer_that_cannot_be_honoured_fails_the_job(
+    app: JobQueue, tmp_path: Path, workers: list[Worker], until: str
+) -> None:
     job = rt.bad_defer.delay(until)
     worker = start(workers, tmp_path, "--burst", "--concurrency", "1")
     assert worker.wait(60) == 0, worker.text()[-3000:]
@@ -228,8 +258,10 @@ def test_a_defer_that_cannot_be_honoured_fails_the_job(app: JobQueue, tmp_path: 
 
 # -- the buffer behind a job that holds the GIL ----------------------------------------------------
 
-def test_buffered_jobs_reach_an_idle_process_while_a_job_holds_the_gil(app: JobQueue, tmp_path: Path,
-                                                                       workers: list[Worker]) -> None:
+
+def test_buffered_jobs_reach_an_idle_process_while_a_job_holds_the_gil(
+    app: JobQueue, tmp_path: Path, workers: list[Worker]
+) -> None:
     rt.noop.bulk([()] * 60)  # first (priority 10): both processes learn that jobs are quick
     hog = rt.regex.apply_async((26,), priority=5)  # next: about 3.6 s in the regex engine, the GIL held
     quick = rt.short.bulk([(0,)] * 200)  # behind it, in the same batch of whoever fetches it
@@ -243,23 +275,36 @@ def test_buffered_jobs_reach_an_idle_process_while_a_job_holds_the_gil(app: JobQ
     last_quick = max(finished[h.id] for h in quick)
     behind = (last_quick - started).total_seconds()
     hog_seconds = (hog_end - started).total_seconds()
-    assert behind < 2.0 < hog_seconds, (f"the quick jobs finished {behind:.1f} s after the GIL-holding job started "
-                                       f"(it ran {hog_seconds:.1f} s)")
-    REPORTS.append(f"GIL hog: 200 quick jobs done {behind:.2f} s after a job holding the GIL for "
-                   f"{hog_seconds:.1f} s started")
+    assert behind < 2.0 < hog_seconds, (
+        f"the quick jobs finished {behind:.1f} s after the GIL-holding job started (it ran {hog_seconds:.1f} s)"
+    )
+    REPORTS.append(
+        f"GIL hog: 200 quick jobs done {behind:.2f} s after a job holding the GIL for {hog_seconds:.1f} s started"
+    )
 
 
 # -- the lease clock is the database server's -------------------------------------------------------
 
+
 @only("postgresql", "mysql")
-def test_a_host_whose_clock_runs_20_s_ahead_releases_no_live_lease(app: JobQueue, backend: str, tmp_path: Path,
-                                                                   workers: list[Worker]) -> None:
+def test_a_host_whose_clock_runs_20_s_ahead_releases_no_live_lease(
+    app: JobQueue, backend: str, tmp_path: Path, workers: list[Worker]
+) -> None:
     slow = rt.slow.bulk([(4.0,)] * 2)
     honest = start(workers, tmp_path, "--burst", "--concurrency", "2", "--release-stuck-timeout", "3")
     wait_for(lambda: len([e for e in runs(tmp_path / "runs.txt") if e[0] == "start"]) == 2, 30, "both jobs running")
     # Another host whose clock is 20 s ahead, looking for expired leases every 0.2 s.
-    ahead = start(workers, tmp_path, "--concurrency", "1", "--release-stuck-interval", "0.2", name="ahead",
-                  app="tests.apps.skewed:app", env={"JOBQUEUE_TEST_SKEW_SECONDS": "20"})
+    ahead = start(
+        workers,
+        tmp_path,
+        "--concurrency",
+        "1",
+        "--release-stuck-interval",
+        "0.2",
+        name="ahead",
+        app="tests.apps.skewed:app",
+        env={"JOBQUEUE_TEST_SKEW_SECONDS": "20"},
+    )
     assert honest.wait(30) == 0, honest.text()[-3000:]
     ahead.signal(signal.SIGTERM)
     assert ahead.wait(30) == 0, ahead.text()[-3000:]
@@ -270,9 +315,11 @@ def test_a_host_whose_clock_runs_20_s_ahead_releases_no_live_lease(app: JobQueue
 
 # -- corrupt rows ------------------------------------------------------------------------------------
 
+
 @only("sqlite")
-def test_rows_that_cannot_be_read_fail_alone_and_the_pool_goes_on(app: JobQueue, db_url: str, tmp_path: Path,
-                                                                  workers: list[Worker]) -> None:
+def test_rows_that_cannot_be_read_fail_alone_and_the_pool_goes_on(
+    app: JobQueue, db_url: str, tmp_path: Path, workers: list[Worker]
+) -> None:
     good = rt.short.bulk([(0,)] * 6)
     bad = rt.short.bulk([(0,)] * 3)
     path = sa.make_url(db_url).database or ""
@@ -293,6 +340,7 @@ def test_rows_that_cannot_be_read_fail_alone_and_the_pool_goes_on(app: JobQueue,
 
 
 # -- the respawned and the restarted ------------------------------------------------------------------
+
 
 @only("sqlite")
 def test_a_worker_started_before_its_database_exists_waits_for_it(tmp_path: Path, workers: list[Worker]) -> None:
@@ -315,8 +363,9 @@ def test_a_worker_started_before_its_database_exists_waits_for_it(tmp_path: Path
 
 
 @only("postgresql", "mysql")
-def test_a_worker_started_while_the_server_is_down_waits_for_it(backend: str, tmp_path: Path, workers: list[Worker],
-                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_worker_started_while_the_server_is_down_waits_for_it(
+    backend: str, tmp_path: Path, workers: list[Worker], monkeypatch: pytest.MonkeyPatch
+) -> None:
     from tests.servers import private_server
 
     with private_server(backend) as server:
@@ -336,8 +385,9 @@ def test_a_worker_started_while_the_server_is_down_waits_for_it(backend: str, tm
 
 
 @only("postgresql", "mysql")
-def test_connections_killed_in_the_first_second_do_not_stop_the_worker(app: JobQueue, backend: str, db_url: str,
-                                                                      tmp_path: Path, workers: list[Worker]) -> None:
+def test_connections_killed_in_the_first_second_do_not_stop_the_worker(
+    app: JobQueue, backend: str, db_url: str, tmp_path: Path, workers: list[Worker]
+) -> None:
     jobs = rt.short.bulk([(0,)] * 20)
     admin = sa.create_engine(db_url, poolclass=sa.pool.NullPool, isolation_level="AUTOCOMMIT")
     database = sa.make_url(db_url).database
@@ -347,14 +397,22 @@ def test_connections_killed_in_the_first_second_do_not_stop_the_worker(app: JobQ
     with admin.connect() as conn:
         while time.monotonic() < deadline:
             if backend == "postgresql":
-                killed += int(conn.execute(sa.text(
-                    "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE datname = :db "
-                    "AND pid <> pg_backend_pid()"), {"db": database}).scalar() or 0)
+                killed += int(
+                    conn.execute(
+                        sa.text(
+                            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE datname = :db "
+                            "AND pid <> pg_backend_pid()"
+                        ),
+                        {"db": database},
+                    ).scalar()
+                    or 0
+                )
             else:
                 own = conn.execute(sa.text("SELECT CONNECTION_ID()")).scalar()
-                for (pid,) in conn.execute(sa.text(
-                        "SELECT id FROM information_schema.PROCESSLIST WHERE db = :db AND id <> :own"),
-                        {"db": database, "own": own}).all():
+                for (pid,) in conn.execute(
+                    sa.text("SELECT id FROM information_schema.PROCESSLIST WHERE db = :db AND id <> :own"),
+                    {"db": database, "own": own},
+                ).all():
                     try:
                         conn.execute(sa.text(f"KILL {int(pid)}"))
                         killed += 1
@@ -370,15 +428,35 @@ def test_connections_killed_in_the_first_second_do_not_stop_the_worker(app: JobQ
 
 # -- what the logs say about a stale delivery ---------------------------------------------------------
 
-def test_a_stale_delivery_says_its_lease_was_lost_not_that_the_job_failed(app: JobQueue, tmp_path: Path,
-                                                                         workers: list[Worker]) -> None:
+
+def test_a_stale_delivery_says_its_lease_was_lost_not_that_the_job_failed(
+    app: JobQueue, tmp_path: Path, workers: list[Worker]
+) -> None:
     job = rt.fail_after.delay(2.0)
-    stale = start(workers, tmp_path, "--concurrency", "1", "--release-stuck-timeout", "1",
-                  "--release-stuck-interval", "0.2", name="stale")
+    stale = start(
+        workers,
+        tmp_path,
+        "--concurrency",
+        "1",
+        "--release-stuck-timeout",
+        "1",
+        "--release-stuck-interval",
+        "0.2",
+        name="stale",
+    )
     wait_for(lambda: runs(tmp_path / "runs.txt"), 30, "the job to start")
     freeze(stale, app.engine)  # the whole tree stops: nobody renews the lease
-    other = start(workers, tmp_path, "--concurrency", "1", "--release-stuck-timeout", "1",
-                  "--release-stuck-interval", "0.2", name="other")
+    other = start(
+        workers,
+        tmp_path,
+        "--concurrency",
+        "1",
+        "--release-stuck-timeout",
+        "1",
+        "--release-stuck-interval",
+        "0.2",
+        name="other",
+    )
     wait_for(lambda: len(runs(tmp_path / "runs.txt")) == 2, 30, "the other worker to take the job over")
     os.kill(stale.pid, signal.SIGCONT)
     for pid in stale.children():
@@ -404,11 +482,13 @@ with app.engine.connect() as conn:
 
 
 @only("postgresql", "mysql")
-def test_a_process_frozen_inside_a_transaction_loses_its_locks(app: JobQueue, db_url: str, tmp_path: Path,
-                                                               workers: list[Worker]) -> None:
+def test_a_process_frozen_inside_a_transaction_loses_its_locks(
+    app: JobQueue, db_url: str, tmp_path: Path, workers: list[Worker]
+) -> None:
     job = rt.noop.delay()
-    holder = subprocess.Popen([sys.executable, "-c", HOLDER, db_url, str(job.id)], cwd=ROOT, stdout=subprocess.PIPE,
-                              text=True)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, db_url, str(job.id)], cwd=ROOT, stdout=subprocess.PIPE, text=True
+    )
     try:
         assert holder.stdout is not None and holder.stdout.readline().strip() == "locked"
         began = time.monotonic()
@@ -427,7 +507,8 @@ def test_a_process_topping_up_its_buffer_keeps_fetching(app: JobQueue, tmp_path:
     """With room for three batches, a busy process tops up its buffer before it runs dry, over and
     over; the list of buffered batches it shares with its supervisor must not fill up and stop it."""
     jobs = rt.noop.bulk([()] * 3000)
-    worker = start(workers, tmp_path, "--burst", "--concurrency", "1", "--fetch-batch-size", "10",
-                   "--overfetch-factor", "3")
+    worker = start(
+        workers, tmp_path, "--burst", "--concurrency", "1", "--fetch-batch-size", "10", "--overfetch-factor", "3"
+    )
     assert worker.wait(60) == 0, worker.text()[-3000:]
     assert {h.status() for h in jobs[-5:]} == {"completed"}

@@ -29,8 +29,9 @@ def archived_states(app: JobQueue) -> dict[int, str]:
     return dict(table_rows(app, "archive", "id", "state"))
 
 
-def test_chaos_sigkill_a_random_child_every_half_second(app: JobQueue, backend: str, tmp_path: Path,
-                                                        workers: list[Worker]) -> None:
+def test_chaos_sigkill_a_random_child_every_half_second(
+    app: JobQueue, backend: str, tmp_path: Path, workers: list[Worker]
+) -> None:
     handles = rt.short.bulk([()] * 2000)
     worker = start(workers, tmp_path, "--burst", "--concurrency", "2")
     kills = 0
@@ -44,6 +45,7 @@ def test_chaos_sigkill_a_random_child_every_half_second(app: JobQueue, backend: 
                 try:
                     signal_pid = random.choice(children)
                     import os
+
                     os.kill(signal_pid, signal.SIGKILL)
                     kills += 1
                 except ProcessLookupError:
@@ -63,17 +65,21 @@ def test_chaos_sigkill_a_random_child_every_half_second(app: JobQueue, backend: 
     assert {h.id for h in handles} == set(states)
     twice = repeated(runs(tmp_path / "runs.txt"), "run")
     assert kills >= 3, "the run ended before the chaos had any effect"
-    REPORTS.append(f"chaos[{backend}]: 2000 jobs, {kills} SIGKILLs, {len(twice)} jobs ran more than once "
-                   f"({sum(twice.values()) - len(twice)} extra runs), 0 lost")
+    REPORTS.append(
+        f"chaos[{backend}]: 2000 jobs, {kills} SIGKILLs, {len(twice)} jobs ran more than once "
+        f"({sum(twice.values()) - len(twice)} extra runs), 0 lost"
+    )
 
 
-def test_sigterm_lets_running_jobs_finish_and_hands_back_the_rest(app: JobQueue, tmp_path: Path,
-                                                                  workers: list[Worker]) -> None:
+def test_sigterm_lets_running_jobs_finish_and_hands_back_the_rest(
+    app: JobQueue, tmp_path: Path, workers: list[Worker]
+) -> None:
     rt.noop.bulk([()] * 30)  # warm-up: the processes learn that jobs are quick and fetch big batches
     slow = rt.slow.bulk([(1.5,)] * 20)
     worker = start(workers, tmp_path, "--concurrency", "2")
-    wait_for(lambda: len([e for e in runs(tmp_path / "runs.txt") if e[0] == "start"]) >= 2, 30,
-             "two slow jobs to start")
+    wait_for(
+        lambda: len([e for e in runs(tmp_path / "runs.txt") if e[0] == "start"]) >= 2, 30, "two slow jobs to start"
+    )
     worker.signal(signal.SIGTERM)
     assert worker.wait(20) == 0, worker.text()[-3000:]
     events = runs(tmp_path / "runs.txt")
@@ -83,8 +89,7 @@ def test_sigterm_lets_running_jobs_finish_and_hands_back_the_rest(app: JobQueue,
     states = archived_states(app)
     assert all(states[job] == "COMPLETED" for job in started)
     assert "FAILED" not in states.values()
-    rest = {row[0]: row[1:] for row in table_rows(app, "message", "id", "state", "attempts_count",
-                                                 "deliveries_count")}
+    rest = {row[0]: row[1:] for row in table_rows(app, "message", "id", "state", "attempts_count", "deliveries_count")}
     assert set(rest) == {h.id for h in slow} - started
     assert all(value == ("PENDING", 0, 0) for value in rest.values()), rest  # handed back uncounted
 
@@ -94,8 +99,9 @@ def test_sigterm_lets_running_jobs_finish_and_hands_back_the_rest(app: JobQueue,
     assert not repeated(runs(tmp_path / "runs.txt"), "start"), "a job ran twice"
 
 
-def test_a_job_that_kills_its_process_is_failed_after_max_deliveries(app: JobQueue, tmp_path: Path,
-                                                                     workers: list[Worker]) -> None:
+def test_a_job_that_kills_its_process_is_failed_after_max_deliveries(
+    app: JobQueue, tmp_path: Path, workers: list[Worker]
+) -> None:
     poison = rt.crash.delay()
     others = rt.short.bulk([()] * 50)
     began = time.monotonic()
@@ -165,8 +171,9 @@ def test_a_slow_job_does_not_hoard_its_batch(app: JobQueue, tmp_path: Path, work
     REPORTS.append(f"prefetch: 8 one-second jobs after quick ones took {elapsed:.1f} s on 2 processes")
 
 
-def test_expired_lease_is_redelivered_and_the_late_ack_is_fenced(app: JobQueue, tmp_path: Path,
-                                                                 workers: list[Worker]) -> None:
+def test_expired_lease_is_redelivered_and_the_late_ack_is_fenced(
+    app: JobQueue, tmp_path: Path, workers: list[Worker]
+) -> None:
     job = rt.slow.delay(4.0)
     lease = ("--release-stuck-timeout", "2", "--release-stuck-interval", "0.5", "--max-fetch-interval", "0.2")
     first = start(workers, tmp_path, "--concurrency", "1", *lease, name="first")
@@ -188,8 +195,9 @@ def test_expired_lease_is_redelivered_and_the_late_ack_is_fenced(app: JobQueue, 
     assert len(table_rows(app, "archive", "id")) == 1  # its late ack never archived the job again
 
 
-def test_second_signal_stops_at_once_and_returns_the_messages(app: JobQueue, tmp_path: Path,
-                                                              workers: list[Worker]) -> None:
+def test_second_signal_stops_at_once_and_returns_the_messages(
+    app: JobQueue, tmp_path: Path, workers: list[Worker]
+) -> None:
     jobs = rt.slow.bulk([(30.0,)] * 2)
     worker = start(workers, tmp_path, "--concurrency", "2")
     wait_for(lambda: len(runs(tmp_path / "runs.txt")) >= 2, 30, "both jobs to start")
@@ -204,8 +212,7 @@ def test_second_signal_stops_at_once_and_returns_the_messages(app: JobQueue, tmp
     assert all(r[1:] == ("PENDING", 1, 1) for r in rows)  # cut off: the attempt and the delivery count
 
 
-def test_jobs_running_past_graceful_timeout_are_returned(app: JobQueue, tmp_path: Path,
-                                                         workers: list[Worker]) -> None:
+def test_jobs_running_past_graceful_timeout_are_returned(app: JobQueue, tmp_path: Path, workers: list[Worker]) -> None:
     job = rt.slow.delay(30.0)
     worker = start(workers, tmp_path, "--concurrency", "1", "--graceful-timeout", "1")
     wait_for(lambda: runs(tmp_path / "runs.txt"), 30, "the job to start")
@@ -215,8 +222,9 @@ def test_jobs_running_past_graceful_timeout_are_returned(app: JobQueue, tmp_path
     assert job.status() == "pending"
 
 
-def test_a_checkpointed_job_killed_mid_way_resumes_from_its_state(app: JobQueue, tmp_path: Path,
-                                                                  workers: list[Worker]) -> None:
+def test_a_checkpointed_job_killed_mid_way_resumes_from_its_state(
+    app: JobQueue, tmp_path: Path, workers: list[Worker]
+) -> None:
     job = rt.resumable.delay(6, 2)
     worker = start(workers, tmp_path, "--burst", "--concurrency", "1")
     assert worker.wait(60) == 0, worker.text()[-3000:]
@@ -228,22 +236,24 @@ def test_a_checkpointed_job_killed_mid_way_resumes_from_its_state(app: JobQueue,
     assert table_rows(app, "archive", "attempts_count", "deliveries_count") == [(2, 2)]
 
 
-def test_bystanders_in_a_crashed_buffer_are_not_counted(app: JobQueue, tmp_path: Path,
-                                                        workers: list[Worker]) -> None:
+def test_bystanders_in_a_crashed_buffer_are_not_counted(app: JobQueue, tmp_path: Path, workers: list[Worker]) -> None:
     rt.noop.bulk([()] * 30)  # warm-up: the process then fetches the crash job with the others behind it
     poison = rt.crash.delay()
     bystanders = rt.short.bulk([()] * 20)
     worker = start(workers, tmp_path, "--burst", "--concurrency", "1")
     assert worker.wait(60) == 0, worker.text()[-3000:]
     assert poison.status() == "failed"
-    by_id = {job_id: (attempts, deliveries) for job_id, attempts, deliveries
-             in table_rows(app, "archive", "id", "attempts_count", "deliveries_count")}
+    by_id = {
+        job_id: (attempts, deliveries)
+        for job_id, attempts, deliveries in table_rows(app, "archive", "id", "attempts_count", "deliveries_count")
+    }
     assert {by_id[h.id] for h in bystanders} == {(1, 1)}  # only the delivery that ran them counts
     assert by_id[poison.id] == (2, 3)  # two deliveries killed their process; the third refused it
 
 
-def test_an_idle_worker_starts_new_work_at_once_not_at_its_next_poll(app: JobQueue, tmp_path: Path,
-                                                                      workers: list[Worker]) -> None:
+def test_an_idle_worker_starts_new_work_at_once_not_at_its_next_poll(
+    app: JobQueue, tmp_path: Path, workers: list[Worker]
+) -> None:
     """Notifications (PostgreSQL) or the supervisor's cheap check (SQLite, MariaDB) wake idle processes,
     also after one of them ran a long job; the fallback poll is 30 s here, so only a wake-up passes."""
     start(workers, tmp_path, "--concurrency", "2", "--max-fetch-interval", "30")
@@ -262,6 +272,8 @@ def test_an_idle_worker_starts_new_work_at_once_not_at_its_next_poll(app: JobQue
     wait_for(lambda: slow.status() == "completed", 10, "the slow job")
     waits += [completes_promptly(rt.short.delay(0)) for _ in range(3)]  # both idle again, both hear
     assert not repeated(runs(tmp_path / "runs.txt"), "run")
-    REPORTS.append(f"wake-up: idle worker completed each new job in at most {max(waits) * 1000:.0f} ms "
-                   f"(median {sorted(waits)[len(waits) // 2] * 1000:.0f} ms, polling every 30 s; "
-                   f"each: {' '.join(f'{w * 1000:.0f}' for w in waits)})")
+    REPORTS.append(
+        f"wake-up: idle worker completed each new job in at most {max(waits) * 1000:.0f} ms "
+        f"(median {sorted(waits)[len(waits) // 2] * 1000:.0f} ms, polling every 30 s; "
+        f"each: {' '.join(f'{w * 1000:.0f}' for w in waits)})"
+    )

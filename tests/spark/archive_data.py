@@ -26,10 +26,20 @@ def fill_archive(app: JobQueue, count: int = 3000, days: float = 3.0, seed: int 
         state = rng.choices(("COMPLETED", "FAILED", "CANCELLED"), (80, 15 + 10 * (task == "mail.send"), 5))[0]
         created = now - timedelta(seconds=rng.uniform(60, days * 86400))
         row: dict[str, Any] = {
-            "id": job_id, "task_name": task, "queue": QUEUES[rng.random() < 0.3], "priority": 0, "state": state,
-            "payload": b'[[%d],{}]' % job_id, "headers": {"trace": f"t{job_id}"} if job_id % 5 == 0 else None,
-            "attempts_count": 0, "deliveries_count": 0, "created_at": created,
-            "first_attempt_at": None, "last_attempt_at": None, "result": None, "error_type": None,
+            "id": job_id,
+            "task_name": task,
+            "queue": QUEUES[rng.random() < 0.3],
+            "priority": 0,
+            "state": state,
+            "payload": b"[[%d],{}]" % job_id,
+            "headers": {"trace": f"t{job_id}"} if job_id % 5 == 0 else None,
+            "attempts_count": 0,
+            "deliveries_count": 0,
+            "created_at": created,
+            "first_attempt_at": None,
+            "last_attempt_at": None,
+            "result": None,
+            "error_type": None,
             "error_message": None,
         }
         if state == "CANCELLED":
@@ -39,11 +49,16 @@ def fill_archive(app: JobQueue, count: int = 3000, days: float = 3.0, seed: int 
             attempts = rng.choice((1, 1, 1, 2, 3)) if state == "COMPLETED" else 3
             last = first + timedelta(seconds=rng.uniform(0, 20) * (attempts - 1))
             run = timedelta(microseconds=int(rng.lognormvariate(11, 1.5)))
-            row.update(attempts_count=attempts, deliveries_count=attempts, first_attempt_at=first,
-                       last_attempt_at=last, finished_at=last + run,
-                       result=b'{"ok":true}' if state == "COMPLETED" else None,
-                       error_type="ValueError" if state == "FAILED" else None,
-                       error_message=f"job {job_id} failed" if state == "FAILED" else None)
+            row.update(
+                attempts_count=attempts,
+                deliveries_count=attempts,
+                first_attempt_at=first,
+                last_attempt_at=last,
+                finished_at=last + run,
+                result=b'{"ok":true}' if state == "COMPLETED" else None,
+                error_type="ValueError" if state == "FAILED" else None,
+                error_message=f"job {job_id} failed" if state == "FAILED" else None,
+            )
         row["archived_at"] = row["finished_at"] + timedelta(microseconds=rng.randint(1, 900_000))
         rows.append(row)
     with app.engine.begin() as conn:
@@ -58,12 +73,16 @@ def group_counts(app: JobQueue) -> dict[tuple[str, str], dict[str, Any]]:
     def state_count(state: str) -> Any:
         return sa.func.sum(sa.case((a.c.state == state, 1), else_=0))
 
-    stmt = (sa.select(a.c.task_name, a.c.queue, sa.func.count().label("total"),
-                      state_count("COMPLETED").label("completed"), state_count("FAILED").label("failed"),
-                      state_count("CANCELLED").label("cancelled"),
-                      sa.func.sum(a.c.attempts_count).label("attempts_sum"),
-                      sa.func.max(a.c.attempts_count).label("attempts_max"))
-            .group_by(a.c.task_name, a.c.queue))
+    stmt = sa.select(
+        a.c.task_name,
+        a.c.queue,
+        sa.func.count().label("total"),
+        state_count("COMPLETED").label("completed"),
+        state_count("FAILED").label("failed"),
+        state_count("CANCELLED").label("cancelled"),
+        sa.func.sum(a.c.attempts_count).label("attempts_sum"),
+        sa.func.max(a.c.attempts_count).label("attempts_max"),
+    ).group_by(a.c.task_name, a.c.queue)
     with app.engine.connect() as conn:
         found = {}
         for row in conn.execute(stmt).mappings():
@@ -82,8 +101,10 @@ def durations(app: JobQueue, start: str, end: str) -> dict[tuple[str, str], list
     found: dict[tuple[str, str], list[float]] = defaultdict(list)
     with app.engine.connect() as conn:
         for task, queue, began, ended in conn.execute(
-                sa.select(a.c.task_name, a.c.queue, a.c[start], a.c[end]).where(a.c[start].isnot(None),
-                                                                                 a.c[end].isnot(None))):
+            sa.select(a.c.task_name, a.c.queue, a.c[start], a.c[end]).where(
+                a.c[start].isnot(None), a.c[end].isnot(None)
+            )
+        ):
             found[(task, queue)].append((ended - began) / timedelta(microseconds=1) / 1e6)
     return found
 
@@ -102,7 +123,8 @@ def postgresql_percentiles(app: JobQueue, start: str, end: str) -> dict[tuple[st
     query = sa.text(
         f"SELECT task_name, queue, percentile_cont(ARRAY[0.5, 0.95, 0.99]) WITHIN GROUP "
         f"(ORDER BY EXTRACT(EPOCH FROM {end} - {start})) FROM {app.tables.archive.name} "
-        f"WHERE {start} IS NOT NULL AND {end} IS NOT NULL GROUP BY task_name, queue")
+        f"WHERE {start} IS NOT NULL AND {end} IS NOT NULL GROUP BY task_name, queue"
+    )
     with app.engine.connect() as conn:
         return {(row[0], row[1]): [float(v) for v in row[2]] for row in conn.execute(query)}
 

@@ -69,7 +69,11 @@ def test_statistics_equal_sql_group_by(spark: Any, app: JobQueue, db_url: str, b
         assert got["attempts_avg"] == pytest.approx(want["attempts_avg"], abs=1e-9)
         for kind, values in (("wait", waits[group]), ("run", runs[group])):
             for p in (50, 95, 99):
-                assert got[f"{kind}_p{p}"] == pytest.approx(data.percentile(values, p / 100), abs=1e-6), (group, kind, p)
+                assert got[f"{kind}_p{p}"] == pytest.approx(data.percentile(values, p / 100), abs=1e-6), (
+                    group,
+                    kind,
+                    p,
+                )
     if backend == "postgresql":  # the database's own percentile_cont agrees
         for kind, start, end in (("wait", "created_at", "first_attempt_at"), ("run", "last_attempt_at", "finished_at")):
             for group, values in data.postgresql_percentiles(app, start, end).items():
@@ -89,14 +93,21 @@ def test_the_report_is_one_offline_file_with_the_sql_numbers(spark: Any, app: Jo
     assert "<script" not in text.lower()
     assert not re.findall(r'(?:src|href)\s*=\s*["\'](?!#)', text), "the report must need no other file"
     assert text.count("<svg") == 4
-    rows = re.findall(r"<tr><td>([^<]+)</td><td>([^<]+)</td><td>([\d,]+)</td><td>([\d,]+)</td><td>([\d,]+)</td>"
-                      r"<td>([\d,]+)</td><td>([^<]+)</td>", text)
+    rows = re.findall(
+        r"<tr><td>([^<]+)</td><td>([^<]+)</td><td>([\d,]+)</td><td>([\d,]+)</td><td>([\d,]+)</td>"
+        r"<td>([\d,]+)</td><td>([^<]+)</td>",
+        text,
+    )
     expected = data.group_counts(app)
     assert len(rows) == len(expected) == 8
     for task, queue, total, completed, failed, cancelled, rate in rows:
         want = expected[(task, queue)]
         assert [int(v.replace(",", "")) for v in (total, completed, failed, cancelled)] == [
-            want["total"], want["completed"], want["failed"], want["cancelled"]]
+            want["total"],
+            want["completed"],
+            want["failed"],
+            want["cancelled"],
+        ]
         assert rate == f"{want['failure_rate'] * 100:.2f}%"
     # --since keeps the window: nothing was archived in the last second... except nothing
     empty = tmp_path / "empty.html"
@@ -110,8 +121,9 @@ def test_export_then_purge_keeps_every_purged_row_in_parquet(spark: Any, app: Jo
     cutoff = utcnow() - timedelta(days=1)
     older = data.ids_archived_before(app, cutoff)
     assert 0 < len(older) < len(rows)
-    result = run_cli("archive", "export", "--to", str(target), "--older-than", "1d", "--purge", "--batch-size",
-                     "300", "--json")
+    result = run_cli(
+        "archive", "export", "--to", str(target), "--older-than", "1d", "--purge", "--batch-size", "300", "--json"
+    )
     report = json.loads(result.stdout)
     assert report["exported"] == report["purged"] == len(older)
     exported = spark.read.parquet(str(target))
@@ -129,5 +141,7 @@ def test_export_then_purge_keeps_every_purged_row_in_parquet(spark: Any, app: Jo
     again = json.loads(run_cli("archive", "export", "--to", str(target), "--json").stdout)
     assert again["exported"] == len(rows) - len(older) and again["purged"] == 0
     assert len(data.archive_ids(app)) == len(rows) - len(older)
-    batches = {r.export_batch: r["count"] for r in spark.read.parquet(str(target)).groupBy("export_batch").count().collect()}
+    batches = {
+        r.export_batch: r["count"] for r in spark.read.parquet(str(target)).groupBy("export_batch").count().collect()
+    }
     assert batches == {report["export_batch"]: len(older), again["export_batch"]: len(rows) - len(older)}

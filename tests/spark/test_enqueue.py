@@ -31,25 +31,37 @@ def users(spark: Any, count: int, start: int = 0) -> Any:
     from pyspark.sql import functions as F
 
     return spark.range(start, start + count, numPartitions=4).select(
-        F.col("id").alias("user_id"), (F.col("id") % 7 / 2).alias("weight"),
-        F.concat(F.lit("user-"), F.col("id")).alias("key"))
+        F.col("id").alias("user_id"),
+        (F.col("id") % 7 / 2).alias("weight"),
+        F.concat(F.lit("user-"), F.col("id")).alias("key"),
+    )
 
 
 def messages(app: JobQueue) -> list[tuple[Any, ...]]:
     m = app.tables.message
     with app.engine.connect() as conn:
-        return [tuple(r) for r in conn.execute(sa.select(m.c.task_name, m.c.unique_key, m.c.payload, m.c.queue,
-                                                         m.c.priority, m.c.state))]
+        return [
+            tuple(r)
+            for r in conn.execute(
+                sa.select(m.c.task_name, m.c.unique_key, m.c.payload, m.c.queue, m.c.priority, m.c.state)
+            )
+        ]
 
 
 def test_a_dataframe_is_enqueued_once_and_a_keyed_rerun_adds_nothing(spark: Any, score: Any, app: JobQueue) -> None:
     from jobqueue.spark import enqueue_dataframe
 
     df = users(spark, ROWS)
-    assert enqueue_dataframe(df, score, args=["user_id"], kwargs={"weight": "weight"}, unique_key="key",
-                             queue="scoring", priority=3) == ROWS
-    assert enqueue_dataframe(df, score, args=["user_id"], kwargs={"weight": "weight"}, unique_key="key",
-                             queue="scoring") == 0
+    assert (
+        enqueue_dataframe(
+            df, score, args=["user_id"], kwargs={"weight": "weight"}, unique_key="key", queue="scoring", priority=3
+        )
+        == ROWS
+    )
+    assert (
+        enqueue_dataframe(df, score, args=["user_id"], kwargs={"weight": "weight"}, unique_key="key", queue="scoring")
+        == 0
+    )
     rows = messages(app)
     assert len(rows) == ROWS
     assert {r[1] for r in rows} == {f"user-{i}" for i in range(ROWS)}
@@ -67,11 +79,17 @@ def test_unkeyed_rows_are_all_enqueued_with_their_values(spark: Any, score: Any,
     from jobqueue.spark import enqueue_dataframe
 
     seen = datetime(2026, 3, 1, 12, 30, 15, 250_000, tzinfo=timezone.utc)
-    df = (users(spark, 5000)
-          .withColumn("seen_at", F.lit(seen))
-          .withColumn("weight", F.col("weight").cast("decimal(10,2)"))
-          .withColumn("seen", F.struct(F.col("seen_at").alias("at"), F.array(F.col("seen_at")).alias("all"),
-                                       F.lit(b"\x00\xff").alias("raw"))))
+    df = (
+        users(spark, 5000)
+        .withColumn("seen_at", F.lit(seen))
+        .withColumn("weight", F.col("weight").cast("decimal(10,2)"))
+        .withColumn(
+            "seen",
+            F.struct(
+                F.col("seen_at").alias("at"), F.array(F.col("seen_at")).alias("all"), F.lit(b"\x00\xff").alias("raw")
+            ),
+        )
+    )
     assert enqueue_dataframe(df, score, args=["user_id", "weight", "seen_at"], batch_size=700) == 5000
     assert enqueue_dataframe(df, score, args=["user_id", "weight", "seen"]) == 5000  # no key: twice
     rows = messages(app)
@@ -79,23 +97,32 @@ def test_unkeyed_rows_are_all_enqueued_with_their_values(spark: Any, score: Any,
     args = sorted((loads_call(app.serializer, r[2])[0] for r in rows), key=lambda a: (a[0], isinstance(a[2], dict)))
     # A TIMESTAMP is an instant: it arrives as the same instant, at any depth, whatever the
     # executors' time zone (the fixture runs them in New York); structs come as dicts.
-    assert args[:2] == [[0, Decimal("0.00"), seen], [0, Decimal("0.00"), {"at": seen, "all": [seen], "raw": b"\x00\xff"}]]
+    assert args[:2] == [
+        [0, Decimal("0.00"), seen],
+        [0, Decimal("0.00"), {"at": seen, "all": [seen], "raw": b"\x00\xff"}],
+    ]
     assert args[-2] == [4999, Decimal("0.50"), seen]
 
 
 def test_archived_keys_are_skipped_and_the_jobs_run(spark: Any, score: Any, app: JobQueue, db_url: str) -> None:
     from jobqueue.spark import enqueue_dataframe
 
-    assert enqueue_dataframe(users(spark, 300), score, args=["user_id"], kwargs={"weight": "weight"},
-                             unique_key="key") == 300
-    jobqueue("worker", "--burst", "--concurrency", "2", app="tests.apps.pipeline:app",
-             env={"JOBQUEUE_DATABASE_URL": db_url})
+    assert (
+        enqueue_dataframe(users(spark, 300), score, args=["user_id"], kwargs={"weight": "weight"}, unique_key="key")
+        == 300
+    )
+    jobqueue(
+        "worker", "--burst", "--concurrency", "2", app="tests.apps.pipeline:app", env={"JOBQUEUE_DATABASE_URL": db_url}
+    )
     a = app.tables.archive
     with app.engine.connect() as conn:
         archived = conn.execute(sa.select(a.c.unique_key, a.c.state, a.c.result)).all()
     assert len(archived) == 300 and {r[1] for r in archived} == {"COMPLETED"}
     assert app.serializer.loads(dict((r[0], r[2]) for r in archived)["user-12"]) == {
-        "user_id": 12, "score": 30.0, "seen_at": None}
+        "user_id": 12,
+        "score": 30.0,
+        "seen_at": None,
+    }
     assert messages(app) == []
     # 300 finished keys and 100 new ones: only the new ones are enqueued.
     assert enqueue_dataframe(users(spark, 400), score, args=["user_id"], unique_key="key") == 100

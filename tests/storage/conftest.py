@@ -10,7 +10,9 @@ from jobqueue import JobQueue
 @pytest.fixture
 def add(app: JobQueue):
     """A task ``t.add(x, y)`` registered on ``app``."""
+
     @app.task(name="t.add")
     def add(x: int, y: int) -> int:
         return x + y
+
     return add

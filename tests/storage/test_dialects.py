@@ -30,16 +30,34 @@ def dialect(app: JobQueue) -> Dialect:
 
 def row(task: str = "t.x", key: str | None = None, priority: int = 0, due: datetime | None = None) -> dict:
     now = utcnow()
-    return {"task_name": task, "queue": "default", "priority": priority, "state": "PENDING", "payload": b"[[],{}]",
-            "headers": None, "unique_key": key, "partition_key": None, "options": None, "attempts_count": 0,
-            "deliveries_count": 0, "created_at": now, "next_attempt_at": due or now}
+    return {
+        "task_name": task,
+        "queue": "default",
+        "priority": priority,
+        "state": "PENDING",
+        "payload": b"[[],{}]",
+        "headers": None,
+        "unique_key": key,
+        "partition_key": None,
+        "options": None,
+        "attempts_count": 0,
+        "deliveries_count": 0,
+        "created_at": now,
+        "next_attempt_at": due or now,
+    }
 
 
-def acquire(dialect: Dialect, limit: int = 10, queues: tuple[str, ...] | None = None, token: int = 7,
-            now: datetime | None = None) -> list[Message]:
+def acquire(
+    dialect: Dialect,
+    limit: int = 10,
+    queues: tuple[str, ...] | None = None,
+    token: int = 7,
+    now: datetime | None = None,
+) -> list[Message]:
     now = now or utcnow()
-    return dialect.acquire(AcquireParams(WORKER, token, queues, limit, now, LeaseClock(None if not dialect.client_clock
-                                                                                       else now, 30.0)))
+    return dialect.acquire(
+        AcquireParams(WORKER, token, queues, limit, now, LeaseClock(None if not dialect.client_clock else now, 30.0))
+    )
 
 
 def stored(app: JobQueue, table: str = "message") -> list[dict]:
@@ -48,13 +66,22 @@ def stored(app: JobQueue, table: str = "message") -> list[dict]:
         return [dict(r) for r in conn.execute(sa.select(t).order_by(t.c.id)).mappings()]
 
 
-def done(message: Message, kind: OutcomeKind = OutcomeKind.ARCHIVE, state: MessageState = MessageState.COMPLETED,
-         **extra) -> Outcome:
-    return Outcome(message=message, kind=kind, state=state, finished_at=utcnow(), started_at=utcnow(),
-                   checkpoint=message.checkpoint, **extra)
+def done(
+    message: Message, kind: OutcomeKind = OutcomeKind.ARCHIVE, state: MessageState = MessageState.COMPLETED, **extra
+) -> Outcome:
+    return Outcome(
+        message=message,
+        kind=kind,
+        state=state,
+        finished_at=utcnow(),
+        started_at=utcnow(),
+        checkpoint=message.checkpoint,
+        **extra,
+    )
 
 
 # -- enqueue -----------------------------------------------------------------------------------------
+
 
 def test_enqueue_one_and_batches_return_ids_in_order(app: JobQueue, dialect: Dialect) -> None:
     first = dialect.enqueue_one(row())
@@ -93,6 +120,7 @@ def test_unique_keys_insert_once_and_new_rows_skip_active_keys(app: JobQueue, di
 
 
 # -- acquire, flush ----------------------------------------------------------------------------------
+
 
 def test_acquire_takes_ready_messages_in_delivery_order_under_one_token(app: JobQueue, dialect: Dialect) -> None:
     later = utcnow() + timedelta(hours=1)
@@ -135,13 +163,16 @@ def test_flush_applies_every_kind_of_outcome_fenced_by_the_token(app: JobQueue, 
     done_, failed, retried, returned, stale = acquire(dialect)
     stale.lease_token = 999  # another delivery's outcome: fenced out
     later = utcnow() + timedelta(minutes=5)
-    applied = dialect.flush([
-        done(done_, result=b"42"),
-        done(failed, state=MessageState.FAILED),
-        done(retried, OutcomeKind.RETRY, MessageState.RETRYABLE, next_attempt_at=later),
-        done(returned, OutcomeKind.RETURN, MessageState.PENDING),
-        done(stale),
-    ], utcnow())
+    applied = dialect.flush(
+        [
+            done(done_, result=b"42"),
+            done(failed, state=MessageState.FAILED),
+            done(retried, OutcomeKind.RETRY, MessageState.RETRYABLE, next_attempt_at=later),
+            done(returned, OutcomeKind.RETURN, MessageState.PENDING),
+            done(stale),
+        ],
+        utcnow(),
+    )
     assert applied == {(m.id, 7) for m in (done_, failed, retried, returned)}
     archive = {r["id"]: r for r in stored(app, "archive")}
     assert (archive[done_.id]["state"], archive[done_.id]["result"]) == ("COMPLETED", b"42")
@@ -163,11 +194,22 @@ def test_fire_schedule_is_fenced_and_enqueues_once(app: JobQueue, dialect: Diale
 
 # -- leases ----------------------------------------------------------------------------------------------
 
+
 def test_renew_moves_leases_forward_and_release_returns_them(app: JobQueue, dialect: Dialect) -> None:
     dialect.bulk(Batch(row(), [b"[[],{}]"] * 2, [None] * 2), 2)
     held = acquire(dialect)
-    app.store.register_worker({"id": WORKER, "supervisor_id": "s" * 32, "hostname": "h", "pid": 1, "queues": None,
-                               "started_at": utcnow(), "heartbeat_at": utcnow(), "version": "test"})
+    app.store.register_worker(
+        {
+            "id": WORKER,
+            "supervisor_id": "s" * 32,
+            "hostname": "h",
+            "pid": 1,
+            "queues": None,
+            "started_at": utcnow(),
+            "heartbeat_at": utcnow(),
+            "version": "test",
+        }
+    )
     now = utcnow()
     state = WorkerState(WORKER, running_job_id=held[0].id, running_since=now, jobs_done=5)
     assert dialect.renew([state], LeaseClock(now, 3600.0)) == 2
@@ -181,6 +223,7 @@ def test_renew_moves_leases_forward_and_release_returns_them(app: JobQueue, dial
 
 
 # -- wake-ups ------------------------------------------------------------------------------------------
+
 
 def test_an_idle_worker_hears_of_new_work(app: JobQueue, dialect: Dialect) -> None:
     listener = dialect.listener()
@@ -203,6 +246,7 @@ def test_an_idle_worker_hears_of_new_work(app: JobQueue, dialect: Dialect) -> No
 
 
 # -- errors ----------------------------------------------------------------------------------------------
+
 
 def test_a_missing_table_is_recognised(app: JobQueue, dialect: Dialect) -> None:
     with pytest.raises(sa.exc.DBAPIError) as info, app.engine.connect() as conn:
@@ -229,8 +273,9 @@ def test_a_lock_wait_is_contention(app: JobQueue, dialect: Dialect, backend: str
             locker.begin()
             locker.execute(sa.update(m).values(priority=1))
             waiter.begin()
-            waiter.exec_driver_sql("SET lock_timeout = 100" if backend == "postgresql"
-                                   else "SET SESSION innodb_lock_wait_timeout = 1")
+            waiter.exec_driver_sql(
+                "SET lock_timeout = 100" if backend == "postgresql" else "SET SESSION innodb_lock_wait_timeout = 1"
+            )
             with pytest.raises(sa.exc.DBAPIError) as info:
                 waiter.execute(sa.update(m).values(priority=2))
             error = info.value
@@ -238,8 +283,9 @@ def test_a_lock_wait_is_contention(app: JobQueue, dialect: Dialect, backend: str
     assert dialect.classify(error) == "contention"
 
 
-def test_a_killed_connection_is_an_outage(app: JobQueue, dialect: Dialect, backend: str,
-                                         monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_killed_connection_is_an_outage(
+    app: JobQueue, dialect: Dialect, backend: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     if backend == "sqlite":
         monkeypatch.delenv("JOBQUEUE_DATABASE_URL")  # it would win over the URL given here
         broken = JobQueue(f"sqlite:////nonexistent-folder-{time.time_ns()}/x.sqlite3")
@@ -248,8 +294,9 @@ def test_a_killed_connection_is_an_outage(app: JobQueue, dialect: Dialect, backe
         assert broken.store.dialect.classify(info.value) == "outage"
         return
     with app.engine.connect() as victim, app.engine.connect() as killer:
-        own = victim.exec_driver_sql("SELECT pg_backend_pid()" if backend == "postgresql"
-                                     else "SELECT CONNECTION_ID()").scalar()
+        own = victim.exec_driver_sql(
+            "SELECT pg_backend_pid()" if backend == "postgresql" else "SELECT CONNECTION_ID()"
+        ).scalar()
         killer.exec_driver_sql(f"SELECT pg_terminate_backend({own})" if backend == "postgresql" else f"KILL {own}")
         killer.commit()
         with pytest.raises(sa.exc.DBAPIError) as info:

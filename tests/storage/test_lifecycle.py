@@ -44,6 +44,7 @@ def row(app: JobQueue, job_id: int, table: str = "message") -> dict[str, Any] | 
 
 # -- the lifecycle diagram (jobqueue/job.py) ------------------------------------------------------
 
+
 def test_pending_to_processing_to_completed(app: JobQueue) -> None:
     @app.task
     def add(x: int, y: int) -> int:
@@ -83,7 +84,10 @@ def test_over_max_deliveries_fails_without_running(app: JobQueue) -> None:
         handle.get(timeout=1)
     assert info.value.error_type == "jobqueue.errors.MaxDeliveriesExceeded"
     # Two expired leases count their attempts (nobody knows if they started); the refusal does not.
-    assert (row(app, handle.id, "archive")["attempts_count"], row(app, handle.id, "archive")["deliveries_count"]) == (2, 3)
+    assert (row(app, handle.id, "archive")["attempts_count"], row(app, handle.id, "archive")["deliveries_count"]) == (
+        2,
+        3,
+    )
 
 
 def test_reject_fails_at_once(app: JobQueue) -> None:
@@ -161,6 +165,7 @@ def test_exponential_schedule_with_max_total_delay(app: JobQueue) -> None:
 
 # -- ack policies ---------------------------------------------------------------------------------
 
+
 def test_ack_first_completes_before_the_handler_runs(app: JobQueue) -> None:
     seen = []
 
@@ -187,7 +192,9 @@ def test_ack_policy_completes_even_on_error(app: JobQueue) -> None:
 
 
 def test_reject_on_error_fails_on_the_first_exception(app: JobQueue) -> None:
-    @app.task(ack_policy=AckPolicy.REJECT_ON_ERROR, retry_strategy=ConstantRetryStrategy(delay_seconds=0, max_attempts=5))
+    @app.task(
+        ack_policy=AckPolicy.REJECT_ON_ERROR, retry_strategy=ConstantRetryStrategy(delay_seconds=0, max_attempts=5)
+    )
     def strict() -> None:
         raise KeyError("missing")
 
@@ -208,7 +215,9 @@ def test_retry_on_retries_only_the_listed_exceptions(app: JobQueue) -> None:
 
 
 def test_manual_policy(app: JobQueue, caplog: pytest.LogCaptureFixture) -> None:
-    @app.task(ack_policy=AckPolicy.MANUAL, bind=True, retry_strategy=ConstantRetryStrategy(delay_seconds=1, max_attempts=3))
+    @app.task(
+        ack_policy=AckPolicy.MANUAL, bind=True, retry_strategy=ConstantRetryStrategy(delay_seconds=1, max_attempts=3)
+    )
     def manual(job, action: str) -> str:
         if action == "ack":
             job.ack()
@@ -244,18 +253,31 @@ def test_deciding_twice_is_an_error(app: JobQueue) -> None:
 
 # -- the job context --------------------------------------------------------------------------------
 
+
 def test_context_fields(app: JobQueue) -> None:
     seen: dict[str, Any] = {}
 
     @app.task(bind=True)
     def inspect(job) -> None:
-        seen.update(id=job.id, attempt=job.attempt, deliveries=job.deliveries, headers=job.headers,
-                    state=job.state, same=current_job() is job)
+        seen.update(
+            id=job.id,
+            attempt=job.attempt,
+            deliveries=job.deliveries,
+            headers=job.headers,
+            state=job.state,
+            same=current_job() is job,
+        )
 
     handle = inspect.apply_async(headers={"request_id": "r-1"})
     run_due(app)
-    assert seen == {"id": handle.id, "attempt": 1, "deliveries": 1, "headers": {"request_id": "r-1"},
-                    "state": None, "same": True}
+    assert seen == {
+        "id": handle.id,
+        "attempt": 1,
+        "deliveries": 1,
+        "headers": {"request_id": "r-1"},
+        "state": None,
+        "same": True,
+    }
 
 
 def test_checkpoint_is_durable_at_once_and_read_by_the_next_attempt(app: JobQueue) -> None:
@@ -264,7 +286,7 @@ def test_checkpoint_is_durable_at_once_and_read_by_the_next_attempt(app: JobQueu
     @app.task(bind=True, retry_strategy=ConstantRetryStrategy(delay_seconds=0, max_attempts=2))
     def resumable(job, items: list[int]) -> list[int]:
         done = job.state or []
-        for item in items[len(done):]:
+        for item in items[len(done) :]:
             done = done + [item * 10]
             job.checkpoint(done)
             stored.append(app.serializer.loads(row(app, job.id)["checkpoint"]))
@@ -314,6 +336,7 @@ def test_per_call_retry_strategy_overrides_the_task(app: JobQueue) -> None:
 
 
 # -- the archive ------------------------------------------------------------------------------------
+
 
 def test_results_and_unserializable_results(app: JobQueue) -> None:
     @app.task

@@ -17,8 +17,10 @@ def test_prepared_acquire_survives_a_server_that_forgets_it(app: JobQueue, add, 
     listener = app.store.listener()  # acquires run on its one connection: the test knows what it prepared
     assert isinstance(listener, ProcessListener)
     try:
+
         def take(limit: int) -> list[int]:
             return [m.id for m in app.store.acquire(WORKER, None, limit, LEASE)]
+
         taken = take(1)
         for _ in range(6):  # a miss re-prepares on the next call, so every other call misses
             with listener.lock:
@@ -61,8 +63,10 @@ def test_prepared_acquire_keeps_the_ordered_index_walk(app: JobQueue, add) -> No
         cursor.execute("BEGIN")
         cursor.execute("SET LOCAL plan_cache_mode = force_generic_plan")
         cursor.execute(prepared.prepare.replace(prepared.name, "jobqueue_test_plan", 1))
-        cursor.execute("EXPLAIN " + prepared.execute.replace(prepared.name, "jobqueue_test_plan", 1),
-                       [{**prepared.defaults, **binds}[n] for n in prepared.names])
+        cursor.execute(
+            "EXPLAIN " + prepared.execute.replace(prepared.name, "jobqueue_test_plan", 1),
+            [{**prepared.defaults, **binds}[n] for n in prepared.names],
+        )
         plan = "\n".join(row[0] for row in cursor.fetchall())
         cursor.execute("ROLLBACK")
         cursor.execute("DEALLOCATE jobqueue_test_plan")  # prepared statements outlive transactions

@@ -9,9 +9,9 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime, timedelta
-from typing import Iterator
 
 import pytest
 import sqlalchemy as sa
@@ -31,6 +31,7 @@ def add(app: JobQueue):
     @app.task(name="t.add")
     def add(x: object, y: object = 0) -> object:
         return x
+
     return add
 
 
@@ -47,22 +48,29 @@ def refusing(app: JobQueue, table: str, column: str, word: str) -> Iterator[None
     full = f"jobqueue_{table}"
     with app.engine.begin() as conn:
         if backend == "sqlite":
-            conn.exec_driver_sql(f"CREATE TRIGGER {name} BEFORE INSERT ON {full} WHEN instr(NEW.{column}, '{word}') > 0 "
-                                 "BEGIN SELECT RAISE(ABORT, 'no thanks'); END")
+            conn.exec_driver_sql(
+                f"CREATE TRIGGER {name} BEFORE INSERT ON {full} WHEN instr(NEW.{column}, '{word}') > 0 "
+                "BEGIN SELECT RAISE(ABORT, 'no thanks'); END"
+            )
         elif backend == "postgresql":
-            conn.exec_driver_sql(f"CREATE FUNCTION {name}() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
-                                 f"IF position('{word}' in encode(NEW.{column}::bytea, 'escape')) > 0 THEN "
-                                 "RAISE EXCEPTION 'no thanks'; END IF; RETURN NEW; END $$"
-                                 if column == "payload" else
-                                 f"CREATE FUNCTION {name}() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
-                                 f"IF position('{word}' in NEW.{column}) > 0 THEN RAISE EXCEPTION 'no thanks'; "
-                                 "END IF; RETURN NEW; END $$")
-            conn.exec_driver_sql(f"CREATE TRIGGER {name} BEFORE INSERT ON {full} FOR EACH ROW "
-                                 f"EXECUTE FUNCTION {name}()")
+            conn.exec_driver_sql(
+                f"CREATE FUNCTION {name}() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+                f"IF position('{word}' in encode(NEW.{column}::bytea, 'escape')) > 0 THEN "
+                "RAISE EXCEPTION 'no thanks'; END IF; RETURN NEW; END $$"
+                if column == "payload"
+                else f"CREATE FUNCTION {name}() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+                f"IF position('{word}' in NEW.{column}) > 0 THEN RAISE EXCEPTION 'no thanks'; "
+                "END IF; RETURN NEW; END $$"
+            )
+            conn.exec_driver_sql(
+                f"CREATE TRIGGER {name} BEFORE INSERT ON {full} FOR EACH ROW EXECUTE FUNCTION {name}()"
+            )
         else:
-            conn.exec_driver_sql(f"CREATE TRIGGER {name} BEFORE INSERT ON {full} FOR EACH ROW BEGIN "
-                                 f"IF INSTR(NEW.{column}, '{word}') > 0 THEN "
-                                 "SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = 'no thanks'; END IF; END")
+            conn.exec_driver_sql(
+                f"CREATE TRIGGER {name} BEFORE INSERT ON {full} FOR EACH ROW BEGIN "
+                f"IF INSTR(NEW.{column}, '{word}') > 0 THEN "
+                "SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = 'no thanks'; END IF; END"
+            )
     try:
         yield
     finally:
@@ -73,8 +81,16 @@ def refusing(app: JobQueue, table: str, column: str, word: str) -> Iterator[None
 
 
 def finished(message, state=MessageState.COMPLETED, error=None, result=None):
-    return Outcome(message=message, kind=OutcomeKind.ARCHIVE, state=state, finished_at=utcnow(), started_at=utcnow(),
-                   error=error, result=result, checkpoint=message.checkpoint)
+    return Outcome(
+        message=message,
+        kind=OutcomeKind.ARCHIVE,
+        state=state,
+        finished_at=utcnow(),
+        started_at=utcnow(),
+        error=error,
+        result=result,
+        checkpoint=message.checkpoint,
+    )
 
 
 def writer(app: JobQueue) -> OutcomeWriter:
@@ -91,8 +107,9 @@ def test_a_refused_outcome_fails_its_own_job_and_the_rest_are_written(app: JobQu
     assert len(result.applied) == 10 and not result.lost
     a = app.tables.archive
     with app.engine.connect() as conn:
-        rows = {r.id: r for r in conn.execute(sa.select(a.c.id, a.c.state, a.c.result, a.c.error_type,
-                                                        a.c.error_message))}
+        rows = {
+            r.id: r for r in conn.execute(sa.select(a.c.id, a.c.state, a.c.result, a.c.error_type, a.c.error_message))
+        }
     assert len(rows) == 10 and count(app) == 0
     refused = rows[held[6].id]
     assert (refused.state, refused.error_type) == ("FAILED", "jobqueue.errors.OutcomeRefused")
@@ -176,6 +193,7 @@ def test_a_result_over_max_allowed_packet_fails_its_job_instead_of_retrying_for_
 
 # -- bulk() is all or nothing -------------------------------------------------------------------------
 
+
 def test_bulk_commits_every_batch_or_none(app: JobQueue, add) -> None:
     items = [("fine",)] * 2500
     items[2100] = ("boom",)  # the third batch of 1,000 is refused by the database
@@ -193,6 +211,7 @@ def test_bulk_of_large_arguments_stays_under_max_allowed_packet(app: JobQueue, a
 
 # -- bad values at enqueue ------------------------------------------------------------------------------
 
+
 def cyclic() -> list[object]:
     value: list[object] = []
     value.append(value)
@@ -206,25 +225,27 @@ def deep() -> list[object]:
     return value
 
 
-@pytest.mark.parametrize("call, error, words", [
-    (lambda t: t.delay(10 ** 5000), SerializationError, "args[0]"),
-    (lambda t: t.delay(1, y=cyclic()), SerializationError, "kwargs['y']"),
-    (lambda t: t.delay(deep()), SerializationError, "args[0]"),
-    (lambda t: t.delay("lone \ud800 surrogate"), SerializationError, "args[0]"),
-    (lambda t: t.apply_async((1,), headers={"at": datetime(2030, 1, 1)}), ConfigurationError, "headers['at']"),
-    (lambda t: t.apply_async((1,), headers={"x": math.nan}), ConfigurationError, "headers['x']"),
-    (lambda t: t.apply_async((1,), countdown=math.inf), ValueError, "countdown"),
-    (lambda t: t.apply_async((1,), countdown=math.nan), ValueError, "countdown"),
-    (lambda t: t.apply_async((1,), countdown=1e300), ValueError, "countdown"),
-    (lambda t: t.apply_async((1,), countdown="soon"), TypeError, "countdown"),
-    (lambda t: t.apply_async((1,), unique_key="a\x00b"), ConfigurationError, "unique_key"),
-    (lambda t: t.apply_async((1,), partition_key="a\x00b"), ConfigurationError, "partition_key"),
-    (lambda t: t.apply_async((1,), partition_key="\udc80"), ConfigurationError, "partition_key"),
-    (lambda t: t.bulk([(1,), (10 ** 5000,)]), SerializationError, "item 1"),
-    (lambda t: t.bulk([(1,), (2,)], unique_key=["a", "b\x00"]), ConfigurationError, "unique_key of item 1"),
-])
-def test_bad_values_at_enqueue_name_the_argument_and_write_nothing(app: JobQueue, add, call, error,
-                                                                   words) -> None:
+@pytest.mark.parametrize(
+    "call, error, words",
+    [
+        (lambda t: t.delay(10**5000), SerializationError, "args[0]"),
+        (lambda t: t.delay(1, y=cyclic()), SerializationError, "kwargs['y']"),
+        (lambda t: t.delay(deep()), SerializationError, "args[0]"),
+        (lambda t: t.delay("lone \ud800 surrogate"), SerializationError, "args[0]"),
+        (lambda t: t.apply_async((1,), headers={"at": datetime(2030, 1, 1)}), ConfigurationError, "headers['at']"),
+        (lambda t: t.apply_async((1,), headers={"x": math.nan}), ConfigurationError, "headers['x']"),
+        (lambda t: t.apply_async((1,), countdown=math.inf), ValueError, "countdown"),
+        (lambda t: t.apply_async((1,), countdown=math.nan), ValueError, "countdown"),
+        (lambda t: t.apply_async((1,), countdown=1e300), ValueError, "countdown"),
+        (lambda t: t.apply_async((1,), countdown="soon"), TypeError, "countdown"),
+        (lambda t: t.apply_async((1,), unique_key="a\x00b"), ConfigurationError, "unique_key"),
+        (lambda t: t.apply_async((1,), partition_key="a\x00b"), ConfigurationError, "partition_key"),
+        (lambda t: t.apply_async((1,), partition_key="\udc80"), ConfigurationError, "partition_key"),
+        (lambda t: t.bulk([(1,), (10**5000,)]), SerializationError, "item 1"),
+        (lambda t: t.bulk([(1,), (2,)], unique_key=["a", "b\x00"]), ConfigurationError, "unique_key of item 1"),
+    ],
+)
+def test_bad_values_at_enqueue_name_the_argument_and_write_nothing(app: JobQueue, add, call, error, words) -> None:
     with pytest.raises(error) as info:
         call(add)
     assert words in str(info.value)
@@ -232,6 +253,7 @@ def test_bad_values_at_enqueue_name_the_argument_and_write_nothing(app: JobQueue
 
 
 # -- ids never collide with archived jobs -----------------------------------------------------------
+
 
 @only("mysql")
 def test_after_a_truncate_new_ids_never_collide_with_archived_ones(app: JobQueue, add) -> None:
@@ -260,10 +282,21 @@ def test_a_colliding_row_left_behind_gets_a_fresh_id_when_a_worker_starts(app: J
     (m,) = app.store.acquire(WORKER, None, 1, 30.0)
     app.store.flush([finished(m)])
     with app.engine.begin() as conn:  # as if its enqueuer died between its insert and the move
-        conn.execute(sa.insert(app.tables.message), {
-            "id": first.id, "task_name": "t.add", "queue": "default", "priority": 0, "state": "PENDING",
-            "payload": app.serializer.dumps([[2], {}]), "attempts_count": 0, "deliveries_count": 0,
-            "created_at": utcnow(), "next_attempt_at": utcnow() - timedelta(seconds=1)})
+        conn.execute(
+            sa.insert(app.tables.message),
+            {
+                "id": first.id,
+                "task_name": "t.add",
+                "queue": "default",
+                "priority": 0,
+                "state": "PENDING",
+                "payload": app.serializer.dumps([[2], {}]),
+                "attempts_count": 0,
+                "deliveries_count": 0,
+                "created_at": utcnow(),
+                "next_attempt_at": utcnow() - timedelta(seconds=1),
+            },
+        )
     assert app.store.repair_ids() == 1  # what a worker does when it starts
     (again,) = app.store.acquire(WORKER, None, 1, 30.0)
     assert again.id > first.id
@@ -275,10 +308,21 @@ def test_a_colliding_row_a_worker_took_before_its_move_is_released_and_fenced(ap
     (m,) = app.store.acquire(WORKER, None, 1, 30.0)
     app.store.flush([finished(m)])
     with app.engine.begin() as conn:
-        conn.execute(sa.insert(app.tables.message), {
-            "id": first.id, "task_name": "t.add", "queue": "default", "priority": 0, "state": "PENDING",
-            "payload": app.serializer.dumps([[2], {}]), "attempts_count": 0, "deliveries_count": 0,
-            "created_at": utcnow(), "next_attempt_at": utcnow() - timedelta(seconds=1)})
+        conn.execute(
+            sa.insert(app.tables.message),
+            {
+                "id": first.id,
+                "task_name": "t.add",
+                "queue": "default",
+                "priority": 0,
+                "state": "PENDING",
+                "payload": app.serializer.dumps([[2], {}]),
+                "attempts_count": 0,
+                "deliveries_count": 0,
+                "created_at": utcnow(),
+                "next_attempt_at": utcnow() - timedelta(seconds=1),
+            },
+        )
     (early,) = app.store.acquire(WORKER, None, 1, 30.0)  # taken in the instant before its enqueuer moved it
     assert app.store.repair_ids() == 1
     assert app.store.flush([finished(early)]).lost  # that delivery's outcome is fenced out
@@ -288,8 +332,9 @@ def test_a_colliding_row_a_worker_took_before_its_move_is_released_and_fenced(ap
 
 
 @only("postgresql", "mysql")
-def test_lease_times_come_from_the_database_servers_clock(app: JobQueue, add, backend: str,
-                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+def test_lease_times_come_from_the_database_servers_clock(
+    app: JobQueue, add, backend: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """This host's clock is 20 minutes fast: leases still start and end by the server's clock, and
     this host's release loop sees no expired lease."""
     add.bulk([(1,), (2,)])
@@ -311,6 +356,7 @@ def test_lease_times_come_from_the_database_servers_clock(app: JobQueue, add, ba
     assert app.store.release_expired() == 0  # by this host's clock both leases ran out 19 minutes ago
     app.store.heartbeat([WORKER], 30.0)
     with app.engine.connect() as conn:
-        renewed = conn.execute(sa.select(app.tables.message.c.lease_expires_at)
-                               .where(app.tables.message.c.id == mine.id)).scalar_one()
+        renewed = conn.execute(
+            sa.select(app.tables.message.c.lease_expires_at).where(app.tables.message.c.id == mine.id)
+        ).scalar_one()
     assert abs((renewed - now).total_seconds() - 30.0) < 5  # renewal does not move it 20 minutes ahead either

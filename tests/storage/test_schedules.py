@@ -8,9 +8,8 @@ import pytest
 import sqlalchemy as sa
 from freezegun import freeze_time
 
-from jobqueue import JobQueue
+from jobqueue import JobQueue, periodic
 from jobqueue.clock import utcnow
-from jobqueue import periodic
 from jobqueue.periodic import SCHEDULE_TASK
 from tests.storage.test_lifecycle import WORKER, run_due
 
@@ -61,8 +60,7 @@ def test_firing_enqueues_one_job_per_fire_time_and_defers(db_url: str) -> None:
             run_due(app, now=utcnow())  # fires the schedule: enqueues a job
             run_due(app, now=utcnow())  # runs the job
     fired = jobs_of(app)
-    assert [r["headers"]["fire_time"] for r in fired] == [
-        (T0 + timedelta(seconds=s)).isoformat() for s in (10, 20, 30)]
+    assert [r["headers"]["fire_time"] for r in fired] == [(T0 + timedelta(seconds=s)).isoformat() for s in (10, 20, 30)]
     assert {r["state"] for r in fired} == {"COMPLETED"}
     row = periodic.schedule_rows(app.store)["report"]
     assert row.state == "PENDING" and row.next_fire == T0 + timedelta(seconds=40)  # never acked
@@ -79,8 +77,9 @@ def test_a_stale_delivery_cannot_fire_twice(db_url: str) -> None:
         schedule = app.schedules["report"]
         fire = message.next_attempt_at
         assert periodic.fire(app.store, message, schedule, fire, schedule.next_fire(fire), utcnow())
-        assert not periodic.fire(app.store, message, schedule, fire, schedule.next_fire(fire),
-                                           utcnow())  # the token changed: fenced
+        assert not periodic.fire(
+            app.store, message, schedule, fire, schedule.next_fire(fire), utcnow()
+        )  # the token changed: fenced
     assert len(jobs_of(app)) == 1
     app.close()
 
@@ -132,6 +131,7 @@ def test_schedule_messages_are_not_work(db_url: str) -> None:
         sync(app)
     assert not app.store.has_work(None, T0 + timedelta(days=1))  # --burst does not wait for them
     from jobqueue.storage import jobs
+
     assert jobs.queue_counts(app.store) == []
     app.close()
 

@@ -8,12 +8,10 @@ from datetime import datetime, timedelta
 import pytest
 import sqlalchemy as sa
 
-from jobqueue import JobQueue
+from jobqueue import JobQueue, SerializationError
 from jobqueue.clock import utcnow
-from jobqueue import SerializationError
 from jobqueue.job import ErrorInfo, MessageState, Outcome, OutcomeKind
 from jobqueue.storage import jobs
-from tests.conftest import only
 
 WORKER = "w" * 32
 LEASE = 30.0
@@ -26,8 +24,15 @@ def rows(app: JobQueue, table: str = "message") -> list[dict]:
 
 
 def outcome(message, kind=OutcomeKind.ARCHIVE, state=MessageState.COMPLETED, **extra):
-    return Outcome(message=message, kind=kind, state=state, finished_at=utcnow(), started_at=utcnow(),
-                   checkpoint=message.checkpoint, **extra)
+    return Outcome(
+        message=message,
+        kind=kind,
+        state=state,
+        finished_at=utcnow(),
+        started_at=utcnow(),
+        checkpoint=message.checkpoint,
+        **extra,
+    )
 
 
 def test_enqueue_returns_ids_in_order_and_writes_rows(app: JobQueue, add) -> None:
@@ -46,8 +51,7 @@ def test_enqueue_returns_ids_in_order_and_writes_rows(app: JobQueue, add) -> Non
 
 def test_enqueue_options_are_stored(app: JobQueue, add) -> None:
     when = datetime(2030, 5, 6, 7, 8, 9, 123456)
-    h = add.apply_async((1, 2), eta=when, queue="other", priority=7, headers={"trace": "abc"},
-                        partition_key="p1")
+    h = add.apply_async((1, 2), eta=when, queue="other", priority=7, headers={"trace": "abc"}, partition_key="p1")
     (row,) = rows(app)
     assert row["id"] == h.id
     assert (row["queue"], row["priority"], row["headers"], row["partition_key"]) == ("other", 7, {"trace": "abc"}, "p1")
@@ -59,8 +63,7 @@ def test_bulk_stores_the_same_rows_as_apply_async(app: JobQueue, add) -> None:
     # bulk() writes the values its rows share through each database's own fast path (COPY,
     # session variables, one shared tuple): the rows must equal what apply_async writes.
     when = datetime(2030, 5, 6, 7, 8, 9, 123456)
-    options = dict(eta=when, queue="other", priority=-3, headers={"trace": "a%s'b\"", "n": [1, 2]},
-                   partition_key="p'1")
+    options = dict(eta=when, queue="other", priority=-3, headers={"trace": "a%s'b\"", "n": [1, 2]}, partition_key="p'1")
     single = add.apply_async((1, 2), **options)
     many = add.bulk([(1, 2), (3, 4)], **options)
     stored = rows(app)
@@ -196,8 +199,17 @@ def test_flush_retry_resets_deliveries_and_keeps_attempts(app: JobQueue, add) ->
     add.delay(1, 1)
     (m,) = app.store.acquire(WORKER, None, 5, LEASE)
     later = utcnow() + timedelta(minutes=1)
-    app.store.flush([outcome(m, kind=OutcomeKind.RETRY, state=MessageState.RETRYABLE, next_attempt_at=later,
-                             error=ErrorInfo("IOError", "try again"))])
+    app.store.flush(
+        [
+            outcome(
+                m,
+                kind=OutcomeKind.RETRY,
+                state=MessageState.RETRYABLE,
+                next_attempt_at=later,
+                error=ErrorInfo("IOError", "try again"),
+            )
+        ]
+    )
     (row,) = rows(app)
     assert row["state"] == "RETRYABLE" and row["next_attempt_at"] == later
     assert (row["attempts_count"], row["deliveries_count"]) == (1, 0)
@@ -309,6 +321,7 @@ def test_cancel_archives_pending_but_not_processing(app: JobQueue, add) -> None:
     assert b.cancel() is True and b.status() == "cancelled"
     assert b.cancel() is False
     from jobqueue import JobCancelled
+
     with pytest.raises(JobCancelled):
         b.get(timeout=1)
 
@@ -354,6 +367,7 @@ def test_bulk_unique_keys_per_item(app: JobQueue, add) -> None:
     assert again[0].id == first[0].id and again[1].id not in {h.id for h in first}
     assert len(rows(app)) == 3
     from jobqueue import ConfigurationError
+
     with pytest.raises(ConfigurationError, match="one key per item"):
         add.bulk([(1, 1)], unique_key="same")
     with pytest.raises(ConfigurationError, match="2 keys for 1 items"):
@@ -362,12 +376,17 @@ def test_bulk_unique_keys_per_item(app: JobQueue, add) -> None:
 
 def test_enqueue_into_missing_tables_names_the_command(db_url: str) -> None:
     from jobqueue import SchemaError
+
     app = JobQueue(db_url, table_prefix="missing_")
 
     @app.task(name="t.missing")
     def job(x: int) -> None: ...
 
-    for enqueue in (lambda: job.delay(1), lambda: job.bulk([(1,), (2,)]), lambda: job.apply_async((1,), unique_key="k")):
+    for enqueue in (
+        lambda: job.delay(1),
+        lambda: job.bulk([(1,), (2,)]),
+        lambda: job.apply_async((1,), unique_key="k"),
+    ):
         with pytest.raises(SchemaError, match="jobqueue db init"):
             enqueue()
     app.close()

@@ -52,8 +52,12 @@ def test_wildcard_hour_keeps_real_time_spacing_across_both_changes() -> None:
 
 def test_hourly_job_during_fall_back_fires_each_real_hour() -> None:
     hourly = cron("0 * * * *", "Europe/Paris")
-    assert fires(hourly, datetime(2026, 10, 24, 23, 30), 4) == ["10-25 00:00", "10-25 01:00", "10-25 02:00",
-                                                               "10-25 03:00"]
+    assert fires(hourly, datetime(2026, 10, 24, 23, 30), 4) == [
+        "10-25 00:00",
+        "10-25 01:00",
+        "10-25 02:00",
+        "10-25 03:00",
+    ]
 
 
 def test_every_first_fires_one_interval_after_creation() -> None:
@@ -80,31 +84,38 @@ def test_after_downtime_one_catch_up_for_the_latest_missed_fire() -> None:
     assert quarter.to_fire(due, now, 60) == datetime(2026, 5, 1, 11, 0, 0)
 
 
-@pytest.mark.parametrize("expression, latest", [
-    ("* * * * *", datetime(2026, 5, 1, 10, 0)),
-    ("0 0 1 1 *", datetime(2026, 1, 1)),  # yearly
-    ("0 12 29 2 *", datetime(2024, 2, 29, 12)),  # leap days only: the one just after the outage began
-])
+@pytest.mark.parametrize(
+    "expression, latest",
+    [
+        ("* * * * *", datetime(2026, 5, 1, 10, 0)),
+        ("0 0 1 1 *", datetime(2026, 1, 1)),  # yearly
+        ("0 12 29 2 *", datetime(2024, 2, 29, 12)),  # leap days only: the one just after the outage began
+    ],
+)
 def test_catch_up_after_a_very_long_outage_finds_the_latest_fire(expression: str, latest: datetime) -> None:
     assert cron(expression).latest_fire(datetime(2024, 1, 1), datetime(2026, 5, 1, 10, 0, 30)) == latest
 
 
-@pytest.mark.parametrize("kwargs, fragment", [
-    ({"cron": "61 * * * *"}, "invalid cron expression"),
-    ({"cron": "* * *"}, "invalid cron expression"),
-    ({"cron": "* * * * *", "timezone": "Mars/Olympus"}, "unknown timezone"),
-    ({"cron": "* * * * *", "every_seconds": 5}, "exactly one"),
-    ({}, "exactly one"),
-    ({"every_seconds": 0}, "positive"),
-])
+@pytest.mark.parametrize(
+    "kwargs, fragment",
+    [
+        ({"cron": "61 * * * *"}, "invalid cron expression"),
+        ({"cron": "* * *"}, "invalid cron expression"),
+        ({"cron": "* * * * *", "timezone": "Mars/Olympus"}, "unknown timezone"),
+        ({"cron": "* * * * *", "every_seconds": 5}, "exactly one"),
+        ({}, "exactly one"),
+        ({"every_seconds": 0}, "positive"),
+    ],
+)
 def test_invalid_schedules(kwargs: dict, fragment: str) -> None:
     with pytest.raises(ConfigurationError, match=fragment):
         Schedule(name="s", task_name="t", **kwargs)
 
 
 def test_stored_definition_round_trips() -> None:
-    schedule = Schedule(name="n", task_name="t", cron="0 9 * * MON", timezone="Europe/Paris", queue="q",
-                        priority=3, payload=b"[[1],{}]")
+    schedule = Schedule(
+        name="n", task_name="t", cron="0 9 * * MON", timezone="Europe/Paris", queue="q", priority=3, payload=b"[[1],{}]"
+    )
     assert Schedule.decode(schedule.encode()) == schedule
 
 

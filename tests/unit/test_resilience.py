@@ -33,8 +33,9 @@ def fast_backoff(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def outage(invalidated: bool = False) -> sa.exc.OperationalError:
-    return sa.exc.OperationalError("SELECT 1", {}, Exception("server closed the connection"),
-                                   connection_invalidated=invalidated)
+    return sa.exc.OperationalError(
+        "SELECT 1", {}, Exception("server closed the connection"), connection_invalidated=invalidated
+    )
 
 
 def test_transient_errors() -> None:
@@ -128,19 +129,23 @@ class FakePostgresError(Exception):
         self.pgcode = pgcode
 
 
-@pytest.mark.parametrize("who, orig, expected", [
-    (MYSQL, FakeMySQLError(2013, "Lost connection to server during query"), "outage"),
-    (MYSQL, FakeMySQLError(1213, "Deadlock found"), "contention"),
-    (MYSQL, FakeMySQLError(1153, "Got a packet bigger than 'max_allowed_packet'"), None),
-    (SQLITE, FakeSQLiteError("database is locked"), "contention"),
-    (SQLITE, FakeSQLiteError("too many SQL variables"), None),
-    (SQLITE, FakeSQLiteError("attempt to write a readonly database"), None),
-    (POSTGRES, FakePostgresError("40P01"), "contention"),
-    (POSTGRES, FakePostgresError("25006"), "outage"),  # read-only: a failover in progress
-])
+@pytest.mark.parametrize(
+    "who, orig, expected",
+    [
+        (MYSQL, FakeMySQLError(2013, "Lost connection to server during query"), "outage"),
+        (MYSQL, FakeMySQLError(1213, "Deadlock found"), "contention"),
+        (MYSQL, FakeMySQLError(1153, "Got a packet bigger than 'max_allowed_packet'"), None),
+        (SQLITE, FakeSQLiteError("database is locked"), "contention"),
+        (SQLITE, FakeSQLiteError("too many SQL variables"), None),
+        (SQLITE, FakeSQLiteError("attempt to write a readonly database"), None),
+        (POSTGRES, FakePostgresError("40P01"), "contention"),
+        (POSTGRES, FakePostgresError("25006"), "outage"),  # read-only: a failover in progress
+    ],
+)
 def test_driver_errors_are_classified_by_what_they_mean(who, orig: Exception, expected: str | None) -> None:
     assert who.classify(sa.exc.ProgrammingError("x", {}, orig)) == expected or (
-        expected == "outage" and who.classify(sa.exc.OperationalError("x", {}, orig)) == "outage")
+        expected == "outage" and who.classify(sa.exc.OperationalError("x", {}, orig)) == "outage"
+    )
 
 
 def test_contention_is_retried_without_an_outage_warning(caplog: pytest.LogCaptureFixture) -> None:

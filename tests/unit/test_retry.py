@@ -7,6 +7,7 @@ import pytest
 from freezegun import freeze_time
 
 from jobqueue import ConfigurationError
+from jobqueue.clock import utcnow
 from jobqueue.retry import (
     ConstantRetryStrategy,
     ConstantWithJitterRetryStrategy,
@@ -17,7 +18,6 @@ from jobqueue.retry import (
     default_strategy,
     strategy_from_dict,
 )
-from jobqueue.clock import utcnow
 
 T0 = datetime(2026, 1, 1, 12, 0, 0)
 
@@ -48,8 +48,9 @@ def test_exponential_with_cap() -> None:
 
 
 def test_exponential_jitter_stays_within_bounds() -> None:
-    s = ExponentialBackoffWithJitterRetryStrategy(initial_delay_seconds=1, multiplier=2, jitter_factor=0.5,
-                                                  max_attempts=None, rng=random.Random(7))
+    s = ExponentialBackoffWithJitterRetryStrategy(
+        initial_delay_seconds=1, multiplier=2, jitter_factor=0.5, max_attempts=None, rng=random.Random(7)
+    )
     for attempt, base in ((1, 1), (2, 2), (3, 4), (4, 8)):
         delays = [s.delay_for(attempt) for _ in range(200)]
         assert all(base <= d <= base * 1.5 for d in delays)
@@ -82,14 +83,17 @@ def test_default_is_exponential_jitter_three_attempts() -> None:
     assert schedule(s, 3)[2] is None
 
 
-@pytest.mark.parametrize("strategy", [
-    ConstantRetryStrategy(delay_seconds=5, max_attempts=3),
-    LinearRetryStrategy(initial_delay_seconds=1, step_seconds=2, max_attempts=5, max_total_delay_seconds=60),
-    ExponentialBackoffRetryStrategy(initial_delay_seconds=1, multiplier=3, max_delay_seconds=60),
-    ExponentialBackoffWithJitterRetryStrategy(initial_delay_seconds=1, jitter_factor=0.2),
-    ConstantWithJitterRetryStrategy(base_delay_seconds=5, jitter_seconds=1),
-    NoRetryStrategy(),
-])
+@pytest.mark.parametrize(
+    "strategy",
+    [
+        ConstantRetryStrategy(delay_seconds=5, max_attempts=3),
+        LinearRetryStrategy(initial_delay_seconds=1, step_seconds=2, max_attempts=5, max_total_delay_seconds=60),
+        ExponentialBackoffRetryStrategy(initial_delay_seconds=1, multiplier=3, max_delay_seconds=60),
+        ExponentialBackoffWithJitterRetryStrategy(initial_delay_seconds=1, jitter_factor=0.2),
+        ConstantWithJitterRetryStrategy(base_delay_seconds=5, jitter_seconds=1),
+        NoRetryStrategy(),
+    ],
+)
 def test_stored_form_round_trips(strategy) -> None:
     assert strategy_from_dict(strategy.to_dict()) == strategy
 
@@ -99,11 +103,14 @@ def test_unknown_stored_kind_is_refused_not_imported() -> None:
         strategy_from_dict({"kind": "os.system"})
 
 
-@pytest.mark.parametrize("make", [
-    lambda: ConstantRetryStrategy(delay_seconds=-1),
-    lambda: ConstantRetryStrategy(delay_seconds=1, max_attempts=0),
-    lambda: ExponentialBackoffRetryStrategy(initial_delay_seconds=1, multiplier=0.5),
-])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: ConstantRetryStrategy(delay_seconds=-1),
+        lambda: ConstantRetryStrategy(delay_seconds=1, max_attempts=0),
+        lambda: ExponentialBackoffRetryStrategy(initial_delay_seconds=1, multiplier=0.5),
+    ],
+)
 def test_invalid_parameters(make) -> None:
     with pytest.raises(ConfigurationError):
         make()

@@ -12,18 +12,30 @@ from jobqueue.serialization import JSONSerializer, PickleSerializer, dumps_call,
 json_ser = JSONSerializer()
 
 
-@pytest.mark.parametrize("value", [
-    None, True, 0, -7, 2**62, 1.5, "héllo ✓", [], {}, [1, [2, [3]]],
-    datetime(2026, 1, 2, 3, 4, 5, 678901),
-    datetime(2026, 1, 2, 3, 4, 5, tzinfo=timezone(timedelta(hours=-5))),
-    date(2026, 2, 28),
-    uuid.UUID("12345678-1234-5678-1234-567812345678"),
-    Decimal("3.14159265358979323846264338327950288"),
-    b"\x00\xffbinary",
-    {"nested": {"when": datetime(2026, 1, 1), "amounts": [Decimal("1.10"), Decimal("-2")]}},
-    {1: "int key", None: "none key", 2.5: "float key"},
-    {"__jq__": "a user key that looks like our tag"},
-])
+@pytest.mark.parametrize(
+    "value",
+    [
+        None,
+        True,
+        0,
+        -7,
+        2**62,
+        1.5,
+        "héllo ✓",
+        [],
+        {},
+        [1, [2, [3]]],
+        datetime(2026, 1, 2, 3, 4, 5, 678901),
+        datetime(2026, 1, 2, 3, 4, 5, tzinfo=timezone(timedelta(hours=-5))),
+        date(2026, 2, 28),
+        uuid.UUID("12345678-1234-5678-1234-567812345678"),
+        Decimal("3.14159265358979323846264338327950288"),
+        b"\x00\xffbinary",
+        {"nested": {"when": datetime(2026, 1, 1), "amounts": [Decimal("1.10"), Decimal("-2")]}},
+        {1: "int key", None: "none key", 2.5: "float key"},
+        {"__jq__": "a user key that looks like our tag"},
+    ],
+)
 def test_round_trip_preserves_value_and_type(value: object) -> None:
     back = json_ser.loads(json_ser.dumps(value))
     assert back == value
@@ -50,11 +62,14 @@ class Opaque:
     pass
 
 
-@pytest.mark.parametrize("value, where", [
-    (Opaque(), "value"),
-    ({"a": [1, {2, 3}]}, "value['a'][1]"),
-    ({"a": {"b": object()}}, "value['a']['b']"),
-])
+@pytest.mark.parametrize(
+    "value, where",
+    [
+        (Opaque(), "value"),
+        ({"a": [1, {2, 3}]}, "value['a'][1]"),
+        ({"a": {"b": object()}}, "value['a']['b']"),
+    ],
+)
 def test_unsupported_types_raise_naming_the_place(value: object, where: str) -> None:
     with pytest.raises(SerializationError) as info:
         json_ser.dumps(value)
@@ -74,8 +89,9 @@ def test_call_round_trip() -> None:
     assert loads_call(json_ser, data) == ([1, "x"], {"d": Decimal("1.5")})
 
 
-@pytest.mark.parametrize("payload", [b"not json", b"\xff\xfe", b"[1, 2, 3]", b'{"a": 1}',
-                                     b'[[], {"x": {"__jq__": "decimal", "v": "nope"}}]'])
+@pytest.mark.parametrize(
+    "payload", [b"not json", b"\xff\xfe", b"[1, 2, 3]", b'{"a": 1}', b'[[], {"x": {"__jq__": "decimal", "v": "nope"}}]']
+)
 def test_corrupt_payload_is_a_serialization_error(payload: bytes) -> None:
     with pytest.raises(SerializationError, match="corrupt payload"):
         loads_call(json_ser, payload)
@@ -90,5 +106,6 @@ def test_pickle_is_opt_in_and_round_trips_objects() -> None:
 
 def test_unknown_serializer_is_a_configuration_error() -> None:
     from jobqueue import ConfigurationError
+
     with pytest.raises(ConfigurationError, match="json, pickle"):
         get_serializer("yaml")

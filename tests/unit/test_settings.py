@@ -14,15 +14,18 @@ def test_defaults_follow_the_spec() -> None:
     assert s.heartbeat_interval == pytest.approx(10.0)
 
 
-@pytest.mark.parametrize("changes, fragment", [
-    ({"fetch_batch_size": 0}, "fetch_batch_size"),
-    ({"release_stuck_timeout": 0.5}, "release_stuck_timeout"),
-    ({"min_fetch_interval": 5.0, "max_fetch_interval": 1.0}, "min_fetch_interval"),
-    ({"overfetch_factor": 0.5}, "overfetch_factor"),
-    ({"table_prefix": "Robert'); DROP TABLE x;--"}, "table_prefix"),
-    ({"queues": ("ok", "not ok")}, "invalid queue name"),
-    ({"concurrency": 0}, "concurrency"),
-])
+@pytest.mark.parametrize(
+    "changes, fragment",
+    [
+        ({"fetch_batch_size": 0}, "fetch_batch_size"),
+        ({"release_stuck_timeout": 0.5}, "release_stuck_timeout"),
+        ({"min_fetch_interval": 5.0, "max_fetch_interval": 1.0}, "min_fetch_interval"),
+        ({"overfetch_factor": 0.5}, "overfetch_factor"),
+        ({"table_prefix": "Robert'); DROP TABLE x;--"}, "table_prefix"),
+        ({"queues": ("ok", "not ok")}, "invalid queue name"),
+        ({"concurrency": 0}, "concurrency"),
+    ],
+)
 def test_invalid_settings_name_the_problem(changes: dict, fragment: str) -> None:
     with pytest.raises(ConfigurationError, match=fragment):
         Settings(**changes)
@@ -52,26 +55,32 @@ def test_passwords_are_masked() -> None:
     assert "s3cret" not in repr(JobQueue(url))
 
 
-@pytest.mark.parametrize("url, fragment", [
-    ("oracle://x@y/z", "unsupported database"),
-    ("not a url", "cannot parse database URL"),
-    ("sqlite://", "in-memory SQLite"),
-])
+@pytest.mark.parametrize(
+    "url, fragment",
+    [
+        ("oracle://x@y/z", "unsupported database"),
+        ("not a url", "cannot parse database URL"),
+        ("sqlite://", "in-memory SQLite"),
+    ],
+)
 def test_bad_urls(url: str, fragment: str) -> None:
     with pytest.raises(ConfigurationError, match=fragment):
         backend_name(url) if "sqlite" not in url else create_engine(url)
 
 
-@pytest.mark.parametrize("first, second, same", [
-    ("postgresql://a:pw@localhost/app", "postgresql+psycopg2://b@127.0.0.1:5432/app", True),
-    ("postgresql://localhost/app", "postgresql://localhost/other", False),
-    ("postgresql://db1/app", "postgresql://db2/app", False),
-    ("postgresql://localhost:5433/app", "postgresql://localhost/app", False),
-    ("mysql+mysqldb://root@localhost/app", "mariadb://root@localhost:3306/app", True),
-    ("sqlite:///data/../data/app.sqlite3", "sqlite:///data/app.sqlite3", True),
-    ("sqlite:///app.sqlite3", "sqlite:///other.sqlite3", False),
-    ("sqlite:///app.sqlite3", "postgresql://localhost/app.sqlite3", False),
-])
+@pytest.mark.parametrize(
+    "first, second, same",
+    [
+        ("postgresql://a:pw@localhost/app", "postgresql+psycopg2://b@127.0.0.1:5432/app", True),
+        ("postgresql://localhost/app", "postgresql://localhost/other", False),
+        ("postgresql://db1/app", "postgresql://db2/app", False),
+        ("postgresql://localhost:5433/app", "postgresql://localhost/app", False),
+        ("mysql+mysqldb://root@localhost/app", "mariadb://root@localhost:3306/app", True),
+        ("sqlite:///data/../data/app.sqlite3", "sqlite:///data/app.sqlite3", True),
+        ("sqlite:///app.sqlite3", "sqlite:///other.sqlite3", False),
+        ("sqlite:///app.sqlite3", "postgresql://localhost/app.sqlite3", False),
+    ],
+)
 def test_same_database_ignores_drivers_users_and_spellings_of_localhost(first: str, second: str, same: bool) -> None:
     from jobqueue.storage.engine import same_database
 
@@ -87,12 +96,15 @@ def test_a_url_without_a_driver_gets_the_installed_one() -> None:
     engine.dispose()
 
 
-@pytest.mark.parametrize("url", [
-    "postgresql+psycopg2://app:s3cr3t-pw@db/app",
-    "postgresql+psycopg2://app@db/app?password=s3cr3t-pw&sslmode=require",
-    "mysql+mysqldb://app@db/app?passwd=s3cr3t-pw",
-    "postgresql://app@db/app?PASSWORD=s3cr3t-pw",
-])
+@pytest.mark.parametrize(
+    "url",
+    [
+        "postgresql+psycopg2://app:s3cr3t-pw@db/app",
+        "postgresql+psycopg2://app@db/app?password=s3cr3t-pw&sslmode=require",
+        "mysql+mysqldb://app@db/app?passwd=s3cr3t-pw",
+        "postgresql://app@db/app?PASSWORD=s3cr3t-pw",
+    ],
+)
 def test_passwords_are_masked_wherever_a_url_is_shown(url: str) -> None:
     app = JobQueue(url)
     for shown in (mask_url(url), repr(app.settings), repr(app)):

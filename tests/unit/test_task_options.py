@@ -26,8 +26,18 @@ def test_default_name_is_module_and_qualname(app: JobQueue) -> None:
 def test_options_are_stored(app: JobQueue) -> None:
     strategy = ConstantRetryStrategy(delay_seconds=1, max_attempts=2)
 
-    @app.task(name="emails.send", queue="emails", priority=5, retry_strategy=strategy, retry_on=(ConnectionError,),
-              timeout=30, soft_timeout=20, max_deliveries=3, ack_policy=AckPolicy.REJECT_ON_ERROR, bind=True)
+    @app.task(
+        name="emails.send",
+        queue="emails",
+        priority=5,
+        retry_strategy=strategy,
+        retry_on=(ConnectionError,),
+        timeout=30,
+        soft_timeout=20,
+        max_deliveries=3,
+        ack_policy=AckPolicy.REJECT_ON_ERROR,
+        bind=True,
+    )
     def send(context, to):
         return to
 
@@ -40,22 +50,27 @@ def test_options_are_stored(app: JobQueue) -> None:
 
 def test_unknown_option_fails_at_decoration_naming_it(app: JobQueue) -> None:
     with pytest.raises(ConfigurationError) as info:
+
         @app.task(quue="emails")
         def f() -> None: ...
+
     assert "'quue'" in str(info.value) and "did you mean 'queue'" in str(info.value)
 
 
-@pytest.mark.parametrize("options, fragment", [
-    ({"queue": "bad queue!"}, "invalid queue name"),
-    ({"priority": 10**6}, "priority must be"),
-    ({"priority": "high"}, "priority must be"),
-    ({"timeout": -1}, "timeout must be"),
-    ({"max_deliveries": 0}, "max_deliveries must be"),
-    ({"retry_on": "ValueError"}, "retry_on must be exception classes"),
-    ({"retry_strategy": 3}, "retry_strategy must be"),
-    ({"ack_policy": "ack"}, "ack_policy must be"),
-    ({"name": "has space"}, "invalid task name"),
-])
+@pytest.mark.parametrize(
+    "options, fragment",
+    [
+        ({"queue": "bad queue!"}, "invalid queue name"),
+        ({"priority": 10**6}, "priority must be"),
+        ({"priority": "high"}, "priority must be"),
+        ({"timeout": -1}, "timeout must be"),
+        ({"max_deliveries": 0}, "max_deliveries must be"),
+        ({"retry_on": "ValueError"}, "retry_on must be exception classes"),
+        ({"retry_strategy": 3}, "retry_strategy must be"),
+        ({"ack_policy": "ack"}, "ack_policy must be"),
+        ({"name": "has space"}, "invalid task name"),
+    ],
+)
 def test_invalid_option_values(app: JobQueue, options: dict, fragment: str) -> None:
     with pytest.raises(ConfigurationError, match=fragment):
         app.task(**options)(lambda: None)
@@ -64,6 +79,7 @@ def test_invalid_option_values(app: JobQueue, options: dict, fragment: str) -> N
 def test_same_name_twice_from_different_functions_is_refused(app: JobQueue) -> None:
     app.task(name="dup")(lambda: 1)
     with pytest.raises(ConfigurationError, match="already registered"):
+
         @app.task(name="dup")
         def other() -> int:
             return 2
@@ -116,13 +132,16 @@ def test_bad_bulk_item_names_the_fix(app: JobQueue) -> None:
         f.bulk([1, 2])  # type: ignore[list-item]
 
 
-@pytest.mark.parametrize("kwargs, fragment", [
-    ({"eta": "tomorrow"}, "eta must be a datetime"),
-    ({"countdown": 1, "eta": __import__("datetime").datetime(2030, 1, 1)}, "not both"),
-    ({"headers": {1: "x"}}, "headers must be"),
-    ({"unique_key": ""}, "unique_key must be"),
-    ({"queue": "no spaces allowed"}, "invalid queue name"),
-])
+@pytest.mark.parametrize(
+    "kwargs, fragment",
+    [
+        ({"eta": "tomorrow"}, "eta must be a datetime"),
+        ({"countdown": 1, "eta": __import__("datetime").datetime(2030, 1, 1)}, "not both"),
+        ({"headers": {1: "x"}}, "headers must be"),
+        ({"unique_key": ""}, "unique_key must be"),
+        ({"queue": "no spaces allowed"}, "invalid queue name"),
+    ],
+)
 def test_invalid_call_options(app: JobQueue, kwargs: dict, fragment: str) -> None:
     @app.task
     def f() -> None: ...

@@ -8,7 +8,6 @@ except ImportError:
     from django_tasks import task  # the backport, on Django 5.2
 
 from jobqueue import JobQueue
-
 from shop.models import Order
 
 app = JobQueue()  # no URL: the Django database named by settings.JOBQUEUE (default: "default")

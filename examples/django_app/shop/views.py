@@ -30,9 +30,9 @@ def place_order(request):
     try:
         with transaction.atomic():
             order = Order.objects.create(item=data["item"], quantity=int(data["quantity"]))
-            job = confirm_order.delay(order.id)       # jobqueue, in this transaction
+            job = confirm_order.delay(order.id)  # jobqueue, in this transaction
             receipt = send_receipt.enqueue(order.id)  # Django's task API, in this transaction too
-            charge(order)                             # may raise: then the order and both jobs vanish
+            charge(order)  # may raise: then the order and both jobs vanish
     except PaymentDeclined as exc:
         return JsonResponse({"error": str(exc)}, status=402)
     return JsonResponse({"id": order.id, "job": job.id, "receipt": receipt.id}, status=201)
@@ -44,8 +44,15 @@ def show_order(request, order_id):
         order = Order.objects.get(pk=order_id)
     except Order.DoesNotExist:
         raise Http404("no such order") from None
-    return JsonResponse({"id": order.id, "item": order.item, "quantity": order.quantity,
-                         "status": order.status, "confirmation": order.confirmation})
+    return JsonResponse(
+        {
+            "id": order.id,
+            "item": order.item,
+            "quantity": order.quantity,
+            "status": order.status,
+            "confirmation": order.confirmation,
+        }
+    )
 
 
 @require_GET

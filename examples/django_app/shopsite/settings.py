@@ -17,8 +17,8 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 INSTALLED_APPS = [
     "django.contrib.contenttypes",
-    "django_tasks",               # Django's task API (the backport; Django 6 has it as django.tasks)
-    "jobqueue.contrib.django",    # jobqueue's tables (migrate) and `manage.py jobqueue ...`
+    "django_tasks",  # Django's task API (the backport; Django 6 has it as django.tasks)
+    "jobqueue.contrib.django",  # jobqueue's tables (migrate) and `manage.py jobqueue ...`
     "shop",
 ]
 
@@ -31,13 +31,24 @@ def database_from_url(url: str) -> dict:
     backend = parsed.get_backend_name()
     if backend == "sqlite":
         name = parsed.database or "shop.sqlite3"
-        return {"ENGINE": "django.db.backends.sqlite3", "NAME": str(BASE_DIR / name),
-                "TEST": {"NAME": str(BASE_DIR / f"test_{Path(name).name}")}}
-    engine = {"postgresql": "django.db.backends.postgresql", "mysql": "django.db.backends.mysql",
-              "mariadb": "django.db.backends.mysql"}[backend]
-    return {"ENGINE": engine, "NAME": parsed.database, "USER": parsed.username or "",
-            "PASSWORD": parsed.password or "", "HOST": parsed.host or "", "PORT": str(parsed.port or "")}
+        return {
+            "ENGINE": "django.db.backends.sqlite3",
+            "NAME": str(BASE_DIR / name),
+            "TEST": {"NAME": str(BASE_DIR / f"test_{Path(name).name}")},
+        }
+    engine = {
+        "postgresql": "django.db.backends.postgresql",
+        "mysql": "django.db.backends.mysql",
+        "mariadb": "django.db.backends.mysql",
+    }[backend]
+    return {
+        "ENGINE": engine,
+        "NAME": parsed.database,
+        "USER": parsed.username or "",
+        "PASSWORD": parsed.password or "",
+        "HOST": parsed.host or "",
+        "PORT": str(parsed.port or ""),
+    }
 
 
 DATABASES = {"default": database_from_url(os.environ.get("SHOP_DATABASE_URL", "sqlite:///shop.sqlite3"))}
-

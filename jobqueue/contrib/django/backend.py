@@ -48,9 +48,14 @@ if TYPE_CHECKING:
     from jobqueue.task import Task as JobQueueTask
 
 OPTION_KEYS = ("RETRY_STRATEGY",)
-STATUSES = {"pending": TaskResultStatus.READY, "retryable": TaskResultStatus.READY,
-            "processing": TaskResultStatus.RUNNING, "completed": TaskResultStatus.SUCCESSFUL,
-            "failed": TaskResultStatus.FAILED, "cancelled": TaskResultStatus.FAILED}
+STATUSES = {
+    "pending": TaskResultStatus.READY,
+    "retryable": TaskResultStatus.READY,
+    "processing": TaskResultStatus.RUNNING,
+    "completed": TaskResultStatus.SUCCESSFUL,
+    "failed": TaskResultStatus.FAILED,
+    "cancelled": TaskResultStatus.FAILED,
+}
 
 # Every Django task seen by a JobQueueBackend (Django validates a task when it is defined): module
 # path -> (Django task, alias of its backend). Workers register these and nothing else.
@@ -80,12 +85,15 @@ class JobQueueBackend(BaseTaskBackend):
         super().__init__(alias, params)
         unknown = sorted(set(self.options) - set(OPTION_KEYS))
         if unknown:
-            raise ConfigurationError(f"unknown OPTIONS for TASKS[{alias!r}]: {', '.join(unknown)}; "
-                                     f"known: {', '.join(OPTION_KEYS)}")
+            raise ConfigurationError(
+                f"unknown OPTIONS for TASKS[{alias!r}]: {', '.join(unknown)}; known: {', '.join(OPTION_KEYS)}"
+            )
         strategy = self.options.get("RETRY_STRATEGY")
         if strategy is not None and not isinstance(strategy, RetryStrategy):
-            raise ConfigurationError(f"TASKS[{alias!r}]['OPTIONS']['RETRY_STRATEGY'] must be a strategy "
-                                     "from jobqueue.retry, such as NoRetryStrategy()")
+            raise ConfigurationError(
+                f"TASKS[{alias!r}]['OPTIONS']['RETRY_STRATEGY'] must be a strategy "
+                "from jobqueue.retry, such as NoRetryStrategy()"
+            )
         self.retry_strategy: RetryStrategy | None = strategy
 
     @property
@@ -101,12 +109,27 @@ class JobQueueBackend(BaseTaskBackend):
     def enqueue(self, task: Any, args: Any, kwargs: Any) -> Any:
         self.validate_task(task)
         handle = register(self.app, task.module_path).apply_async(
-            args=list(args), kwargs=dict(kwargs), queue=task.queue_name, priority=task.priority,
-            eta=task.run_after, retry_strategy=self.retry_strategy)
-        result = TaskResult(task=task, id=str(handle.id), status=TaskResultStatus.READY,
-                            enqueued_at=_aware(datetime.now(timezone.utc)), started_at=None, finished_at=None,
-                            last_attempted_at=None, args=list(args), kwargs=dict(kwargs), backend=self.alias,
-                            errors=[], worker_ids=[])
+            args=list(args),
+            kwargs=dict(kwargs),
+            queue=task.queue_name,
+            priority=task.priority,
+            eta=task.run_after,
+            retry_strategy=self.retry_strategy,
+        )
+        result = TaskResult(
+            task=task,
+            id=str(handle.id),
+            status=TaskResultStatus.READY,
+            enqueued_at=_aware(datetime.now(timezone.utc)),
+            started_at=None,
+            finished_at=None,
+            last_attempted_at=None,
+            args=list(args),
+            kwargs=dict(kwargs),
+            backend=self.alias,
+            errors=[],
+            worker_ids=[],
+        )
         task_enqueued.send(type(self), task_result=result)
         return result
 
@@ -153,9 +176,20 @@ def _run(app: JobQueue, module_path: str, args: tuple[Any, ...], kwargs: dict[st
     job = current_job()
     label = f"{socket.gethostname()}:{os.getpid()}"
     now = _aware(datetime.now(timezone.utc))
-    result = TaskResult(task=task, id=str(job.id), status=TaskResultStatus.RUNNING, enqueued_at=None,
-                        started_at=now, finished_at=None, last_attempted_at=now, args=list(args),
-                        kwargs=dict(kwargs), backend=alias, errors=[], worker_ids=[label] * job.attempt)
+    result = TaskResult(
+        task=task,
+        id=str(job.id),
+        status=TaskResultStatus.RUNNING,
+        enqueued_at=None,
+        started_at=now,
+        finished_at=None,
+        last_attempted_at=now,
+        args=list(args),
+        kwargs=dict(kwargs),
+        backend=alias,
+        errors=[],
+        worker_ids=[label] * job.attempt,
+    )
     backend = type(task.get_backend())
     task_started.send(sender=backend, task_result=result)
     try:
@@ -181,8 +215,10 @@ def _django_task(module_path: str, result_id: str) -> Any:
 
         autodiscover_modules("tasks")
     if module_path not in KNOWN:
-        raise TaskResultDoesNotExist(f"{result_id} is a job of {module_path!r}, which is not a Django task known here "
-                                 "(define it in an installed app's tasks module)")
+        raise TaskResultDoesNotExist(
+            f"{result_id} is a job of {module_path!r}, which is not a Django task known here "
+            "(define it in an installed app's tasks module)"
+        )
     return KNOWN[module_path][0]
 
 
@@ -195,20 +231,45 @@ def _arguments(app: JobQueue, payload: bytes) -> tuple[list[Any], dict[str, Any]
         return [], {}
 
 
-def _result(app: JobQueue, task: Any, result_id: str, where: str, row: dict[str, Any], args: list[Any],
-            kwargs: dict[str, Any], alias: str) -> Any:
+def _result(
+    app: JobQueue,
+    task: Any,
+    result_id: str,
+    where: str,
+    row: dict[str, Any],
+    args: list[Any],
+    kwargs: dict[str, Any],
+    alias: str,
+) -> Any:
     state = row["state"].lower()
-    errors = [TaskError(exception_class_path=_class_path(entry["error_type"]), traceback=entry.get("error_traceback") or "")
-              for entry in row.get("history") or [] if entry.get("error_type")]
+    errors = [
+        TaskError(exception_class_path=_class_path(entry["error_type"]), traceback=entry.get("error_traceback") or "")
+        for entry in row.get("history") or []
+        if entry.get("error_type")
+    ]
     prefix = "" if where == "archive" else "last_"
     if row.get(f"{prefix}error_type"):
-        errors.append(TaskError(exception_class_path=_class_path(row[f"{prefix}error_type"]),
-                                traceback=row.get(f"{prefix}error_traceback") or ""))
+        errors.append(
+            TaskError(
+                exception_class_path=_class_path(row[f"{prefix}error_type"]),
+                traceback=row.get(f"{prefix}error_traceback") or "",
+            )
+        )
     attempts = int(row.get("attempts_count") or 0)
-    result = TaskResult(task=task, id=result_id, status=STATUSES[state], enqueued_at=_aware(row["created_at"]),
-                        started_at=_aware(row.get("first_attempt_at")), finished_at=_aware(row.get("finished_at")),
-                        last_attempted_at=_aware(row.get("last_attempt_at")), args=args, kwargs=kwargs,
-                        backend=alias, errors=errors, worker_ids=[row.get("worker_id") or ""] * attempts)
+    result = TaskResult(
+        task=task,
+        id=result_id,
+        status=STATUSES[state],
+        enqueued_at=_aware(row["created_at"]),
+        started_at=_aware(row.get("first_attempt_at")),
+        finished_at=_aware(row.get("finished_at")),
+        last_attempted_at=_aware(row.get("last_attempt_at")),
+        args=args,
+        kwargs=kwargs,
+        backend=alias,
+        errors=errors,
+        worker_ids=[row.get("worker_id") or ""] * attempts,
+    )
     if state == "completed" and row.get("result") is not None:
         object.__setattr__(result, "_return_value", app.serializer.loads(row["result"]))
     return result

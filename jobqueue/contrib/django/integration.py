@@ -8,8 +8,9 @@ and ``delay()`` in a web process writes through Django's connection for that ali
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 
@@ -23,8 +24,16 @@ if TYPE_CHECKING:
 SETTING_KEYS = ("APP", "DATABASE")
 VENDORS = {"postgresql": "postgresql+psycopg2", "mysql": "mysql+mysqldb", "sqlite": "sqlite"}
 # OPTIONS Django reads itself; the rest are driver connection arguments, passed on to jobqueue's.
-DJANGO_ONLY_OPTIONS = {"isolation_level", "assume_role", "pool", "server_side_binding", "transaction_mode",
-                       "init_command", "conn_max_age", "timeout"}
+DJANGO_ONLY_OPTIONS = {
+    "isolation_level",
+    "assume_role",
+    "pool",
+    "server_side_binding",
+    "transaction_mode",
+    "init_command",
+    "conn_max_age",
+    "timeout",
+}
 
 
 def jobqueue_setting() -> dict[str, Any]:
@@ -33,12 +42,14 @@ def jobqueue_setting() -> dict[str, Any]:
 
     value = getattr(settings, "JOBQUEUE", None) or {}
     if not isinstance(value, dict):
-        raise ConfigurationError("settings.JOBQUEUE must be a dict such as "
-                                 "{'APP': 'shop.tasks:app', 'DATABASE': 'default'}")
+        raise ConfigurationError(
+            "settings.JOBQUEUE must be a dict such as {'APP': 'shop.tasks:app', 'DATABASE': 'default'}"
+        )
     unknown = sorted(set(value) - set(SETTING_KEYS))
     if unknown:
-        raise ConfigurationError(f"unknown key(s) in settings.JOBQUEUE: {', '.join(unknown)}; "
-                                 f"known: {', '.join(SETTING_KEYS)}")
+        raise ConfigurationError(
+            f"unknown key(s) in settings.JOBQUEUE: {', '.join(unknown)}; known: {', '.join(SETTING_KEYS)}"
+        )
     return value
 
 
@@ -47,8 +58,10 @@ def database_alias() -> str:
 
     alias = jobqueue_setting().get("DATABASE", "default")
     if alias not in connections.settings:
-        raise ConfigurationError(f"settings.JOBQUEUE['DATABASE'] is {alias!r}, which settings.DATABASES does not "
-                                 f"define (it has: {', '.join(connections.settings)})")
+        raise ConfigurationError(
+            f"settings.JOBQUEUE['DATABASE'] is {alias!r}, which settings.DATABASES does not "
+            f"define (it has: {', '.join(connections.settings)})"
+        )
     return str(alias)
 
 
@@ -59,16 +72,28 @@ def database_url(alias: str) -> sa.URL:
     connection = connections[alias]
     vendor = connection.vendor
     if vendor not in VENDORS:
-        raise ConfigurationError(f"Django database {alias!r} is {vendor}; jobqueue runs on PostgreSQL, "
-                                 "MySQL/MariaDB and SQLite")
+        raise ConfigurationError(
+            f"Django database {alias!r} is {vendor}; jobqueue runs on PostgreSQL, MySQL/MariaDB and SQLite"
+        )
     config = connection.settings_dict
     name = str(config.get("NAME") or "")
-    options = {key: str(value) for key, value in (config.get("OPTIONS") or {}).items()
-               if key not in DJANGO_ONLY_OPTIONS and isinstance(value, (str, int)) and not isinstance(value, bool)}
+    options = {
+        key: str(value)
+        for key, value in (config.get("OPTIONS") or {}).items()
+        if key not in DJANGO_ONLY_OPTIONS and isinstance(value, (str, int)) and not isinstance(value, bool)
+    }
     port = config.get("PORT")
-    return absolute_url(sa.URL.create(VENDORS[vendor], username=config.get("USER") or None,
-                                      password=config.get("PASSWORD") or None, host=config.get("HOST") or None,
-                                      port=int(port) if port else None, database=name or None, query=options))
+    return absolute_url(
+        sa.URL.create(
+            VENDORS[vendor],
+            username=config.get("USER") or None,
+            password=config.get("PASSWORD") or None,
+            host=config.get("HOST") or None,
+            port=int(port) if port else None,
+            database=name or None,
+            query=options,
+        )
+    )
 
 
 class DjangoIntegration(Framework):
@@ -150,7 +175,8 @@ def configured_app() -> JobQueue:
         if len(candidates) > 1:
             raise ConfigurationError(
                 f"this project has {len(candidates)} JobQueue objects with tasks; name the one to use in "
-                "settings.JOBQUEUE = {'APP': 'module:attribute'}")
+                "settings.JOBQUEUE = {'APP': 'module:attribute'}"
+            )
         app = candidates[0] if candidates else fallback
     bind(app)
     backend.register_known(app)

@@ -27,7 +27,8 @@ def dialect_class(name: str) -> type[Dialect]:
     """The Dialect class for a SQLAlchemy dialect or backend name ("postgresql", "sqlite", "mysql", "mariadb")."""
     if name not in _DIALECTS:
         raise ConfigurationError(
-            f"unsupported database {name!r}: jobqueue runs on sqlite, postgresql and mysql/mariadb")
+            f"unsupported database {name!r}: jobqueue runs on sqlite, postgresql and mysql/mariadb"
+        )
     module, cls = _DIALECTS[name]
     dialect: type[Dialect] = getattr(importlib.import_module(f"jobqueue.storage.dialects.{module}"), cls)
     return dialect

@@ -12,15 +12,24 @@ serves every later call.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from datetime import datetime
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import sqlalchemy as sa
 
 from jobqueue.errors import ConfigurationError
 from jobqueue.job import Batch, Message, MessageState, Outcome, OutcomeKind
-from jobqueue.storage.dialects.common import (ACQUIRED_COLUMNS, BATCH_COLUMNS, PROCESSING, READY_LITERALS,
-                                              AcquireParams, LeaseClock, WorkerState, json_text)
+from jobqueue.storage.dialects.common import (
+    ACQUIRED_COLUMNS,
+    BATCH_COLUMNS,
+    PROCESSING,
+    READY_LITERALS,
+    AcquireParams,
+    LeaseClock,
+    WorkerState,
+    json_text,
+)
 from jobqueue.storage.dialects.connector import Connector
 from jobqueue.storage.dialects.wakeup import Listener, PollingWaker, Waker
 from jobqueue.storage.outcomes import RELEASED, REQUEUED, archive_row, requeue_binds
@@ -54,9 +63,11 @@ class Dialect(Connector):
         self.requeue = sa.update(m).where(m.c.id == sa.bindparam("b_id")).values(**requeued, **RELEASED)
         self.lock_held_stmt = (
             sa.select(m.c.id, m.c.lease_token)
-            .where(m.c.id.in_(sa.bindparam("ids", expanding=True)),
-                   m.c.lease_token.in_(sa.bindparam("tokens", expanding=True)),
-                   m.c.state == PROCESSING)
+            .where(
+                m.c.id.in_(sa.bindparam("ids", expanding=True)),
+                m.c.lease_token.in_(sa.bindparam("tokens", expanding=True)),
+                m.c.state == PROCESSING,
+            )
             .with_for_update()
         )
 
@@ -75,8 +86,10 @@ class Dialect(Connector):
         numbers = tuple(v for v in (version or ()) if isinstance(v, int))
         if numbers and numbers < minimum:
             shown = ".".join(map(str, numbers))
-            raise ConfigurationError(f"{what} {shown} is too old: jobqueue needs {'.'.join(map(str, minimum))} "
-                                     "or newer (for SKIP LOCKED and RETURNING)")
+            raise ConfigurationError(
+                f"{what} {shown} is too old: jobqueue needs {'.'.join(map(str, minimum))} "
+                "or newer (for SKIP LOCKED and RETURNING)"
+            )
 
     def repair_ids(self, connection: sa.Connection) -> int:
         """Give fresh ids to waiting messages whose ids an archived job has; how many (a worker's start).
@@ -166,8 +179,7 @@ class Dialect(Connector):
         binds = {"ids": sorted({p[0] for p in pairs}), "tokens": sorted({p[1] for p in pairs})}
         return {(row[0], row[1]) for row in connection.execute(self.lock_held_stmt, binds)} & wanted
 
-    def apply_outcomes(self, connection: sa.Connection, outcomes: list[Outcome],
-                       now: datetime) -> set[tuple[int, int]]:
+    def apply_outcomes(self, connection: sa.Connection, outcomes: list[Outcome], now: datetime) -> set[tuple[int, int]]:
         """Apply outcomes whose delivery still holds its message; return those (id, token) pairs.
 
         COMPLETED and FAILED rows move to the archive (insert and delete in one transaction);
@@ -192,15 +204,32 @@ class Dialect(Connector):
         message they hold, in one transaction; return how many leases moved. A lease only ever
         moves forward."""
         w = self.tables.worker
-        stmt = sa.update(w).where(w.c.id == sa.bindparam("w_id")).values(
-            heartbeat_at=self.clock(), running_job_id=sa.bindparam("w_job"),
-            running_since=sa.bindparam("w_since", type_=Timestamp), jobs_done=sa.bindparam("w_done"))
+        stmt = (
+            sa.update(w)
+            .where(w.c.id == sa.bindparam("w_id"))
+            .values(
+                heartbeat_at=self.clock(),
+                running_job_id=sa.bindparam("w_job"),
+                running_since=sa.bindparam("w_since", type_=Timestamp),
+                jobs_done=sa.bindparam("w_done"),
+            )
+        )
         clock = lease.binds()
         with self.engine.begin() as connection:
             renewed = self.renew_leases(connection, [worker.id for worker in workers], lease)
-            connection.execute(stmt, [{**clock, "w_id": worker.id, "w_job": worker.running_job_id,
-                                       "w_since": worker.running_since, "w_done": worker.jobs_done}
-                                      for worker in workers])
+            connection.execute(
+                stmt,
+                [
+                    {
+                        **clock,
+                        "w_id": worker.id,
+                        "w_job": worker.running_job_id,
+                        "w_since": worker.running_since,
+                        "w_done": worker.jobs_done,
+                    }
+                    for worker in workers
+                ],
+            )
         return renewed
 
     def renew_leases(self, connection: sa.Connection, worker_ids: list[str], lease: LeaseClock) -> int:
@@ -212,8 +241,9 @@ class Dialect(Connector):
         m = self.message
         return [m.c.worker_id.in_(worker_ids), m.c.state == PROCESSING, m.c.lease_expires_at < self.clock_plus()]
 
-    def release(self, conditions: list[Any], attempts: Any = None, deliveries: Any = None,
-                binds: dict[str, Any] | None = None) -> int:
+    def release(
+        self, conditions: list[Any], attempts: Any = None, deliveries: Any = None, binds: dict[str, Any] | None = None
+    ) -> int:
         """Return PROCESSING messages matching ``conditions`` to PENDING, subtracting ``attempts`` and
         ``deliveries`` (SQL expressions worth 0 or 1 per row) from their counters."""
         m = self.message
@@ -268,8 +298,9 @@ class Dialect(Connector):
         ids: list[int] = []
         with self.engine.begin() as connection:
             for start in range(0, len(payloads), batch_size):
-                part = Batch(batch.common, payloads[start:start + batch_size],
-                             batch.unique_keys[start:start + batch_size])
+                part = Batch(
+                    batch.common, payloads[start : start + batch_size], batch.unique_keys[start : start + batch_size]
+                )
                 ids.extend(self.insert_batch(connection, part))
         return ids
 
@@ -295,10 +326,14 @@ class Dialect(Connector):
     def insert_unique(self, connection: sa.Connection, row: dict[str, Any]) -> int | None:
         """Insert ``row`` unless an active message has its (task_name, unique_key); None if one has."""
         m = self.message
-        stmt = (self.insert_on_conflict(m).values(row)
-                .on_conflict_do_nothing(index_elements=[m.c.task_name, m.c.unique_key],
-                                        index_where=m.c.unique_key.isnot(None))
-                .returning(m.c.id))
+        stmt = (
+            self.insert_on_conflict(m)
+            .values(row)
+            .on_conflict_do_nothing(
+                index_elements=[m.c.task_name, m.c.unique_key], index_where=m.c.unique_key.isnot(None)
+            )
+            .returning(m.c.id)
+        )
         return connection.execute(stmt).scalar()
 
     def insert_or_existing(self, connection: sa.Connection, row: dict[str, Any]) -> int:
@@ -319,10 +354,13 @@ class Dialect(Connector):
         """Insert keyed ``rows`` (all of one task), skipping those whose unique_key an active message
         holds; return the (id, unique_key) of the rows inserted. One round trip per page of rows."""
         m = self.message
-        stmt = (self.insert_on_conflict(m)
-                .on_conflict_do_nothing(index_elements=[m.c.task_name, m.c.unique_key],
-                                        index_where=m.c.unique_key.isnot(None))
-                .returning(m.c.id, m.c.unique_key))
+        stmt = (
+            self.insert_on_conflict(m)
+            .on_conflict_do_nothing(
+                index_elements=[m.c.task_name, m.c.unique_key], index_where=m.c.unique_key.isnot(None)
+            )
+            .returning(m.c.id, m.c.unique_key)
+        )
         return [(row[0], row[1]) for row in connection.execute(stmt, rows)]
 
     # -- schedules ----------------------------------------------------------------------------------
@@ -339,9 +377,17 @@ class Dialect(Connector):
             if not self.lock_held(connection, [(message.id, message.lease_token)]):
                 return False
             self.insert_or_existing(connection, job)
-            connection.execute(sa.update(m).where(held).values(
-                state=MessageState.PENDING.value, next_attempt_at=next_fire, deliveries_count=0, checkpoint=state,
-                **RELEASED))
+            connection.execute(
+                sa.update(m)
+                .where(held)
+                .values(
+                    state=MessageState.PENDING.value,
+                    next_attempt_at=next_fire,
+                    deliveries_count=0,
+                    checkpoint=state,
+                    **RELEASED,
+                )
+            )
         return True
 
     # -- wake-ups -----------------------------------------------------------------------------------

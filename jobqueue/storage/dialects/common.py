@@ -18,15 +18,41 @@ PROCESSING: sa.ColumnClause[Any] = sa.literal_column("'PROCESSING'")
 
 # The columns a worker needs from an acquired message, in the order of Message's fields.
 ACQUIRED_COLUMNS = (
-    "id", "task_name", "queue", "priority", "payload", "headers", "attempts_count", "deliveries_count",
-    "lease_token", "created_at", "first_attempt_at", "next_attempt_at", "acquired_at", "unique_key",
-    "partition_key", "checkpoint", "options", "history",
+    "id",
+    "task_name",
+    "queue",
+    "priority",
+    "payload",
+    "headers",
+    "attempts_count",
+    "deliveries_count",
+    "lease_token",
+    "created_at",
+    "first_attempt_at",
+    "next_attempt_at",
+    "acquired_at",
+    "unique_key",
+    "partition_key",
+    "checkpoint",
+    "options",
+    "history",
 )
 
 # The columns every row of a bulk batch has in common (all the enqueued columns but payload and
 # unique_key), in the order the driver-level insert paths send them.
-BATCH_COLUMNS = ("task_name", "queue", "priority", "state", "headers", "partition_key", "options",
-                 "attempts_count", "deliveries_count", "created_at", "next_attempt_at")
+BATCH_COLUMNS = (
+    "task_name",
+    "queue",
+    "priority",
+    "state",
+    "headers",
+    "partition_key",
+    "options",
+    "attempts_count",
+    "deliveries_count",
+    "created_at",
+    "next_attempt_at",
+)
 
 
 def json_text(value: Any) -> str | None:
@@ -45,8 +71,11 @@ class LeaseClock:
     seconds: float
 
     def binds(self) -> dict[str, Any]:
-        return {"lease_now": self.now, "lease_us": int(self.seconds * 1_000_000),
-                "lease_until": None if self.now is None else self.now + timedelta(seconds=self.seconds)}
+        return {
+            "lease_now": self.now,
+            "lease_us": int(self.seconds * 1_000_000),
+            "lease_until": None if self.now is None else self.now + timedelta(seconds=self.seconds),
+        }
 
 
 @dataclass(frozen=True)
@@ -74,8 +103,13 @@ class AcquireParams:
         return "all" if not self.queues else "one" if len(self.queues) == 1 else "many"
 
     def binds(self) -> dict[str, Any]:
-        binds: dict[str, Any] = {"now": self.now, "limit": self.limit, "token": self.token,
-                                 "worker_id": self.worker_id, **self.lease.binds()}
+        binds: dict[str, Any] = {
+            "now": self.now,
+            "limit": self.limit,
+            "token": self.token,
+            "worker_id": self.worker_id,
+            **self.lease.binds(),
+        }
         if self.queues:
             binds["queues"] = list(self.queues)
             binds["only_queue"] = self.queues[0]

@@ -7,8 +7,9 @@ Errors come back wrapped as SQLAlchemy wraps them, so that the outage logic read
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any, Callable, Iterator, TypeVar
+from typing import Any, TypeVar
 
 import sqlalchemy as sa
 
@@ -121,8 +122,9 @@ class Connector:
                 # As SQLAlchemy does on a disconnect: every connection pooled before now is stale
                 # too (a restarted server), and is replaced when next checked out.
                 engine.pool._invalidate(pooled, exc)
-            raise sa.exc.DBAPIError.instance(statement, None, exc, dbapi.Error,
-                                             connection_invalidated=invalidated) from exc
+            raise sa.exc.DBAPIError.instance(
+                statement, None, exc, dbapi.Error, connection_invalidated=invalidated
+            ) from exc
         finally:
             if not owned:
                 pooled.close()

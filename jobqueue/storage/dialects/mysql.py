@@ -9,21 +9,21 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta
-from typing import Any, Callable, Iterator, TypeVar
+from typing import Any, TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy import event
 
 from jobqueue.errors import ConfigurationError
 from jobqueue.job import Batch, Message, Outcome, OutcomeKind
-from jobqueue.storage.outcomes import ARCHIVED_COLUMNS, COPIED, RELEASED, archived_values, requeue_binds
 from jobqueue.storage.dialects.base import Dialect, delivery_order
 from jobqueue.storage.dialects.common import BATCH_COLUMNS, AcquireParams, LeaseClock
 from jobqueue.storage.dialects.connector import CONTENTION, OUTAGE
 from jobqueue.storage.engine import IDLE_IN_TRANSACTION_SECONDS, unless_in_url
+from jobqueue.storage.outcomes import ARCHIVED_COLUMNS, COPIED, RELEASED, archived_values, requeue_binds
 from jobqueue.storage.tables import Timestamp
-
 
 T = TypeVar("T")
 PACKET_OVERHEAD_PER_ROW = 1024  # the SQL text and the fixed columns of one row, generously
@@ -53,14 +53,17 @@ def _cursor_runner(cursor: Any) -> Callable[[str, tuple[Any, ...]], Any]:
     def run(sql: str, params: tuple[Any, ...]) -> Any:
         cursor.execute(sql, params)
         return cursor
+
     return run
 
 
 def _outcome_bytes(outcome: Outcome) -> int:
     error = outcome.error
-    return (len(outcome.result or b"") + len(outcome.checkpoint or b"")
-            + (len(error.message) + len(error.traceback or "") if error else 0) * 4)  # utf8mb4
-
+    return (
+        len(outcome.result or b"")
+        + len(outcome.checkpoint or b"")
+        + (len(error.message) + len(error.traceback or "") if error else 0) * 4
+    )  # utf8mb4
 
 
 class MySQLDialect(Dialect):
@@ -92,17 +95,24 @@ class MySQLDialect(Dialect):
                 # MySQL 8 caches information_schema's AUTO_INCREMENT; the id check needs the live value.
                 cursor.execute("SET SESSION information_schema_stats_expiry = 0")
             cursor.close()
+
     returning_id = ""  # MySQL 8 has no INSERT ... RETURNING; lastrowid gives the id
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         m = self.message
         # The lease times are bound: acquire reads the server's clock with the rows it locks.
-        self.mark_acquired = sa.update(m).where(m.c.id.in_(sa.bindparam("ids", expanding=True))).values(
-            self.acquired_values(sa.bindparam("lease_now", type_=Timestamp), sa.bindparam("lease_until", type_=Timestamp)))
+        self.mark_acquired = (
+            sa.update(m)
+            .where(m.c.id.in_(sa.bindparam("ids", expanding=True)))
+            .values(
+                self.acquired_values(
+                    sa.bindparam("lease_now", type_=Timestamp), sa.bindparam("lease_until", type_=Timestamp)
+                )
+            )
+        )
 
-    def apply_outcomes(self, connection: sa.Connection, outcomes: list[Outcome],
-                       now: datetime) -> set[tuple[int, int]]:
+    def apply_outcomes(self, connection: sa.Connection, outcomes: list[Outcome], now: datetime) -> set[tuple[int, int]]:
         # After lock_held (SELECT ... FOR UPDATE), one INSERT ... SELECT copies the archive rows
         # from the message rows on the server (payloads never travel back), joined to the outcome
         # fields sent as a UNION ALL derived table, which MySQL and MariaDB both read.
@@ -154,8 +164,10 @@ class MySQLDialect(Dialect):
         values = " UNION ALL ".join([first] + [other] * (rows - 1))
         copied = ", ".join(f"m.{column}" for column in COPIED)
         supplied = ", ".join(f"v.{column}" for column in ARCHIVED_COLUMNS)
-        return (f"INSERT INTO {archive} ({', '.join(COPIED + ARCHIVED_COLUMNS)}) SELECT {copied}, {supplied} "
-                f"FROM {message} m JOIN ({values}) v ON v.id = m.id")
+        return (
+            f"INSERT INTO {archive} ({', '.join(COPIED + ARCHIVED_COLUMNS)}) SELECT {copied}, {supplied} "
+            f"FROM {message} m JOIN ({values}) v ON v.id = m.id"
+        )
 
     client_clock = False
 
@@ -170,12 +182,17 @@ class MySQLDialect(Dialect):
 
     def clock(self) -> Any:
         # Cast: COALESCE with a parameter comes back as text, which the driver would not parse.
-        return sa.cast(sa.func.coalesce(sa.bindparam("lease_now", type_=Timestamp), sa.func.utc_timestamp(6)),
-                       Timestamp)
+        return sa.cast(
+            sa.func.coalesce(sa.bindparam("lease_now", type_=Timestamp), sa.func.utc_timestamp(6)), Timestamp
+        )
 
     def clock_plus(self) -> Any:
-        return sa.func.timestampadd(sa.literal_column("MICROSECOND"), sa.bindparam("lease_us", type_=sa.BigInteger),
-                                    self.clock(), type_=Timestamp)
+        return sa.func.timestampadd(
+            sa.literal_column("MICROSECOND"),
+            sa.bindparam("lease_us", type_=sa.BigInteger),
+            self.clock(),
+            type_=Timestamp,
+        )
 
     def check_server(self, connection: sa.Connection) -> None:
         if getattr(connection.dialect, "is_mariadb", False):
@@ -184,8 +201,9 @@ class MySQLDialect(Dialect):
             self._require(connection.dialect.server_version_info, (8, 0, 1), "MySQL")
 
     def build_acquire(self, queues: str) -> Any:
-        stmt = (self.ready_select([*self.returned, sa.func.utc_timestamp(6, type_=Timestamp)], queues != "all")
-                .with_for_update(skip_locked=True))
+        stmt = self.ready_select(
+            [*self.returned, sa.func.utc_timestamp(6, type_=Timestamp)], queues != "all"
+        ).with_for_update(skip_locked=True)
         if queues == "many":
             # With queue IN (a, b) InnoDB would sort every ready row of those queues, locking each one
             # it reads before LIMIT applies, and concurrent workers would skip everything and take
@@ -197,8 +215,11 @@ class MySQLDialect(Dialect):
         # Skip rows a worker is flushing right now instead of waiting on them (see PostgreSQL).
         m = self.message
         binds = lease.binds()
-        ids = list(connection.execute(
-            sa.select(m.c.id).where(*self.renewable(worker_ids)).with_for_update(skip_locked=True), binds).scalars())
+        ids = list(
+            connection.execute(
+                sa.select(m.c.id).where(*self.renewable(worker_ids)).with_for_update(skip_locked=True), binds
+            ).scalars()
+        )
         if not ids:
             return 0
         stmt = sa.update(m).where(m.c.id.in_(ids)).values(lease_expires_at=self.clock_plus())
@@ -213,8 +234,9 @@ class MySQLDialect(Dialect):
         now = params.lease.now or rows[0][-1]
         messages = [Message(*row[:-1]) for row in rows]
         messages.sort(key=delivery_order)
-        binds.update(ids=[m.id for m in messages], lease_now=now,
-                     lease_until=now + timedelta(seconds=params.lease.seconds))
+        binds.update(
+            ids=[m.id for m in messages], lease_now=now, lease_until=now + timedelta(seconds=params.lease.seconds)
+        )
         connection.execute(self.mark_acquired, binds)
         for m in messages:  # what the UPDATE just wrote, as RETURNING would have said
             m.attempts_count += 1
@@ -240,8 +262,9 @@ class MySQLDialect(Dialect):
     _floor_read_at: float | None = None
     _largest_id: int = 0
 
-    def _checked(self, run: Callable[[str, tuple[Any, ...]], Any], ids: list[int],
-                 floor: int | None = None) -> list[int]:
+    def _checked(
+        self, run: Callable[[str, tuple[Any, ...]], Any], ids: list[int], floor: int | None = None
+    ) -> list[int]:
         """``ids`` as they are, or with those an archived job has moved to fresh ids (see above)."""
         if not ids:
             return ids
@@ -269,10 +292,16 @@ class MySQLDialect(Dialect):
         if not suspects:
             return ids
         marks = ", ".join(["%s"] * len(suspects))
-        moving = {int(row[0]) for row in run(f"SELECT id FROM {self.tables.archive.name} WHERE id IN ({marks})",
-                                             tuple(suspects)).fetchall()}
-        counter = run("SELECT AUTO_INCREMENT FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE() "
-                      "AND TABLE_NAME = %s", (self.message.name,)).fetchone()
+        moving = {
+            int(row[0])
+            for row in run(
+                f"SELECT id FROM {self.tables.archive.name} WHERE id IN ({marks})", tuple(suspects)
+            ).fetchall()
+        }
+        counter = run(
+            "SELECT AUTO_INCREMENT FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = %s",
+            (self.message.name,),
+        ).fetchone()
         if counter is not None and counter[0] is not None and int(counter[0]) <= floor:
             moving.add(max(ids))  # still ours alone: nobody has its id yet
         colliding = sorted(moving)
@@ -287,9 +316,12 @@ class MySQLDialect(Dialect):
                     # A worker may have taken the row in the instant since an autocommitted insert:
                     # it goes back to the queue, uncounted, and that delivery's outcome is fenced out.
                     # (MySQL assigns left to right, each seeing the ones before: counters first.)
-                    run(f"UPDATE {message} SET id = %s, attempts_count = attempts_count - (state = 'PROCESSING'), "
+                    run(
+                        f"UPDATE {message} SET id = %s, attempts_count = attempts_count - (state = 'PROCESSING'), "
                         "deliveries_count = deliveries_count - (state = 'PROCESSING'), state = 'PENDING', "
-                        f"{', '.join(f'{column} = NULL' for column in RELEASED)} WHERE id = %s", (new, old))
+                        f"{', '.join(f'{column} = NULL' for column in RELEASED)} WHERE id = %s",
+                        (new, old),
+                    )
                 except Exception as exc:
                     if _mysql_code(exc) == DUPLICATE_KEY:  # another insert took that id just now
                         continue
@@ -298,8 +330,11 @@ class MySQLDialect(Dialect):
                 break
             else:
                 raise RuntimeError(f"could not give job {old} a fresh id after {FRESH_ID_TRIES} tries")
-        logger.warning("%s new job id(s) collided with archived jobs (the message table's AUTO_INCREMENT went "
-                       "back, after a TRUNCATE?); they were given fresh ids", len(moved))
+        logger.warning(
+            "%s new job id(s) collided with archived jobs (the message table's AUTO_INCREMENT went "
+            "back, after a TRUNCATE?); they were given fresh ids",
+            len(moved),
+        )
         return [moved.get(job_id, job_id) for job_id in ids]
 
     def fresh_ids(self, connection: sa.Connection, ids: list[int], floor: int | None = None) -> list[int]:
@@ -314,8 +349,11 @@ class MySQLDialect(Dialect):
         return len(self._move(run, ids, floor)) if ids else 0
 
     def insert_one(self, cursor: Any, row: dict[str, Any]) -> int:
-        params = (row["payload"], row["unique_key"],
-                  *[self.format_value(column, row[column]) for column in BATCH_COLUMNS])
+        params = (
+            row["payload"],
+            row["unique_key"],
+            *[self.format_value(column, row[column]) for column in BATCH_COLUMNS],
+        )
         cursor.execute(self.insert_one_sql(), params)
         return self._checked(_cursor_runner(cursor), [int(cursor.lastrowid)])[0]
 
@@ -336,14 +374,17 @@ class MySQLDialect(Dialect):
             return super().insert_batch(connection, batch)
         # The same round trip reads the archive's largest id (see fresh ids).
         floor = connection.exec_driver_sql(
-            "SELECT " + ", ".join(f"@jobqueue_{column} := %s" for column in BATCH_COLUMNS)
+            "SELECT "
+            + ", ".join(f"@jobqueue_{column} := %s" for column in BATCH_COLUMNS)
             + f", {self.archive_floor_sql()}",
-            tuple(self.format_value(column, batch.common[column]) for column in BATCH_COLUMNS)).one()[-1]
+            tuple(self.format_value(column, batch.common[column]) for column in BATCH_COLUMNS),
+        ).one()[-1]
         row = "(%s, " + ", ".join(f"@jobqueue_{column}" for column in BATCH_COLUMNS) + ")"
         ids: list[int] = []
         for payloads in self._packets(connection, list(batch.payloads), len):
-            first = connection.exec_driver_sql(self.batch_insert_sql(", ".join([row] * len(payloads))),
-                                               tuple(payloads)).lastrowid
+            first = connection.exec_driver_sql(
+                self.batch_insert_sql(", ".join([row] * len(payloads))), tuple(payloads)
+            ).lastrowid
             ids.extend(range(first, first + len(payloads)))
         return self.fresh_ids(connection, ids, int(floor))
 
@@ -370,13 +411,16 @@ class MySQLDialect(Dialect):
         if connection.dialect.insert_returning:
             return [(row[0], row[1]) for row in connection.execute(insert.returning(m.c.id, m.c.unique_key), rows)]
         if not self._consecutive_ids(connection):
-            raise ConfigurationError("keyed bulk inserts on MySQL without RETURNING need innodb_autoinc_lock_mode "
-                                     "0 or 1 (this server runs 2); use MariaDB, or enqueue keyed jobs one by one")
+            raise ConfigurationError(
+                "keyed bulk inserts on MySQL without RETURNING need innodb_autoinc_lock_mode "
+                "0 or 1 (this server runs 2); use MariaDB, or enqueue keyed jobs one by one"
+            )
         first = connection.execute(insert.values(rows)).lastrowid
         if not first:
             return []
-        mine = sa.select(m.c.id, m.c.unique_key).where(m.c.id >= first, m.c.id < first + len(rows),
-                                                       m.c.task_name == rows[0]["task_name"])
+        mine = sa.select(m.c.id, m.c.unique_key).where(
+            m.c.id >= first, m.c.id < first + len(rows), m.c.task_name == rows[0]["task_name"]
+        )
         return [(row[0], row[1]) for row in connection.execute(mine)]
 
     def insert_unique(self, connection: sa.Connection, row: dict[str, Any]) -> int | None:

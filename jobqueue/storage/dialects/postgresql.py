@@ -14,8 +14,9 @@ import contextlib
 import logging
 import select
 import threading
+from collections.abc import Callable
 from datetime import datetime
-from typing import Any, Callable
+from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
@@ -24,8 +25,13 @@ from jobqueue.job import Batch, Message, Outcome
 from jobqueue.storage.dialects.base import Dialect, delivery_order
 from jobqueue.storage.dialects.common import AcquireParams, LeaseClock
 from jobqueue.storage.dialects.connector import CONTENTION, OUTAGE
-from jobqueue.storage.dialects.postgresql_sql import (Prepared, build_apply_outcomes, copy_batch, driver_values,
-                                                      outcome_binds)
+from jobqueue.storage.dialects.postgresql_sql import (
+    Prepared,
+    build_apply_outcomes,
+    copy_batch,
+    driver_values,
+    outcome_binds,
+)
 from jobqueue.storage.dialects.wakeup import Listener, PollingWaker, Waker
 from jobqueue.storage.engine import IDLE_IN_TRANSACTION_SECONDS, unless_in_url
 from jobqueue.storage.tables import Tables, notify_channel, postgresql_notify_ddl
@@ -64,11 +70,18 @@ class PostgreSQLDialect(Dialect):
         # A dead server or network is noticed (keepalives) instead of hanging a worker forever; a
         # lock wait that long is a fault, retried as contention; a session frozen inside a
         # transaction is ended. The planner settings keep every statement on its index.
-        options["connect_args"] = unless_in_url(url, {
-            "connect_timeout": 10, "keepalives": 1, "keepalives_idle": 30, "keepalives_interval": 10,
-            "keepalives_count": 3,
-            "options": f"-c lock_timeout=30000 -c idle_in_transaction_session_timeout="
-                       f"{IDLE_IN_TRANSACTION_SECONDS * 1000} {POSTGRES_PLANNER}"})
+        options["connect_args"] = unless_in_url(
+            url,
+            {
+                "connect_timeout": 10,
+                "keepalives": 1,
+                "keepalives_idle": 30,
+                "keepalives_interval": 10,
+                "keepalives_count": 3,
+                "options": f"-c lock_timeout=30000 -c idle_in_transaction_session_timeout="
+                f"{IDLE_IN_TRANSACTION_SECONDS * 1000} {POSTGRES_PLANNER}",
+            },
+        )
         return url, options
 
     _apply_outcomes: Any = None
@@ -107,8 +120,9 @@ class PostgreSQLDialect(Dialect):
     # -- the lease clock ------------------------------------------------------------------------------
     def clock(self) -> Any:
         # now() is the time the transaction began: every lease statement is a short one of its own.
-        return sa.func.coalesce(sa.bindparam("lease_now", type_=sa.DateTime),
-                                sa.func.timezone("UTC", sa.func.now()), type_=sa.DateTime)
+        return sa.func.coalesce(
+            sa.bindparam("lease_now", type_=sa.DateTime), sa.func.timezone("UTC", sa.func.now()), type_=sa.DateTime
+        )
 
     def clock_plus(self) -> Any:
         seconds = sa.bindparam("lease_us", type_=sa.BigInteger) / sa.literal_column("1000000.0")
@@ -117,13 +131,13 @@ class PostgreSQLDialect(Dialect):
     # -- acquire --------------------------------------------------------------------------------------
     def build_acquire(self, queues: str) -> Any:
         m = self.message
-        ready = (self.ready_select([m.c.id], queues != "all", queues == "one")
-                 .with_for_update(skip_locked=True).cte("ready"))
+        ready = (
+            self.ready_select([m.c.id], queues != "all", queues == "one").with_for_update(skip_locked=True).cte("ready")
+        )
         # id = ANY(ARRAY(SELECT ...)): the chosen ids become one array, then primary-key lookups.
         # A join with the CTE lets the planner hash-join against a scan of the whole backlog.
         chosen = sa.func.array(sa.select(ready.c.id).scalar_subquery())
-        return (sa.update(m).where(m.c.id == sa.any_(chosen))
-                .values(self.acquired_values()).returning(*self.returned))
+        return sa.update(m).where(m.c.id == sa.any_(chosen)).values(self.acquired_values()).returning(*self.returned)
 
     def queue_filter(self, one: bool) -> Any:
         # One parameter whatever the number of queues, so that a prepared statement serves every
@@ -143,8 +157,9 @@ class PostgreSQLDialect(Dialect):
             # News heard so far is of commits this acquire sees: no empty acquire after it.
             listener.take_news()
             connection = listener.connection()
-            return self.run_on_driver(lambda cursor, info: self._acquire_prepared(cursor, info, params), "acquire",
-                                      connection)
+            return self.run_on_driver(
+                lambda cursor, info: self._acquire_prepared(cursor, info, params), "acquire", connection
+            )
 
     def _acquire_prepared(self, cursor: Any, info: dict[str, Any], params: AcquireParams) -> list[Message]:
         prepared = self._prepared.get(params.shape)
@@ -160,8 +175,7 @@ class PostgreSQLDialect(Dialect):
         with self.single_statement() as connection:  # one statement, so one round trip in autocommit
             return self.apply_outcomes(connection, outcomes, now)
 
-    def apply_outcomes(self, connection: sa.Connection, outcomes: list[Outcome],
-                       now: datetime) -> set[tuple[int, int]]:
+    def apply_outcomes(self, connection: sa.Connection, outcomes: list[Outcome], now: datetime) -> set[tuple[int, int]]:
         if self._apply_outcomes is None:
             self._apply_outcomes = build_apply_outcomes(self.message, self.tables.archive)
         rows = connection.execute(self._apply_outcomes, outcome_binds(outcomes, now)).all()
@@ -231,8 +245,9 @@ class ProcessListener:
         if self.pooled is None:
             pooled = self.dialect.checkout()
             try:
-                self.dialect.run_on_driver(lambda cursor, info: cursor.execute(f"LISTEN {self.channel}"),
-                                           f"LISTEN {self.channel}", pooled)
+                self.dialect.run_on_driver(
+                    lambda cursor, info: cursor.execute(f"LISTEN {self.channel}"), f"LISTEN {self.channel}", pooled
+                )
             except BaseException:
                 if pooled.is_valid:
                     pooled.invalidate()

@@ -13,8 +13,9 @@ import io
 import json
 import logging
 import re
+from collections.abc import Iterator, Sequence
 from datetime import datetime
-from typing import Any, Iterator, Sequence
+from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
@@ -37,8 +38,11 @@ _KEYS = (sa.column("id", sa.BigInteger), sa.column("token", sa.BigInteger))
 
 def _recordset(param: str, fields: tuple[Field, ...], extra: tuple[Any, ...] = ()) -> Any:
     columns = [*_KEYS, *extra, *[sa.column(f.column, _KINDS[f.kind]) for f in fields]]
-    rows = (sa.func.json_to_recordset(sa.cast(sa.bindparam(param, type_=sa.Text), postgresql.JSON))
-            .table_valued(*columns).render_derived(name=f"{param}_rows", with_types=True))
+    rows = (
+        sa.func.json_to_recordset(sa.cast(sa.bindparam(param, type_=sa.Text), postgresql.JSON))
+        .table_valued(*columns)
+        .render_derived(name=f"{param}_rows", with_types=True)
+    )
     return sa.select(rows).cte(param)
 
 
@@ -58,29 +62,37 @@ def build_apply_outcomes(m: sa.Table, a: sa.Table) -> Any:
     fin = _recordset("fin", ARCHIVED, (sa.column("retain", sa.Boolean),))
     req = _recordset("req", REQUEUED)
     ids = sa.cast(sa.bindparam("ids", type_=sa.Text), postgresql.ARRAY(sa.BigInteger))
-    moved = (sa.delete(m)
-             .where(m.c.id == sa.any_(ids), m.c.id == fin.c.id, m.c.lease_token == fin.c.token,
-                    m.c.state == PROCESSING)
-             .returning(m.c.lease_token, *[m.c[column] for column in COPIED])
-             .cte("moved"))
+    moved = (
+        sa.delete(m)
+        .where(m.c.id == sa.any_(ids), m.c.id == fin.c.id, m.c.lease_token == fin.c.token, m.c.state == PROCESSING)
+        .returning(m.c.lease_token, *[m.c[column] for column in COPIED])
+        .cte("moved")
+    )
     matched = sa.and_(fin.c.id == moved.c.id, fin.c.token == moved.c.lease_token)
-    archived = sa.insert(a).from_select(
-        [*COPIED, *[f.column for f in ARCHIVED]],
-        sa.select(*[moved.c[column] for column in COPIED], *[_value(f, fin.c[f.column]) for f in ARCHIVED])
-        .join_from(moved, fin, matched).where(fin.c.retain),
-    ).cte("archived")
+    archived = (
+        sa.insert(a)
+        .from_select(
+            [*COPIED, *[f.column for f in ARCHIVED]],
+            sa.select(*[moved.c[column] for column in COPIED], *[_value(f, fin.c[f.column]) for f in ARCHIVED])
+            .join_from(moved, fin, matched)
+            .where(fin.c.retain),
+        )
+        .cte("archived")
+    )
     values: dict[str, Any] = {}
     for field in REQUEUED:
         value = _value(field, req.c[field.column])
         values[field.column] = sa.func.coalesce(value, m.c[field.column]) if field.keep_if_null else value
-    requeued = (sa.update(m)
-                .where(m.c.id == sa.any_(ids), m.c.id == req.c.id, m.c.lease_token == req.c.token,
-                       m.c.state == PROCESSING)
-                .values(**values, **RELEASED)
-                .returning(m.c.id, req.c.token)
-                .cte("requeued"))
-    return sa.union_all(sa.select(moved.c.id, moved.c.lease_token).add_cte(archived),
-                        sa.select(requeued.c.id, requeued.c.token))
+    requeued = (
+        sa.update(m)
+        .where(m.c.id == sa.any_(ids), m.c.id == req.c.id, m.c.lease_token == req.c.token, m.c.state == PROCESSING)
+        .values(**values, **RELEASED)
+        .returning(m.c.id, req.c.token)
+        .cte("requeued")
+    )
+    return sa.union_all(
+        sa.select(moved.c.id, moved.c.lease_token).add_cte(archived), sa.select(requeued.c.id, requeued.c.token)
+    )
 
 
 def _json_value(value: Any) -> Any:
@@ -108,8 +120,11 @@ def outcome_binds(outcomes: list[Outcome], now: datetime) -> dict[str, Any]:
             finals.append({**_document(outcome, ARCHIVED, now), "retain": outcome.retain})
         else:
             requeues.append(_document(outcome, REQUEUED, now))
-    return {"ids": "{" + ",".join(str(o.message.id) for o in outcomes) + "}",
-            "fin": json.dumps(finals), "req": json.dumps(requeues)}
+    return {
+        "ids": "{" + ",".join(str(o.message.id) for o in outcomes) + "}",
+        "fin": json.dumps(finals),
+        "req": json.dumps(requeues),
+    }
 
 
 # -- bulk: COPY ---------------------------------------------------------------------------------------
@@ -135,8 +150,12 @@ def copy_batch(connection: sa.Connection, table: sa.Table, batch: Batch) -> list
     COPY is parsed as data, not as SQL: several times cheaper on the server than multi-row VALUES.
     The columns the rows share are formatted once.
     """
-    ids = [row[0] for row in connection.exec_driver_sql(
-        f"SELECT nextval('{table.name}_id_seq') FROM generate_series(1, {len(batch)})").all()]
+    ids = [
+        row[0]
+        for row in connection.exec_driver_sql(
+            f"SELECT nextval('{table.name}_id_seq') FROM generate_series(1, {len(batch)})"
+        ).all()
+    ]
     shared = "\t".join(_copy_text(batch.common[column]) for column in BATCH_COLUMNS)
     lines = (f"{job_id}\t\\\\x{payload.hex()}\t{shared}\n" for job_id, payload in zip(ids, batch.payloads, strict=True))
     stream = _CopyStream(lines)
@@ -151,8 +170,9 @@ def copy_batch(connection: sa.Connection, table: sa.Table, batch: Batch) -> list
         dbapi = connection.dialect.loaded_dbapi
         if isinstance(exc, dbapi.Error):  # as SQLAlchemy reports every other statement's errors
             invalidated = connection.dialect.is_disconnect(exc, raw, cursor)
-            raise sa.exc.DBAPIError.instance(statement, None, exc, dbapi.Error,
-                                             connection_invalidated=invalidated) from exc
+            raise sa.exc.DBAPIError.instance(
+                statement, None, exc, dbapi.Error, connection_invalidated=invalidated
+            ) from exc
         raise
     finally:
         cursor.close()
@@ -187,11 +207,9 @@ class _CopyStream(io.TextIOBase):
         return "".join(parts)
 
 
-
 def driver_values(row: Sequence[Any]) -> list[Any]:
     """A row as psycopg2 returns it, with bytea as bytes (JSON comes parsed already)."""
     return [bytes(v) if isinstance(v, memoryview) else v for v in row]
-
 
 
 # -- acquire: prepared once per connection --------------------------------------------------------
@@ -252,6 +270,8 @@ class Prepared:
             else:
                 self.misses += 1
                 if self.misses == self.GIVE_UP_AFTER:
-                    logger.warning("prepared statements do not last on this database connection (a pooler "
-                                   "in transaction mode?): jobqueue runs its statements unprepared from now on")
+                    logger.warning(
+                        "prepared statements do not last on this database connection (a pooler "
+                        "in transaction mode?): jobqueue runs its statements unprepared from now on"
+                    )
             cursor.execute(self.sql, params)

@@ -9,8 +9,9 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
+from collections.abc import Callable, Sequence
 from datetime import datetime
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy import event
@@ -18,13 +19,13 @@ from sqlalchemy.dialects import sqlite
 
 from jobqueue.clock import utcnow
 from jobqueue.errors import ConfigurationError
-from jobqueue.storage.engine import READONLY
 from jobqueue.job import Batch, Message, Outcome, OutcomeKind
-from jobqueue.storage.outcomes import ARCHIVED_COLUMNS, COPIED, archive_row, archived_values, requeue_binds
 from jobqueue.storage.dialects.base import Dialect, delivery_order
 from jobqueue.storage.dialects.common import ACQUIRED_COLUMNS, BATCH_COLUMNS, AcquireParams, json_text
 from jobqueue.storage.dialects.connector import CONTENTION, OUTAGE
 from jobqueue.storage.dialects.wakeup import PollingWaker, Waker
+from jobqueue.storage.engine import READONLY
+from jobqueue.storage.outcomes import ARCHIVED_COLUMNS, COPIED, archive_row, archived_values, requeue_binds
 
 SQLITE_DATETIME = "%Y-%m-%d %H:%M:%S.%f"  # what SQLAlchemy's DateTime stores on SQLite
 BUSY_TIMEOUT_SECONDS = 30.0
@@ -32,8 +33,14 @@ SQLITE_CONTENTION = ("database is locked", "database table is locked", "database
 SQLITE_OUTAGE = ("disk i/o error", "unable to open database file")
 
 
-DATETIME_COLUMNS = {"created_at", "next_attempt_at", "first_attempt_at", "last_attempt_at", "finished_at",
-                    "archived_at"}
+DATETIME_COLUMNS = {
+    "created_at",
+    "next_attempt_at",
+    "first_attempt_at",
+    "last_attempt_at",
+    "finished_at",
+    "archived_at",
+}
 
 
 def sqlite_value(column: str, value: Any) -> Any:
@@ -45,7 +52,6 @@ def sqlite_value(column: str, value: Any) -> Any:
     return value
 
 
-
 class SQLiteDialect(Dialect):
     name = "sqlite"
     autocommit = False
@@ -54,9 +60,11 @@ class SQLiteDialect(Dialect):
     def engine_options(cls, url: sa.URL) -> tuple[sa.URL, dict[str, Any]]:
         if url.database in (None, "", ":memory:") or "mode=memory" in str(url):
             # Each connection would see its own empty database; worker processes could never share it.
-            raise ConfigurationError("an in-memory SQLite database cannot be shared by worker processes; use a "
-                                     "file, for example sqlite:///jobqueue.sqlite3 (under Django, give the "
-                                     "database, and DATABASES[...]['TEST']['NAME'] for tests, a file path)")
+            raise ConfigurationError(
+                "an in-memory SQLite database cannot be shared by worker processes; use a "
+                "file, for example sqlite:///jobqueue.sqlite3 (under Django, give the "
+                "database, and DATABASES[...]['TEST']['NAME'] for tests, a file path)"
+            )
         return url, {"connect_args": {"timeout": BUSY_TIMEOUT_SECONDS, "check_same_thread": False}}
 
     @classmethod
@@ -91,6 +99,7 @@ class SQLiteDialect(Dialect):
         if url.database and not url.database.startswith("file:") and not os.path.isabs(url.database):
             return url.set(database=os.path.abspath(url.database))
         return url
+
     marker = "?"
 
     def format_value(self, column: str, value: Any) -> Any:
@@ -120,8 +129,7 @@ class SQLiteDialect(Dialect):
         last = connection.exec_driver_sql("SELECT last_insert_rowid()").scalar_one()
         return list(range(last - len(batch) + 1, last + 1))
 
-    def apply_outcomes(self, connection: sa.Connection, outcomes: list[Outcome],
-                       now: datetime) -> set[tuple[int, int]]:
+    def apply_outcomes(self, connection: sa.Connection, outcomes: list[Outcome], now: datetime) -> set[tuple[int, int]]:
         # Inside BEGIN IMMEDIATE: the write lock is ours, so after lock_held's check nothing can
         # change the rows. Archive rows are copied from the message rows by the database (payloads
         # never travel back), one executemany in SQLite's C loop, then one DELETE.
@@ -131,9 +139,17 @@ class SQLiteDialect(Dialect):
         if finals:
             kept = [o for o in finals if o.retain and o.message.corrupt is None]
             if kept:
-                connection.exec_driver_sql(self._archive_copy_sql(), [
-                    tuple(self.format_value(c, v) for c, v in zip(ARCHIVED_COLUMNS, archived_values(o, now), strict=True))
-                    + (o.message.id,) for o in kept])
+                connection.exec_driver_sql(
+                    self._archive_copy_sql(),
+                    [
+                        tuple(
+                            self.format_value(c, v)
+                            for c, v in zip(ARCHIVED_COLUMNS, archived_values(o, now), strict=True)
+                        )
+                        + (o.message.id,)
+                        for o in kept
+                    ],
+                )
             # A corrupt row is archived from the values that could be read (its error message holds
             # the unreadable text), so that the archive never holds text it cannot read back.
             repaired = [archive_row(o, now) for o in finals if o.retain and o.message.corrupt is not None]
@@ -232,14 +248,24 @@ def _optional(decode: Callable[[Any], Any]) -> Callable[[Any], Any]:
 
 # How each acquired column is read back, and what stands in for a value that cannot be.
 _READERS: dict[str, tuple[Callable[[Any], Any], Callable[[], Any]]] = {
-    "id": (_integer, lambda: 0), "task_name": (_text, lambda: "?"), "queue": (_text, lambda: "?"),
-    "priority": (_integer, lambda: 0), "payload": (_blob, lambda: b""), "headers": (_json, lambda: None),
-    "attempts_count": (_integer, lambda: 1), "deliveries_count": (_integer, lambda: 1),
-    "lease_token": (_integer, lambda: 0), "created_at": (_timestamp, utcnow),
-    "first_attempt_at": (_optional(_timestamp), lambda: None), "next_attempt_at": (_timestamp, utcnow),
-    "acquired_at": (_optional(_timestamp), utcnow), "unique_key": (_optional(_text), lambda: None),
-    "partition_key": (_optional(_text), lambda: None), "checkpoint": (_optional(_blob), lambda: None),
-    "options": (_json, lambda: None), "history": (_json, lambda: None),
+    "id": (_integer, lambda: 0),
+    "task_name": (_text, lambda: "?"),
+    "queue": (_text, lambda: "?"),
+    "priority": (_integer, lambda: 0),
+    "payload": (_blob, lambda: b""),
+    "headers": (_json, lambda: None),
+    "attempts_count": (_integer, lambda: 1),
+    "deliveries_count": (_integer, lambda: 1),
+    "lease_token": (_integer, lambda: 0),
+    "created_at": (_timestamp, utcnow),
+    "first_attempt_at": (_optional(_timestamp), lambda: None),
+    "next_attempt_at": (_timestamp, utcnow),
+    "acquired_at": (_optional(_timestamp), utcnow),
+    "unique_key": (_optional(_text), lambda: None),
+    "partition_key": (_optional(_text), lambda: None),
+    "checkpoint": (_optional(_blob), lambda: None),
+    "options": (_json, lambda: None),
+    "history": (_json, lambda: None),
 }
 
 
@@ -256,19 +282,61 @@ _parse = datetime.fromisoformat
 _loads = json.loads
 
 
-def _read_fast(id: Any, task_name: Any, queue: Any, priority: Any, payload: Any, headers: Any, attempts: Any,
-               deliveries: Any, token: Any, created: Any, first: Any, next_at: Any, acquired: Any, unique_key: Any,
-               partition_key: Any, checkpoint: Any, options: Any, history: Any) -> Message:
+def _read_fast(
+    id: Any,
+    task_name: Any,
+    queue: Any,
+    priority: Any,
+    payload: Any,
+    headers: Any,
+    attempts: Any,
+    deliveries: Any,
+    token: Any,
+    created: Any,
+    first: Any,
+    next_at: Any,
+    acquired: Any,
+    unique_key: Any,
+    partition_key: Any,
+    checkpoint: Any,
+    options: Any,
+    history: Any,
+) -> Message:
     """The common case in one go: every column of the type it should be (else it raises)."""
-    if not (type(id) is int and type(priority) is int and type(attempts) is int and type(deliveries) is int
-            and type(token) is int and type(task_name) is str and type(queue) is str and type(payload) is bytes
-            and (unique_key is None or type(unique_key) is str) and (partition_key is None or type(partition_key) is str)
-            and (checkpoint is None or type(checkpoint) is bytes)):
+    if not (
+        type(id) is int
+        and type(priority) is int
+        and type(attempts) is int
+        and type(deliveries) is int
+        and type(token) is int
+        and type(task_name) is str
+        and type(queue) is str
+        and type(payload) is bytes
+        and (unique_key is None or type(unique_key) is str)
+        and (partition_key is None or type(partition_key) is str)
+        and (checkpoint is None or type(checkpoint) is bytes)
+    ):
         raise TypeError("a column of an unexpected type")
-    return Message(id, task_name, queue, priority, payload, None if headers is None else _loads(headers), attempts,
-                   deliveries, token, _parse(created), None if first is None else _parse(first), _parse(next_at),
-                   None if acquired is None else _parse(acquired), unique_key, partition_key, checkpoint,
-                   None if options is None else _loads(options), None if history is None else _loads(history))
+    return Message(
+        id,
+        task_name,
+        queue,
+        priority,
+        payload,
+        None if headers is None else _loads(headers),
+        attempts,
+        deliveries,
+        token,
+        _parse(created),
+        None if first is None else _parse(first),
+        _parse(next_at),
+        None if acquired is None else _parse(acquired),
+        unique_key,
+        partition_key,
+        checkpoint,
+        None if options is None else _loads(options),
+        None if history is None else _loads(history),
+    )
 
 
 def _read_carefully(row: Sequence[Any]) -> Message:

@@ -17,7 +17,8 @@ their own slow poll (``max_fetch_interval``) as the fallback, and for delayed jo
 from __future__ import annotations
 
 import logging
-from typing import Callable, Protocol
+from collections.abc import Callable
+from typing import Protocol
 
 logger = logging.getLogger("jobqueue.supervisor")
 

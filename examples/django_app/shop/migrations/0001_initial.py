@@ -4,21 +4,19 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     initial = True
 
-    dependencies = [
-    ]
+    dependencies = []
 
     operations = [
         migrations.CreateModel(
-            name='Order',
+            name="Order",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('item', models.CharField(max_length=100)),
-                ('quantity', models.IntegerField()),
-                ('status', models.CharField(default='placed', max_length=20)),
-                ('confirmation', models.CharField(blank=True, default='', max_length=40)),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                ("item", models.CharField(max_length=100)),
+                ("quantity", models.IntegerField()),
+                ("status", models.CharField(default="placed", max_length=20)),
+                ("confirmation", models.CharField(blank=True, default="", max_length=40)),
             ],
         ),
     ]

@@ -11,8 +11,10 @@ from django.core.management.base import BaseCommand, CommandError
 
 
 class Command(BaseCommand):
-    help = ("Run a jobqueue command (worker, status, jobs, periodic, enqueue, workers, db) on the JobQueue "
-            "and database named by settings.JOBQUEUE. `manage.py jobqueue --help` lists them.")
+    help = (
+        "Run a jobqueue command (worker, status, jobs, periodic, enqueue, workers, db) on the JobQueue "
+        "and database named by settings.JOBQUEUE. `manage.py jobqueue --help` lists them."
+    )
 
     def add_arguments(self, parser: Any) -> None:
         parser.add_argument("arguments", nargs=argparse.REMAINDER, help="the jobqueue command and its options")
