@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite on SQLite, PostgreSQL and MariaDB, from a fresh Debian machine.
 # Installs what is missing (Debian packages, a virtualenv with the Python packages), starts stopped
-# database servers, creates its own login and databases, then runs mypy and pytest.
+# database servers, creates its own login and databases, then runs the checks of CONTRIBUTING.md
+# (ruff, import-linter, mypy) and pytest.
 # Arguments go to pytest, e.g. scripts/test.sh tests/unit -x
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -16,6 +17,11 @@ create_test_roles
 ensure_venv ".[dev]"
 
 export JOBQUEUE_TEST_REQUIRE_ALL=1  # a missing server fails the run; it is never skipped
+say "ruff"
+"$VENV/bin/ruff" check
+"$VENV/bin/ruff" format --check
+say "import-linter"
+"$VENV/bin/lint-imports"
 say "mypy"
 "$VENV/bin/mypy"
 say "pytest"
