@@ -76,9 +76,10 @@ def show(state: CliState, /, job_id: int, as_json: bool) -> None:
         raise JobNotFound(f"job {job_id} not found: it never existed, was purged, or was not retained")
     where, row = found
     decoded = _decoded(state, row)
+    holder = deadletter.partition_holder(state.app.store, row) if where == "message" else None
     if as_json:
         data = {k: v for k, v in row.items() if not isinstance(v, bytes)}
-        data.update(decoded, table=where, state=row["state"].lower())
+        data.update(decoded, table=where, state=row["state"].lower(), waiting_for=holder)
         echo_json(data)
         return
     error_type = row.get("error_type") or row.get("last_error_type")
@@ -94,6 +95,8 @@ def show(state: CliState, /, job_id: int, as_json: bool) -> None:
     ]
     if where == "message":
         lines.append(f"next try     {row['next_attempt_at']}")
+    if holder is not None:
+        lines.append(f"waiting for  job {holder}, the oldest unfinished job of partition key {row['partition_key']!r}")
     else:
         lines.append(f"finished     {row.get('finished_at') or '-'}  (archived {row['archived_at']})")
     for label in ("args", "kwargs", "result", "checkpoint"):

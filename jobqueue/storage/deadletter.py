@@ -71,6 +71,18 @@ def job_row(store: Store, job_id: int) -> tuple[str, dict[str, Any]] | None:
     return None
 
 
+def partition_holder(store: Store, row: dict[str, Any]) -> int | None:
+    """For an active message with a partition key: the id of the oldest active message of its key
+    when that is another one (the message waits for it to end), else None."""
+    key = row.get("partition_key")
+    if key is None:
+        return None
+    m = store.tables.message
+    with store.reading() as conn:
+        oldest = conn.execute(sa.select(sa.func.min(m.c.id)).where(m.c.partition_key == key)).scalar()
+    return int(oldest) if oldest is not None and oldest != row["id"] else None
+
+
 @dataclass
 class RetryReport:
     retried: list[int] = field(default_factory=list)

@@ -51,6 +51,21 @@ def _to_2(connection: sa.Connection, tables: Tables) -> list[str]:
     )
 
 
+def _add_indexes(connection: sa.Connection, table: sa.Table, names: list[str]) -> list[str]:
+    """``CREATE INDEX`` for the indexes of ``table`` (as tables.py defines them) the database lacks."""
+    present = {index["name"] for index in sa.inspect(connection).get_indexes(table.name)}
+    wanted = {str(index.name): index for index in table.indexes}
+    return [
+        str(sa.schema.CreateIndex(wanted[name]).compile(dialect=connection.dialect))
+        for name in names
+        if name not in present
+    ]
+
+
+def _to_3(connection: sa.Connection, tables: Tables) -> list[str]:
+    return _add_indexes(connection, tables.message, [f"ix_{tables.prefix}message_partition"])
+
+
 MIGRATIONS = (
     Migration(
         2,
@@ -58,6 +73,7 @@ MIGRATIONS = (
         "each schema version records the release that applied it",
         _to_2,
     ),
+    Migration(3, "an index that lets messages with a partition key run one at a time, in order", _to_3),
 )
 assert MIGRATIONS[-1].version == SCHEMA_VERSION, "the newest migration must reach SCHEMA_VERSION"
 

@@ -21,7 +21,14 @@ from jobqueue.clock import utcnow
 from jobqueue.errors import ConfigurationError, SchemaError
 from jobqueue.job import SCHEDULE_TASK, Batch, Message, MessageState, Outcome
 from jobqueue.storage.dialects import dialect_for
-from jobqueue.storage.dialects.common import PROCESSING, READY_LITERALS, AcquireParams, LeaseClock, WorkerState
+from jobqueue.storage.dialects.common import (
+    PROCESSING,
+    READY_LITERALS,
+    AcquireParams,
+    LeaseClock,
+    WorkerState,
+    first_of_partition,
+)
 from jobqueue.storage.dialects.wakeup import Listener, Waker
 from jobqueue.storage.tables import Tables, Timestamp
 
@@ -359,7 +366,11 @@ class Store:
     def has_ready(self, queues: tuple[str, ...] | None, now: datetime) -> bool:
         """True if a message of these queues is due now (one indexed lookup, for idle polling)."""
         m = self.tables.message
-        stmt = sa.select(m.c.id).where(m.c.state.in_(READY_LITERALS), m.c.next_attempt_at <= now).limit(1)
+        stmt = (
+            sa.select(m.c.id)
+            .where(m.c.state.in_(READY_LITERALS), m.c.next_attempt_at <= now, first_of_partition(m))
+            .limit(1)
+        )
         if queues:
             stmt = stmt.where(m.c.queue.in_(queues))
         with self.reading() as conn:

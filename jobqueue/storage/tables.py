@@ -16,7 +16,7 @@ from jobqueue.job import READY_STATES
 
 # The version of the layout below. Raising it takes a numbered migration in storage.migrations that
 # brings a database of the version before up to it (and a Django migration that runs it).
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 _MYSQL = ("mysql", "mariadb")
 Id = sa.BigInteger().with_variant(sa.Integer(), "sqlite")  # INTEGER PRIMARY KEY is SQLite's rowid
@@ -126,6 +126,16 @@ def build_tables(prefix: str = "jobqueue_", metadata: sa.MetaData | None = None)
         message.c.lease_expires_at,
         postgresql_where=_PROCESSING,
         sqlite_where=_PROCESSING,
+    )
+    # A message with a partition key runs only when no active message of its key is older: one
+    # probe of this index per candidate of the ready walk.
+    _partitioned = sa.text("partition_key IS NOT NULL")
+    sa.Index(
+        f"ix_{prefix}message_partition",
+        message.c.partition_key,
+        message.c.id,
+        postgresql_where=_partitioned,
+        sqlite_where=_partitioned,
     )
     # metadata.create_all (an application's own Alembic or tests) creates the trigger too.
     for statement in postgresql_notify_ddl(prefix):

@@ -90,3 +90,14 @@ def test_purge_with_progress(app: JobQueue) -> None:
 def test_bad_input(app: JobQueue, args: tuple[str, ...], fragment: str) -> None:
     result = jobqueue(*args, check=False)
     assert result.returncode != 0 and fragment in result.stderr
+
+
+def test_show_names_the_job_a_partitioned_job_waits_for(app: JobQueue) -> None:
+    first = basic.add.apply_async(args=(1, 2), partition_key="acct-7")
+    second = basic.add.apply_async(args=(3, 4), partition_key="acct-7")
+    shown = jobqueue("jobs", "show", str(second.id)).stdout
+    assert f"waiting for  job {first.id}, the oldest unfinished job of partition key 'acct-7'" in shown
+    assert json.loads(jobqueue("jobs", "show", str(second.id), "--json").stdout)["waiting_for"] == first.id
+    assert json.loads(jobqueue("jobs", "show", str(first.id), "--json").stdout)["waiting_for"] is None
+    jobqueue("worker", "--burst", "--concurrency", "1")
+    assert (first.get(timeout=5), second.get(timeout=5)) == (3, 7)

@@ -181,3 +181,20 @@ def timed(seconds: float) -> None:
     record_timed("start")
     time.sleep(seconds)
     record_timed("end")
+
+
+@app.task(name="rt.ordered")
+def ordered(key: str, seq: int) -> None:
+    """One message of a partition: records "start|end job pid ns key seq"."""
+    path = os.environ.get("JOBQUEUE_TEST_RUNS")
+    job = current_job().id
+    for event in ("start", "end"):
+        if path:
+            line = f"{event} {job} {os.getpid()} {time.monotonic_ns()} {key} {seq}\n"
+            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            try:
+                os.write(fd, line.encode())
+            finally:
+                os.close(fd)
+        if event == "start":
+            time.sleep(0.003)

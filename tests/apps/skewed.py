@@ -21,6 +21,6 @@ class SkewedDatetime(datetime):
         return super().now(tz) + SKEW
 
 
-jobqueue.clock.datetime = SkewedDatetime  # every reading of the host clock goes through it
+jobqueue.clock.datetime = SkewedDatetime  # type: ignore[attr-defined]  # every host clock reading goes through it
 
 __all__ = ["app"]

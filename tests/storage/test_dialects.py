@@ -183,6 +183,26 @@ def test_flush_applies_every_kind_of_outcome_fenced_by_the_token(app: JobQueue, 
     assert messages[stale.id]["state"] == "PROCESSING"
 
 
+def test_a_partition_serves_its_oldest_active_message_only(app: JobQueue, dialect: Dialect) -> None:
+    keys = ("a", "a", "b", None, "a")
+    ids = [dialect.enqueue_one({**row(priority=9 if n == 1 else 0), "partition_key": k}) for n, k in enumerate(keys)]
+    assert app.store.has_ready(None, utcnow())
+    first = acquire(dialect)
+    # The second "a" waits behind the first whatever its priority; other keys and no key run in parallel.
+    assert sorted(m.id for m in first) == [ids[0], ids[2], ids[3]]
+    assert acquire(dialect) == [] and not app.store.has_ready(None, utcnow())  # held while their first runs
+    a, b, _ = sorted(first, key=lambda m: m.id)
+    # A retry keeps the key, even when another message of the key is due before it.
+    later = utcnow() + timedelta(minutes=5)
+    dialect.flush([done(a, OutcomeKind.RETRY, MessageState.RETRYABLE, next_attempt_at=later), done(b)], utcnow())
+    assert acquire(dialect) == []
+    (again,) = acquire(dialect, now=later)
+    assert again.id == ids[0]
+    dialect.flush([done(again)], utcnow())
+    assert [m.id for m in acquire(dialect)] == [ids[1]]  # archived: the next of the key, in enqueue order
+    assert not app.store.has_ready(None, utcnow())
+
+
 def test_fire_schedule_is_fenced_and_enqueues_once(app: JobQueue, dialect: Dialect) -> None:
     dialect.enqueue_one(row(task="jobqueue.schedule"))
     (message,) = acquire(dialect)

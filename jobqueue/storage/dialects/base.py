@@ -28,6 +28,7 @@ from jobqueue.storage.dialects.common import (
     AcquireParams,
     LeaseClock,
     WorkerState,
+    first_of_partition,
     json_text,
 )
 from jobqueue.storage.dialects.connector import Connector
@@ -138,6 +139,7 @@ class Dialect(Connector):
         stmt = sa.select(*columns).where(
             m.c.state.in_(READY_LITERALS),
             m.c.next_attempt_at <= sa.bindparam("now", type_=Timestamp),
+            first_of_partition(m),
         )
         if filtered:
             stmt = stmt.where(self.queue_filter(one))

@@ -16,6 +16,19 @@ from jobqueue.job import READY_STATES
 READY_LITERALS: list[sa.ColumnClause[Any]] = [sa.literal_column(f"'{state}'") for state in READY_STATES]
 PROCESSING: sa.ColumnClause[Any] = sa.literal_column("'PROCESSING'")
 
+
+def first_of_partition(message: sa.Table) -> sa.ColumnElement[bool]:
+    """The condition "no older active message shares this message's partition key".
+
+    Messages of one key run one at a time in enqueue (id) order: only the oldest active one may be
+    acquired, and it holds the key while it runs, waits to retry or is deferred, until its final
+    outcome moves it to the archive. One probe of the (partition_key, id) index per candidate.
+    """
+    earlier = message.alias("earlier")
+    older = sa.exists().where(earlier.c.partition_key == message.c.partition_key, earlier.c.id < message.c.id)
+    return sa.or_(message.c.partition_key.is_(None), ~older)
+
+
 # The columns a worker needs from an acquired message, in the order of Message's fields.
 ACQUIRED_COLUMNS = (
     "id",
