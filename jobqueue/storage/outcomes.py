@@ -44,6 +44,7 @@ class Field:
     kind: str
     value: Callable[[Outcome, datetime], Any]
     keep_if_null: bool = False  # a requeue without an error keeps the last one recorded
+    per_flush: bool = False  # the same for every outcome of a flush (a dialect may bind it once)
 
 
 def _error(part: str) -> Callable[[Outcome, datetime], Any]:
@@ -62,7 +63,7 @@ ARCHIVED = (
     Field("first_attempt_at", "timestamp", lambda o, now: o.message.first_attempt_at or o.started_at),
     Field("last_attempt_at", "timestamp", lambda o, now: o.started_at or o.message.acquired_at),
     Field("finished_at", "timestamp", lambda o, now: o.finished_at),
-    Field("archived_at", "timestamp", lambda o, now: now),
+    Field("archived_at", "timestamp", lambda o, now: now, per_flush=True),
     Field("result", "bytes", lambda o, now: o.result),
     Field("error_type", "text", _error("type")),
     Field("error_message", "text", _error("message")),

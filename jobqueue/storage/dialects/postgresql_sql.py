@@ -31,13 +31,20 @@ logger = logging.getLogger("jobqueue.storage")
 # Outcomes travel as one JSON document per kind, which json_to_recordset turns back into typed rows
 # on the server: one literal to send and parse, where one array literal per field and row cost more
 # on both sides than the statement itself. Bytes travel base64-encoded. The columns are the shared
-# outcome fields (storage.outcomes), plus each delivery's id and lease token.
+# outcome fields (storage.outcomes), plus each delivery's id and lease token. Keys are short (the
+# field's position), and a field that is the same for the whole flush is bound once: the document
+# is built by the worker and parsed by the server for every outcome, so its size is paid twice.
 _KINDS = {"text": sa.Text, "bytes": sa.Text, "integer": sa.Integer, "timestamp": sa.DateTime}
 _KEYS = (sa.column("id", sa.BigInteger), sa.column("token", sa.BigInteger))
 
 
+def _sent(fields: tuple[Field, ...]) -> list[tuple[str, Field]]:
+    """The fields that travel in each outcome's JSON object, with their keys."""
+    return [(f"f{number}", field) for number, field in enumerate(fields) if not field.per_flush]
+
+
 def _recordset(param: str, fields: tuple[Field, ...], extra: tuple[Any, ...] = ()) -> Any:
-    columns = [*_KEYS, *extra, *[sa.column(f.column, _KINDS[f.kind]) for f in fields]]
+    columns = [*_KEYS, *extra, *[sa.column(key, _KINDS[f.kind]) for key, f in _sent(fields)]]
     rows = (
         sa.func.json_to_recordset(sa.cast(sa.bindparam(param, type_=sa.Text), postgresql.JSON))
         .table_valued(*columns)
@@ -46,8 +53,12 @@ def _recordset(param: str, fields: tuple[Field, ...], extra: tuple[Any, ...] = (
     return sa.select(rows).cte(param)
 
 
-def _value(field: Field, column: Any) -> Any:
-    """A recordset column as its table column takes it (bytes come base64-encoded)."""
+def _column(recordset: Any, fields: tuple[Field, ...], field: Field) -> Any:
+    """A field's value as its table column takes it: from the recordset (bytes come base64-encoded),
+    or from the flush's bind for a field the same for every outcome."""
+    if field.per_flush:
+        return sa.bindparam(f"flush_{field.column}", type_=_KINDS[field.kind])
+    column = recordset.c[f"f{fields.index(field)}"]
     return sa.func.decode(column, sa.literal_column("'base64'")) if field.kind == "bytes" else column
 
 
@@ -73,7 +84,7 @@ def build_apply_outcomes(m: sa.Table, a: sa.Table) -> Any:
         sa.insert(a)
         .from_select(
             [*COPIED, *[f.column for f in ARCHIVED]],
-            sa.select(*[moved.c[column] for column in COPIED], *[_value(f, fin.c[f.column]) for f in ARCHIVED])
+            sa.select(*[moved.c[column] for column in COPIED], *[_column(fin, ARCHIVED, f) for f in ARCHIVED])
             .join_from(moved, fin, matched)
             .where(fin.c.retain),
         )
@@ -81,7 +92,7 @@ def build_apply_outcomes(m: sa.Table, a: sa.Table) -> Any:
     )
     values: dict[str, Any] = {}
     for field in REQUEUED:
-        value = _value(field, req.c[field.column])
+        value = _column(req, REQUEUED, field)
         values[field.column] = sa.func.coalesce(value, m.c[field.column]) if field.keep_if_null else value
     requeued = (
         sa.update(m)
@@ -103,13 +114,17 @@ def _json_value(value: Any) -> Any:
     return value
 
 
-def _document(outcome: Outcome, fields: tuple[Field, ...], now: datetime) -> dict[str, Any]:
+def _document(outcome: Outcome, sent: list[tuple[str, Field]], now: datetime) -> dict[str, Any]:
     row: dict[str, Any] = {"id": outcome.message.id, "token": outcome.message.lease_token}
-    for field in fields:
+    for key, field in sent:
         value = field.value(outcome, now)
         if value is not None:  # a missing key reads as NULL: most outcomes carry no result or error
-            row[field.column] = _json_value(value)
+            row[key] = _json_value(value)
     return row
+
+
+_SENT_ARCHIVED, _SENT_REQUEUED = _sent(ARCHIVED), _sent(REQUEUED)
+_PER_FLUSH = [field for field in (*ARCHIVED, *REQUEUED) if field.per_flush]
 
 
 def outcome_binds(outcomes: list[Outcome], now: datetime) -> dict[str, Any]:
@@ -117,10 +132,12 @@ def outcome_binds(outcomes: list[Outcome], now: datetime) -> dict[str, Any]:
     finals, requeues = [], []
     for outcome in outcomes:
         if outcome.kind is OutcomeKind.ARCHIVE:
-            finals.append({**_document(outcome, ARCHIVED, now), "retain": outcome.retain})
+            finals.append({**_document(outcome, _SENT_ARCHIVED, now), "retain": outcome.retain})
         else:
-            requeues.append(_document(outcome, REQUEUED, now))
+            requeues.append(_document(outcome, _SENT_REQUEUED, now))
+    flush_wide = {f"flush_{field.column}": field.value(outcomes[0], now) for field in _PER_FLUSH if outcomes}
     return {
+        **flush_wide,
         "ids": "{" + ",".join(str(o.message.id) for o in outcomes) + "}",
         "fin": json.dumps(finals),
         "req": json.dumps(requeues),
