@@ -15,7 +15,7 @@ import sqlalchemy as sa
 
 from benchmarks import raw
 from benchmarks.common import Measure, interleave, report
-from benchmarks.worker import BenchWorker, fresh_app, queue_empty, wait_until
+from benchmarks.worker import BenchWorker, fresh_app, queue_empty, wait_until, worker_command
 
 WORKER_OPTIONS: list[str] = []  # extra `jobqueue worker` options (--worker-option on the command line)
 
@@ -161,19 +161,7 @@ def jobqueue_like_peers(url: str, jobs: int, processes: int) -> dict[str, float]
         conn.commit()
         return value
 
-    command = [
-        sys.executable,
-        "-m",
-        "jobqueue",
-        "--app",
-        "benchmarks.tasks:app",
-        "--log-level",
-        "WARNING",
-        "worker",
-        "--concurrency",
-        str(processes),
-        *WORKER_OPTIONS,
-    ]
+    command = worker_command("--concurrency", str(processes), *WORKER_OPTIONS)
     try:
         return _common.run_processing(
             jobs, lambda: _common.Workers("jobqueue", [command], env={"JOBQUEUE_DATABASE_URL": url}), done

@@ -14,21 +14,25 @@ import sqlalchemy as sa
 from jobqueue import JobQueue
 
 
+def worker_command(*args: str) -> list[str]:
+    """``jobqueue worker`` on the benchmark tasks, logging warnings only."""
+    return [
+        sys.executable,
+        "-m",
+        "jobqueue",
+        "--app",
+        "benchmarks.tasks:app",
+        "--log-level",
+        "WARNING",
+        "worker",
+        *args,
+    ]
+
+
 class BenchWorker:
     def __init__(self, url: str, *args: str, env: dict[str, str] | None = None) -> None:
-        command = [
-            sys.executable,
-            "-m",
-            "jobqueue",
-            "--app",
-            "benchmarks.tasks:app",
-            "--log-level",
-            "WARNING",
-            "worker",
-            *args,
-        ]
         self.process = subprocess.Popen(
-            command,
+            worker_command(*args),
             env=dict(os.environ, JOBQUEUE_DATABASE_URL=url, **(env or {})),
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,

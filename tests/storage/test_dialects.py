@@ -17,8 +17,9 @@ import sqlalchemy as sa
 
 from jobqueue import JobQueue
 from jobqueue.clock import utcnow
-from jobqueue.job import Batch, Message, MessageState, Outcome, OutcomeKind
+from jobqueue.job import Batch, Message, MessageState, OutcomeKind
 from jobqueue.storage.dialects import AcquireParams, Dialect, LeaseClock, WorkerState
+from tests.storage.test_store import outcome, rows
 
 WORKER = "w" * 32
 
@@ -60,26 +61,6 @@ def acquire(
     )
 
 
-def stored(app: JobQueue, table: str = "message") -> list[dict]:
-    t = getattr(app.tables, table)
-    with app.engine.connect() as conn:
-        return [dict(r) for r in conn.execute(sa.select(t).order_by(t.c.id)).mappings()]
-
-
-def done(
-    message: Message, kind: OutcomeKind = OutcomeKind.ARCHIVE, state: MessageState = MessageState.COMPLETED, **extra
-) -> Outcome:
-    return Outcome(
-        message=message,
-        kind=kind,
-        state=state,
-        finished_at=utcnow(),
-        started_at=utcnow(),
-        checkpoint=message.checkpoint,
-        **extra,
-    )
-
-
 # -- enqueue -----------------------------------------------------------------------------------------
 
 
@@ -90,8 +71,8 @@ def test_enqueue_one_and_batches_return_ids_in_order(app: JobQueue, dialect: Dia
         many = dialect.insert_messages(conn, [row(), row()])
     ids = [first, *batch, *many]
     assert ids == sorted(ids) and len(set(ids)) == 6
-    assert [r["id"] for r in stored(app)] == ids
-    assert [r["payload"] for r in stored(app)][1:4] == [b"[[1],{}]", b"[[2],{}]", b"[[3],{}]"]
+    assert [r["id"] for r in rows(app)] == ids
+    assert [r["payload"] for r in rows(app)][1:4] == [b"[[1],{}]", b"[[2],{}]", b"[[3],{}]"]
 
 
 def test_bulk_reads_each_payload_once_in_order_and_commits_once(app: JobQueue, dialect: Dialect) -> None:
@@ -106,7 +87,7 @@ def test_bulk_reads_each_payload_once_in_order_and_commits_once(app: JobQueue, d
     ids = dialect.bulk(Batch(row(), Lazy([f"[[{i}],{{}}]".encode() for i in range(2500)]), [None] * 2500), 1000)
     assert reads == list(range(2500))
     assert ids == sorted(ids) and len(ids) == 2500
-    assert [r["payload"] for r in stored(app)][2499] == b"[[2499],{}]"
+    assert [r["payload"] for r in rows(app)][2499] == b"[[2499],{}]"
 
 
 def test_unique_keys_insert_once_and_new_rows_skip_active_keys(app: JobQueue, dialect: Dialect) -> None:
@@ -116,7 +97,7 @@ def test_unique_keys_insert_once_and_new_rows_skip_active_keys(app: JobQueue, di
         assert dialect.insert_unique(conn, row(key="k1")) is None
         inserted = dialect.insert_new(conn, [row(key="k1"), row(key="k2"), row(key="k3")])
     assert sorted(key for _, key in inserted) == ["k2", "k3"]
-    assert sorted(r["unique_key"] for r in stored(app)) == ["k1", "k2", "k3"]
+    assert sorted(r["unique_key"] for r in rows(app)) == ["k1", "k2", "k3"]
 
 
 # -- acquire, flush ----------------------------------------------------------------------------------
@@ -165,19 +146,19 @@ def test_flush_applies_every_kind_of_outcome_fenced_by_the_token(app: JobQueue, 
     later = utcnow() + timedelta(minutes=5)
     applied = dialect.flush(
         [
-            done(done_, result=b"42"),
-            done(failed, state=MessageState.FAILED),
-            done(retried, OutcomeKind.RETRY, MessageState.RETRYABLE, next_attempt_at=later),
-            done(returned, OutcomeKind.RETURN, MessageState.PENDING),
-            done(stale),
+            outcome(done_, result=b"42"),
+            outcome(failed, state=MessageState.FAILED),
+            outcome(retried, OutcomeKind.RETRY, MessageState.RETRYABLE, next_attempt_at=later),
+            outcome(returned, OutcomeKind.RETURN, MessageState.PENDING),
+            outcome(stale),
         ],
         utcnow(),
     )
     assert applied == {(m.id, 7) for m in (done_, failed, retried, returned)}
-    archive = {r["id"]: r for r in stored(app, "archive")}
+    archive = {r["id"]: r for r in rows(app, "archive")}
     assert (archive[done_.id]["state"], archive[done_.id]["result"]) == ("COMPLETED", b"42")
     assert archive[failed.id]["state"] == "FAILED"
-    messages = {r["id"]: r for r in stored(app)}
+    messages = {r["id"]: r for r in rows(app)}
     assert (messages[retried.id]["state"], messages[retried.id]["deliveries_count"]) == ("RETRYABLE", 0)
     assert (messages[returned.id]["attempts_count"], messages[returned.id]["deliveries_count"]) == (0, 0)
     assert messages[stale.id]["state"] == "PROCESSING"
@@ -194,11 +175,11 @@ def test_a_partition_serves_its_oldest_active_message_only(app: JobQueue, dialec
     a, b, _ = sorted(first, key=lambda m: m.id)
     # A retry keeps the key, even when another message of the key is due before it.
     later = utcnow() + timedelta(minutes=5)
-    dialect.flush([done(a, OutcomeKind.RETRY, MessageState.RETRYABLE, next_attempt_at=later), done(b)], utcnow())
+    dialect.flush([outcome(a, OutcomeKind.RETRY, MessageState.RETRYABLE, next_attempt_at=later), outcome(b)], utcnow())
     assert acquire(dialect) == []
     (again,) = acquire(dialect, now=later)
     assert again.id == ids[0]
-    dialect.flush([done(again)], utcnow())
+    dialect.flush([outcome(again)], utcnow())
     assert [m.id for m in acquire(dialect)] == [ids[1]]  # archived: the next of the key, in enqueue order
     assert not app.store.has_ready(None, utcnow())
 
@@ -209,7 +190,7 @@ def test_fire_schedule_is_fenced_and_enqueues_once(app: JobQueue, dialect: Diale
     job = row(task="t.report", key="report@1")
     assert dialect.fire_schedule(message, job, utcnow() + timedelta(hours=1), b"{}")
     assert not dialect.fire_schedule(message, job, utcnow() + timedelta(hours=1), b"{}")  # the token moved on
-    assert sorted(r["task_name"] for r in stored(app)) == ["jobqueue.schedule", "t.report"]
+    assert sorted(r["task_name"] for r in rows(app)) == ["jobqueue.schedule", "t.report"]
 
 
 # -- leases ----------------------------------------------------------------------------------------------
@@ -239,7 +220,7 @@ def test_renew_moves_leases_forward_and_release_returns_them(app: JobQueue, dial
     assert (worker["running_job_id"], worker["jobs_done"]) == (None, 6)  # the heartbeat says what runs now
     m = app.tables.message
     assert dialect.release([m.c.worker_id == WORKER], attempts=sa.literal(1), deliveries=sa.literal(1)) == 2
-    assert {(r["state"], r["attempts_count"], r["worker_id"]) for r in stored(app)} == {("PENDING", 0, None)}
+    assert {(r["state"], r["attempts_count"], r["worker_id"]) for r in rows(app)} == {("PENDING", 0, None)}
 
 
 # -- wake-ups ------------------------------------------------------------------------------------------

@@ -276,27 +276,30 @@ def test_after_a_truncate_new_ids_never_collide_with_archived_ones(app: JobQueue
     assert [h.get(timeout=1) for h in old] == ["old"] * 5
 
 
+def insert_colliding(app: JobQueue, job_id: int) -> None:
+    """A PENDING row of t.add(2) under ``job_id``, an id the archive already holds."""
+    row = {
+        "id": job_id,
+        "task_name": "t.add",
+        "queue": "default",
+        "priority": 0,
+        "state": "PENDING",
+        "payload": app.serializer.dumps([[2], {}]),
+        "attempts_count": 0,
+        "deliveries_count": 0,
+        "created_at": utcnow(),
+        "next_attempt_at": utcnow() - timedelta(seconds=1),
+    }
+    with app.engine.begin() as conn:
+        conn.execute(sa.insert(app.tables.message), row)
+
+
 @only("mysql")
 def test_a_colliding_row_left_behind_gets_a_fresh_id_when_a_worker_starts(app: JobQueue, add) -> None:
     (first,) = add.bulk([(1,)])
     (m,) = app.store.acquire(WORKER, None, 1, 30.0)
     app.store.flush([finished(m)])
-    with app.engine.begin() as conn:  # as if its enqueuer died between its insert and the move
-        conn.execute(
-            sa.insert(app.tables.message),
-            {
-                "id": first.id,
-                "task_name": "t.add",
-                "queue": "default",
-                "priority": 0,
-                "state": "PENDING",
-                "payload": app.serializer.dumps([[2], {}]),
-                "attempts_count": 0,
-                "deliveries_count": 0,
-                "created_at": utcnow(),
-                "next_attempt_at": utcnow() - timedelta(seconds=1),
-            },
-        )
+    insert_colliding(app, first.id)  # as if its enqueuer died between its insert and the move
     assert app.store.repair_ids() == 1  # what a worker does when it starts
     (again,) = app.store.acquire(WORKER, None, 1, 30.0)
     assert again.id > first.id
@@ -307,22 +310,7 @@ def test_a_colliding_row_a_worker_took_before_its_move_is_released_and_fenced(ap
     (first,) = add.bulk([(1,)])
     (m,) = app.store.acquire(WORKER, None, 1, 30.0)
     app.store.flush([finished(m)])
-    with app.engine.begin() as conn:
-        conn.execute(
-            sa.insert(app.tables.message),
-            {
-                "id": first.id,
-                "task_name": "t.add",
-                "queue": "default",
-                "priority": 0,
-                "state": "PENDING",
-                "payload": app.serializer.dumps([[2], {}]),
-                "attempts_count": 0,
-                "deliveries_count": 0,
-                "created_at": utcnow(),
-                "next_attempt_at": utcnow() - timedelta(seconds=1),
-            },
-        )
+    insert_colliding(app, first.id)
     (early,) = app.store.acquire(WORKER, None, 1, 30.0)  # taken in the instant before its enqueuer moved it
     assert app.store.repair_ids() == 1
     assert app.store.flush([finished(early)]).lost  # that delivery's outcome is fenced out

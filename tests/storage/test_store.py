@@ -10,7 +10,7 @@ import sqlalchemy as sa
 
 from jobqueue import JobQueue, SerializationError
 from jobqueue.clock import utcnow
-from jobqueue.job import ErrorInfo, MessageState, Outcome, OutcomeKind
+from jobqueue.job import ErrorInfo, Message, MessageState, Outcome, OutcomeKind
 from jobqueue.storage import jobs
 
 WORKER = "w" * 32
@@ -23,7 +23,9 @@ def rows(app: JobQueue, table: str = "message") -> list[dict]:
         return [dict(r) for r in conn.execute(sa.select(t).order_by(t.c.id)).mappings()]
 
 
-def outcome(message, kind=OutcomeKind.ARCHIVE, state=MessageState.COMPLETED, **extra):
+def outcome(
+    message: Message, kind: OutcomeKind = OutcomeKind.ARCHIVE, state: MessageState = MessageState.COMPLETED, **extra
+) -> Outcome:
     return Outcome(
         message=message,
         kind=kind,
