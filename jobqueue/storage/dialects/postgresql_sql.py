@@ -13,7 +13,7 @@ import io
 import json
 import logging
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -106,24 +106,37 @@ def build_apply_outcomes(m: sa.Table, a: sa.Table) -> Any:
     )
 
 
-def _json_value(value: Any) -> Any:
-    if isinstance(value, bytes):
-        return base64.b64encode(value).decode("ascii")
-    if isinstance(value, datetime):
-        return value.isoformat()
-    return value
+def _base64(value: bytes) -> str:
+    return base64.b64encode(value).decode("ascii")
 
 
-def _document(outcome: Outcome, sent: list[tuple[str, Field]], now: datetime) -> dict[str, Any]:
-    row: dict[str, Any] = {"id": outcome.message.id, "token": outcome.message.lease_token}
-    for key, field in sent:
-        value = field.value(outcome, now)
-        if value is not None:  # a missing key reads as NULL: most outcomes carry no result or error
-            row[key] = _json_value(value)
-    return row
+# How a value of each kind travels in JSON (None: as it is). Chosen once per field, not per value.
+_TO_JSON: dict[str, Callable[[Any], Any] | None] = {
+    "text": None,
+    "integer": None,
+    "timestamp": datetime.isoformat,
+    "bytes": _base64,
+}
+
+Document = Callable[[Outcome, datetime], dict[str, Any]]
 
 
-_SENT_ARCHIVED, _SENT_REQUEUED = _sent(ARCHIVED), _sent(REQUEUED)
+def _document(fields: tuple[Field, ...]) -> Document:
+    """A function building one outcome's JSON object for the recordset of ``fields``."""
+    sent = [(key, field.value, _TO_JSON[field.kind]) for key, field in _sent(fields)]
+
+    def document(outcome: Outcome, now: datetime) -> dict[str, Any]:
+        row: dict[str, Any] = {"id": outcome.message.id, "token": outcome.message.lease_token}
+        for key, value_of, to_json in sent:
+            value = value_of(outcome, now)
+            if value is not None:  # a missing key reads as NULL: most outcomes carry no result or error
+                row[key] = value if to_json is None else to_json(value)
+        return row
+
+    return document
+
+
+_ARCHIVED_DOCUMENT, _REQUEUED_DOCUMENT = _document(ARCHIVED), _document(REQUEUED)
 _PER_FLUSH = [field for field in (*ARCHIVED, *REQUEUED) if field.per_flush]
 
 
@@ -132,9 +145,11 @@ def outcome_binds(outcomes: list[Outcome], now: datetime) -> dict[str, Any]:
     finals, requeues = [], []
     for outcome in outcomes:
         if outcome.kind is OutcomeKind.ARCHIVE:
-            finals.append({**_document(outcome, _SENT_ARCHIVED, now), "retain": outcome.retain})
+            row = _ARCHIVED_DOCUMENT(outcome, now)
+            row["retain"] = outcome.retain
+            finals.append(row)
         else:
-            requeues.append(_document(outcome, _SENT_REQUEUED, now))
+            requeues.append(_REQUEUED_DOCUMENT(outcome, now))
     flush_wide = {f"flush_{field.column}": field.value(outcomes[0], now) for field in _PER_FLUSH if outcomes}
     return {
         **flush_wide,
