@@ -120,6 +120,9 @@ class Message:
     checkpoint: bytes | None = None
     options: dict[str, Any] | None = None
     history: list[Any] | None = None
+    flow_key: str | None = None  # its concurrency key (or "task:<name>"), where its task has limits
+    concurrency_limit: int | None = None
+    rate_interval_us: int | None = None
     corrupt: str | None = None  # why its row could not be read back (it is failed without running)
 
 

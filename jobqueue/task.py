@@ -17,6 +17,7 @@ from jobqueue.ack import AckPolicy
 from jobqueue.clock import to_naive_utc, utcnow
 from jobqueue.context import JobContext, activate, deactivate, from_now
 from jobqueue.errors import ConfigurationError, SerializationError
+from jobqueue.flow import NO_FLOW, Flow
 from jobqueue.handle import JobHandle
 from jobqueue.job import Batch, MessageState
 from jobqueue.retry import RetryStrategy
@@ -45,6 +46,9 @@ class TaskOptions:
     max_deliveries: int | None = None
     ack_policy: AckPolicy | None = None
     bind: bool = False
+    concurrency_key: str | Callable[..., Any] | None = None
+    concurrency_limit: int | None = None
+    rate_limit: str | None = None
 
 
 OPTION_NAMES = tuple(TaskOptions.__dataclass_fields__)
@@ -125,6 +129,7 @@ def build_options(fn: Callable[..., Any], options: dict[str, Any]) -> TaskOption
         raise ConfigurationError(f"ack_policy must be an AckPolicy member, got {policy!r}")
     if not isinstance(values.get("bind", False), bool):
         raise ConfigurationError("bind must be True or False")
+    Flow.of(values["name"], values.get("concurrency_key"), values.get("concurrency_limit"), values.get("rate_limit"))
     return TaskOptions(**values)
 
 
@@ -136,6 +141,7 @@ class Task:
         self.fn = fn
         self.options = options
         self.name = options.name
+        self.flow = Flow.of(options.name, options.concurrency_key, options.concurrency_limit, options.rate_limit)
         functools.update_wrapper(self, fn)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -228,6 +234,8 @@ class Task:
         )
         items = list(items)
         keys = self._bulk_keys(items, unique_key)
+        if self.flow.per_call:
+            return self._bulk_by_flow_key(items, keys, common, batch_size, connection)
         # Payloads are serialized as the store reads them: all before anything is sent, or, where
         # the database streams a bulk of its own (PostgreSQL's COPY), while it parses the rows before.
         batch = Batch(common, _Payloads(self, items), keys)
@@ -235,17 +243,33 @@ class Task:
             ids = self.app.store.enqueue_bulk(batch, batch_size, given)
         return [JobHandle(self.app, job_id) for job_id in ids]
 
+    def _bulk_by_flow_key(
+        self,
+        items: list[Any],
+        keys: list[str | None],
+        common: dict[str, Any],
+        batch_size: int,
+        connection: Any,
+    ) -> list[JobHandle]:
+        """A bulk whose concurrency key depends on each item: one batch per key, in one transaction."""
+        groups: dict[str | None, list[int]] = {}
+        for index, item in enumerate(items):
+            args, kwargs = _item_call(item, index)
+            groups.setdefault(self.flow.key_for(args, kwargs), []).append(index)
+        ids: list[int] = [0] * len(items)
+        with self.app.enqueue_connection(connection) as given, self.app.store.writing(given) as conn:
+            for key, indexes in groups.items():
+                batch = Batch(
+                    {**common, **self.flow.columns(key)},
+                    _Payloads(self, [items[i] for i in indexes]),
+                    [keys[i] for i in indexes],
+                )
+                for index, new_id in zip(indexes, self.app.store.enqueue_bulk(batch, batch_size, conn), strict=True):
+                    ids[index] = new_id
+        return [JobHandle(self.app, job_id) for job_id in ids]
+
     def _bulk_payload(self, item: Any, index: int) -> bytes:
-        args: Sequence[Any]
-        if isinstance(item, dict):
-            args, kwargs = (), item
-        elif isinstance(item, (tuple, list)):
-            args, kwargs = item, {}
-        else:
-            raise SerializationError(
-                f"bulk item {index} is a {type(item).__name__}: give a tuple of "
-                "positional arguments (for one argument: (value,)) or a dict of kwargs"
-            )
+        args, kwargs = _item_call(item, index)
         return self._payload(args, kwargs, index)
 
     def common_row(
@@ -261,7 +285,7 @@ class Task:
     ) -> dict[str, Any]:
         """The columns every job of one bulk enqueue shares (``Batch.common``), options checked."""
         options = self._call_options(eta, countdown, queue, priority, headers, None, partition_key, retry_strategy)
-        return self._row((), {}, options, utcnow())
+        return self._row((), {}, options, utcnow(), per_call=False)
 
     @staticmethod
     def _bulk_keys(items: list[Any], unique_key: Any) -> list[str | None]:
@@ -329,9 +353,14 @@ class Task:
         return payload
 
     def _row(
-        self, args: Sequence[Any], kwargs: dict[str, Any], options: dict[str, Any], now: datetime
+        self, args: Sequence[Any], kwargs: dict[str, Any], options: dict[str, Any], now: datetime, per_call: bool = True
     ) -> dict[str, Any]:
+        """A message row; without ``per_call`` (the row a bulk's rows share) a flow key that depends
+        on the arguments is left for each row to set."""
         payload = self._payload(args, kwargs)
+        flow = NO_FLOW
+        if self.flow.enabled and (per_call or not self.flow.per_call):
+            flow = self.flow.columns(self.flow.key_for(args, kwargs))
         return {
             "task_name": self.name,
             "queue": options["queue"],
@@ -341,6 +370,7 @@ class Task:
             "headers": options["headers"],
             "unique_key": options["unique_key"],
             "partition_key": options["partition_key"],
+            **flow,
             "options": options["options"],
             "attempts_count": 0,
             "deliveries_count": 0,
@@ -382,6 +412,18 @@ def check_headers(headers: Any) -> None:
 def _item(index: int | None) -> str:
     """Where a bulk() error happened: "item 3: " (nothing for a single call)."""
     return "" if index is None else f"item {index}: "
+
+
+def _item_call(item: Any, index: int) -> tuple[Sequence[Any], dict[str, Any]]:
+    """A bulk item as the call's (args, kwargs)."""
+    if isinstance(item, dict):
+        return (), item
+    if isinstance(item, (tuple, list)):
+        return item, {}
+    raise SerializationError(
+        f"bulk item {index} is a {type(item).__name__}: give a tuple of "
+        "positional arguments (for one argument: (value,)) or a dict of kwargs"
+    )
 
 
 class _Payloads(Sequence[bytes]):

@@ -92,6 +92,12 @@ class WorkerProcess:
         self.keeper_writer = OutcomeWriter(app.store, DatabaseGuard(logger, "database (keeper)", self._classify))
         self.wake_at: float | None = None  # monotonic time a deferred message of ours comes due
         self.listener: Listener | None = None  # where the database notifies: this process's own line
+        # Whether a task this process serves has a concurrency key or limits (then its jobs are
+        # acquired key by key too).
+        queues = self.settings.queues
+        self.flow = any(
+            task.flow.enabled and (queues is None or task.queue in queues) for task in app.registry.values()
+        )
 
     # -- entry point -------------------------------------------------------------------------------
     def main(self) -> int:
@@ -184,6 +190,7 @@ class WorkerProcess:
                 limit,
                 self.settings.release_stuck_timeout,
                 token=self.pending_token,
+                flow=self.flow,
             )
             self.pending_token = None
             return messages
@@ -200,6 +207,10 @@ class WorkerProcess:
                 self.wake_at = None
             else:
                 self.next_fetch_at = min(self.next_fetch_at, self.wake_at)
+        due_in = self.store.flow_due_in if self.flow else None
+        if due_in is not None:
+            # A key held back by its rate may start its next job then.
+            self.next_fetch_at = min(self.next_fetch_at, time.monotonic() + max(0.001, due_in))
         self.spec.slot.set_idle(not messages and not len(self.held))
 
     def _undo_lost_acquire(self) -> None:
@@ -229,12 +240,17 @@ class WorkerProcess:
         self.avg_duration = (
             duration if self.avg_duration is None else (EWMA_WEIGHT * duration + (1 - EWMA_WEIGHT) * self.avg_duration)
         )
+        # A job that held a concurrency slot gives it back at once, not at the next flush.
+        limited = outcome is not None and outcome.message.concurrency_limit is not None
         if pending and (
-            not len(self.held)
+            limited
+            or not len(self.held)
             or pending >= self.capacity
             or time.monotonic() - self.last_flush >= self.settings.flush_interval
         ):
             self._flush()
+        if limited:
+            self.next_fetch_at = 0.0  # and this process may take the next job of the key
 
     def _idle_wait(self) -> None:
         timeout = self.next_fetch_at - time.monotonic()

@@ -142,6 +142,8 @@ def retry(store: Store, job_ids: Iterable[int], now: datetime | None = None) -> 
                     last_error_message=row["error_message"],
                     last_error_traceback=row["error_traceback"],
                 )
+                if values.get("flow_key") is not None:
+                    store.dialect.insert_flow_keys(conn, {values["flow_key"]}, now)
                 conn.execute(sa.insert(m), values)
                 conn.execute(sa.delete(a).where(a.c.id == job_id))
         except sa.exc.IntegrityError:

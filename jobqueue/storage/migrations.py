@@ -66,6 +66,24 @@ def _to_3(connection: sa.Connection, tables: Tables) -> list[str]:
     return _add_indexes(connection, tables.message, [f"ix_{tables.prefix}message_partition"])
 
 
+def _to_4(connection: sa.Connection, tables: Tables) -> list[str]:
+    flowed = ["flow_key", "concurrency_limit", "rate_interval_us"]
+    statements = _add_columns(connection, tables.message, flowed) + _add_columns(connection, tables.archive, flowed)
+    dialect = connection.dialect
+    if not sa.inspect(connection).has_table(tables.flow.name):
+        statements.append(str(sa.schema.CreateTable(tables.flow).compile(dialect=dialect)))
+        statements.extend(str(sa.schema.CreateIndex(index).compile(dialect=dialect)) for index in tables.flow.indexes)
+    p = tables.prefix
+    for name in (f"ix_{p}message_ready", f"ix_{p}message_ready_queue"):
+        index = next(i for i in tables.message.indexes if i.name == name)
+        if index.dialect_kwargs.get(f"{dialect.name}_where") is not None:
+            # Partial on this database: the ready indexes now leave out messages with a flow key.
+            statements.append(f"DROP INDEX {name}")
+            statements.append(str(sa.schema.CreateIndex(index).compile(dialect=dialect)))
+    flow_indexes = [f"ix_{p}message_flow_ready", f"ix_{p}message_flow_state"]
+    return statements + _add_indexes(connection, tables.message, flow_indexes)
+
+
 MIGRATIONS = (
     Migration(
         2,
@@ -74,6 +92,12 @@ MIGRATIONS = (
         _to_2,
     ),
     Migration(3, "an index that lets messages with a partition key run one at a time, in order", _to_3),
+    Migration(
+        4,
+        "concurrency keys, concurrency limits and rate limits: a flow key and its limits on each job, "
+        "a table of flow keys, and indexes that acquire each key's jobs by themselves",
+        _to_4,
+    ),
 )
 assert MIGRATIONS[-1].version == SCHEMA_VERSION, "the newest migration must reach SCHEMA_VERSION"
 

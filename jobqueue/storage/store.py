@@ -8,6 +8,7 @@ while a job runs.
 
 from __future__ import annotations
 
+import dataclasses
 import secrets
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -71,6 +72,8 @@ class Store:
         self.engine = engine
         self.tables = tables
         self.dialect = dialect_for(engine, tables)
+        self._flow_first = False
+        self.flow_due_in: float | None = None
 
     def dispose(self, close: bool = True) -> None:
         """Drop every pooled connection; ``close=False`` in a forked child, whose parent still uses them."""
@@ -119,11 +122,14 @@ class Store:
 
         Rows with a ``unique_key`` return the id of the active message holding that key, if any.
         """
-        if connection is None and len(rows) == 1 and rows[0].get("unique_key") is None:
+        flow_keys = {row["flow_key"] for row in rows if row.get("flow_key") is not None}
+        if connection is None and len(rows) == 1 and rows[0].get("unique_key") is None and not flow_keys:
             with self.schema_errors():
                 return [self.dialect.enqueue_one(rows[0])]
         ids: list[int] = [0] * len(rows)
         with self.writing(connection) as conn:
+            if flow_keys:
+                self.dialect.insert_flow_keys(conn, flow_keys, utcnow())
             plain = [i for i, row in enumerate(rows) if row.get("unique_key") is None]
             if plain:
                 for i, new_id in zip(plain, self.dialect.insert_messages(conn, [rows[i] for i in plain]), strict=True):
@@ -156,12 +162,19 @@ class Store:
         one COPY, serializing each payload as it is read); otherwise every payload is serialized
         first, so that a bad item writes nothing.
         """
+        flow_key = batch.common.get("flow_key")
         if connection is None and not any(key is not None for key in batch.unique_keys):
             with self.schema_errors():
+                if flow_key is not None:
+                    # Its own transaction first: a flow row without jobs (the bulk failed) is harmless.
+                    with self.engine.begin() as conn:
+                        self.dialect.insert_flow_keys(conn, {flow_key}, utcnow())
                 return self.dialect.bulk(batch, batch_size)
         payloads = list(batch.payloads)
         ids: list[int] = []
         with self.writing(connection) as conn:
+            if flow_key is not None:
+                self.dialect.insert_flow_keys(conn, {flow_key}, utcnow())
             for start in range(0, len(payloads), batch_size):
                 end = start + batch_size
                 ids.extend(
@@ -218,8 +231,14 @@ class Store:
         lease_seconds: float,
         now: datetime | None = None,
         token: int | None = None,
+        flow: bool = False,
     ) -> list[Message]:
-        """Mark up to ``limit`` ready messages PROCESSING under a new lease token and return them."""
+        """Mark up to ``limit`` ready messages PROCESSING under a new lease token and return them.
+
+        With ``flow``, messages that have a flow key are acquired too, within their keys' limits,
+        and ``flow_due_in`` says in how many seconds a key held back by its rate may start its next one. Flow and
+        plain messages take turns to go first, so that neither kind starves the other.
+        """
         params = AcquireParams(
             worker_id=worker_id,
             token=token or new_lease_token(),
@@ -229,7 +248,23 @@ class Store:
             lease=self._lease_clock(lease_seconds, now),
         )
         with self.schema_errors():
-            return self.dialect.acquire(params)
+            if not flow:
+                return self.dialect.acquire(params)
+            self.flow_due_in = None
+            self._flow_first = not self._flow_first
+            if not self._flow_first:
+                messages = self.dialect.acquire(params)
+                if len(messages) >= limit:
+                    return messages
+                params = dataclasses.replace(params, limit=limit - len(messages))
+            flowed = self.dialect.acquire_flow(params)
+            self.flow_due_in = flowed.due_in
+            if not self._flow_first:
+                return messages + flowed.messages
+            rest = limit - len(flowed.messages)
+            if rest <= 0:
+                return flowed.messages
+            return flowed.messages + self.dialect.acquire(dataclasses.replace(params, limit=rest))
 
     def flush(self, outcomes: list[Outcome], now: datetime | None = None) -> FlushResult:
         """Apply outcomes in one transaction; those whose lease was lost are returned as ``lost``."""

@@ -1,8 +1,10 @@
 """The jobqueue tables, built with SQLAlchemy Core for any table prefix.
 
 ``message`` holds PENDING, PROCESSING and RETRYABLE rows; ``archive`` COMPLETED, FAILED and CANCELLED
-ones (history and dead-letter queue); ``worker`` one row per live worker process; ``schema_version``
-one row per version installed (by ``jobqueue db init`` or ``db upgrade``). Timestamps are naive UTC.
+ones (history and dead-letter queue); ``worker`` one row per live worker process; ``flow`` one row
+per concurrency key (or rate-limited task), where acquisitions of that key take turns; and
+``schema_version`` one row per version installed (by ``jobqueue db init`` or ``db upgrade``).
+Timestamps are naive UTC.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from jobqueue.job import READY_STATES
 
 # The version of the layout below. Raising it takes a numbered migration in storage.migrations that
 # brings a database of the version before up to it (and a Django migration that runs it).
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 _MYSQL = ("mysql", "mariadb")
 Id = sa.BigInteger().with_variant(sa.Integer(), "sqlite")  # INTEGER PRIMARY KEY is SQLite's rowid
@@ -25,7 +27,13 @@ LongText = sa.Text().with_variant(mysql.MEDIUMTEXT(), *_MYSQL)
 Timestamp = sa.DateTime().with_variant(mysql.DATETIME(fsp=6), *_MYSQL)  # DATETIME drops microseconds
 Json = sa.JSON(none_as_null=True)  # None is SQL NULL, not the JSON text 'null' (parsed back on every read)
 
-_READY = sa.text("state IN ({})".format(", ".join(f"'{state}'" for state in READY_STATES)))
+_READY_STATES = "state IN ({})".format(", ".join(f"'{state}'" for state in READY_STATES))
+_READY = sa.text(_READY_STATES)
+# Messages of a concurrency key (or a rate-limited task) are acquired their own way, key by key:
+# the main ready indexes hold only the others.
+_READY_FREE = sa.text(f"{_READY_STATES} AND flow_key IS NULL")
+_FLOW_READY = sa.text(f"{_READY_STATES} AND flow_key IS NOT NULL")
+_FLOWED = sa.text("flow_key IS NOT NULL")
 _PROCESSING = sa.text("state = 'PROCESSING'")
 
 
@@ -56,6 +64,7 @@ class Tables:
     worker: sa.Table
     schema_version: sa.Table
     prefix: str
+    flow: sa.Table
 
 
 def _job_columns() -> list[sa.Column[object]]:
@@ -69,6 +78,11 @@ def _job_columns() -> list[sa.Column[object]]:
         sa.Column("headers", Json),
         sa.Column("unique_key", sa.String(255)),
         sa.Column("partition_key", sa.String(255)),
+        # The concurrency key, or "task:<name>", and its limits as the task declared them when the
+        # job was enqueued (schema 4).
+        sa.Column("flow_key", sa.String(255)),
+        sa.Column("concurrency_limit", sa.Integer),
+        sa.Column("rate_interval_us", sa.BigInteger),  # microseconds between two starts
         sa.Column("checkpoint", Blob),
         sa.Column("options", Json),
         sa.Column("history", Json),
@@ -102,23 +116,21 @@ def build_tables(prefix: str = "jobqueue_", metadata: sa.MetaData | None = None)
     )
     # Acquire walks one of these in order and stops after LIMIT rows: no sort of the backlog.
     # PostgreSQL and SQLite index only ready rows; MySQL has no partial indexes and skips the few
-    # PROCESSING rows it meets.
+    # PROCESSING rows and rows with a flow key it meets. A flow key's ready messages have an index
+    # of their own (its running ones are counted on the next one): one range of it per key.
+    delivery_order = (message.c.priority.desc(), message.c.next_attempt_at, message.c.id)
+    for name, leading, where in (
+        ("ready_queue", [message.c.queue], _READY_FREE),
+        ("ready", [], _READY_FREE),
+        ("flow_ready", [message.c.flow_key], _FLOW_READY),
+    ):
+        sa.Index(f"ix_{prefix}message_{name}", *leading, *delivery_order, postgresql_where=where, sqlite_where=where)
     sa.Index(
-        f"ix_{prefix}message_ready_queue",
-        message.c.queue,
-        message.c.priority.desc(),
-        message.c.next_attempt_at,
-        message.c.id,
-        postgresql_where=_READY,
-        sqlite_where=_READY,
-    )
-    sa.Index(
-        f"ix_{prefix}message_ready",
-        message.c.priority.desc(),
-        message.c.next_attempt_at,
-        message.c.id,
-        postgresql_where=_READY,
-        sqlite_where=_READY,
+        f"ix_{prefix}message_flow_state",
+        message.c.flow_key,
+        message.c.state,
+        postgresql_where=_FLOWED,
+        sqlite_where=_FLOWED,
     )
     sa.Index(
         f"ix_{prefix}message_lease",
@@ -202,4 +214,16 @@ def build_tables(prefix: str = "jobqueue_", metadata: sa.MetaData | None = None)
         sa.Column("applied_by", sa.String(32)),  # the jobqueue release that applied it (schema 2)
         mysql_charset="utf8mb4",
     )
-    return Tables(md, message, archive, worker, schema_version, prefix)
+    # One row per flow key: acquisitions of a key lock its row (so that they count its running
+    # messages one at a time), keys are served in turn (served_at), and a rate limit keeps the time
+    # the key's next start is allowed (next_start_at).
+    flow = sa.Table(
+        f"{prefix}flow",
+        md,
+        sa.Column("flow_key", sa.String(255), primary_key=True),
+        sa.Column("served_at", Timestamp, nullable=False),
+        sa.Column("next_start_at", Timestamp),
+        mysql_charset="utf8mb4",
+    )
+    sa.Index(f"ix_{prefix}flow_served", flow.c.served_at)
+    return Tables(md, message, archive, worker, schema_version, prefix, flow)

@@ -186,6 +186,27 @@ def timed(seconds: float) -> None:
 @app.task(name="rt.ordered")
 def ordered(key: str, seq: int) -> None:
     """One message of a partition: records "start|end job pid ns key seq"."""
+    span(key, seq, 0.003)
+
+
+@app.task(name="rt.limited", concurrency_key="partner", concurrency_limit=2)
+def limited(seq: int, seconds: float = 0.01) -> None:
+    """At most two at once across every host: records "start|end job pid ns partner seq"."""
+    span("partner", seq, seconds)
+
+
+@app.task(name="rt.rated", rate_limit="20/s")
+def rated(seq: int) -> None:
+    span("rated", seq, 0.0)
+
+
+@app.task(name="rt.tenant", concurrency_key=lambda tenant, seq: tenant)
+def tenant(tenant: str, seq: int) -> None:
+    return None
+
+
+def span(key: str, seq: int, seconds: float) -> None:
+    """Record "start" and "end" lines ("event job pid monotonic-ns key seq") around a sleep."""
     path = os.environ.get("JOBQUEUE_TEST_RUNS")
     job = current_job().id
     for event in ("start", "end"):
@@ -197,4 +218,4 @@ def ordered(key: str, seq: int) -> None:
             finally:
                 os.close(fd)
         if event == "start":
-            time.sleep(0.003)
+            time.sleep(seconds)

@@ -6,6 +6,8 @@ import os
 import random
 import signal
 import time
+from collections.abc import Callable
+from datetime import datetime
 from pathlib import Path
 
 import sqlalchemy as sa
@@ -40,22 +42,8 @@ def test_partitions_run_in_order_one_at_a_time_under_sigkills(
     log = tmp_path / "runs.txt"
     args = ("--concurrency", "2", "--release-stuck-timeout", "2", "--release-stuck-interval", "0.5")
     supervisors = [start(workers, tmp_path, *args, name=f"sup{n}") for n in range(2)]
-    rng = random.Random(7)
-    killed: dict[int, int] = {}  # pid -> monotonic ns by which it was dead
     began = time.monotonic()
-    while sum(1 for e in partition_runs(log) if e[0] == "end") < KEYS * PER_KEY * 0.9 and len(killed) < 12:
-        time.sleep(rng.uniform(0.2, 0.6))
-        children = [pid for s in supervisors for pid in s.children()]
-        if not children:
-            continue
-        victim = rng.choice(children)
-        try:
-            os.kill(victim, signal.SIGKILL)
-        except ProcessLookupError:
-            continue
-        while os.path.exists(f"/proc/{victim}") and _state(victim) not in ("Z", "X", None):
-            time.sleep(0.001)
-        killed[victim] = time.monotonic_ns()
+    killed = kill_children_until(supervisors, lambda: ends(log) >= KEYS * PER_KEY * 0.9)
     wait_for(lambda: not _remaining(app), 180, "every job to finish")
     elapsed = time.monotonic() - began
     for supervisor in supervisors:
@@ -63,17 +51,7 @@ def test_partitions_run_in_order_one_at_a_time_under_sigkills(
         assert supervisor.wait(30) == 0, supervisor.text()[-3000:]
     assert {h.status() for h in handles} == {"completed"}, "a job was lost or failed"
 
-    spans: dict[str, list[tuple[int, int, int]]] = {}  # key -> (start ns, end ns, seq)
-    open_runs: dict[tuple[int, int], tuple[int, str, int]] = {}
-    for event, job, pid, at, key, seq in partition_runs(log):
-        if event == "start":
-            open_runs[(job, pid)] = (at, key, seq)
-        else:
-            start_at, _, _ = open_runs.pop((job, pid))
-            spans.setdefault(key, []).append((start_at, at, seq))
-    for (_, pid), (start_at, key, seq) in open_runs.items():  # cut short by a SIGKILL
-        assert pid in killed, f"{key}#{seq} started in pid {pid}, never ended, and that process was not killed"
-        spans.setdefault(key, []).append((start_at, killed[pid], seq))
+    spans = spans_of(log, killed)
     for key, runs_ in spans.items():
         runs_.sort()
         seqs = [seq for _, _, seq in runs_]
@@ -88,6 +66,134 @@ def test_partitions_run_in_order_one_at_a_time_under_sigkills(
     REPORTS.append(
         f"partitions [{backend}]: {KEYS * PER_KEY} jobs over {KEYS} keys in {elapsed:.1f} s, "
         f"{len(killed)} children SIGKILLed, {reruns} runs cut short and run again, order kept"
+    )
+
+
+def kill_children_until(supervisors: list, done: Callable[[], bool], kills: int = 12) -> dict[int, int]:
+    """SIGKILL a random child every 0.2 to 0.6 s until ``done()`` or ``kills`` kills; return
+    {pid: monotonic ns by which it was dead}."""
+    rng = random.Random(7)
+    killed: dict[int, int] = {}
+    while not done() and len(killed) < kills:
+        time.sleep(rng.uniform(0.2, 0.6))
+        children = [pid for s in supervisors for pid in s.children()]
+        if not children:
+            continue
+        victim = rng.choice(children)
+        try:
+            os.kill(victim, signal.SIGKILL)
+        except ProcessLookupError:
+            continue
+        while os.path.exists(f"/proc/{victim}") and _state(victim) not in ("Z", "X", None):
+            time.sleep(0.001)
+        killed[victim] = time.monotonic_ns()
+    return killed
+
+
+def ends(log: Path) -> int:
+    return sum(1 for e in partition_runs(log) if e[0] == "end")
+
+
+def spans_of(log: Path, killed: dict[int, int]) -> dict[str, list[tuple[int, int, int]]]:
+    """key -> [(start ns, end ns, seq)] of every run the log shows; a run cut short by a SIGKILL
+    ends when its process was dead."""
+    spans: dict[str, list[tuple[int, int, int]]] = {}
+    open_runs: dict[tuple[int, int], tuple[int, str, int]] = {}
+    for event, job, pid, at, key, seq in partition_runs(log):
+        if event == "start":
+            open_runs[(job, pid)] = (at, key, seq)
+        else:
+            start_at, _, _ = open_runs.pop((job, pid))
+            spans.setdefault(key, []).append((start_at, at, seq))
+    for (_, pid), (start_at, key, seq) in open_runs.items():
+        assert pid in killed, f"{key}#{seq} started in pid {pid}, never ended, and that process was not killed"
+        spans.setdefault(key, []).append((start_at, killed[pid], seq))
+    return spans
+
+
+def most_at_once(runs: list[tuple[int, int, int]]) -> int:
+    """The largest number of runs in progress at one moment."""
+    events = sorted([(start, 1) for start, _, _ in runs] + [(end, -1) for _, end, _ in runs])
+    now = peak = 0
+    for _, step in events:  # an end at the same ns as a start sorts first: they did not overlap
+        now += step
+        peak = max(peak, now)
+    return peak
+
+
+def test_a_concurrency_limit_is_never_exceeded_under_sigkills_and_no_slot_leaks(
+    app: JobQueue, backend: str, tmp_path: Path, workers: list[Worker]
+) -> None:
+    """concurrency_limit=2 on one key, two supervisors of two processes, children SIGKILLed at
+    random: never three at once, every job done, and the limit is reached again afterwards."""
+    jobs = 300
+    handles = rt.limited.bulk([(seq,) for seq in range(jobs)])
+    log = tmp_path / "runs.txt"
+    args = ("--concurrency", "2", "--release-stuck-timeout", "2", "--release-stuck-interval", "0.5")
+    supervisors = [start(workers, tmp_path, *args, name=f"sup{n}") for n in range(2)]
+    began = time.monotonic()
+    killed = kill_children_until(supervisors, lambda: ends(log) >= jobs * 0.9, kills=8)
+    wait_for(lambda: not _remaining(app), 180, "every job to finish")
+    elapsed = time.monotonic() - began
+    # Afterwards: slow jobs reach the limit again (no slot was leaked by the kills), and no more.
+    after = rt.limited.bulk([(jobs + n, 0.4) for n in range(6)])
+    wait_for(lambda: not _remaining(app), 60, "the later jobs to finish")
+    for supervisor in supervisors:
+        supervisor.signal(signal.SIGTERM)
+        assert supervisor.wait(30) == 0, supervisor.text()[-3000:]
+    assert {h.status() for h in handles + after} == {"completed"}, "a job was lost or failed"
+    runs = spans_of(log, killed)["partner"]
+    assert most_at_once(runs) == 2, f"{most_at_once(runs)} ran at once under concurrency_limit=2"
+    late = [r for r in runs if r[2] >= jobs]
+    assert most_at_once(late) == 2, "the limit was not reached again after the kills: a slot leaked"
+    REPORTS.append(
+        f"concurrency limit [{backend}]: {jobs} jobs in {elapsed:.1f} s under concurrency_limit=2, "
+        f"{len(killed)} children SIGKILLed, at most 2 at once, the limit reached again afterwards"
+    )
+
+
+def test_a_rate_limit_holds_across_two_supervisors(
+    app: JobQueue, backend: str, tmp_path: Path, workers: list[Worker]
+) -> None:
+    """rate_limit="20/s" with two supervisors of two processes: 200 starts in 10 s, within 10%."""
+    rt.rated.bulk([(seq,) for seq in range(400)])
+    log = tmp_path / "runs.txt"
+    supervisors = [start(workers, tmp_path, "--concurrency", "2", name=f"sup{n}") for n in range(2)]
+    wait_for(lambda: ends(log) >= 260, 60, "13 s of starts")
+    for supervisor in supervisors:
+        supervisor.signal(signal.SIGTERM)
+        assert supervisor.wait(30) == 0, supervisor.text()[-3000:]
+    starts = sorted(
+        at for event, *_, at, _, _ in [(e[0], e[3], e[4], e[5]) for e in partition_runs(log)] if event == "start"
+    )
+    first = starts[0]
+    in_ten = sum(1 for at in starts if at - first < 10_000_000_000)
+    assert 180 <= in_ten <= 220, f"{in_ten} starts in 10 s under rate_limit='20/s'"
+    REPORTS.append(f"rate limit [{backend}]: {in_ten} starts in 10 s under rate_limit='20/s', 2 supervisors")
+
+
+def test_a_flooded_key_does_not_starve_the_others(
+    app: JobQueue, backend: str, tmp_path: Path, workers: list[Worker]
+) -> None:
+    """One key with 10,000 ready jobs and ten keys with ten each: the small keys finish long before."""
+    big = rt.tenant.bulk([("big", seq) for seq in range(10_000)])
+    small = rt.tenant.bulk([(f"small-{k}", seq) for k in range(10) for seq in range(10)])
+    start(workers, tmp_path, "--concurrency", "2", "--burst")
+    wait_for(lambda: not _remaining(app), 300, "every job to finish")
+    a = app.tables.archive
+    with app.engine.connect() as conn:
+        finished: dict[bool, datetime] = dict(
+            conn.execute(
+                sa.select(a.c.flow_key == "big", sa.func.max(a.c.finished_at)).group_by(a.c.flow_key == "big")
+            ).all()
+        )
+        first = conn.execute(sa.select(sa.func.min(a.c.last_attempt_at))).scalar_one()
+    assert len(big) + len(small) == 10_100
+    small_done = (finished[False] - first).total_seconds()
+    big_done = (finished[True] - first).total_seconds()
+    assert small_done < big_done * 0.2, f"small keys done after {small_done:.2f} s, the big one after {big_done:.2f} s"
+    REPORTS.append(
+        f"fairness [{backend}]: ten small keys done {small_done:.2f} s in, the 10,000-job key {big_done:.2f} s"
     )
 
 

@@ -32,6 +32,7 @@ from jobqueue.storage.dialects.common import (
     json_text,
 )
 from jobqueue.storage.dialects.connector import Connector
+from jobqueue.storage.dialects.flow import FlowAcquired, FlowAcquirer
 from jobqueue.storage.dialects.wakeup import Listener, PollingWaker, Waker
 from jobqueue.storage.outcomes import RELEASED, REQUEUED, archive_row, requeue_binds
 from jobqueue.storage.tables import Tables, Timestamp
@@ -52,6 +53,7 @@ class Dialect(Connector):
         self.tables = tables
         self.message = tables.message
         self._acquire_cache: dict[str, Any] = {}
+        self._flow_cache: dict[str, FlowAcquirer] = {}
         m = self.message
         self.returned = [m.c[name] for name in ACQUIRED_COLUMNS]
         # ids and tokens as two plain IN lists: one primary-key scan. A tuple IN of (id, token)
@@ -138,12 +140,40 @@ class Dialect(Connector):
         m = self.message
         stmt = sa.select(*columns).where(
             m.c.state.in_(READY_LITERALS),
+            m.c.flow_key.is_(None),  # those with a flow key are acquired key by key (acquire_flow)
             m.c.next_attempt_at <= sa.bindparam("now", type_=Timestamp),
             first_of_partition(m),
         )
         if filtered:
             stmt = stmt.where(self.queue_filter(one))
         return stmt.order_by(m.c.priority.desc(), m.c.next_attempt_at, m.c.id).limit(sa.bindparam("limit"))
+
+    def acquire_flow(self, params: AcquireParams) -> FlowAcquired:
+        """Acquire up to ``params.limit`` messages that have a flow key, within their keys' limits."""
+        acquirer = self._flow_cache.get(params.shape)
+        if acquirer is None:
+            acquirer = self._flow_cache[params.shape] = FlowAcquirer(self, params.shape)
+        with self.engine.begin() as connection:
+            return acquirer.run(connection, params, self.take)
+
+    def take(self, connection: sa.Connection, ids: list[int], params: AcquireParams) -> list[Message]:
+        """Mark the ready messages ``ids`` acquired, as ``acquire`` does, and return them."""
+        m = self.message
+        stmt = (
+            sa.update(m)
+            .where(m.c.id.in_(sa.bindparam("ids", expanding=True)), m.c.state.in_(READY_LITERALS))
+            .values(self.acquired_values())
+            .returning(*self.taken_columns())
+        )
+        messages = [self.read_taken(row) for row in connection.execute(stmt, {**params.binds(), "ids": ids})]
+        messages.sort(key=delivery_order)
+        return messages
+
+    def taken_columns(self) -> list[Any]:
+        return self.returned
+
+    def read_taken(self, row: Any) -> Message:
+        return Message(*row)
 
     def queue_filter(self, one: bool) -> Any:
         """The condition "in one of the worker's queues": bind ``queues`` (a list), or ``queue`` when ``one``."""
@@ -269,7 +299,7 @@ class Dialect(Connector):
         return self.run_on_driver(lambda cursor, info: self.insert_one(cursor, row), self.insert_one_sql())
 
     def insert_one(self, cursor: Any, row: dict[str, Any]) -> int:
-        params = (row["payload"], row["unique_key"], *[self.format_value(c, row[c]) for c in BATCH_COLUMNS])
+        params = (row["payload"], row["unique_key"], *[self.format_value(c, row.get(c)) for c in BATCH_COLUMNS])
         cursor.execute(self.insert_one_sql(), params)
         return int(cursor.fetchone()[0] if self.returning_id else cursor.lastrowid)
 
@@ -337,6 +367,13 @@ class Dialect(Connector):
             .returning(m.c.id)
         )
         return connection.execute(stmt).scalar()
+
+    def insert_flow_keys(self, connection: sa.Connection, keys: set[str], now: datetime) -> None:
+        """Add the flow rows of ``keys`` that do not exist yet (in key order: concurrent enqueues of
+        the same new keys then wait for each other instead of deadlocking)."""
+        f = self.tables.flow
+        rows = [{"flow_key": key, "served_at": now, "next_start_at": None} for key in sorted(keys)]
+        connection.execute(self.insert_on_conflict(f).on_conflict_do_nothing(index_elements=[f.c.flow_key]), rows)
 
     def insert_or_existing(self, connection: sa.Connection, row: dict[str, Any]) -> int:
         """Insert ``row`` or return the id of the active message holding its (task_name, unique_key)."""

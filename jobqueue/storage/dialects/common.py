@@ -49,6 +49,9 @@ ACQUIRED_COLUMNS = (
     "checkpoint",
     "options",
     "history",
+    "flow_key",
+    "concurrency_limit",
+    "rate_interval_us",
 )
 
 # The columns every row of a bulk batch has in common (all the enqueued columns but payload and
@@ -60,6 +63,9 @@ BATCH_COLUMNS = (
     "state",
     "headers",
     "partition_key",
+    "flow_key",
+    "concurrency_limit",
+    "rate_interval_us",
     "options",
     "attempts_count",
     "deliveries_count",

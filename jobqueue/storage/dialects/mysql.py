@@ -19,7 +19,7 @@ from sqlalchemy import event
 from jobqueue.errors import ConfigurationError
 from jobqueue.job import Batch, Message, Outcome, OutcomeKind
 from jobqueue.storage.dialects.base import Dialect, delivery_order
-from jobqueue.storage.dialects.common import BATCH_COLUMNS, AcquireParams, LeaseClock
+from jobqueue.storage.dialects.common import BATCH_COLUMNS, READY_LITERALS, AcquireParams, LeaseClock
 from jobqueue.storage.dialects.connector import CONTENTION, OUTAGE
 from jobqueue.storage.engine import IDLE_IN_TRANSACTION_SECONDS, unless_in_url
 from jobqueue.storage.outcomes import ARCHIVED_COLUMNS, COPIED, RELEASED, archived_values, requeue_binds
@@ -226,8 +226,26 @@ class MySQLDialect(Dialect):
         return int(connection.execute(stmt, binds).rowcount)
 
     def acquire_on(self, connection: sa.Connection, params: AcquireParams) -> list[Message]:
-        binds = params.binds()
-        rows = connection.execute(self.acquire_statement(params), binds).all()
+        return self._mark(connection, self.acquire_statement(params), params.binds(), params)
+
+    def insert_flow_keys(self, connection: sa.Connection, keys: set[str], now: datetime) -> None:
+        rows = [{"flow_key": key, "served_at": now, "next_start_at": None} for key in sorted(keys)]
+        connection.execute(sa.insert(self.tables.flow).prefix_with("IGNORE"), rows)
+
+    def take(self, connection: sa.Connection, ids: list[int], params: AcquireParams) -> list[Message]:
+        m = self.message
+        chosen = (
+            sa.select(*self.returned, sa.func.utc_timestamp(6, type_=Timestamp))
+            .where(m.c.id.in_(sa.bindparam("ids", expanding=True)), m.c.state.in_(READY_LITERALS))
+            .with_for_update()
+        )
+        return self._mark(connection, chosen, {**params.binds(), "ids": ids}, params)
+
+    def _mark(
+        self, connection: sa.Connection, select: Any, binds: dict[str, Any], params: AcquireParams
+    ) -> list[Message]:
+        """Mark the rows ``select`` locks acquired; return them as RETURNING would have."""
+        rows = connection.execute(select, binds).all()
         if not rows:
             return []
         # The server's time, read with the rows, is written as acquired_at and the lease's start.
@@ -352,7 +370,7 @@ class MySQLDialect(Dialect):
         params = (
             row["payload"],
             row["unique_key"],
-            *[self.format_value(column, row[column]) for column in BATCH_COLUMNS],
+            *[self.format_value(column, row.get(column)) for column in BATCH_COLUMNS],
         )
         cursor.execute(self.insert_one_sql(), params)
         return self._checked(_cursor_runner(cursor), [int(cursor.lastrowid)])[0]
@@ -377,7 +395,7 @@ class MySQLDialect(Dialect):
             "SELECT "
             + ", ".join(f"@jobqueue_{column} := %s" for column in BATCH_COLUMNS)
             + f", {self.archive_floor_sql()}",
-            tuple(self.format_value(column, batch.common[column]) for column in BATCH_COLUMNS),
+            tuple(self.format_value(column, batch.common.get(column)) for column in BATCH_COLUMNS),
         ).one()[-1]
         row = "(%s, " + ", ".join(f"@jobqueue_{column}" for column in BATCH_COLUMNS) + ")"
         ids: list[int] = []

@@ -188,7 +188,7 @@ def copy_batch(connection: sa.Connection, table: sa.Table, batch: Batch) -> list
             f"SELECT nextval('{table.name}_id_seq') FROM generate_series(1, {len(batch)})"
         ).all()
     ]
-    shared = "\t".join(_copy_text(batch.common[column]) for column in BATCH_COLUMNS)
+    shared = "\t".join(_copy_text(batch.common.get(column)) for column in BATCH_COLUMNS)
     lines = (f"{job_id}\t\\\\x{payload.hex()}\t{shared}\n" for job_id, payload in zip(ids, batch.payloads, strict=True))
     stream = _CopyStream(lines)
     raw = connection.connection.driver_connection

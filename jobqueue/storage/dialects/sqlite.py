@@ -123,7 +123,7 @@ class SQLiteDialect(Dialect):
     def insert_batch(self, connection: sa.Connection, batch: Batch) -> list[int]:
         # One executemany in one write transaction: with AUTOINCREMENT and the write lock held, the
         # ids are the consecutive run ending at last_insert_rowid().
-        shared = tuple(self.format_value(column, batch.common[column]) for column in BATCH_COLUMNS)
+        shared = tuple(self.format_value(column, batch.common.get(column)) for column in BATCH_COLUMNS)
         sql = self.batch_insert_sql("(" + ", ".join(["?"] * (len(BATCH_COLUMNS) + 1)) + ")")
         connection.exec_driver_sql(sql, [(payload, *shared) for payload in batch.payloads])
         last = connection.exec_driver_sql("SELECT last_insert_rowid()").scalar_one()
@@ -176,8 +176,13 @@ class SQLiteDialect(Dialect):
         # not a timestamp must fail alone (see read_message), not the whole acquire in every process.
         m = self.message
         ready = self.ready_select([m.c.id], queues != "all").scalar_subquery()
-        raw = [sa.type_coerce(column, sa.types.NullType()).label(column.name) for column in self.returned]
-        return sa.update(m).where(m.c.id.in_(ready)).values(self.acquired_values()).returning(*raw)
+        return sa.update(m).where(m.c.id.in_(ready)).values(self.acquired_values()).returning(*self.taken_columns())
+
+    def taken_columns(self) -> list[Any]:
+        return [sa.type_coerce(column, sa.types.NullType()).label(column.name) for column in self.returned]
+
+    def read_taken(self, row: Any) -> Message:
+        return read_message(row)
 
     def acquire_on(self, connection: sa.Connection, params: AcquireParams) -> list[Message]:
         rows = connection.execute(self.acquire_statement(params), params.binds()).all()
@@ -266,6 +271,9 @@ _READERS: dict[str, tuple[Callable[[Any], Any], Callable[[], Any]]] = {
     "checkpoint": (_optional(_blob), lambda: None),
     "options": (_json, lambda: None),
     "history": (_json, lambda: None),
+    "flow_key": (_optional(_text), lambda: None),
+    "concurrency_limit": (_optional(_integer), lambda: 1),
+    "rate_interval_us": (_optional(_integer), lambda: None),
 }
 
 
@@ -301,6 +309,9 @@ def _read_fast(
     checkpoint: Any,
     options: Any,
     history: Any,
+    flow_key: Any,
+    concurrency_limit: Any,
+    rate_interval_us: Any,
 ) -> Message:
     """The common case in one go: every column of the type it should be (else it raises)."""
     if not (
@@ -315,6 +326,9 @@ def _read_fast(
         and (unique_key is None or type(unique_key) is str)
         and (partition_key is None or type(partition_key) is str)
         and (checkpoint is None or type(checkpoint) is bytes)
+        and (flow_key is None or type(flow_key) is str)
+        and (concurrency_limit is None or type(concurrency_limit) is int)
+        and (rate_interval_us is None or type(rate_interval_us) is int)
     ):
         raise TypeError("a column of an unexpected type")
     return Message(
@@ -336,6 +350,9 @@ def _read_fast(
         checkpoint,
         None if options is None else _loads(options),
         None if history is None else _loads(history),
+        flow_key,
+        concurrency_limit,
+        rate_interval_us,
     )
 
 

@@ -1,0 +1,101 @@
+"""A task's flow control: its concurrency key, concurrency limit and rate limit.
+
+A job whose task has any of them carries a **flow key**: the task's ``concurrency_key`` (a string,
+or a function of the call's arguments returning one), or ``task:<name>`` when the task has limits
+but no key. Jobs of one flow key are acquired by themselves, key by key and in turn:
+
+- ``concurrency_limit=N``: a job starts only while fewer than N jobs of its key are running, on any
+  host. A running job is a row in PROCESSING state, so every outcome, every lease that expires and
+  every worker process that dies frees its slot: nothing is counted that a crash could leak.
+- ``rate_limit="20/s"`` (also ``/m``, ``/h``): starts of the key are spaced ``1/rate`` apart across
+  all hosts; the jobs waiting for their turn stay in the table, unacquired.
+- A key alone (no limit) still takes turns with the other keys: one tenant's flood does not delay
+  another's jobs.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from jobqueue.errors import ConfigurationError
+
+TASK_KEY_PREFIX = "task:"
+NO_FLOW: dict[str, Any] = {"flow_key": None, "concurrency_limit": None, "rate_interval_us": None}
+
+_RATE = re.compile(r"^\s*(\d+(?:\.\d*)?)\s*/\s*(s|sec|second|m|min|minute|h|hour)\s*$")
+_UNIT_SECONDS = {"s": 1, "sec": 1, "second": 1, "m": 60, "min": 60, "minute": 60, "h": 3600, "hour": 3600}
+
+
+def rate_interval_us(rate: Any) -> int:
+    """Microseconds between two starts for a rate such as "20/s", "100/m" or "1000/h"."""
+    match = _RATE.match(rate) if isinstance(rate, str) else None
+    if match is None:
+        raise ConfigurationError(
+            f"rate_limit must read like '20/s', '100/m' or '1000/h' (starts per second, minute or hour), got {rate!r}"
+        )
+    count = float(match.group(1))
+    if count <= 0:
+        raise ConfigurationError(f"rate_limit must allow at least some starts, got {rate!r}")
+    return max(1, round(_UNIT_SECONDS[match.group(2)] * 1_000_000 / count))
+
+
+@dataclass(frozen=True)
+class Flow:
+    """The flow options of one task, checked."""
+
+    task_name: str
+    key: str | Callable[..., Any] | None = None
+    limit: int | None = None
+    interval_us: int | None = None
+
+    @classmethod
+    def of(cls, task_name: str, key: Any, limit: Any, rate: Any) -> Flow:
+        if key is not None and not callable(key):
+            check_flow_key("concurrency_key", key)
+        if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 1):
+            raise ConfigurationError(f"concurrency_limit must be a positive integer or None, got {limit!r}")
+        return cls(task_name, key, limit, None if rate is None else rate_interval_us(rate))
+
+    @property
+    def enabled(self) -> bool:
+        return self.key is not None or self.limit is not None or self.interval_us is not None
+
+    @property
+    def per_call(self) -> bool:
+        """Whether the key depends on the call's arguments."""
+        return callable(self.key)
+
+    def key_for(self, args: Any, kwargs: dict[str, Any]) -> str | None:
+        """The flow key of a call (None: the job is not flow-controlled)."""
+        key = self.key
+        if callable(key):
+            try:
+                key = key(*args, **kwargs)
+            except Exception as exc:
+                raise ConfigurationError(
+                    f"concurrency_key of task {self.task_name} failed on these arguments: {exc!r}"
+                ) from exc
+            if isinstance(key, int) and not isinstance(key, bool):
+                key = str(key)  # a tenant id, say
+            if key is not None:
+                check_flow_key(f"concurrency_key of task {self.task_name}", key)
+        if key is None and (self.limit is not None or self.interval_us is not None):
+            return TASK_KEY_PREFIX + self.task_name
+        return key
+
+    def columns(self, key: str | None) -> dict[str, Any]:
+        """The message columns of a job with flow key ``key``."""
+        if key is None:
+            return NO_FLOW
+        return {"flow_key": key, "concurrency_limit": self.limit, "rate_interval_us": self.interval_us}
+
+
+def check_flow_key(label: str, key: Any) -> None:
+    if not isinstance(key, str) or not 0 < len(key) <= 255 or "\x00" in key:
+        raise ConfigurationError(
+            f"{label} must be a string of 1 to 255 characters without NUL, or a function of the "
+            f"task's arguments returning one, got {key!r}"
+        )

@@ -1,0 +1,116 @@
+"""Flow control in storage, on every database: concurrency limits, rate limits, keys in turn."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+import sqlalchemy as sa
+
+from jobqueue import JobQueue
+from jobqueue.clock import utcnow
+from jobqueue.errors import ConfigurationError
+from jobqueue.job import Message, MessageState, OutcomeKind
+from jobqueue.storage import deadletter
+from tests.storage.test_store import outcome, rows
+
+WORKER = "w" * 32
+
+
+def take(app: JobQueue, limit: int = 50, now=None, flow: bool = True) -> list[Message]:
+    return app.store.acquire(WORKER, None, limit, 30.0, now=now, token=7, flow=flow)
+
+
+def test_a_concurrency_limit_holds_across_acquires_and_every_end_frees_a_slot(app: JobQueue) -> None:
+    @app.task(name="t.api", concurrency_key="partner", concurrency_limit=2)
+    def api(n: int) -> None: ...
+
+    @app.task(name="t.free")
+    def free() -> None: ...
+
+    handles = [api.delay(n) for n in range(6)]
+    free.delay()
+    (plain,) = take(app, flow=False)
+    assert plain.task_name == "t.free"  # the plain walk leaves keyed jobs alone
+    app.store.flush([outcome(plain)])
+    first = take(app)
+    assert [m.id for m in first] == [h.id for h in handles[:2]]  # in enqueue order, two at most
+    assert {(m.flow_key, m.concurrency_limit) for m in first} == {("partner", 2)}
+    assert take(app) == []
+    # An outcome frees one slot; so does a lease that expired.
+    app.store.flush([outcome(first[0])])
+    (second,) = take(app)
+    app.store.release_expired(now=utcnow() + timedelta(minutes=5))
+    assert [m.id for m in take(app)] == [first[1].id, second.id]  # both back, in order, and running again
+    assert take(app) == []
+    # A retry waiting for its time holds no slot.
+    app.store.flush(
+        [outcome(first[1], OutcomeKind.RETRY, MessageState.RETRYABLE, next_attempt_at=utcnow() + timedelta(hours=1))]
+    )
+    assert len(take(app)) == 1
+
+
+def test_keys_take_turns_so_a_flood_never_starves_the_others(app: JobQueue) -> None:
+    @app.task(name="t.tenant", concurrency_key=lambda tenant, n: tenant)
+    def work(tenant: str, n: int) -> None: ...
+
+    work.bulk([("big", n) for n in range(100)])
+    small = [(f"small-{k}", n) for k in range(5) for n in range(2)]
+    handles = work.bulk(small)
+    # bulk() keeps input order in its handles, whatever the keys.
+    assert [r["flow_key"] for r in sorted(rows(app), key=lambda r: r["id"]) if r["id"] in {h.id for h in handles}] == [
+        tenant for tenant, _ in small
+    ]
+    got = take(app, limit=12)
+    assert sorted({m.flow_key for m in got}) == ["big"] + [f"small-{k}" for k in range(5)]
+    assert len([m for m in got if m.flow_key != "big"]) == 10  # every small job in the first batch
+    # The next batch goes to the key that was served longest ago: the small ones are done.
+    assert {m.flow_key for m in take(app, limit=12)} == {"big"}
+
+
+def test_a_rate_limit_spaces_starts_by_the_database_clock(app: JobQueue) -> None:
+    @app.task(name="t.mail", rate_limit="10/s")
+    def mail(n: int) -> None: ...
+
+    for n in range(6):
+        mail.delay(n)
+    t0 = utcnow()
+    # After a quiet spell one interval of slack: two starts at once, then one per 100 ms.
+    assert len(take(app, now=t0)) == 2
+    assert take(app, now=t0) == []
+    assert app.store.flow_due_in == pytest.approx(0.1, abs=0.002)
+    assert take(app, now=t0 + timedelta(milliseconds=50)) == []
+    assert len(take(app, now=t0 + timedelta(milliseconds=100))) == 1
+    assert len(take(app, now=t0 + timedelta(milliseconds=300))) == 2  # late: it catches up one interval
+    assert take(app, now=t0 + timedelta(milliseconds=300)) == []
+    assert {r["flow_key"] for r in rows(app)} == {"task:t.mail"}
+
+
+def test_flow_options_are_checked_when_the_task_is_declared(app: JobQueue) -> None:
+    with pytest.raises(ConfigurationError, match="rate_limit must read like '20/s'"):
+        app.task(name="t.bad", rate_limit="20 per second")(lambda: None)
+    with pytest.raises(ConfigurationError, match="concurrency_limit must be a positive integer"):
+        app.task(name="t.bad", concurrency_limit=0)(lambda: None)
+    with pytest.raises(ConfigurationError, match="concurrency_key must be a string"):
+        app.task(name="t.bad", concurrency_key="")(lambda: None)
+
+    @app.task(name="t.keyed", concurrency_key=lambda n: None if n < 0 else n)
+    def keyed(n: int) -> None: ...
+
+    keyed.delay(7)  # an int key is stored as text
+    keyed.delay(-1)  # None: no key, no flow control
+    assert sorted((r["flow_key"] or "") for r in rows(app)) == ["", "7"]
+
+
+def test_a_retried_dead_letter_keeps_its_key_and_limits(app: JobQueue) -> None:
+    @app.task(name="t.api", concurrency_key="partner", concurrency_limit=1)
+    def api() -> None: ...
+
+    api.delay()
+    (message,) = take(app)
+    app.store.flush([outcome(message, OutcomeKind.ARCHIVE, MessageState.FAILED)])
+    with app.engine.begin() as conn:  # the key's row gone: a retry brings it back
+        conn.execute(sa.delete(app.tables.flow))
+    assert deadletter.retry(app.store, [message.id]).retried == [message.id]
+    (again,) = take(app)
+    assert (again.id, again.flow_key, again.concurrency_limit) == (message.id, "partner", 1)
