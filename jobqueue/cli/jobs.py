@@ -65,6 +65,16 @@ def _decoded(state: CliState, row: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _flow_line(flow: dict[str, Any]) -> str:
+    limit = flow["limit"]
+    text = f"{flow['key']!r}: {flow['running']} running" + (f" of at most {limit}" if limit is not None else "")
+    if limit is not None and flow["running"] >= limit:
+        text += " (a job of the key waits for a slot)"
+    if flow["next_start_at"] is not None:
+        text += f"; its rate allows the next start at {flow['next_start_at']}"
+    return text
+
+
 @jobs.command()
 @click.argument("job_id", type=int)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
@@ -77,9 +87,10 @@ def show(state: CliState, /, job_id: int, as_json: bool) -> None:
     where, row = found
     decoded = _decoded(state, row)
     holder = deadletter.partition_holder(state.app.store, row) if where == "message" else None
+    flow = deadletter.flow_state(state.app.store, row) if where == "message" else None
     if as_json:
         data = {k: v for k, v in row.items() if not isinstance(v, bytes)}
-        data.update(decoded, table=where, state=row["state"].lower(), waiting_for=holder)
+        data.update(decoded, table=where, state=row["state"].lower(), waiting_for=holder, flow=flow)
         echo_json(data)
         return
     error_type = row.get("error_type") or row.get("last_error_type")
@@ -97,7 +108,9 @@ def show(state: CliState, /, job_id: int, as_json: bool) -> None:
         lines.append(f"next try     {row['next_attempt_at']}")
     if holder is not None:
         lines.append(f"waiting for  job {holder}, the oldest unfinished job of partition key {row['partition_key']!r}")
-    else:
+    if flow is not None:
+        lines.append(f"flow key     {_flow_line(flow)}")
+    if where != "message":
         lines.append(f"finished     {row.get('finished_at') or '-'}  (archived {row['archived_at']})")
     for label in ("args", "kwargs", "result", "checkpoint"):
         if label in decoded:

@@ -83,6 +83,23 @@ def partition_holder(store: Store, row: dict[str, Any]) -> int | None:
     return int(oldest) if oldest is not None and oldest != row["id"] else None
 
 
+def flow_state(store: Store, row: dict[str, Any]) -> dict[str, Any] | None:
+    """For an active message with a flow key: its key, how many of the key's jobs run now, its
+    limit, and when the key's rate allows the next start (None: no rate, or allowed now)."""
+    key = row.get("flow_key")
+    if key is None:
+        return None
+    m, f = store.tables.message, store.tables.flow
+    with store.reading() as conn:
+        running = conn.execute(
+            sa.select(sa.func.count()).where(m.c.flow_key == key, m.c.state == MessageState.PROCESSING.value)
+        ).scalar_one()
+        next_start = conn.execute(sa.select(f.c.next_start_at).where(f.c.flow_key == key)).scalar()
+    if next_start is not None and next_start <= utcnow():
+        next_start = None
+    return {"key": key, "running": int(running), "limit": row.get("concurrency_limit"), "next_start_at": next_start}
+
+
 @dataclass
 class RetryReport:
     retried: list[int] = field(default_factory=list)

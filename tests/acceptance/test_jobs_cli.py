@@ -101,3 +101,15 @@ def test_show_names_the_job_a_partitioned_job_waits_for(app: JobQueue) -> None:
     assert json.loads(jobqueue("jobs", "show", str(first.id), "--json").stdout)["waiting_for"] is None
     jobqueue("worker", "--burst", "--concurrency", "1")
     assert (first.get(timeout=5), second.get(timeout=5)) == (3, 7)
+
+
+def test_show_says_what_limits_a_keyed_job_and_shows_a_plain_pending_one(app: JobQueue) -> None:
+    plain = basic.add.delay(1, 2)
+    assert "next try" in jobqueue("jobs", "show", str(plain.id)).stdout  # pending: nothing finished yet
+    first, second = basic.partner_call.delay(1), basic.partner_call.delay(2)
+    taken = app.store.acquire("w" * 32, None, 10, 30.0, flow=True, token=5)
+    assert sorted(m.id for m in taken) == [plain.id, first.id]  # the second waits for the one slot
+    shown = jobqueue("jobs", "show", str(second.id)).stdout
+    assert "flow key     'partner': 1 running of at most 1 (a job of the key waits for a slot)" in shown
+    flow = json.loads(jobqueue("jobs", "show", str(second.id), "--json").stdout)["flow"]
+    assert (flow["key"], flow["running"], flow["limit"]) == ("partner", 1, 1)

@@ -16,6 +16,11 @@ def add(x: int, y: int) -> int:
     return x + y
 
 
+@app.task(name="basic.partner_call", concurrency_key="partner", concurrency_limit=1)
+def partner_call(n: int) -> int:
+    return n
+
+
 @app.task(name="basic.fail", retry_strategy=NoRetryStrategy())
 def fail(message: str) -> None:
     raise ValueError(message)
