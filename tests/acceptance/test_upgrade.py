@@ -1,7 +1,7 @@
 """Upgrading a database of schema 1, with jobs in every state, to this release's schema.
 
-The schema-1 tables come from the frozen layout in tests/storage/schema_v1.py; the jobs are made by
-this release's own enqueue, acquire and flush (which touch no column schema 2 added).
+The schema-1 tables come from the frozen layout in tests/storage/schema_v1.py; the jobs are written
+as a schema-1 release wrote them (this release's enqueue writes columns schema 1 lacks).
 """
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ import sqlalchemy as sa
 
 from jobqueue import periodic
 from jobqueue.clock import utcnow
-from jobqueue.job import ErrorInfo, MessageState, Outcome, OutcomeKind
+from jobqueue.handle import JobHandle
+from jobqueue.serialization import dumps_call
 from jobqueue.storage import migrations
 from jobqueue.storage.tables import SCHEMA_VERSION, build_tables
 from tests.acceptance.cli import ROOT, jobqueue
@@ -85,43 +86,60 @@ def test_an_upgraded_schema_is_the_schema_a_new_database_gets(old_database: str)
 
 
 def test_jobs_in_every_state_survive_the_upgrade_and_run_to_their_end(old_database: str, tmp_path: Path) -> None:
-    app, store = upgrade.app, upgrade.app.store
-    pending = upgrade.double.bulk([(i,) for i in range(20)])
-    delayed = upgrade.double.apply_async((100,), countdown=1)
-    (running, retrying, finished, failed) = [upgrade.double.delay(i) for i in (200, 300, 400, 500)]
-    taken = {m.id: m for m in store.acquire("gone".ljust(32, "x"), None, 100, 1.0)}
-    store.flush(
-        [
-            Outcome(
-                taken[finished.id],
-                OutcomeKind.ARCHIVE,
-                MessageState.COMPLETED,
-                utcnow(),
-                utcnow(),
-                result=app.serializer.dumps(800),
-            ),
-            Outcome(
-                taken[failed.id],
-                OutcomeKind.ARCHIVE,
-                MessageState.FAILED,
-                utcnow(),
-                utcnow(),
-                error=ErrorInfo("ValueError", "before the upgrade"),
-            ),
-            Outcome(
-                taken[retrying.id],
-                OutcomeKind.RETRY,
-                MessageState.RETRYABLE,
-                utcnow(),
-                utcnow(),
-                next_attempt_at=utcnow() + timedelta(seconds=1),
-                error=ErrorInfo("OSError", "flaky"),
-            ),
-        ]
+    app = upgrade.app
+    old = schema_v1.build_tables(PREFIX)
+    now = utcnow()
+    gone = {"worker_id": "gone".ljust(32, "x"), "lease_token": 1, "acquired_at": now, "lease_expires_at": now}
+
+    def job(x: int, **values: object) -> JobHandle:
+        """A job written as a schema-1 release wrote it."""
+        row = {
+            "task_name": "up.double",
+            "queue": "default",
+            "priority": 0,
+            "state": "PENDING",
+            "payload": dumps_call(app.serializer, (x,), {}),
+            "attempts_count": 0,
+            "deliveries_count": 0,
+            "created_at": now,
+            "next_attempt_at": now,
+            **values,
+        }
+        table = old.archive if row["state"] in ("COMPLETED", "FAILED") else old.message
+        if table is old.archive:
+            row.setdefault("id", 10_000 + x)
+            row["archived_at"] = now
+            del row["next_attempt_at"]
+        with app.engine.begin() as conn:
+            new_id = row.get("id") or conn.execute(sa.insert(table).values(row)).inserted_primary_key[0]
+            if table is old.archive:
+                conn.execute(sa.insert(table).values(row))
+        return JobHandle(app, int(new_id))  # type: ignore[arg-type]
+
+    running = {"state": "PROCESSING", "attempts_count": 1, "deliveries_count": 1, **gone}
+    pending = [job(i, **running) for i in range(20)]  # fetched by a worker that died: their leases run out
+    delayed = job(100, next_attempt_at=now + timedelta(seconds=1))
+    running_job = job(200, **running)
+    retrying = job(
+        300,
+        state="RETRYABLE",
+        attempts_count=1,
+        next_attempt_at=now + timedelta(seconds=1),
+        last_error_type="OSError",
+        last_error_message="flaky",
     )
-    for handle in pending:  # fetched by a worker that died: their leases run out
-        assert handle.id in taken
-    assert periodic.sync(store, app.schedules, set(app.registry), utcnow()).created == ["up.hourly"]
+    finished = job(400, state="COMPLETED", attempts_count=1, result=app.serializer.dumps(800), finished_at=now)
+    failed = job(
+        500,
+        state="FAILED",
+        attempts_count=1,
+        error_type="ValueError",
+        error_message="before the upgrade",
+        finished_at=now,
+    )
+    schedule = app.schedules["up.hourly"]
+    with app.engine.begin() as conn:
+        conn.execute(sa.insert(old.message).values(periodic.message_row(schedule, schedule.first_fire(now), now)))
     app.close()
 
     refused = jobqueue("worker", "--burst", app=APP, check=False, timeout=60)
@@ -139,7 +157,7 @@ def test_jobs_in_every_state_survive_the_upgrade_and_run_to_their_end(old_databa
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert [h.get(timeout=5) for h in pending] == [2 * i for i in range(20)]
-    assert (delayed.get(timeout=5), running.get(timeout=5), retrying.get(timeout=5)) == (200, 400, 600)
+    assert (delayed.get(timeout=5), running_job.get(timeout=5), retrying.get(timeout=5)) == (200, 400, 600)
     assert finished.get(timeout=5) == 800
     with pytest.raises(Exception, match="before the upgrade"):
         failed.get(timeout=5)
