@@ -12,6 +12,7 @@ import sys
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
@@ -91,7 +92,7 @@ def test_jobs_in_every_state_survive_the_upgrade_and_run_to_their_end(old_databa
     now = utcnow()
     gone = {"worker_id": "gone".ljust(32, "x"), "lease_token": 1, "acquired_at": now, "lease_expires_at": now}
 
-    def job(x: int, **values: object) -> JobHandle:
+    def job(x: int, **values: Any) -> JobHandle:
         """A job written as a schema-1 release wrote it."""
         row = {
             "task_name": "up.double",
@@ -114,7 +115,7 @@ def test_jobs_in_every_state_survive_the_upgrade_and_run_to_their_end(old_databa
             new_id = row.get("id") or conn.execute(sa.insert(table).values(row)).inserted_primary_key[0]
             if table is old.archive:
                 conn.execute(sa.insert(table).values(row))
-        return JobHandle(app, int(new_id))  # type: ignore[arg-type]
+        return JobHandle(app, int(new_id))
 
     running = {"state": "PROCESSING", "attempts_count": 1, "deliveries_count": 1, **gone}
     pending = [job(i, **running) for i in range(20)]  # fetched by a worker that died: their leases run out

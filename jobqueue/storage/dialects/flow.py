@@ -53,15 +53,15 @@ class FlowAcquirer:
         self.dialect = dialect
         m, f = dialect.message, dialect.tables.flow
         clock = dialect.clock()
-        ready = [
-            m.c.flow_key == f.c.flow_key,
+        # A message of a key is ready: due, first of its partition, in the worker's queues.
+        self.ready_of_key = [
             m.c.state.in_(READY_LITERALS),
             m.c.next_attempt_at <= sa.bindparam("now"),
             first_of_partition(m),
         ]
         if shape != "all":
-            ready.append(dialect.queue_filter(shape == "one"))
-        has_ready = sa.exists().where(*ready)
+            self.ready_of_key.append(dialect.queue_filter(shape == "one"))
+        has_ready = sa.exists().where(m.c.flow_key == f.c.flow_key, *self.ready_of_key)
         self.keys = (
             sa.select(f.c.flow_key)
             .where(sa.or_(f.c.next_start_at.is_(None), f.c.next_start_at <= clock), has_ready)
@@ -85,7 +85,6 @@ class FlowAcquirer:
             .where(f.c.flow_key == sa.bindparam("key"))
             .values(served_at=sa.bindparam("served"), next_start_at=sa.bindparam("next_start"))
         )
-        self.ready_of_key = [condition for condition in ready if condition is not ready[0]]
 
     def candidates(self, shares: dict[str, int]) -> Any:
         """Each key's first ``shares[key]`` ready messages in delivery order, in one statement."""
