@@ -249,3 +249,7 @@ def _spark(*args: Any) -> dict[str, Any]:
 
 
 SCENARIOS["spark"] = _spark
+
+from benchmarks.flow import flow  # noqa: E402
+
+SCENARIOS["flow"] = flow

@@ -24,3 +24,8 @@ def noop() -> None:
 def sleep(seconds: float) -> int:
     time.sleep(seconds)
     return os.getpid()
+
+
+@app.task(name="bench.keyed", concurrency_key=lambda key: f"k{key}")
+def keyed(key: int) -> None:
+    return None

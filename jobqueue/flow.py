@@ -15,6 +15,8 @@ but no key. Jobs of one flow key are acquired by themselves, key by key and in t
 
 from __future__ import annotations
 
+import hashlib
+import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -23,7 +25,14 @@ from typing import Any
 from jobqueue.errors import ConfigurationError
 
 TASK_KEY_PREFIX = "task:"
+# A job with a partition key and no concurrency key has the flow key ``partition:<key>``: keys take
+# turns, and a partition is acquired by its oldest job alone (one probe, however long its queue).
+PARTITION_KEY_PREFIX = "partition:"
 NO_FLOW: dict[str, Any] = {"flow_key": None, "concurrency_limit": None, "rate_interval_us": None}
+
+# The slowest rate a task may have, one start a day: the database remembers a quiet key's last
+# start that long (past that, a new job may start at once whatever the rate).
+RATE_MEMORY_SECONDS = 86_400
 
 _RATE = re.compile(r"^\s*(\d+(?:\.\d*)?)\s*/\s*(s|sec|second|m|min|minute|h|hour)\s*$")
 _UNIT_SECONDS = {"s": 1, "sec": 1, "second": 1, "m": 60, "min": 60, "minute": 60, "h": 3600, "hour": 3600}
@@ -37,9 +46,13 @@ def rate_interval_us(rate: Any) -> int:
             f"rate_limit must read like '20/s', '100/m' or '1000/h' (starts per second, minute or hour), got {rate!r}"
         )
     count = float(match.group(1))
-    if count <= 0:
-        raise ConfigurationError(f"rate_limit must allow at least some starts, got {rate!r}")
-    return max(1, round(_UNIT_SECONDS[match.group(2)] * 1_000_000 / count))
+    seconds = _UNIT_SECONDS[match.group(2)] / count if count > 0 else math.inf
+    if seconds > RATE_MEMORY_SECONDS:
+        raise ConfigurationError(
+            f"rate_limit must allow at least one start a day (such as '1/h'), got {rate!r}; for rarer runs "
+            "schedule a periodic task instead"
+        )
+    return max(1, round(seconds * 1_000_000))
 
 
 @dataclass(frozen=True)
@@ -86,11 +99,19 @@ class Flow:
             return TASK_KEY_PREFIX + self.task_name
         return key
 
-    def columns(self, key: str | None) -> dict[str, Any]:
-        """The message columns of a job with flow key ``key``."""
+    def columns(self, key: str | None, partition_key: str | None = None) -> dict[str, Any]:
+        """The message columns of a job with flow key ``key`` (and partition key ``partition_key``)."""
         if key is None:
-            return NO_FLOW
+            return NO_FLOW if partition_key is None else partition_flow(partition_key)
         return {"flow_key": key, "concurrency_limit": self.limit, "rate_interval_us": self.interval_us}
+
+
+def partition_flow(partition_key: str) -> dict[str, Any]:
+    """The flow columns of a job that has a partition key and no concurrency key."""
+    key = PARTITION_KEY_PREFIX + partition_key
+    if len(key) > 255:  # the column's size; the partition's rows are found by their partition key
+        key = PARTITION_KEY_PREFIX + hashlib.sha256(partition_key.encode()).hexdigest()
+    return {"flow_key": key, "concurrency_limit": None, "rate_interval_us": None}
 
 
 def check_flow_key(label: str, key: Any) -> None:
@@ -98,4 +119,8 @@ def check_flow_key(label: str, key: Any) -> None:
         raise ConfigurationError(
             f"{label} must be a string of 1 to 255 characters without NUL, or a function of the "
             f"task's arguments returning one, got {key!r}"
+        )
+    if key.startswith(PARTITION_KEY_PREFIX):
+        raise ConfigurationError(
+            f"{label} must not begin with {PARTITION_KEY_PREFIX!r} (partition keys use it), got {key!r}"
         )

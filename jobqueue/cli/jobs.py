@@ -13,11 +13,12 @@ from jobqueue.clock import utcnow
 from jobqueue.duration import parse_age
 from jobqueue.errors import JobNotFound
 from jobqueue.serialization import loads_call
-from jobqueue.storage import deadletter
+from jobqueue.storage import deadletter, waiting
 from jobqueue.storage import jobs as job_queries
 
 STATES = ["pending", "processing", "retryable", "completed", "failed", "cancelled"]
 ARCHIVED_STATES = ["completed", "failed", "cancelled"]
+ACTIVE_STATES = set(STATES) - set(ARCHIVED_STATES)
 
 
 @click.group(cls=Group)
@@ -35,15 +36,30 @@ def jobs() -> None:
 def list_(
     state: CliState, /, states: tuple[str, ...], task: str | None, queue: str | None, limit: int, as_json: bool
 ) -> None:
-    """The newest jobs first, with their last error."""
+    """The newest jobs first, with their last error and what holds a waiting one back."""
     rows = deadletter.list_jobs(state.app.store, states, task, queue, limit)
+    waits = waiting.explain(state.app.store, [row for row in rows if row["state"] in ACTIVE_STATES])
+    for row in rows:
+        wait = waits.get(row["id"])
+        row["waiting"] = wait.reason if wait else None
     if as_json:
         echo_json(rows)
     else:
         click.echo(
             table(
                 rows,
-                ["id", "task_name", "queue", "state", "attempts_count", "created_at", "when", "error_type", "error"],
+                [
+                    "id",
+                    "task_name",
+                    "queue",
+                    "state",
+                    "attempts_count",
+                    "created_at",
+                    "when",
+                    "error_type",
+                    "error",
+                    "waiting",
+                ],
                 empty="no jobs match",
             )
         )
@@ -68,8 +84,6 @@ def _decoded(state: CliState, row: dict[str, Any]) -> dict[str, Any]:
 def _flow_line(flow: dict[str, Any]) -> str:
     limit = flow["limit"]
     text = f"{flow['key']!r}: {flow['running']} running" + (f" of at most {limit}" if limit is not None else "")
-    if limit is not None and flow["running"] >= limit:
-        text += " (a job of the key waits for a slot)"
     if flow["next_start_at"] is not None:
         text += f"; its rate allows the next start at {flow['next_start_at']}"
     return text
@@ -86,11 +100,12 @@ def show(state: CliState, /, job_id: int, as_json: bool) -> None:
         raise JobNotFound(f"job {job_id} not found: it never existed, was purged, or was not retained")
     where, row = found
     decoded = _decoded(state, row)
-    holder = deadletter.partition_holder(state.app.store, row) if where == "message" else None
-    flow = deadletter.flow_state(state.app.store, row) if where == "message" else None
+    wait = waiting.explain(state.app.store, [row]).get(job_id) if where == "message" else None
+    holder, flow = (wait.holder, wait.flow) if wait else (None, None)
     if as_json:
         data = {k: v for k, v in row.items() if not isinstance(v, bytes)}
         data.update(decoded, table=where, state=row["state"].lower(), waiting_for=holder, flow=flow)
+        data["waiting"] = wait.reason if wait else None
         echo_json(data)
         return
     error_type = row.get("error_type") or row.get("last_error_type")
@@ -106,10 +121,10 @@ def show(state: CliState, /, job_id: int, as_json: bool) -> None:
     ]
     if where == "message":
         lines.append(f"next try     {row['next_attempt_at']}")
-    if holder is not None:
-        lines.append(f"waiting for  job {holder}, the oldest unfinished job of partition key {row['partition_key']!r}")
     if flow is not None:
         lines.append(f"flow key     {_flow_line(flow)}")
+    if wait is not None and wait.reason:
+        lines.append(f"waiting      {wait.reason}")
     if where != "message":
         lines.append(f"finished     {row.get('finished_at') or '-'}  (archived {row['archived_at']})")
     for label in ("args", "kwargs", "result", "checkpoint"):

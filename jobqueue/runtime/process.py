@@ -92,11 +92,14 @@ class WorkerProcess:
         self.keeper_writer = OutcomeWriter(app.store, DatabaseGuard(logger, "database (keeper)", self._classify))
         self.wake_at: float | None = None  # monotonic time a deferred message of ours comes due
         self.listener: Listener | None = None  # where the database notifies: this process's own line
-        # Whether a task this process serves has a concurrency key or limits (then its jobs are
-        # acquired key by key too).
+        # Jobs with a flow key are acquired key by key, besides the others: any task's job may have
+        # one, since a partition key is one. Whether a task this process serves has a rate limit
+        # (then the process wakes when a key held back by its rate may start again).
         queues = self.settings.queues
-        self.flow = any(
-            task.flow.enabled and (queues is None or task.queue in queues) for task in app.registry.values()
+        self.rated = any(
+            task.flow.interval_us is not None
+            for task in app.registry.values()
+            if queues is None or task.queue in queues
         )
 
     # -- entry point -------------------------------------------------------------------------------
@@ -190,7 +193,8 @@ class WorkerProcess:
                 limit,
                 self.settings.release_stuck_timeout,
                 token=self.pending_token,
-                flow=self.flow,
+                flow=True,
+                rated=self.rated,
             )
             self.pending_token = None
             return messages
@@ -207,7 +211,7 @@ class WorkerProcess:
                 self.wake_at = None
             else:
                 self.next_fetch_at = min(self.next_fetch_at, self.wake_at)
-        due_in = self.store.flow_due_in if self.flow else None
+        due_in = self.store.flow_due_in if self.rated else None
         if due_in is not None:
             # A key held back by its rate may start its next job then.
             self.next_fetch_at = min(self.next_fetch_at, time.monotonic() + max(0.001, due_in))
@@ -240,8 +244,11 @@ class WorkerProcess:
         self.avg_duration = (
             duration if self.avg_duration is None else (EWMA_WEIGHT * duration + (1 - EWMA_WEIGHT) * self.avg_duration)
         )
-        # A job that held a concurrency slot gives it back at once, not at the next flush.
-        limited = outcome is not None and outcome.message.concurrency_limit is not None
+        # A job that held a concurrency slot, or its partition, gives it back at once, not at the
+        # next flush.
+        limited = outcome is not None and (
+            outcome.message.concurrency_limit is not None or outcome.message.partition_key is not None
+        )
         if pending and (
             limited
             or not len(self.held)

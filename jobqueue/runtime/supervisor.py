@@ -53,6 +53,10 @@ QUICK_DEATHS_BEFORE_BACKOFF = 3
 SCHEDULE_SYNC_RETRIES = 10
 RETRY_SOON_SECONDS = 1.0
 LOOP_ERROR_PAUSE_SECONDS = 1.0
+# Flow keys without jobs are forgotten after a minute, swept once a minute: acquires walk the keys
+# in the order they were served, and a key that went quiet would otherwise stay at the front.
+FLOW_IDLE_SECONDS = 60.0
+FLOW_SWEEP_SECONDS = 60.0
 
 
 @dataclass
@@ -81,6 +85,7 @@ class Supervisor:
         self.stop_deadline = 0.0
         self.next_heartbeat = 0.0
         self.next_release = 0.0
+        self.next_flow_sweep = 0.0
         self.next_burst_check = 0.0
         self.next_pending_retry = 0.0
         self.failing: set[str] = set()  # database work that failed for a reason retrying may not fix
@@ -502,6 +507,9 @@ class Supervisor:
                 logger.warning("released %s message(s) whose lease expired (a worker died or stalled)", released)
             stale = max(10 * self.settings.release_stuck_timeout, 300.0)
             self.guard.try_once(lambda: self.store.prune_workers(stale))
+            if now >= self.next_flow_sweep:
+                self.next_flow_sweep = now + FLOW_SWEEP_SECONDS
+                self.guard.try_once(lambda: self.store.forget_idle_flow_keys(FLOW_IDLE_SECONDS))
             if ok:
                 self.next_release = now + self.settings.release_stuck_interval
 

@@ -78,6 +78,11 @@ def enqueue_dataframe(
         raise ConfigurationError(
             f"column(s) {', '.join(map(repr, missing))} not in the DataFrame; its columns: {', '.join(df.columns)}"
         )
+    if task.flow.per_call:
+        raise ConfigurationError(
+            f"task {task.name} takes its concurrency_key from its arguments, which enqueue_dataframe does "
+            "not compute; give the task a fixed concurrency_key, or enqueue with task.bulk()"
+        )
     common = task.common_row(
         eta=eta,
         countdown=countdown,

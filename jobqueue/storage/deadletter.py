@@ -43,6 +43,9 @@ def list_jobs(
                 table.c[when].label("when"),
                 (table.c.error_type if table is a else table.c.last_error_type).label("error_type"),
                 (table.c.error_message if table is a else table.c.last_error_message).label("error"),
+                table.c.partition_key,
+                table.c.flow_key,
+                table.c.concurrency_limit,
             )
             stmt = stmt.where(table.c.state.in_(chosen))
             if task:
@@ -69,35 +72,6 @@ def job_row(store: Store, job_id: int) -> tuple[str, dict[str, Any]] | None:
             if row is not None:
                 return name, dict(row)
     return None
-
-
-def partition_holder(store: Store, row: dict[str, Any]) -> int | None:
-    """For an active message with a partition key: the id of the oldest active message of its key
-    when that is another one (the message waits for it to end), else None."""
-    key = row.get("partition_key")
-    if key is None:
-        return None
-    m = store.tables.message
-    with store.reading() as conn:
-        oldest = conn.execute(sa.select(sa.func.min(m.c.id)).where(m.c.partition_key == key)).scalar()
-    return int(oldest) if oldest is not None and oldest != row["id"] else None
-
-
-def flow_state(store: Store, row: dict[str, Any]) -> dict[str, Any] | None:
-    """For an active message with a flow key: its key, how many of the key's jobs run now, its
-    limit, and when the key's rate allows the next start (None: no rate, or allowed now)."""
-    key = row.get("flow_key")
-    if key is None:
-        return None
-    m, f = store.tables.message, store.tables.flow
-    with store.reading() as conn:
-        running = conn.execute(
-            sa.select(sa.func.count()).where(m.c.flow_key == key, m.c.state == MessageState.PROCESSING.value)
-        ).scalar_one()
-        next_start = conn.execute(sa.select(f.c.next_start_at).where(f.c.flow_key == key)).scalar()
-    if next_start is not None and next_start <= utcnow():
-        next_start = None
-    return {"key": key, "running": int(running), "limit": row.get("concurrency_limit"), "next_start_at": next_start}
 
 
 @dataclass
@@ -160,7 +134,7 @@ def retry(store: Store, job_ids: Iterable[int], now: datetime | None = None) -> 
                     last_error_traceback=row["error_traceback"],
                 )
                 if values.get("flow_key") is not None:
-                    store.dialect.insert_flow_keys(conn, {values["flow_key"]}, now)
+                    store.dialect.hold_flow_keys(conn, {values["flow_key"]}, now)
                 conn.execute(sa.insert(m), values)
                 conn.execute(sa.delete(a).where(a.c.id == job_id))
         except sa.exc.IntegrityError:

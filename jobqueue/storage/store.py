@@ -13,13 +13,14 @@ import secrets
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 import sqlalchemy as sa
 
 from jobqueue.clock import utcnow
 from jobqueue.errors import ConfigurationError, SchemaError
+from jobqueue.flow import RATE_MEMORY_SECONDS
 from jobqueue.job import SCHEDULE_TASK, Batch, Message, MessageState, Outcome
 from jobqueue.storage.dialects import dialect_for
 from jobqueue.storage.dialects.common import (
@@ -129,7 +130,7 @@ class Store:
         ids: list[int] = [0] * len(rows)
         with self.writing(connection) as conn:
             if flow_keys:
-                self.dialect.insert_flow_keys(conn, flow_keys, utcnow())
+                self.dialect.hold_flow_keys(conn, flow_keys, utcnow())
             plain = [i for i, row in enumerate(rows) if row.get("unique_key") is None]
             if plain:
                 for i, new_id in zip(plain, self.dialect.insert_messages(conn, [rows[i] for i in plain]), strict=True):
@@ -146,6 +147,7 @@ class Store:
 
     def _insert_batch(self, conn: sa.Connection, batch: Batch) -> list[int]:
         ids: list[int] = [0] * len(batch)
+        self.dialect.bulk_holding_flow_key(conn, batch)
         plain = [i for i, key in enumerate(batch.unique_keys) if key is None]
         if plain:
             for i, new_id in zip(plain, self.dialect.insert_batch(conn, batch.take(plain)), strict=True):
@@ -162,19 +164,12 @@ class Store:
         one COPY, serializing each payload as it is read); otherwise every payload is serialized
         first, so that a bad item writes nothing.
         """
-        flow_key = batch.common.get("flow_key")
         if connection is None and not any(key is not None for key in batch.unique_keys):
             with self.schema_errors():
-                if flow_key is not None:
-                    # Its own transaction first: a flow row without jobs (the bulk failed) is harmless.
-                    with self.engine.begin() as conn:
-                        self.dialect.insert_flow_keys(conn, {flow_key}, utcnow())
                 return self.dialect.bulk(batch, batch_size)
         payloads = list(batch.payloads)
         ids: list[int] = []
         with self.writing(connection) as conn:
-            if flow_key is not None:
-                self.dialect.insert_flow_keys(conn, {flow_key}, utcnow())
             for start in range(0, len(payloads), batch_size):
                 end = start + batch_size
                 ids.extend(
@@ -201,6 +196,7 @@ class Store:
             fresh = [rows[key] for key in sorted(rows) if key not in seen]
             if not fresh:
                 return 0
+            self.dialect.bulk_holding_flow_key(conn, batch)
             inserted = self.dialect.insert_new(conn, fresh)
             # A job holding one of these keys may have been archived between the check and the
             # insert, letting ours in. Check again (our engines run READ COMMITTED, so this new
@@ -232,12 +228,14 @@ class Store:
         now: datetime | None = None,
         token: int | None = None,
         flow: bool = False,
+        rated: bool = False,
     ) -> list[Message]:
         """Mark up to ``limit`` ready messages PROCESSING under a new lease token and return them.
 
-        With ``flow``, messages that have a flow key are acquired too, within their keys' limits,
-        and ``flow_due_in`` says in how many seconds a key held back by its rate may start its next one. Flow and
-        plain messages take turns to go first, so that neither kind starves the other.
+        With ``flow``, messages that have a flow key are acquired too, within their keys' limits;
+        with ``rated`` as well, ``flow_due_in`` says in how many seconds a key held back by its rate
+        may start its next one. Flow and plain messages take turns to go first, so that neither
+        kind starves the other.
         """
         params = AcquireParams(
             worker_id=worker_id,
@@ -246,6 +244,7 @@ class Store:
             limit=limit,
             now=now or utcnow(),
             lease=self._lease_clock(lease_seconds, now),
+            rated=rated,
         )
         with self.schema_errors():
             if not flow:
@@ -305,6 +304,13 @@ class Store:
         if now is None and self.dialect.client_clock:
             now = utcnow()
         return LeaseClock(now, seconds)
+
+    def database_now(self, connection: sa.Connection) -> datetime:
+        """The lease clock's time: the database server's where the dialect reads it, else this host's."""
+        now: datetime = connection.execute(
+            sa.select(self.dialect.clock()), self._lease_clock(0, None).binds()
+        ).scalar_one()
+        return now
 
     def extend_lease(self, message_id: int, token: int, seconds: float, now: datetime | None = None) -> bool:
         """Make one delivery's lease last at least ``seconds`` more (never shorter); False if it was lost."""
@@ -386,6 +392,33 @@ class Store:
         """Undo an acquisition whose reply was lost (the connection dropped after COMMIT)."""
         m = self.tables.message
         return self.dialect.release([m.c.lease_token == token], attempts=sa.literal(1), deliveries=sa.literal(1))
+
+    def forget_idle_flow_keys(self, idle_seconds: float, now: datetime | None = None, most: int = 1000) -> int:
+        """Delete the flow rows of keys without jobs that were last served more than
+        ``idle_seconds`` ago by the lease clock; a key's next job adds its row back. A key with a
+        rate limit is kept until its last start is ``RATE_MEMORY_SECONDS`` old: forgetting it
+        sooner would let its next jobs start at once. Rows an enqueue or an acquire holds are
+        skipped."""
+        f, m = self.tables.flow, self.tables.message
+        idle = [
+            f.c.served_at < sa.bindparam("quiet_before", type_=Timestamp),
+            sa.or_(f.c.next_start_at.is_(None), f.c.next_start_at < sa.bindparam("rates_before", type_=Timestamp)),
+            ~sa.exists().where(m.c.flow_key == f.c.flow_key),
+        ]
+        found = sa.select(f.c.flow_key).where(*idle).order_by(f.c.served_at).limit(most)
+        with self.writing() as conn:
+            now = now or self.database_now(conn)
+            binds = {
+                "quiet_before": now - timedelta(seconds=idle_seconds),
+                "rates_before": now - timedelta(seconds=max(idle_seconds, RATE_MEMORY_SECONDS)),
+            }
+            keys = list(conn.execute(found.with_for_update(skip_locked=True), binds).scalars())
+            if not keys:
+                return 0
+            # Checked again by a statement of its own: a job committed since the first one read
+            # keeps its key (the rows are locked now, so no enqueue of them can be half done).
+            gone = sa.delete(f).where(f.c.flow_key.in_(keys), *idle)
+            return int(conn.execute(gone, binds).rowcount)
 
     def has_work(self, queues: tuple[str, ...] | None, horizon: datetime) -> bool:
         """True while the queues hold a message PROCESSING or due before ``horizon`` (for --burst)."""

@@ -23,7 +23,7 @@ def test_list_show_retry_a_failed_job(app: JobQueue, tmp_path: Path) -> None:
     assert listed[0]["error_type"] == "RuntimeError"
     table = jobqueue("jobs", "list", "--state", "failed").stdout.splitlines()
     assert len(table) == 3 and table[2].split()[:2] == [str(failing.id), "basic.fail_once"]
-    assert table[2].endswith("RuntimeError  first run fails")
+    assert table[2].endswith("RuntimeError  first run fails  -")  # nothing holds it back: it has ended
     assert done.status() == "completed"
 
     shown = jobqueue("jobs", "show", str(failing.id)).stdout
@@ -96,7 +96,7 @@ def test_show_names_the_job_a_partitioned_job_waits_for(app: JobQueue) -> None:
     first = basic.add.apply_async(args=(1, 2), partition_key="acct-7")
     second = basic.add.apply_async(args=(3, 4), partition_key="acct-7")
     shown = jobqueue("jobs", "show", str(second.id)).stdout
-    assert f"waiting for  job {first.id}, the oldest unfinished job of partition key 'acct-7'" in shown
+    assert f"waiting      behind job {first.id} (ready), the oldest unfinished job of partition key 'acct-7'" in shown
     assert json.loads(jobqueue("jobs", "show", str(second.id), "--json").stdout)["waiting_for"] == first.id
     assert json.loads(jobqueue("jobs", "show", str(first.id), "--json").stdout)["waiting_for"] is None
     jobqueue("worker", "--burst", "--concurrency", "1")
@@ -110,6 +110,32 @@ def test_show_says_what_limits_a_keyed_job_and_shows_a_plain_pending_one(app: Jo
     taken = app.store.acquire("w" * 32, None, 10, 30.0, flow=True, token=5)
     assert sorted(m.id for m in taken) == [plain.id, first.id]  # the second waits for the one slot
     shown = jobqueue("jobs", "show", str(second.id)).stdout
-    assert "flow key     'partner': 1 running of at most 1 (a job of the key waits for a slot)" in shown
+    assert "flow key     'partner': 1 running of at most 1" in shown
+    assert "waiting      key 'partner' is at its concurrency limit (1 of 1 running)" in shown
     flow = json.loads(jobqueue("jobs", "show", str(second.id), "--json").stdout)["flow"]
     assert (flow["key"], flow["running"], flow["limit"]) == ("partner", 1, 1)
+
+
+def test_list_and_status_say_which_keys_hold_jobs_back_and_why(app: JobQueue) -> None:
+    first = basic.add.apply_async(args=(1, 2), partition_key="acct-7")
+    second = basic.add.apply_async(args=(3, 4), partition_key="acct-7")
+    calls = [basic.partner_call.delay(n) for n in range(3)]
+    notes = [basic.notify.delay(n) for n in range(3)]
+    taken = app.store.acquire("w" * 32, None, 10, 30.0, flow=True, token=5)
+    # The partition's first job, one call (limit 1) and two notes (2/m, with a start's slack).
+    assert sorted(m.id for m in taken) == sorted([first.id, calls[0].id, notes[0].id, notes[1].id])
+    listed = {row["id"]: row["waiting"] for row in json.loads(jobqueue("jobs", "list", "--json").stdout)}
+    assert listed[second.id] == f"behind job {first.id} (running), the oldest unfinished job of partition key 'acct-7'"
+    assert listed[calls[1].id] == listed[calls[2].id] == "key 'partner' is at its concurrency limit (1 of 1 running)"
+    assert listed[notes[2].id].startswith("key 'task:basic.notify' is held by its rate until ")
+    assert listed[first.id] is None and listed[notes[0].id] is None
+    assert "at its concurrency limit" in jobqueue("jobs", "list").stdout
+    held = json.loads(jobqueue("status", "--json").stdout)["held_keys"]
+    assert [(k["kind"], k["key"], k["waiting"]) for k in held] == [
+        ("flow", "partner", 2),
+        ("partition", "acct-7", 1),
+        ("flow", "task:basic.notify", 1),
+    ]
+    assert held[1]["reason"] == f"behind job {first.id} (running)"
+    text = jobqueue("status").stdout
+    assert "jobs held back by their keys" in text and "held by its rate until" in text

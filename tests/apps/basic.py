@@ -21,6 +21,11 @@ def partner_call(n: int) -> int:
     return n
 
 
+@app.task(name="basic.notify", rate_limit="2/m")
+def notify(n: int) -> int:
+    return n
+
+
 @app.task(name="basic.fail", retry_strategy=NoRetryStrategy())
 def fail(message: str) -> None:
     raise ValueError(message)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import threading
 from datetime import timedelta
 
 import pytest
@@ -18,7 +20,7 @@ WORKER = "w" * 32
 
 
 def take(app: JobQueue, limit: int = 50, now=None, flow: bool = True) -> list[Message]:
-    return app.store.acquire(WORKER, None, limit, 30.0, now=now, token=7, flow=flow)
+    return app.store.acquire(WORKER, None, limit, 30.0, now=now, token=7, flow=flow, rated=flow)
 
 
 def test_a_concurrency_limit_holds_across_acquires_and_every_end_frees_a_slot(app: JobQueue) -> None:
@@ -89,6 +91,9 @@ def test_a_rate_limit_spaces_starts_by_the_database_clock(app: JobQueue) -> None
 def test_flow_options_are_checked_when_the_task_is_declared(app: JobQueue) -> None:
     with pytest.raises(ConfigurationError, match="rate_limit must read like '20/s'"):
         app.task(name="t.bad", rate_limit="20 per second")(lambda: None)
+    for too_slow in ("0/s", "0.04/h", "0.0001/m"):
+        with pytest.raises(ConfigurationError, match="at least one start a day"):
+            app.task(name="t.bad", rate_limit=too_slow)(lambda: None)
     with pytest.raises(ConfigurationError, match="concurrency_limit must be a positive integer"):
         app.task(name="t.bad", concurrency_limit=0)(lambda: None)
     with pytest.raises(ConfigurationError, match="concurrency_key must be a string"):
@@ -114,3 +119,83 @@ def test_a_retried_dead_letter_keeps_its_key_and_limits(app: JobQueue) -> None:
     assert deadletter.retry(app.store, [message.id]).retried == [message.id]
     (again,) = take(app)
     assert (again.id, again.flow_key, again.concurrency_limit) == (message.id, "partner", 1)
+
+
+def flow_keys(app: JobQueue) -> set[str]:
+    f = app.store.tables.flow
+    with app.store.reading() as conn:
+        return set(conn.execute(sa.select(f.c.flow_key)).scalars())
+
+
+def test_keys_without_jobs_are_forgotten_once_quiet_and_come_back_with_their_next_job(app: JobQueue) -> None:
+    @app.task(name="t.tenant", concurrency_key=lambda tenant: tenant)
+    def work(tenant: str) -> None: ...
+
+    @app.task(name="t.mail", rate_limit="1/h")
+    def mail() -> None: ...
+
+    done, busy = work.delay("done"), work.delay("busy")
+    mail.delay()
+    got = {m.flow_key: m for m in take(app)}
+    app.store.flush([outcome(got["done"]), outcome(got["task:t.mail"])])
+    later = utcnow() + timedelta(minutes=2)
+    assert app.store.forget_idle_flow_keys(60, now=utcnow()) == 0  # served just now: kept
+    # A key with a job (even a running one) stays; so does one whose rate allows no start yet.
+    assert app.store.forget_idle_flow_keys(60, now=later) == 1
+    assert flow_keys(app) == {"busy", "task:t.mail"}
+    assert done.status() == "completed"
+    again = work.delay("done")
+    assert flow_keys(app) == {"busy", "done", "task:t.mail"}
+    assert [m.id for m in take(app)] == [again.id]
+    assert busy.status() == "processing"
+    # A key's rate is remembered for a day after its last start.
+    assert app.store.forget_idle_flow_keys(60, now=utcnow() + timedelta(hours=25)) == 1
+    assert flow_keys(app) == {"busy", "done"}
+
+
+def test_a_key_being_enqueued_in_an_open_transaction_is_not_forgotten(app: JobQueue) -> None:
+    """The sweep runs while a transaction has enqueued a job of a quiet key and not committed."""
+
+    @app.task(name="t.tenant", concurrency_key=lambda tenant: tenant)
+    def work(tenant: str) -> None: ...
+
+    (first,) = take(app) if work.delay("quiet") else []
+    app.store.flush([outcome(first)])
+    later = utcnow() + timedelta(minutes=2)
+    swept: list[int] = []
+    with app.store.engine.connect() as conn:
+        with conn.begin():
+            handle = work.apply_async(("quiet",), connection=conn)
+            # SQLite: the sweep waits for the write lock; the others skip the held row.
+            sweeper = threading.Thread(target=lambda: swept.append(app.store.forget_idle_flow_keys(60, now=later)))
+            sweeper.start()
+            sweeper.join(timeout=0.5)
+        sweeper.join(timeout=30)
+    assert swept == [0]
+    assert flow_keys(app) == {"quiet"}
+    assert [m.id for m in take(app)] == [handle.id]
+
+
+def test_a_partition_is_acquired_by_its_oldest_job_alone_in_turn_with_other_keys(app: JobQueue, add) -> None:
+    first, second, third = (add.apply_async((n, 0), partition_key="acct-7") for n in range(3))
+    other = add.apply_async((9, 0), partition_key="x" * 255)  # too long to prefix: its key is hashed
+    plain = add.delay(1, 1)
+    assert [m.id for m in take(app, flow=False)] == [plain.id]  # the plain walk leaves keyed jobs alone
+    got = take(app)
+    assert sorted(m.id for m in got) == [first.id, other.id]
+    assert {m.flow_key for m in got} == {"partition:acct-7", "partition:" + hashlib.sha256(b"x" * 255).hexdigest()}
+    assert take(app) == []  # each partition's oldest job runs; the others wait behind it
+    head = next(m for m in got if m.id == first.id)
+    later = utcnow() + timedelta(hours=1)
+    app.store.flush([outcome(head, OutcomeKind.RETRY, MessageState.RETRYABLE, next_attempt_at=later)])
+    assert take(app) == []  # a job waiting to retry holds its partition
+    (retried,) = take(app, now=later + timedelta(seconds=1))
+    assert retried.id == first.id
+    app.store.flush([outcome(retried)])
+    assert [m.id for m in take(app)] == [second.id]
+    assert third.status() == "pending"
+
+
+def test_keys_that_mimic_a_partition_are_refused(app: JobQueue) -> None:
+    with pytest.raises(ConfigurationError, match="must not begin with 'partition:'"):
+        app.task(name="t.bad", concurrency_key="partition:x")(lambda: None)

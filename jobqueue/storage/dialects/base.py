@@ -12,12 +12,13 @@ serves every later call.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime
 from typing import Any
 
 import sqlalchemy as sa
 
+from jobqueue.clock import utcnow
 from jobqueue.errors import ConfigurationError
 from jobqueue.job import Batch, Message, MessageState, Outcome, OutcomeKind
 from jobqueue.storage.dialects.common import (
@@ -323,12 +324,13 @@ class Dialect(Connector):
         return f"INSERT INTO {self.message.name} (payload{key}, {', '.join(BATCH_COLUMNS)}) VALUES {values}"
 
     def bulk(self, batch: Batch, batch_size: int) -> list[int]:
-        """Insert an unkeyed bulk in one transaction of its own, in batches of ``batch_size``; return
-        the ids in order. Every payload is serialized (read from ``batch.payloads``) before
-        anything is sent, so a bad item writes nothing."""
+        """Insert an unkeyed bulk in one transaction of its own (which holds its flow key), in
+        batches of ``batch_size``; return the ids in order. Every payload is serialized (read from
+        ``batch.payloads``) before anything is sent, so a bad item writes nothing."""
         payloads = list(batch.payloads)
         ids: list[int] = []
         with self.engine.begin() as connection:
+            self.bulk_holding_flow_key(connection, batch)
             for start in range(0, len(payloads), batch_size):
                 part = Batch(
                     batch.common, payloads[start : start + batch_size], batch.unique_keys[start : start + batch_size]
@@ -368,12 +370,32 @@ class Dialect(Connector):
         )
         return connection.execute(stmt).scalar()
 
-    def insert_flow_keys(self, connection: sa.Connection, keys: set[str], now: datetime) -> None:
-        """Add the flow rows of ``keys`` that do not exist yet (in key order: concurrent enqueues of
-        the same new keys then wait for each other instead of deadlocking)."""
+    def hold_flow_keys(self, connection: sa.Connection, keys: set[str], now: datetime) -> None:
+        """Make sure the flow rows of ``keys`` exist and stay until this transaction ends.
+
+        Jobs of a flow key are acquired through its row, and the sweep of idle keys deletes a row
+        once no job has its key: a row must not go while jobs of its key are being enqueued and
+        are not committed yet. Here one INSERT adds the missing rows and does that too: SQLite has
+        one writer at a time, so no sweep runs before this transaction ends, and MySQL's INSERT
+        IGNORE share-locks each row it finds, which a sweep's delete waits for. Keys go in order:
+        concurrent enqueues of the same new keys then wait for each other instead of deadlocking.
+        """
+        connection.execute(self.insert_flow_rows(), self.flow_rows(keys, now))
+
+    def insert_flow_rows(self) -> Any:
+        """An INSERT of flow rows that leaves existing ones alone."""
         f = self.tables.flow
-        rows = [{"flow_key": key, "served_at": now, "next_start_at": None} for key in sorted(keys)]
-        connection.execute(self.insert_on_conflict(f).on_conflict_do_nothing(index_elements=[f.c.flow_key]), rows)
+        return self.insert_on_conflict(f).on_conflict_do_nothing(index_elements=[f.c.flow_key])
+
+    @staticmethod
+    def flow_rows(keys: Iterable[str], now: datetime) -> list[dict[str, Any]]:
+        return [{"flow_key": key, "served_at": now, "next_start_at": None} for key in sorted(keys)]
+
+    def bulk_holding_flow_key(self, connection: sa.Connection, batch: Batch) -> None:
+        """At the start of a bulk's own transaction: hold its flow key, if it has one."""
+        key = batch.common.get("flow_key")
+        if key is not None:
+            self.hold_flow_keys(connection, {key}, utcnow())
 
     def insert_or_existing(self, connection: sa.Connection, row: dict[str, Any]) -> int:
         """Insert ``row`` or return the id of the active message holding its (task_name, unique_key)."""

@@ -115,6 +115,7 @@ class AcquireParams:
     limit: int
     now: datetime  # what is due: messages whose next_attempt_at is not after it
     lease: LeaseClock
+    rated: bool = False  # whether to ask when a key held back by its rate may start again
 
     @property
     def shape(self) -> str:

@@ -228,9 +228,8 @@ class MySQLDialect(Dialect):
     def acquire_on(self, connection: sa.Connection, params: AcquireParams) -> list[Message]:
         return self._mark(connection, self.acquire_statement(params), params.binds(), params)
 
-    def insert_flow_keys(self, connection: sa.Connection, keys: set[str], now: datetime) -> None:
-        rows = [{"flow_key": key, "served_at": now, "next_start_at": None} for key in sorted(keys)]
-        connection.execute(sa.insert(self.tables.flow).prefix_with("IGNORE"), rows)
+    def insert_flow_rows(self) -> Any:
+        return sa.insert(self.tables.flow).prefix_with("IGNORE")
 
     def take(self, connection: sa.Connection, ids: list[int], params: AcquireParams) -> list[Message]:
         m = self.message

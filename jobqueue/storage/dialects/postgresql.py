@@ -43,14 +43,20 @@ CONTENTION_CODES = {"40001", "40P01", "55P03"}  # serialization failure, deadloc
 # server ended (idle in transaction too long, administrator): wait for the new primary.
 OUTAGE_CODES = {"25006", "57P01", "57P02", "57P03", "25P03"}
 UNDEFINED_TABLE = "42P01"
+# Rounds of locking a flow row and inserting it if missing; two always do unless a sweep deletes
+# a row between them.
+FLOW_HOLD_TRIES = 3
 
 
 # For jobqueue's own connections only. A queue table's statistics are always out of date: a burst
 # can add a million ready rows between two ANALYZE runs. Planning the acquire on stale statistics
 # picks "bitmap-scan every ready row and sort them" over "walk the ordered index, stop after LIMIT",
 # and every fetch then sorts the whole backlog. These settings make that alternative look
-# expensive, so acquire and flush stay index lookups at any backlog size.
-POSTGRES_PLANNER = "-c enable_bitmapscan=off -c enable_sort=off -c enable_seqscan=off"
+# expensive, so acquire and flush stay index lookups at any backlog size. A plan that must scan
+# anyway (the flow table has no index for every question) then costs billions on paper, which
+# would make the server JIT-compile it: hundreds of milliseconds for a statement that reads a
+# few rows. Our statements are all short, so JIT is off.
+POSTGRES_PLANNER = "-c enable_bitmapscan=off -c enable_sort=off -c enable_seqscan=off -c jit=off"
 
 
 class PostgreSQLDialect(Dialect):
@@ -90,6 +96,13 @@ class PostgreSQLDialect(Dialect):
         super().__init__(engine, tables)
         self._prepared: dict[str, Prepared] = {}
         self._listener: ProcessListener | None = None
+        f = tables.flow
+        self._hold_flow = (
+            sa.select(f.c.flow_key)
+            .where(f.c.flow_key.in_(sa.bindparam("keys", expanding=True)))
+            .order_by(f.c.flow_key)
+            .with_for_update(read=True, key_share=True)
+        )
 
     @property
     def _on_psycopg2(self) -> bool:
@@ -190,6 +203,28 @@ class PostgreSQLDialect(Dialect):
         return int(connection.execute(stmt, lease.binds()).rowcount)
 
     # -- enqueue --------------------------------------------------------------------------------------
+    def hold_flow_keys(self, connection: sa.Connection, keys: set[str], now: datetime) -> None:
+        """Lock each flow row FOR KEY SHARE, inserting the missing ones (see the base class).
+
+        That lock holds off only a DELETE: other enqueues share it, and acquires lock the rows FOR
+        NO KEY UPDATE, which does not wait for it. An INSERT that finds a row takes no lock, so the
+        rows it did not insert are locked again (a sweep may have deleted one meanwhile).
+        """
+        f = self.tables.flow
+        missing = sorted(keys)
+        for _ in range(FLOW_HOLD_TRIES):
+            missing = sorted(set(missing) - set(connection.execute(self._hold_flow, {"keys": missing}).scalars()))
+            if not missing:
+                return
+            inserted = connection.execute(
+                self.insert_flow_rows().returning(f.c.flow_key, sort_by_parameter_order=True),
+                self.flow_rows(missing, now),
+            )
+            missing = sorted(set(missing) - set(inserted.scalars()))
+            if not missing:
+                return
+        raise RuntimeError(f"could not hold flow keys {missing!r}: they were deleted again and again")
+
     def bulk(self, batch: Batch, batch_size: int) -> list[int]:
         if not self._on_psycopg2:
             return super().bulk(batch, batch_size)
@@ -197,6 +232,7 @@ class PostgreSQLDialect(Dialect):
         # the rows before it (17% faster than serializing first). A bad item aborts the COPY and
         # the transaction: nothing is committed.
         with self.engine.begin() as connection:
+            self.bulk_holding_flow_key(connection, batch)
             return copy_batch(connection, self.message, batch)
 
     def insert_batch(self, connection: sa.Connection, batch: Batch) -> list[int]:

@@ -1,0 +1,87 @@
+"""Print the query plans of the acquire statements on a large backlog.
+
+    python -m benchmarks.plans [--backend B ...] [--jobs N]
+
+The backlog: ``N`` jobs without a key, ``N`` over 100 concurrency keys and ``N`` over 100
+partition keys (default 100,000 each), statistics refreshed. The plans are those of a worker
+serving one queue: the one-statement acquire of jobs without a key, then the flow acquire's
+statements that read (which keys have ready jobs; each key's next jobs).
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from benchmarks.common import BACKENDS, database_url
+from benchmarks.worker import fresh_app
+from jobqueue.clock import utcnow
+from jobqueue.storage.dialects.common import AcquireParams, LeaseClock
+from jobqueue.storage.dialects.flow import FlowAcquirer
+
+KEYS = 100
+
+
+def fill(backend: str, jobs: int) -> Any:
+    from benchmarks.tasks import keyed, noop
+
+    app = fresh_app(database_url(backend))
+    noop.bulk([()] * jobs)
+    keyed.bulk([(n % KEYS,) for n in range(jobs)])
+    for key in range(KEYS):
+        noop.bulk([()] * (jobs // KEYS), partition_key=f"p{key}")
+    with app.engine.begin() as conn:
+        for table in ("message", "flow"):
+            name = f"{app.settings.table_prefix}{table}"
+            conn.exec_driver_sql({"postgresql": "ANALYZE ", "mysql": "ANALYZE TABLE "}.get(backend, "ANALYZE ") + name)
+    return app
+
+
+def explain(app: Any, backend: str, statement: Any, binds: dict[str, Any]) -> list[str]:
+    sql = str(statement.params(**binds).compile(dialect=app.engine.dialect, compile_kwargs={"literal_binds": True}))
+    prefix = {"postgresql": "EXPLAIN (COSTS OFF) ", "mysql": "EXPLAIN "}.get(backend, "EXPLAIN QUERY PLAN ")
+    with app.engine.connect() as conn:
+        cursor = conn.connection.driver_connection.cursor()
+        if backend == "postgresql":  # the planner settings of the worker's connections
+            cursor.execute(
+                "SET enable_seqscan = off; SET enable_sort = off; SET enable_bitmapscan = off; SET jit = off"
+            )
+        cursor.execute(prefix + sql)
+        rows = cursor.fetchall()
+        cursor.close()
+    if backend == "postgresql":
+        return [row[0] for row in rows]
+    if backend == "mysql":
+        return ["id select_type table type key rows Extra"] + [
+            f"{r[0]} {r[1]} {r[2]} {r[3]} {r[5]} {r[8]} {r[9] or ''}" for r in rows
+        ]
+    return [f"{row[0]} {row[1]} {row[3]}" for row in rows]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.plans", description=__doc__)
+    parser.add_argument("--backend", action="append", choices=BACKENDS)
+    parser.add_argument("--jobs", type=int, default=100_000)
+    options = parser.parse_args()
+    for backend in options.backend or BACKENDS:
+        app = fill(backend, options.jobs)
+        dialect = app.store.dialect
+        params = AcquireParams("w" * 32, 1, ("default",), 100, utcnow(), LeaseClock(utcnow(), 30.0))
+        binds = params.binds()
+        flow = FlowAcquirer(dialect, params.shape)
+        statements = {
+            "acquire, jobs without a key": dialect.build_acquire(params.shape),
+            "flow acquire: the keys with ready jobs": flow.keys,
+            "flow acquire: the next jobs of a concurrency key and of a partition": flow.candidates(
+                {"k7": 50, "partition:p7": 50}
+            ),
+        }
+        print(f"\n# {backend}, {options.jobs:,} jobs of each kind")
+        for title, statement in statements.items():
+            print(f"\n## {title}\n")
+            print("\n".join(explain(app, backend, statement, binds)))
+        app.close()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,174 @@
+"""Why active jobs wait: the partition they queue in, the limits and rate of their flow key.
+
+Read by ``jobqueue jobs list`` and ``jobs show`` (per job) and ``jobqueue status`` (per key). Times
+of rates are the lease clock's (the database server's, where it has one), as the acquire uses.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import sqlalchemy as sa
+
+from jobqueue.job import READY_STATES, MessageState
+from jobqueue.storage.dialects.common import PROCESSING, READY_LITERALS
+from jobqueue.storage.store import Store
+
+# How many keys `jobqueue status` lists, the most waiting jobs first.
+STATUS_KEYS = 20
+
+
+@dataclass(frozen=True)
+class Wait:
+    """What holds an active job back; ``reason`` is None when nothing does but its turn."""
+
+    reason: str | None
+    holder: int | None = None  # partition: the job it waits for
+    flow: dict[str, Any] | None = None  # flow key: key, running, limit, next_start_at
+
+
+def explain(store: Store, rows: Iterable[dict[str, Any]]) -> dict[int, Wait]:
+    """For each active job's row with a partition or flow key (its id, state, partition_key,
+    flow_key and concurrency_limit): what it waits for."""
+    rows = [row for row in rows if row.get("partition_key") is not None or row.get("flow_key") is not None]
+    if not rows:
+        return {}
+    m, f = store.tables.message, store.tables.flow
+    partition_keys = {row["partition_key"] for row in rows if row.get("partition_key") is not None}
+    flow_keys = {row["flow_key"] for row in rows if row.get("flow_key") is not None}
+    heads: dict[str, Any] = {}
+    running: dict[str, int] = {}
+    next_start: dict[str, datetime] = {}
+    with store.reading() as conn:
+        now = store.database_now(conn)
+        if partition_keys:
+            oldest = (
+                sa.select(sa.func.min(m.c.id))
+                .where(m.c.partition_key.in_(partition_keys))
+                .group_by(m.c.partition_key)
+                .scalar_subquery()
+            )
+            head_rows = conn.execute(
+                sa.select(m.c.id, m.c.partition_key, m.c.state, m.c.next_attempt_at).where(m.c.id.in_(oldest))
+            )
+            heads = {head.partition_key: head for head in head_rows}
+        if flow_keys:
+            running = dict(
+                conn.execute(
+                    sa.select(m.c.flow_key, sa.func.count())
+                    .where(m.c.flow_key.in_(flow_keys), m.c.state == PROCESSING)
+                    .group_by(m.c.flow_key)
+                ).all()
+            )
+            next_start = dict(
+                conn.execute(
+                    sa.select(f.c.flow_key, f.c.next_start_at).where(
+                        f.c.flow_key.in_(flow_keys), f.c.next_start_at > now
+                    )
+                ).all()
+            )
+    found: dict[int, Wait] = {}
+    for row in rows:
+        head = heads.get(row.get("partition_key") or "")
+        if head is not None and head.id != row["id"]:
+            found[row["id"]] = Wait(
+                f"behind job {head.id} ({_state_of(head, now)}), the oldest unfinished job of partition key "
+                f"{row['partition_key']!r}",
+                holder=head.id,
+            )
+            continue
+        key = row.get("flow_key")
+        if key is None:
+            continue
+        flow = {
+            "key": key,
+            "running": running.get(key, 0),
+            "limit": row.get("concurrency_limit"),
+            "next_start_at": next_start.get(key),
+        }
+        reason = _flow_reason(flow) if row["state"].upper() in READY_STATES else None
+        found[row["id"]] = Wait(f"key {key!r} is {reason}" if reason else None, flow=flow)
+    return found
+
+
+def _state_of(head: Any, now: datetime) -> str:
+    if head.state == MessageState.PROCESSING.value:
+        return "running"
+    if head.next_attempt_at > now:
+        doing = "retrying" if head.state == MessageState.RETRYABLE.value else "scheduled"
+        return f"{doing} at {head.next_attempt_at:%Y-%m-%d %H:%M:%S}"
+    return "ready"
+
+
+def _flow_reason(flow: dict[str, Any]) -> str | None:
+    """Why a flow key starts none of its ready jobs now, or None if it may."""
+    limit, running = flow["limit"], flow["running"]
+    if limit is not None and running >= limit:
+        return f"at its concurrency limit ({running} of {limit} running)"
+    if flow["next_start_at"] is not None:
+        return f"held by its rate until {flow['next_start_at']:%H:%M:%S.%f}"[:-3] + " UTC"
+    return None
+
+
+def blocked_keys(store: Store, most: int = STATUS_KEYS) -> list[dict[str, Any]]:
+    """Keys with jobs ready to run that a key holds back, the most waiting first: partitions
+    behind their oldest job, flow keys at their concurrency limit or spaced by their rate."""
+    m, f = store.tables.message, store.tables.flow
+    with store.reading() as conn:
+        now = store.database_now(conn)
+        due = sa.and_(m.c.state.in_(READY_LITERALS), m.c.next_attempt_at <= now)
+        count_due = sa.func.sum(sa.case((due, 1), else_=0))
+        partitions = conn.execute(
+            sa.select(m.c.partition_key, sa.func.min(m.c.id), sa.func.count() - 1)
+            .where(m.c.partition_key.isnot(None))
+            .group_by(m.c.partition_key)
+            .having(sa.func.count() > 1)
+            .order_by((sa.func.count()).desc(), m.c.partition_key)
+            .limit(most)
+        ).all()
+        flows = conn.execute(
+            sa.select(
+                m.c.flow_key,
+                count_due,
+                sa.func.sum(sa.case((m.c.state == PROCESSING, 1), else_=0)),
+                sa.func.max(m.c.concurrency_limit),
+                f.c.next_start_at,
+            )
+            .join(f, f.c.flow_key == m.c.flow_key, isouter=True)
+            .where(m.c.flow_key.isnot(None))
+            .group_by(m.c.flow_key, f.c.next_start_at)
+            .having(count_due > 0)
+            .order_by(count_due.desc(), m.c.flow_key)
+        ).all()
+        heads: dict[int, Any] = {}
+        if partitions:
+            ids = [oldest for _, oldest, _ in partitions]
+            heads = {
+                head.id: head
+                for head in conn.execute(sa.select(m.c.id, m.c.state, m.c.next_attempt_at).where(m.c.id.in_(ids)))
+            }
+    found = [
+        {
+            "kind": "partition",
+            "key": key,
+            "waiting": int(waiting),
+            "reason": f"behind job {oldest} ({_state_of(heads[oldest], now)})",
+        }
+        for key, oldest, waiting in partitions
+        if oldest in heads
+    ]
+    for key, ready, running, limit, next_start_at in flows:
+        flow = {
+            "key": key,
+            "running": int(running),
+            "limit": limit,
+            "next_start_at": next_start_at if next_start_at is not None and next_start_at > now else None,
+        }
+        reason = _flow_reason(flow)
+        if reason is not None:
+            found.append({"kind": "flow", "key": key, "waiting": int(ready), "reason": reason})
+    found.sort(key=lambda entry: -entry["waiting"])
+    return found[:most]
