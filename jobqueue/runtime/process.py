@@ -92,15 +92,13 @@ class WorkerProcess:
         self.keeper_writer = OutcomeWriter(app.store, DatabaseGuard(logger, "database (keeper)", self._classify))
         self.wake_at: float | None = None  # monotonic time a deferred message of ours comes due
         self.listener: Listener | None = None  # where the database notifies: this process's own line
-        # Jobs with a flow key are acquired key by key, besides the others: any task's job may have
-        # one, since a partition key is one. Whether a task this process serves has a rate limit
-        # (then the process wakes when a key held back by its rate may start again).
+        # Whether a task this process serves has a concurrency key or limits (then its jobs are
+        # acquired key by key too), and whether one has a rate limit (then the process wakes when
+        # a key held back by its rate may start again).
         queues = self.settings.queues
-        self.rated = any(
-            task.flow.interval_us is not None
-            for task in app.registry.values()
-            if queues is None or task.queue in queues
-        )
+        served = [task.flow for task in app.registry.values() if queues is None or task.queue in queues]
+        self.flow = any(flow.enabled for flow in served)
+        self.rated = any(flow.interval_us is not None for flow in served)
 
     # -- entry point -------------------------------------------------------------------------------
     def main(self) -> int:
@@ -193,7 +191,7 @@ class WorkerProcess:
                 limit,
                 self.settings.release_stuck_timeout,
                 token=self.pending_token,
-                flow=True,
+                flow=self.flow,
                 rated=self.rated,
             )
             self.pending_token = None
@@ -244,11 +242,8 @@ class WorkerProcess:
         self.avg_duration = (
             duration if self.avg_duration is None else (EWMA_WEIGHT * duration + (1 - EWMA_WEIGHT) * self.avg_duration)
         )
-        # A job that held a concurrency slot, or its partition, gives it back at once, not at the
-        # next flush.
-        limited = outcome is not None and (
-            outcome.message.concurrency_limit is not None or outcome.message.partition_key is not None
-        )
+        # A job that held a concurrency slot gives it back at once, not at the next flush.
+        limited = outcome is not None and outcome.message.concurrency_limit is not None
         if pending and (
             limited
             or not len(self.held)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import threading
 from datetime import timedelta
 
@@ -174,28 +173,3 @@ def test_a_key_being_enqueued_in_an_open_transaction_is_not_forgotten(app: JobQu
     assert swept == [0]
     assert flow_keys(app) == {"quiet"}
     assert [m.id for m in take(app)] == [handle.id]
-
-
-def test_a_partition_is_acquired_by_its_oldest_job_alone_in_turn_with_other_keys(app: JobQueue, add) -> None:
-    first, second, third = (add.apply_async((n, 0), partition_key="acct-7") for n in range(3))
-    other = add.apply_async((9, 0), partition_key="x" * 255)  # too long to prefix: its key is hashed
-    plain = add.delay(1, 1)
-    assert [m.id for m in take(app, flow=False)] == [plain.id]  # the plain walk leaves keyed jobs alone
-    got = take(app)
-    assert sorted(m.id for m in got) == [first.id, other.id]
-    assert {m.flow_key for m in got} == {"partition:acct-7", "partition:" + hashlib.sha256(b"x" * 255).hexdigest()}
-    assert take(app) == []  # each partition's oldest job runs; the others wait behind it
-    head = next(m for m in got if m.id == first.id)
-    later = utcnow() + timedelta(hours=1)
-    app.store.flush([outcome(head, OutcomeKind.RETRY, MessageState.RETRYABLE, next_attempt_at=later)])
-    assert take(app) == []  # a job waiting to retry holds its partition
-    (retried,) = take(app, now=later + timedelta(seconds=1))
-    assert retried.id == first.id
-    app.store.flush([outcome(retried)])
-    assert [m.id for m in take(app)] == [second.id]
-    assert third.status() == "pending"
-
-
-def test_keys_that_mimic_a_partition_are_refused(app: JobQueue) -> None:
-    with pytest.raises(ConfigurationError, match="must not begin with 'partition:'"):
-        app.task(name="t.bad", concurrency_key="partition:x")(lambda: None)

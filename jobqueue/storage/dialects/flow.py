@@ -29,7 +29,6 @@ from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 
-from jobqueue.flow import PARTITION_KEY_PREFIX
 from jobqueue.job import Message
 from jobqueue.storage.dialects.common import PROCESSING, READY_LITERALS, AcquireParams, first_of_partition
 
@@ -54,19 +53,15 @@ class FlowAcquirer:
         self.dialect = dialect
         m, f = dialect.message, dialect.tables.flow
         clock = dialect.clock()
-        # A message of a key is ready: due, in the worker's queues, and first of its partition
-        # (a partition's oldest message is, by how it is found).
-        self.head_ready = [m.c.state.in_(READY_LITERALS), m.c.next_attempt_at <= sa.bindparam("now")]
+        # A message of a key is ready: due, first of its partition, in the worker's queues.
+        self.ready_of_key = [
+            m.c.state.in_(READY_LITERALS),
+            m.c.next_attempt_at <= sa.bindparam("now"),
+            first_of_partition(m),
+        ]
         if shape != "all":
-            self.head_ready.append(dialect.queue_filter(shape == "one"))
-        self.ready_of_key = [*self.head_ready, first_of_partition(m)]
-        # A partition's key has work when its oldest job is ready (its other jobs wait behind it):
-        # one probe, however many jobs the partition holds. Another key's when any job is ready.
-        is_partition = f.c.flow_key.startswith(PARTITION_KEY_PREFIX, autoescape=True)
-        has_ready = sa.or_(
-            sa.and_(is_partition, self._head_ready(f.c.flow_key)),
-            sa.and_(~is_partition, sa.exists().where(m.c.flow_key == f.c.flow_key, *self.ready_of_key)),
-        )
+            self.ready_of_key.append(dialect.queue_filter(shape == "one"))
+        has_ready = sa.exists().where(m.c.flow_key == f.c.flow_key, *self.ready_of_key)
         self.keys = (
             sa.select(f.c.flow_key)
             .where(sa.or_(f.c.next_start_at.is_(None), f.c.next_start_at <= clock), has_ready)
@@ -93,45 +88,19 @@ class FlowAcquirer:
             .values(served_at=sa.bindparam("served"), next_start_at=sa.bindparam("next_start"))
         )
 
-    def _head(self, key: Any) -> Any:
-        """The id of the oldest active message of a partition's flow key (the one that may run)."""
-        member, oldest = self.dialect.message.alias("member"), self.dialect.message.alias("oldest")
-        partition = (
-            sa.select(member.c.partition_key)
-            .where(member.c.flow_key == key)
-            .limit(1)
-            .correlate_except(member)  # to the flow row, two levels up
-            .scalar_subquery()
-        )
-        return (
-            sa.select(oldest.c.id)
-            .where(oldest.c.partition_key == partition)
-            .order_by(oldest.c.id)  # not min(): MariaDB would read the whole partition for it
-            .limit(1)
-            .correlate_except(oldest)
-            .scalar_subquery()
-        )
-
-    def _head_ready(self, key: Any) -> Any:
-        m = self.dialect.message
-        # A scalar subquery rather than EXISTS, which MariaDB would rewrite into an IN it refuses.
-        head = sa.select(m.c.id).where(m.c.id == self._head(key), m.c.flow_key == key, *self.head_ready).limit(1)
-        return head.scalar_subquery().isnot(None)
-
     def candidates(self, shares: dict[str, int]) -> Any:
-        """Each key's first ``shares[key]`` ready messages in delivery order (a partition's oldest
-        message alone), in one statement."""
+        """Each key's first ``shares[key]`` ready messages in delivery order, in one statement."""
         m = self.dialect.message
         parts = []
         for number, (key, share) in enumerate(shares.items()):
-            columns = sa.select(m.c.id, m.c.flow_key, m.c.concurrency_limit, m.c.rate_interval_us)
-            if key.startswith(PARTITION_KEY_PREFIX):
-                head = m.c.id == self._head(sa.literal(key))
-                part = columns.where(head, m.c.flow_key == sa.literal(key), *self.head_ready)
-            else:
-                part = columns.where(m.c.flow_key == sa.literal(key), *self.ready_of_key)
-            part = part.order_by(m.c.priority.desc(), m.c.next_attempt_at, m.c.id)
-            parts.append(sa.select(*part.limit(share).subquery(f"k{number}").c))
+            part = (
+                sa.select(m.c.id, m.c.flow_key, m.c.concurrency_limit, m.c.rate_interval_us)
+                .where(m.c.flow_key == sa.literal(key), *self.ready_of_key)
+                .order_by(m.c.priority.desc(), m.c.next_attempt_at, m.c.id)
+                .limit(share)
+                .subquery(f"k{number}")
+            )
+            parts.append(sa.select(*part.c))
         return parts[0] if len(parts) == 1 else sa.union_all(*parts)
 
     def run(self, connection: sa.Connection, params: AcquireParams, take: Callable[..., list[Message]]) -> FlowAcquired:
