@@ -4,8 +4,9 @@
 
 The backlog: ``N`` jobs without a key, ``N`` over 100 concurrency keys and ``N`` over 100
 partition keys (default 100,000 each), statistics refreshed. The plans are those of a worker
-serving one queue: the one-statement acquire of jobs without a key, then the flow acquire's
-statements that read (which keys have ready jobs; each key's next jobs).
+serving one queue: the ready walk of the one-statement acquire of jobs without a key (partitioned
+jobs among them), then the flow acquire's statements that read (which keys have ready jobs; each
+key's next jobs).
 """
 
 from __future__ import annotations
@@ -38,7 +39,11 @@ def fill(backend: str, jobs: int) -> Any:
 
 
 def explain(app: Any, backend: str, statement: Any, binds: dict[str, Any]) -> list[str]:
-    sql = str(statement.params(**binds).compile(dialect=app.engine.dialect, compile_kwargs={"literal_binds": True}))
+    compiled = statement.compile(dialect=app.engine.dialect)
+    state = compiled.construct_expanded_state(compiled.construct_params(binds))
+    values: Any = state.parameters
+    if state.positiontup:  # SQLite's "?" parameters
+        values = tuple(values[name] for name in state.positiontup)
     prefix = {"postgresql": "EXPLAIN (COSTS OFF) ", "mysql": "EXPLAIN "}.get(backend, "EXPLAIN QUERY PLAN ")
     with app.engine.connect() as conn:
         cursor = conn.connection.driver_connection.cursor()
@@ -46,7 +51,7 @@ def explain(app: Any, backend: str, statement: Any, binds: dict[str, Any]) -> li
             cursor.execute(
                 "SET enable_seqscan = off; SET enable_sort = off; SET enable_bitmapscan = off; SET jit = off"
             )
-        cursor.execute(prefix + sql)
+        cursor.execute(prefix + state.statement, values)
         rows = cursor.fetchall()
         cursor.close()
     if backend == "postgresql":
@@ -70,11 +75,11 @@ def main() -> None:
         binds = params.binds()
         flow = FlowAcquirer(dialect, params.shape)
         statements = {
-            "acquire, jobs without a key": dialect.build_acquire(params.shape),
-            "flow acquire: the keys with ready jobs": flow.keys,
-            "flow acquire: the next jobs of a concurrency key and of a partition": flow.candidates(
-                {"k7": 50, "partition:p7": 50}
+            "acquire, jobs without a key (the ready walk of its one statement)": dialect.ready_select(
+                [dialect.message.c.id], True, True
             ),
+            "flow acquire: the keys with ready jobs": flow.keys,
+            "flow acquire: the next jobs of two keys": flow.candidates({"k7": 50, "k8": 50}),
         }
         print(f"\n# {backend}, {options.jobs:,} jobs of each kind")
         for title, statement in statements.items():
