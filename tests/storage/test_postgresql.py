@@ -6,8 +6,9 @@ from jobqueue import JobQueue
 from jobqueue.clock import utcnow
 from jobqueue.storage.dialects import AcquireParams, LeaseClock
 from jobqueue.storage.dialects.postgresql import ProcessListener
+from jobqueue.storage.dialects.postgresql_sql import build_apply_outcomes, outcome_binds
 from tests.conftest import only
-from tests.storage.test_store import LEASE, WORKER, rows
+from tests.storage.test_store import LEASE, WORKER, outcome, rows
 
 
 @only("postgresql")
@@ -72,3 +73,22 @@ def test_prepared_acquire_keeps_the_ordered_index_walk(app: JobQueue, add) -> No
         cursor.execute("DEALLOCATE jobqueue_test_plan")  # prepared statements outlive transactions
         own.close()
         assert "Index Scan using ix_jobqueue_message_ready" in plan and "Sort" not in plan, plan
+
+
+@only("postgresql")
+def test_a_flush_finds_its_rows_by_id_however_many_are_processing(app: JobQueue, add) -> None:
+    """Statistics taken while few rows were PROCESSING must not have a flush walk all of them."""
+    add.bulk([(1, 1)] * 3000)
+    with app.engine.begin() as conn:
+        conn.exec_driver_sql(f"ANALYZE {app.tables.message.name}")  # nothing PROCESSING yet
+    taken = app.store.acquire(WORKER, None, 3000, LEASE)
+    statement = build_apply_outcomes(app.tables.message, app.tables.archive)
+    binds = outcome_binds([outcome(m) for m in taken[:20]], utcnow())
+    compiled = statement.compile(dialect=app.engine.dialect)
+    with app.engine.connect() as conn:
+        cursor = conn.connection.driver_connection.cursor()
+        cursor.execute("EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF) " + str(compiled), compiled.construct_params(binds))
+        plan = "\n".join(row[0] for row in cursor.fetchall())
+        conn.connection.driver_connection.rollback()
+    assert "message_lease" not in plan and "Index Scan using jobqueue_message_pkey" in plan, plan
+    assert "rows=20 loops=1" in plan.split("Delete on")[1], plan

@@ -67,15 +67,19 @@ def build_apply_outcomes(m: sa.Table, a: sa.Table) -> Any:
 
     DELETE ... RETURNING moves finished messages (payload and all, without sending them back) into
     INSERT INTO archive; UPDATE requeues the others; both apply only where the message is still
-    PROCESSING under the delivery's lease token. The result is the (id, token) pairs applied. The
-    ids also come as an array so that both find their rows through the primary key.
+    PROCESSING under the delivery's lease token. The result is the (id, token) pairs applied.
+
+    Each outcome finds its row by id, through the primary key. The state is compared as an
+    expression, which the partial index of PROCESSING rows cannot answer: statistics that underrate
+    the PROCESSING rows (they come and go faster than ANALYZE runs) had the planner walk all of
+    them, every worker's buffers, for each flush.
     """
+    processing = m.c.state.op("||")(sa.literal_column("''")) == PROCESSING
     fin = _recordset("fin", ARCHIVED, (sa.column("retain", sa.Boolean),))
     req = _recordset("req", REQUEUED)
-    ids = sa.cast(sa.bindparam("ids", type_=sa.Text), postgresql.ARRAY(sa.BigInteger))
     moved = (
         sa.delete(m)
-        .where(m.c.id == sa.any_(ids), m.c.id == fin.c.id, m.c.lease_token == fin.c.token, m.c.state == PROCESSING)
+        .where(m.c.id == fin.c.id, m.c.lease_token == fin.c.token, processing)
         .returning(m.c.lease_token, *[m.c[column] for column in COPIED])
         .cte("moved")
     )
@@ -96,7 +100,7 @@ def build_apply_outcomes(m: sa.Table, a: sa.Table) -> Any:
         values[field.column] = sa.func.coalesce(value, m.c[field.column]) if field.keep_if_null else value
     requeued = (
         sa.update(m)
-        .where(m.c.id == sa.any_(ids), m.c.id == req.c.id, m.c.lease_token == req.c.token, m.c.state == PROCESSING)
+        .where(m.c.id == req.c.id, m.c.lease_token == req.c.token, processing)
         .values(**values, **RELEASED)
         .returning(m.c.id, req.c.token)
         .cte("requeued")
@@ -141,7 +145,7 @@ _PER_FLUSH = [field for field in (*ARCHIVED, *REQUEUED) if field.per_flush]
 
 
 def outcome_binds(outcomes: list[Outcome], now: datetime) -> dict[str, Any]:
-    """The bind values of build_apply_outcomes: the ids, and a JSON document per kind of outcome."""
+    """The bind values of build_apply_outcomes: a JSON document per kind of outcome."""
     finals, requeues = [], []
     for outcome in outcomes:
         if outcome.kind is OutcomeKind.ARCHIVE:
@@ -153,7 +157,6 @@ def outcome_binds(outcomes: list[Outcome], now: datetime) -> dict[str, Any]:
     flush_wide = {f"flush_{field.column}": field.value(outcomes[0], now) for field in _PER_FLUSH if outcomes}
     return {
         **flush_wide,
-        "ids": "{" + ",".join(str(o.message.id) for o in outcomes) + "}",
         "fin": json.dumps(finals),
         "req": json.dumps(requeues),
     }
