@@ -4,9 +4,9 @@
 
 The backlog: ``N`` jobs without a key, ``N`` over 100 concurrency keys and ``N`` over 100
 partition keys (default 100,000 each), statistics refreshed. The plans are those of a worker
-serving one queue: the ready walk of the one-statement acquire of jobs without a key (partitioned
-jobs among them), then the flow acquire's statements that read (which keys have ready jobs; each
-key's next jobs).
+serving one queue: the ready walk of the one-statement acquire of jobs without a key, then the
+flow acquire's statements that read (which keys have ready jobs; the next jobs of a partition and
+of a concurrency key).
 """
 
 from __future__ import annotations
@@ -74,17 +74,22 @@ def main() -> None:
         params = AcquireParams("w" * 32, 1, ("default",), 100, utcnow(), LeaseClock(utcnow(), 30.0))
         binds = params.binds()
         flow = FlowAcquirer(dialect, params.shape)
+        two = {"key0": "partition:p7", "share0": 50, "key1": "k8", "share1": 50}
         statements = {
-            "acquire, jobs without a key (the ready walk of its one statement)": dialect.ready_select(
-                [dialect.message.c.id], True, True
+            "acquire, jobs without a key (the ready walk of its one statement)": (
+                dialect.ready_select([dialect.message.c.id], True, True),
+                binds,
             ),
-            "flow acquire: the keys with ready jobs": flow.keys,
-            "flow acquire: the next jobs of two keys": flow.candidates({"k7": 50, "k8": 50}),
+            "flow acquire: the keys with ready jobs": (flow.keys, binds),
+            "flow acquire: the next jobs of a partition and of a concurrency key": (
+                flow.candidates(1, 1),
+                {**binds, **two},
+            ),
         }
         print(f"\n# {backend}, {options.jobs:,} jobs of each kind")
-        for title, statement in statements.items():
+        for title, (statement, values) in statements.items():
             print(f"\n## {title}\n")
-            print("\n".join(explain(app, backend, statement, binds)))
+            print("\n".join(explain(app, backend, statement, values)))
         app.close()
 
 

@@ -15,6 +15,7 @@ but no key. Jobs of one flow key are acquired by themselves, key by key and in t
 
 from __future__ import annotations
 
+import hashlib
 import math
 import re
 from collections.abc import Callable
@@ -24,6 +25,9 @@ from typing import Any
 from jobqueue.errors import ConfigurationError
 
 TASK_KEY_PREFIX = "task:"
+# A job with a partition key and no concurrency key has the flow key ``partition:<key>``: keys take
+# turns, and a partition is acquired by its oldest job alone (one probe, however long its queue).
+PARTITION_KEY_PREFIX = "partition:"
 NO_FLOW: dict[str, Any] = {"flow_key": None, "concurrency_limit": None, "rate_interval_us": None}
 
 # The slowest rate a task may have, one start a day: the database remembers a quiet key's last
@@ -95,11 +99,19 @@ class Flow:
             return TASK_KEY_PREFIX + self.task_name
         return key
 
-    def columns(self, key: str | None) -> dict[str, Any]:
-        """The message columns of a job with flow key ``key``."""
+    def columns(self, key: str | None, partition_key: str | None = None) -> dict[str, Any]:
+        """The message columns of a job with flow key ``key`` (and partition key ``partition_key``)."""
         if key is None:
-            return NO_FLOW
+            return NO_FLOW if partition_key is None else partition_flow(partition_key)
         return {"flow_key": key, "concurrency_limit": self.limit, "rate_interval_us": self.interval_us}
+
+
+def partition_flow(partition_key: str) -> dict[str, Any]:
+    """The flow columns of a job that has a partition key and no concurrency key."""
+    key = PARTITION_KEY_PREFIX + partition_key
+    if len(key) > 255:  # the column's size; the partition's rows are found by their partition key
+        key = PARTITION_KEY_PREFIX + hashlib.sha256(partition_key.encode()).hexdigest()
+    return {"flow_key": key, "concurrency_limit": None, "rate_interval_us": None}
 
 
 def check_flow_key(label: str, key: Any) -> None:
@@ -107,4 +119,8 @@ def check_flow_key(label: str, key: Any) -> None:
         raise ConfigurationError(
             f"{label} must be a string of 1 to 255 characters without NUL, or a function of the "
             f"task's arguments returning one, got {key!r}"
+        )
+    if key.startswith(PARTITION_KEY_PREFIX):
+        raise ConfigurationError(
+            f"{label} must not begin with {PARTITION_KEY_PREFIX!r} (partition keys use it), got {key!r}"
         )

@@ -17,7 +17,7 @@ from jobqueue.ack import AckPolicy
 from jobqueue.clock import to_naive_utc, utcnow
 from jobqueue.context import JobContext, activate, deactivate, from_now
 from jobqueue.errors import ConfigurationError, SerializationError
-from jobqueue.flow import NO_FLOW, Flow
+from jobqueue.flow import NO_FLOW, Flow, partition_flow
 from jobqueue.handle import JobHandle
 from jobqueue.job import Batch, MessageState
 from jobqueue.retry import RetryStrategy
@@ -260,7 +260,7 @@ class Task:
         with self.app.enqueue_connection(connection) as given, self.app.store.writing(given) as conn:
             for key, indexes in groups.items():
                 batch = Batch(
-                    {**common, **self.flow.columns(key)},
+                    {**common, **self.flow.columns(key, common["partition_key"])},
                     _Payloads(self, [items[i] for i in indexes]),
                     [keys[i] for i in indexes],
                 )
@@ -360,7 +360,9 @@ class Task:
         payload = self._payload(args, kwargs)
         flow = NO_FLOW
         if self.flow.enabled and (per_call or not self.flow.per_call):
-            flow = self.flow.columns(self.flow.key_for(args, kwargs))
+            flow = self.flow.columns(self.flow.key_for(args, kwargs), options["partition_key"])
+        elif options["partition_key"] is not None and not self.flow.enabled:
+            flow = partition_flow(options["partition_key"])
         return {
             "task_name": self.name,
             "queue": options["queue"],

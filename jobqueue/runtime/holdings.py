@@ -8,13 +8,18 @@
   one included). It is mirrored into the shared slot, so that when the process dies the supervisor
   charges a delivery to the running one only, keeps the attempt of the finished ones, and returns
   the unstarted ones as if never fetched.
+
+A partition's jobs come in runs, in enqueue order. The next job of a partition starts only once
+the outcome of its previous one is written (``behind_unwritten``): were the process to die, the
+previous one would run again after it. When one does not finish for good (it retries, waits, or
+its lease is lost), the partition's later jobs go back unstarted (``end_run``).
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable
 
 from jobqueue.clock import utcnow
@@ -42,6 +47,8 @@ class Holdings:
         self.outcomes: list[Outcome] = []
         self.returns: list[Outcome] = []
         self.started: set[int] = set()
+        self.partition_of: dict[int, str] = {}  # started messages of a partition, outcome unwritten
+        self.unwritten: Counter[str] = Counter()  # how many of them each partition has
         self.running: Message | None = None
         self.running_since: float | None = None
         self.oldest_outcome_at: float | None = None
@@ -71,8 +78,16 @@ class Holdings:
                     continue
                 self.running, self.running_since = message, time.monotonic()
                 self.started.add(message.id)
+                if message.partition_key is not None:
+                    self.partition_of[message.id] = message.partition_key
+                    self.unwritten[message.partition_key] += 1
                 return message
         return None
+
+    def behind_unwritten(self) -> bool:
+        """Whether the next message is a partition's whose previous outcome is not written yet."""
+        with self.lock:
+            return bool(self.buffer) and self.unwritten[self.buffer[0].partition_key or ""] > 0
 
     def finish(self, outcome: Outcome | None) -> int:
         """Record the running message's outcome (None: nothing to write); return the pending count."""
@@ -84,8 +99,26 @@ class Holdings:
                 self.outcomes.append(outcome)
             elif message is not None:
                 self._forget([message.id])
+            if message is not None and message.partition_key is not None:
+                if outcome is None or outcome.kind is not OutcomeKind.ARCHIVE:
+                    self._end_run(message.partition_key)
             self.slot.finish()
             return len(self.outcomes)
+
+    def end_run(self, partition_key: str) -> None:
+        with self.lock:
+            self._end_run(partition_key)
+
+    def _end_run(self, partition_key: str) -> None:
+        """A job of a partition did not finish for good (it retries, waits, or its lease was lost):
+        it holds its partition, so the partition's later jobs in the buffer go back unstarted."""
+        kept: deque[Message] = deque()
+        for message in self.buffer:
+            if message.partition_key != partition_key:
+                kept.append(message)
+            elif self.slot.listed(message.lease_token):
+                self.returns.append(hand_back(message))
+        self.buffer = kept
 
     def __len__(self) -> int:
         return len(self.buffer)
@@ -114,6 +147,12 @@ class Holdings:
 
     def _forget(self, ids: list[int]) -> None:
         self.started.difference_update(ids)
+        for message_id in ids:
+            key = self.partition_of.pop(message_id, None)
+            if key is not None:
+                self.unwritten[key] -= 1
+                if not self.unwritten[key]:
+                    del self.unwritten[key]
         self.slot.set_started(self.started)
 
     # -- the keeper --------------------------------------------------------------------------------

@@ -92,13 +92,15 @@ class WorkerProcess:
         self.keeper_writer = OutcomeWriter(app.store, DatabaseGuard(logger, "database (keeper)", self._classify))
         self.wake_at: float | None = None  # monotonic time a deferred message of ours comes due
         self.listener: Listener | None = None  # where the database notifies: this process's own line
-        # Whether a task this process serves has a concurrency key or limits (then its jobs are
-        # acquired key by key too), and whether one has a rate limit (then the process wakes when
-        # a key held back by its rate may start again).
+        # Jobs with a flow key are acquired key by key, besides the others: any task's job may have
+        # one, since a partition key is one. Whether a task this process serves has a rate limit
+        # (then the process wakes when a key held back by its rate may start again).
         queues = self.settings.queues
-        served = [task.flow for task in app.registry.values() if queues is None or task.queue in queues]
-        self.flow = any(flow.enabled for flow in served)
-        self.rated = any(flow.interval_us is not None for flow in served)
+        self.rated = any(
+            task.flow.interval_us is not None
+            for task in app.registry.values()
+            if queues is None or task.queue in queues
+        )
 
     # -- entry point -------------------------------------------------------------------------------
     def main(self) -> int:
@@ -191,7 +193,7 @@ class WorkerProcess:
                 limit,
                 self.settings.release_stuck_timeout,
                 token=self.pending_token,
-                flow=self.flow,
+                flow=True,
                 rated=self.rated,
             )
             self.pending_token = None
@@ -225,6 +227,11 @@ class WorkerProcess:
         return task.options.timeout if task else None
 
     def _run_next(self) -> None:
+        while self.held.behind_unwritten():
+            # Written before the partition's next job starts (the keeper may be writing it).
+            self._flush()
+            if self.held.behind_unwritten():
+                time.sleep(KEEPER_TICK_SECONDS / 10)
         message = self.held.start_next()
         if message is None:
             return  # the supervisor took the buffer back meanwhile
@@ -242,7 +249,8 @@ class WorkerProcess:
         self.avg_duration = (
             duration if self.avg_duration is None else (EWMA_WEIGHT * duration + (1 - EWMA_WEIGHT) * self.avg_duration)
         )
-        # A job that held a concurrency slot gives it back at once, not at the next flush.
+        # A job that held a concurrency slot gives it back at once, not at the next flush. (A
+        # partition's jobs are fetched in runs: its next one is likely in this buffer already.)
         limited = outcome is not None and outcome.message.concurrency_limit is not None
         if pending and (
             limited
@@ -319,6 +327,10 @@ class WorkerProcess:
 
     def _written(self, result: FlushResult, retried: bool = False) -> None:
         self.held.written(result.applied + result.lost)
+        for outcome in result.lost:
+            if outcome.message.partition_key is not None and outcome.kind is not OutcomeKind.RETURN:
+                # Another worker may hold the partition now: none of its later jobs here may start.
+                self.held.end_run(outcome.message.partition_key)
         self.last_flush = time.monotonic()
         self._report(result, retried)
 

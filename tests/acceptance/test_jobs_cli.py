@@ -118,12 +118,12 @@ def test_show_says_what_limits_a_keyed_job_and_shows_a_plain_pending_one(app: Jo
 
 def test_list_and_status_say_which_keys_hold_jobs_back_and_why(app: JobQueue) -> None:
     first = basic.add.apply_async(args=(1, 2), partition_key="acct-7")
-    second = basic.add.apply_async(args=(3, 4), partition_key="acct-7")
     calls = [basic.partner_call.delay(n) for n in range(3)]
     notes = [basic.notify.delay(n) for n in range(3)]
     taken = app.store.acquire("w" * 32, None, 10, 30.0, flow=True, token=5)
-    # The partition's first job, one call (limit 1) and two notes (2/m, with a start's slack).
+    # The partition's job, one call (limit 1) and two notes (2/m, with a start's slack).
     assert sorted(m.id for m in taken) == sorted([first.id, calls[0].id, notes[0].id, notes[1].id])
+    second = basic.add.apply_async(args=(3, 4), partition_key="acct-7")  # behind the running one
     listed = {row["id"]: row["waiting"] for row in json.loads(jobqueue("jobs", "list", "--json").stdout)}
     assert listed[second.id] == f"behind job {first.id} (running), the oldest unfinished job of partition key 'acct-7'"
     assert listed[calls[1].id] == listed[calls[2].id] == "key 'partner' is at its concurrency limit (1 of 1 running)"

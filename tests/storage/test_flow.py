@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import threading
 from datetime import timedelta
 
@@ -12,6 +13,7 @@ from jobqueue import JobQueue
 from jobqueue.clock import utcnow
 from jobqueue.errors import ConfigurationError
 from jobqueue.job import Message, MessageState, OutcomeKind
+from jobqueue.runtime.holdings import hand_back
 from jobqueue.storage import deadletter
 from tests.storage.test_store import outcome, rows
 
@@ -173,3 +175,51 @@ def test_a_key_being_enqueued_in_an_open_transaction_is_not_forgotten(app: JobQu
     assert swept == [0]
     assert flow_keys(app) == {"quiet"}
     assert [m.id for m in take(app)] == [handle.id]
+
+
+def test_a_partition_is_acquired_by_the_run_of_its_oldest_ready_jobs(app: JobQueue, add) -> None:
+    first, second, third = (add.apply_async((n, 0), partition_key="acct-7") for n in range(3))
+    other = add.apply_async((9, 0), partition_key="x" * 255)  # too long to prefix: its key is hashed
+    plain = add.delay(1, 1)
+    assert [m.id for m in take(app, flow=False)] == [plain.id]  # the plain walk leaves keyed jobs alone
+    got = take(app)
+    # A partition's ready jobs are taken as a run, in enqueue order, by one worker, which runs
+    # them one at a time.
+    run = [m for m in got if m.partition_key == "acct-7"]
+    assert [m.id for m in run] == [first.id, second.id, third.id]
+    assert [m.id for m in got if m.partition_key != "acct-7"] == [other.id]
+    # In rounds: each partition's first job, then each one's second...
+    assert [m.id for m in got] == [first.id, other.id, second.id, third.id]
+    assert {m.flow_key for m in got} == {"partition:acct-7", "partition:" + hashlib.sha256(b"x" * 255).hexdigest()}
+    fourth = add.apply_async((3, 0), partition_key="acct-7")
+    assert take(app) == []  # nothing of a partition is taken while any of its jobs runs
+    # The run's first job retries: the worker hands back the rest; the retrying job holds them.
+    later = utcnow() + timedelta(hours=1)
+    app.store.flush(
+        [
+            outcome(run[0], OutcomeKind.RETRY, MessageState.RETRYABLE, next_attempt_at=later),
+            *[hand_back(m) for m in run[1:]],
+        ]
+    )
+    assert take(app) == []  # a job waiting to retry holds its partition
+    # Once due, the run starts again at it; a job behind one that is not yet due is not taken.
+    (retried, *rest) = take(app, now=later + timedelta(seconds=1))
+    assert [retried.id, *[m.id for m in rest]] == [first.id, second.id, third.id, fourth.id]
+    app.store.flush([outcome(m) for m in (retried, *rest)])
+    assert [first.status(), second.status(), fourth.status()] == ["completed"] * 3
+
+
+def test_a_partition_run_stops_at_a_job_that_is_not_ready_or_not_its_own(app: JobQueue, add) -> None:
+    first = add.apply_async((1, 0), partition_key="p")
+    second = add.apply_async((2, 0), partition_key="p", countdown=3600)  # scheduled: holds what follows
+    add.apply_async((3, 0), partition_key="p")
+    (got,) = take(app)
+    assert got.id == first.id
+    app.store.flush([outcome(got)])
+    assert take(app) == []  # the scheduled one is the oldest now: the partition waits for it
+    assert second.status() == "pending"
+
+
+def test_keys_that_mimic_a_partition_are_refused(app: JobQueue) -> None:
+    with pytest.raises(ConfigurationError, match="must not begin with 'partition:'"):
+        app.task(name="t.bad", concurrency_key="partition:x")(lambda: None)

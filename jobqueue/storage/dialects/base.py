@@ -157,6 +157,11 @@ class Dialect(Connector):
         with self.engine.begin() as connection:
             return acquirer.run(connection, params, self.take)
 
+    def lateral_candidates(self, acquirer: FlowAcquirer) -> Any:
+        """The flow candidates of every key in one statement that takes the keys as arrays (bind
+        ``partition_keys``, ``other_keys`` and ``share``), or None to read them with one part per key."""
+        return None
+
     def take(self, connection: sa.Connection, ids: list[int], params: AcquireParams) -> list[Message]:
         """Mark the ready messages ``ids`` acquired, as ``acquire`` does, and return them."""
         m = self.message

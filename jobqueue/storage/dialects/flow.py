@@ -1,18 +1,23 @@
-"""Acquiring messages that have a flow key: concurrency limits, rate limits, keys served in turn.
+"""Acquiring messages that have a flow key: partitions, concurrency limits, rate limits, keys
+served in turn.
 
 Messages without a flow key are acquired by the one-statement walk of the ready index. Those with
 one are acquired here, key by key, in one short transaction:
 
 1. Up to ``KEYS_PER_ACQUIRE`` keys with ready messages whose rate allows a start now, the keys
-   served longest ago first (so every key gets its turn, however many jobs another one has).
+   served longest ago first (so every key gets its turn, however many jobs another one has). A
+   partition's key has work when its oldest job is ready: one probe, however long its queue.
 2. Their flow rows are locked, skipping those another worker holds: while a worker holds a key,
-   nobody else acquires its messages, so the running ones it counts next cannot change under it.
-3. The running (PROCESSING) messages of each key are counted, and each key's ready messages are
-   read in delivery order: as many as its fair share of the batch.
-4. Each key takes what its limits allow: the concurrency limit minus those running, and the starts
-   its rate allows since its last one (spaced ``1/rate`` apart, one interval of slack so that a
-   late worker does not lose the rate). The key's row records when it was served and, with a
-   rate, when its next start is allowed.
+   nobody else acquires its messages, so what it reads next cannot change under it.
+3. Each key's candidates are read in one statement, as many as its fair share of the batch: a
+   partition's oldest jobs in enqueue order, another key's ready messages in delivery order.
+4. Each key takes what its limits allow. A partition takes the run of its oldest jobs that are
+   all ready (none while one of them runs, retries or waits), and the worker runs them in that
+   order, one at a time, handing the rest back if one of them does not finish for good. Another
+   key takes its concurrency limit minus those running (counted now), and the starts its rate
+   allows since its last one (spaced ``1/rate`` apart, one interval of slack so that a late
+   worker does not lose the rate). The key's row records when it was served and, with a rate,
+   when its next start is allowed.
 
 A slot is a PROCESSING row, so every outcome, expired lease and dead process frees it: there is
 no counter that a crash could leave wrong. Times of the flow rows are read from the lease clock
@@ -29,13 +34,14 @@ from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 
+from jobqueue.flow import PARTITION_KEY_PREFIX
 from jobqueue.job import Message
 from jobqueue.storage.dialects.common import PROCESSING, READY_LITERALS, AcquireParams, first_of_partition
 
 if TYPE_CHECKING:
     from jobqueue.storage.dialects.base import Dialect
 
-KEYS_PER_ACQUIRE = 32
+KEYS_PER_ACQUIRE = 64
 
 
 @dataclass
@@ -46,6 +52,41 @@ class FlowAcquired:
     due_in: float | None = None
 
 
+def is_partition(key: str) -> bool:
+    return key.startswith(PARTITION_KEY_PREFIX)
+
+
+def in_partition_order(messages: list[Message]) -> list[Message]:
+    """``messages`` (in delivery order) in the order a worker runs them: each partition's in
+    enqueue order, and in rounds: first the other messages and each partition's oldest, then each
+    partition's second, and so on, partitions in the order of their first place. A worker writes a
+    partition's outcome before it starts the partition's next job: in rounds, one write serves a
+    job of every partition."""
+    place: dict[int, int] = {}
+    turn: dict[int, int] = {}
+    runs: dict[str, list[Message]] = {}
+    first: dict[str, int] = {}
+    for number, message in enumerate(messages):
+        key = message.partition_key
+        if key is None:
+            place[message.id] = number
+        else:
+            runs.setdefault(key, []).append(message)
+            first.setdefault(key, number)
+    for key, run in runs.items():
+        for number, message in enumerate(sorted(run, key=lambda m: m.id)):
+            place[message.id], turn[message.id] = first[key], number
+    return sorted(messages, key=lambda m: (turn.get(m.id, 0), place[m.id]))
+
+
+def _by_id(row: Any) -> Any:
+    return row.id
+
+
+def _in_delivery_order(row: Any) -> Any:
+    return -row.priority, row.next_attempt_at, row.id
+
+
 class FlowAcquirer:
     """The statements of a flow acquisition, built once per dialect and queue shape."""
 
@@ -53,15 +94,19 @@ class FlowAcquirer:
         self.dialect = dialect
         m, f = dialect.message, dialect.tables.flow
         clock = dialect.clock()
-        # A message of a key is ready: due, first of its partition, in the worker's queues.
-        self.ready_of_key = [
-            m.c.state.in_(READY_LITERALS),
-            m.c.next_attempt_at <= sa.bindparam("now"),
-            first_of_partition(m),
-        ]
+        # A message of a key is ready: due, in the worker's queues, and first of its partition
+        # (a partition's oldest message is, by how it is found).
+        self.head_ready = [m.c.state.in_(READY_LITERALS), m.c.next_attempt_at <= sa.bindparam("now")]
         if shape != "all":
-            self.ready_of_key.append(dialect.queue_filter(shape == "one"))
-        has_ready = sa.exists().where(m.c.flow_key == f.c.flow_key, *self.ready_of_key)
+            self.head_ready.append(dialect.queue_filter(shape == "one"))
+        self.ready_of_key = [*self.head_ready, first_of_partition(m)]
+        # A partition's key has work when its oldest job is ready (its other jobs wait behind it):
+        # one probe, however many jobs the partition holds. Another key's when any job is ready.
+        partition_row = f.c.flow_key.startswith(PARTITION_KEY_PREFIX, autoescape=True)
+        has_ready = sa.or_(
+            sa.and_(partition_row, self._head_ready(f.c.flow_key)),
+            sa.and_(~partition_row, sa.exists().where(m.c.flow_key == f.c.flow_key, *self.ready_of_key)),
+        )
         self.keys = (
             sa.select(f.c.flow_key)
             .where(sa.or_(f.c.next_start_at.is_(None), f.c.next_start_at <= clock), has_ready)
@@ -87,21 +132,98 @@ class FlowAcquirer:
             .where(f.c.flow_key == sa.bindparam("key"))
             .values(served_at=sa.bindparam("served"), next_start_at=sa.bindparam("next_start"))
         )
+        self.served_only = (
+            sa.update(f)
+            .where(f.c.flow_key.in_(sa.bindparam("keys", expanding=True)))
+            .values(served_at=sa.bindparam("served"))
+        )
+        self._candidates: dict[tuple[int, int], Any] = {}
+        # Where the database can, one statement for any number of keys, which it plans once.
+        self.lateral = dialect.lateral_candidates(self)
 
-    def candidates(self, shares: dict[str, int]) -> Any:
-        """Each key's first ``shares[key]`` ready messages in delivery order, in one statement."""
+    def _head(self, key: Any) -> Any:
+        """The id of the oldest active message of a partition's flow key (the one that may run)."""
+        member, oldest = self.dialect.message.alias("member"), self.dialect.message.alias("oldest")
+        partition = (
+            sa.select(member.c.partition_key)
+            .where(member.c.flow_key == key)
+            .limit(1)
+            .correlate_except(member)  # to the flow row, two levels up
+            .scalar_subquery()
+        )
+        return (
+            sa.select(oldest.c.id)
+            .where(oldest.c.partition_key == partition)
+            .order_by(oldest.c.id)  # not min(): MariaDB would read the whole partition for it
+            .limit(1)
+            .correlate_except(oldest)
+            .scalar_subquery()
+        )
+
+    def _head_ready(self, key: Any) -> Any:
         m = self.dialect.message
-        parts = []
-        for number, (key, share) in enumerate(shares.items()):
+        # A scalar subquery rather than EXISTS, which MariaDB would rewrite into an IN it refuses.
+        head = sa.select(m.c.id).where(m.c.id == self._head(key), m.c.flow_key == key, *self.head_ready).limit(1)
+        return head.scalar_subquery().isnot(None)
+
+    def part(self, number: Any, key: Any, share: Any, partition: bool) -> Any:
+        """The candidates of one key: ``number`` labels its rows (``part``), ``key`` and ``share``
+        are SQL expressions. Each row says whether it may be taken (``takeable``)."""
+        m = self.dialect.message
+        columns = [
+            number.label("part"),
+            m.c.id,
+            m.c.priority,
+            m.c.next_attempt_at,
+            m.c.concurrency_limit,
+            m.c.rate_interval_us,
+        ]
+        if partition:
+            # The partition's active jobs from its oldest, whatever their state or flow key: the
+            # run that may be taken ends at the first one that is not ready and of this key.
+            member = m.alias("member")
+            partition_key = sa.select(member.c.partition_key).where(member.c.flow_key == key).limit(1)
+            takeable = sa.case((sa.and_(m.c.flow_key == key, *self.head_ready), 1), else_=0)
             part = (
-                sa.select(m.c.id, m.c.flow_key, m.c.concurrency_limit, m.c.rate_interval_us)
-                .where(m.c.flow_key == sa.literal(key), *self.ready_of_key)
-                .order_by(m.c.priority.desc(), m.c.next_attempt_at, m.c.id)
-                .limit(share)
-                .subquery(f"k{number}")
+                sa.select(*columns, takeable.label("takeable"))
+                .where(m.c.partition_key == partition_key.correlate_except(member).scalar_subquery())
+                .order_by(m.c.id)
             )
-            parts.append(sa.select(*part.c))
-        return parts[0] if len(parts) == 1 else sa.union_all(*parts)
+        else:
+            part = (
+                sa.select(*columns, sa.literal_column("1").label("takeable"))
+                .where(m.c.flow_key == key, *self.ready_of_key)
+                .order_by(m.c.priority.desc(), m.c.next_attempt_at, m.c.id)
+            )
+        return part.limit(share)
+
+    def candidates(self, partitions: int, others: int) -> Any:
+        """One statement reading the candidates of ``partitions`` partition keys, then of ``others``
+        other keys: bind ``key<n>`` and ``share<n>`` for the n-th. Cached by the two counts, so
+        that it is compiled once per shape."""
+        cached = self._candidates.get((partitions, others))
+        if cached is not None:
+            return cached
+        parts = []
+        for number in range(partitions + others):
+            key = sa.bindparam(f"key{number}", type_=sa.String)
+            share = sa.bindparam(f"share{number}", type_=sa.Integer)
+            part = self.part(sa.literal_column(str(number)), key, share, number < partitions)
+            parts.append(sa.select(*part.subquery(f"k{number}").c))
+        statement = parts[0] if len(parts) == 1 else sa.union_all(*parts)
+        self._candidates[(partitions, others)] = statement
+        return statement
+
+    def read_candidates(self, connection: sa.Connection, binds: dict[str, Any], keys: list[str], share: int) -> Any:
+        """The candidate rows of ``keys`` (partition keys first), ``share`` at most for each."""
+        partitions = sum(1 for key in keys if is_partition(key))
+        if self.lateral is not None:
+            values = {"partition_keys": keys[:partitions], "other_keys": keys[partitions:], "share": share}
+            return connection.execute(self.lateral, {**binds, **values})
+        statement = self.candidates(partitions, len(keys) - partitions)
+        numbered = {f"key{number}": key for number, key in enumerate(keys)}
+        shares = {f"share{number}": share for number in range(len(keys))}
+        return connection.execute(statement, {**binds, **numbered, **shares})
 
     def run(self, connection: sa.Connection, params: AcquireParams, take: Callable[..., list[Message]]) -> FlowAcquired:
         binds = params.binds()
@@ -126,16 +248,27 @@ class FlowAcquirer:
         take: Callable[..., list[Message]],
     ) -> list[Message]:
         now = locked[0].now
-        keys = [row.flow_key for row in locked]
-        running: dict[str, int] = dict(connection.execute(self.running, {**binds, "keys": keys}).all())
+        keys = sorted((row.flow_key for row in locked), key=lambda key: not is_partition(key))
         share = max(1, math.ceil(params.limit / len(keys)))
         rows: dict[str, list[Any]] = {key: [] for key in keys}
-        for row in connection.execute(self.candidates(dict.fromkeys(keys, share)), binds):
-            rows[row.flow_key].append(row)
+        for row in self.read_candidates(connection, binds, keys, share):
+            rows[keys[row.part]].append(row)
+        for key, found in rows.items():
+            found.sort(key=_by_id if is_partition(key) else _in_delivery_order)
+        limited = [key for key, found in rows.items() if found and found[0].concurrency_limit is not None]
+        running: dict[str, int] = {}
+        if limited:
+            running = dict(connection.execute(self.running, {**binds, "keys": limited}).all())
         chosen: list[int] = []
-        served: list[dict[str, Any]] = []
+        served: list[dict[str, Any]] = []  # keys whose next start changes
+        served_only: list[str] = []
         for lock in locked:
             candidates = rows[lock.flow_key]
+            if is_partition(lock.flow_key):
+                run = 0
+                while run < len(candidates) and candidates[run].takeable:
+                    run += 1
+                candidates = candidates[:run]
             allowed = min(len(candidates), params.limit - len(chosen))
             next_start = lock.next_start_at
             if candidates:
@@ -150,6 +283,12 @@ class FlowAcquirer:
                         next_start = start + interval * allowed
             allowed = max(0, allowed)
             chosen.extend(row.id for row in candidates[:allowed])
-            served.append({"key": lock.flow_key, "served": now, "next_start": next_start})
-        connection.execute(self.served, served)
-        return take(connection, chosen, params) if chosen else []
+            if next_start == lock.next_start_at:
+                served_only.append(lock.flow_key)
+            else:
+                served.append({"key": lock.flow_key, "served": now, "next_start": next_start})
+        if served_only:  # most keys: one statement for all
+            connection.execute(self.served_only, {"keys": served_only, "served": now})
+        if served:
+            connection.execute(self.served, served)
+        return in_partition_order(take(connection, chosen, params)) if chosen else []

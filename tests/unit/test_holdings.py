@@ -1,0 +1,85 @@
+"""A worker process's buffer: how it runs a partition's jobs, which come in runs."""
+
+from __future__ import annotations
+
+import multiprocess
+import pytest
+
+from jobqueue.clock import utcnow
+from jobqueue.job import Message, MessageState, Outcome, OutcomeKind
+from jobqueue.runtime.holdings import Holdings
+from jobqueue.runtime.slot import Slot
+from jobqueue.storage.dialects.flow import in_partition_order
+
+TOKEN = 77
+
+
+def message(id_: int, partition_key: str | None = None, priority: int = 0) -> Message:
+    now = utcnow()
+    return Message(id_, "t", "default", priority, b"", None, 1, 1, TOKEN, now, now, now, partition_key=partition_key)
+
+
+def ended(msg: Message, kind: OutcomeKind = OutcomeKind.ARCHIVE) -> Outcome:
+    state = {OutcomeKind.ARCHIVE: MessageState.COMPLETED, OutcomeKind.RETRY: MessageState.RETRYABLE}.get(
+        kind, MessageState.PENDING
+    )
+    return Outcome(message=msg, kind=kind, state=state, finished_at=utcnow())
+
+
+@pytest.fixture
+def held() -> Holdings:
+    return Holdings(Slot.create(multiprocess.get_context("fork"), 100), lambda m: None)
+
+
+def test_runs_come_in_rounds_each_partition_in_enqueue_order() -> None:
+    # As acquired (delivery order): a later job of "a" has a higher priority than its first.
+    acquired = [
+        message(5, "a", priority=9),
+        message(1, "a"),
+        message(2, "b"),
+        message(3, "a"),
+        message(4),
+        message(6, "b"),
+    ]
+    order = [m.id for m in in_partition_order(acquired)]
+    # Round one: each partition's oldest in the place of its first job, and the jobs without a key;
+    # then each partition's second, then its third.
+    assert order == [1, 2, 4, 3, 6, 5]
+
+
+def test_the_next_job_of_a_partition_waits_for_the_previous_outcome_to_be_written(held: Holdings) -> None:
+    held.add_fetched([message(1, "a"), message(2, "b"), message(3, "a")])
+    first = held.start_next()
+    assert first is not None and not held.behind_unwritten()  # "b" is next: nothing of it is unwritten
+    held.finish(ended(first))
+    second = held.start_next()
+    assert second is not None and second.id == 2
+    held.finish(ended(second))
+    assert held.behind_unwritten()  # job 3 of "a" must not start before job 1's outcome is stored
+    held.written(held.take_pending())
+    assert not held.behind_unwritten()
+    third = held.start_next()
+    assert third is not None and third.id == 3
+
+
+@pytest.mark.parametrize("kind", [OutcomeKind.RETRY, OutcomeKind.DEFER, None])
+def test_a_job_that_does_not_finish_for_good_hands_back_the_rest_of_its_partition(
+    held: Holdings, kind: OutcomeKind | None
+) -> None:
+    held.add_fetched([message(1, "a"), message(2, "b"), message(3, "a"), message(4, "a"), message(5)])
+    first = held.start_next()
+    assert first is not None
+    held.finish(None if kind is None else ended(first, kind))  # None: its lease was lost
+    pending = held.take_pending()
+    returned = [o.message.id for o in pending if o.kind is OutcomeKind.RETURN]
+    assert returned == [3, 4]  # back unstarted, uncounted: the retrying job holds them
+    assert [m.id for m in held.buffer] == [2, 5]
+
+
+def test_a_partition_run_goes_on_after_a_job_that_finished_for_good(held: Holdings) -> None:
+    held.add_fetched([message(1, "a"), message(2, "a")])
+    first = held.start_next()
+    assert first is not None
+    held.finish(ended(first))
+    assert [m.id for m in held.buffer] == [2]
+    assert not [o for o in held.take_pending() if o.kind is OutcomeKind.RETURN]
