@@ -6,7 +6,7 @@ from jobqueue import JobQueue
 from jobqueue.clock import utcnow
 from jobqueue.storage.dialects import AcquireParams, LeaseClock
 from jobqueue.storage.dialects.postgresql import ProcessListener
-from jobqueue.storage.dialects.postgresql_sql import build_apply_outcomes, outcome_binds
+from jobqueue.storage.dialects.postgresql_sql import Prepared, build_apply_outcomes, outcome_binds
 from tests.conftest import only
 from tests.storage.test_store import LEASE, WORKER, outcome, rows
 
@@ -82,13 +82,35 @@ def test_a_flush_finds_its_rows_by_id_however_many_are_processing(app: JobQueue,
     with app.engine.begin() as conn:
         conn.exec_driver_sql(f"ANALYZE {app.tables.message.name}")  # nothing PROCESSING yet
     taken = app.store.acquire(WORKER, None, 3000, LEASE)
-    statement = build_apply_outcomes(app.tables.message, app.tables.archive)
-    binds = outcome_binds([outcome(m) for m in taken[:20]], utcnow())
-    compiled = statement.compile(dialect=app.engine.dialect)
-    with app.engine.connect() as conn:
-        cursor = conn.connection.driver_connection.cursor()
-        cursor.execute("EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF) " + str(compiled), compiled.construct_params(binds))
-        plan = "\n".join(row[0] for row in cursor.fetchall())
-        conn.connection.driver_connection.rollback()
+    prepared = Prepared.compile(build_apply_outcomes(app.tables.message, app.tables.archive))
+    binds = {**prepared.defaults, **outcome_binds([outcome(m) for m in taken[:20]], utcnow())}
+    own = app.store.dialect.checkout()
+    cursor = own.cursor()
+    cursor.execute("BEGIN")
+    # The plan of a prepared flush after its first executions: generic, whatever the values.
+    cursor.execute("SET LOCAL plan_cache_mode = force_generic_plan")
+    cursor.execute(prepared.prepare.replace(prepared.name, "jobqueue_test_flush", 1))
+    execute = prepared.execute.replace(prepared.name, "jobqueue_test_flush", 1)
+    cursor.execute("EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF) " + execute, [binds[n] for n in prepared.names])
+    plan = "\n".join(row[0] for row in cursor.fetchall())
+    cursor.execute("ROLLBACK")
+    cursor.execute("DEALLOCATE jobqueue_test_flush")
+    own.close()
     assert "message_lease" not in plan and "Index Scan using jobqueue_message_pkey" in plan, plan
     assert "rows=20 loops=1" in plan.split("Delete on")[1], plan
+
+
+@only("postgresql")
+def test_prepared_flush_survives_a_server_that_forgets_it(app: JobQueue, add) -> None:
+    """As behind a pooler in transaction mode: a missing prepared flush is run again, unprepared."""
+    add.bulk([(1, 1)] * 8)
+    taken = app.store.acquire(WORKER, None, 8, LEASE)
+    applied = []
+    for pair in zip(taken[::2], taken[1::2], strict=True):
+        for _ in range(3):  # the driver's pool hands back the connection it just had: forget there
+            own = app.store.dialect.checkout()
+            own.cursor().execute("DEALLOCATE ALL")
+            own.close()
+        applied += app.store.flush([outcome(m) for m in pair]).applied
+    assert len(applied) == 8 and rows(app) == []
+    assert app.store.dialect._prepared_flush.misses == 2  # type: ignore[attr-defined]  # every other flush

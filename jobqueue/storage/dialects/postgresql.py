@@ -92,6 +92,7 @@ class PostgreSQLDialect(Dialect):
         return url, options
 
     _apply_outcomes: Any = None
+    _prepared_flush: Prepared | None = None
 
     def __init__(self, engine: sa.Engine, tables: Tables) -> None:
         super().__init__(engine, tables)
@@ -211,8 +212,21 @@ class PostgreSQLDialect(Dialect):
 
     # -- outcomes, leases -----------------------------------------------------------------------------
     def flush(self, outcomes: list[Outcome], now: datetime) -> set[tuple[int, int]]:
-        with self.single_statement() as connection:  # one statement, so one round trip in autocommit
-            return self.apply_outcomes(connection, outcomes, now)
+        if not self._on_psycopg2:
+            with self.single_statement() as connection:  # one statement, so one round trip in autocommit
+                return self.apply_outcomes(connection, outcomes, now)
+        # Prepared, as the acquire is: planning it took a third of a small flush.
+        return self.run_on_driver(lambda cursor, info: self._flush_prepared(cursor, info, outcomes, now), "flush")
+
+    def _flush_prepared(
+        self, cursor: Any, info: dict[str, Any], outcomes: list[Outcome], now: datetime
+    ) -> set[tuple[int, int]]:
+        if self._prepared_flush is None:
+            if self._apply_outcomes is None:
+                self._apply_outcomes = build_apply_outcomes(self.message, self.tables.archive)
+            self._prepared_flush = Prepared.compile(self._apply_outcomes)
+        self._prepared_flush.run(cursor, outcome_binds(outcomes, now), info)
+        return {(row[0], row[1]) for row in cursor.fetchall()}
 
     def apply_outcomes(self, connection: sa.Connection, outcomes: list[Outcome], now: datetime) -> set[tuple[int, int]]:
         if self._apply_outcomes is None:
