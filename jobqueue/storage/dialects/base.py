@@ -55,6 +55,7 @@ class Dialect(Connector):
         self.message = tables.message
         self._acquire_cache: dict[str, Any] = {}
         self._flow_cache: dict[str, FlowAcquirer] = {}
+        self._take: Any = None
         m = self.message
         self.returned = [m.c[name] for name in ACQUIRED_COLUMNS]
         # ids and tokens as two plain IN lists: one primary-key scan. A tuple IN of (id, token)
@@ -165,15 +166,20 @@ class Dialect(Connector):
     def take(self, connection: sa.Connection, ids: list[int], params: AcquireParams) -> list[Message]:
         """Mark the ready messages ``ids`` acquired, as ``acquire`` does, and return them."""
         m = self.message
-        stmt = (
-            sa.update(m)
-            .where(m.c.id.in_(sa.bindparam("ids", expanding=True)), m.c.state.in_(READY_LITERALS))
-            .values(self.acquired_values())
-            .returning(*self.taken_columns())
-        )
-        messages = [self.read_taken(row) for row in connection.execute(stmt, {**params.binds(), "ids": ids})]
+        if self._take is None:
+            self._take = (
+                sa.update(m)
+                .where(self.id_in_list(), m.c.state.in_(READY_LITERALS))
+                .values(self.acquired_values())
+                .returning(*self.taken_columns())
+            )
+        messages = [self.read_taken(row) for row in connection.execute(self._take, {**params.binds(), "ids": ids})]
         messages.sort(key=delivery_order)
         return messages
+
+    def id_in_list(self) -> Any:
+        """The condition "id is one of the list bound as ``ids``"."""
+        return self.message.c.id.in_(sa.bindparam("ids", expanding=True))
 
     def taken_columns(self) -> list[Any]:
         return self.returned

@@ -179,6 +179,11 @@ class PostgreSQLDialect(Dialect):
             )
         return sa.union_all(*parts)
 
+    def id_in_list(self) -> Any:
+        # One array parameter: a list of 500 ids as 500 parameters took longer to parse and plan
+        # than to update the rows.
+        return self.message.c.id == sa.any_(sa.bindparam("ids", type_=postgresql.ARRAY(sa.BigInteger)))
+
     def queue_filter(self, one: bool) -> Any:
         # One parameter whatever the number of queues, so that a prepared statement serves every
         # call. One queue is an equality: the ordered walk of the queue's ready index.
