@@ -165,17 +165,22 @@ class Dialect(Connector):
 
     def take(self, connection: sa.Connection, ids: list[int], params: AcquireParams) -> list[Message]:
         """Mark the ready messages ``ids`` acquired, as ``acquire`` does, and return them."""
-        m = self.message
+        messages = [
+            self.read_taken(row) for row in connection.execute(self.take_statement(), {**params.binds(), "ids": ids})
+        ]
+        messages.sort(key=delivery_order)
+        return messages
+
+    def take_statement(self) -> Any:
         if self._take is None:
+            m = self.message
             self._take = (
                 sa.update(m)
                 .where(self.id_in_list(), m.c.state.in_(READY_LITERALS))
                 .values(self.acquired_values())
                 .returning(*self.taken_columns())
             )
-        messages = [self.read_taken(row) for row in connection.execute(self._take, {**params.binds(), "ids": ids})]
-        messages.sort(key=delivery_order)
-        return messages
+        return self._take
 
     def id_in_list(self) -> Any:
         """The condition "id is one of the list bound as ``ids``"."""

@@ -7,8 +7,9 @@ one are acquired here, key by key, in one short transaction:
 1. Up to ``KEYS_PER_ACQUIRE`` keys with ready messages whose rate allows a start now, the keys
    served longest ago first (so every key gets its turn, however many jobs another one has). A
    partition's key has work when its oldest job is ready: one probe, however long its queue.
-2. Their flow rows are locked, skipping those another worker holds: while a worker holds a key,
-   nobody else acquires its messages, so what it reads next cannot change under it.
+2. Their flow rows are locked as they are found, skipping those another worker holds: while a
+   worker holds a key, nobody else acquires its messages, so what it reads next cannot change
+   under it.
 3. Each key's candidates are read in one statement, as many as its fair share of the batch: a
    partition's oldest jobs in enqueue order, another key's ready messages in delivery order.
 4. Each key takes what its limits allow. A partition takes the run of its oldest jobs that are
@@ -107,18 +108,14 @@ class FlowAcquirer:
             sa.and_(partition_row, self._head_ready(f.c.flow_key)),
             sa.and_(~partition_row, sa.exists().where(m.c.flow_key == f.c.flow_key, *self.ready_of_key)),
         )
+        # The keys, locked as they are found: a key another worker holds is skipped, not waited
+        # for, and does not count against the LIMIT. FOR NO KEY UPDATE on PostgreSQL: enqueues
+        # holding the key (FOR KEY SHARE) do not keep a worker from it.
         self.keys = (
-            sa.select(f.c.flow_key)
+            sa.select(f.c.flow_key, f.c.next_start_at, clock.label("now"))
             .where(sa.or_(f.c.next_start_at.is_(None), f.c.next_start_at <= clock), has_ready)
             .order_by(f.c.served_at, f.c.flow_key)
             .limit(KEYS_PER_ACQUIRE)
-        )
-        self.lock = (
-            sa.select(f.c.flow_key, f.c.next_start_at, clock.label("now"))
-            .where(f.c.flow_key.in_(sa.bindparam("keys", expanding=True)))
-            .order_by(f.c.flow_key)
-            # FOR NO KEY UPDATE on PostgreSQL: enqueues holding the key (FOR KEY SHARE) do not
-            # keep a worker from it.
             .with_for_update(skip_locked=True, key_share=True)
         )
         self.running = (
@@ -227,12 +224,10 @@ class FlowAcquirer:
 
     def run(self, connection: sa.Connection, params: AcquireParams, take: Callable[..., list[Message]]) -> FlowAcquired:
         binds = params.binds()
-        keys = list(connection.execute(self.keys, binds).scalars())
+        locked = connection.execute(self.keys, binds).all()
         result = FlowAcquired()
-        if keys:
-            locked = connection.execute(self.lock, {**binds, "keys": keys}).all()
-            if locked:
-                result.messages = self._take(connection, params, binds, locked, take)
+        if locked:
+            result.messages = self._take(connection, params, binds, locked, take)
         if params.rated:
             due, now = connection.execute(self.due, binds).one()
             if due is not None:
