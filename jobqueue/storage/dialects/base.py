@@ -45,6 +45,10 @@ class Dialect(Connector):
     """One database's way of running the queue. Subclasses override what theirs does differently."""
 
     name = "generic"
+    # Whether the flow acquire may lock keys in the statement that finds them. Not where a sorted
+    # SELECT ... FOR UPDATE locks every row it reads before LIMIT applies (MariaDB): one worker's
+    # fetch would lock every key with work, and the others would find none.
+    lock_flow_keys_as_found = True
     # Whether lease times come from this host's clock (bound by the caller) rather than the
     # server's. True only where the server is this host (SQLite).
     client_clock = True

@@ -7,9 +7,9 @@ one are acquired here, key by key, in one short transaction:
 1. Up to ``KEYS_PER_ACQUIRE`` keys with ready messages whose rate allows a start now, the keys
    served longest ago first (so every key gets its turn, however many jobs another one has). A
    partition's key has work when its oldest job is ready: one probe, however long its queue.
-2. Their flow rows are locked as they are found, skipping those another worker holds: while a
-   worker holds a key, nobody else acquires its messages, so what it reads next cannot change
-   under it.
+2. Their flow rows are locked, skipping those another worker holds (as they are found, where the
+   database locks only the rows it returns): while a worker holds a key, nobody else acquires its
+   messages, so what it reads next cannot change under it.
 3. Each key's candidates are read in one statement, as many as its fair share of the batch: a
    partition's oldest jobs in enqueue order, another key's ready messages in delivery order.
 4. Each key takes what its limits allow. A partition takes the run of its oldest jobs that are
@@ -104,20 +104,33 @@ class FlowAcquirer:
         # A partition's key has work when its oldest job is ready (its other jobs wait behind it):
         # one probe, however many jobs the partition holds. Another key's when any job is ready.
         partition_row = f.c.flow_key.startswith(PARTITION_KEY_PREFIX, autoescape=True)
+        # A scalar subquery rather than EXISTS: MariaDB turned the EXISTS into a semi-join that it
+        # materialized by scanning the whole message table on every fetch.
+        any_ready = sa.select(m.c.id).where(m.c.flow_key == f.c.flow_key, *self.ready_of_key).limit(1)
         has_ready = sa.or_(
             sa.and_(partition_row, self._head_ready(f.c.flow_key)),
-            sa.and_(~partition_row, sa.exists().where(m.c.flow_key == f.c.flow_key, *self.ready_of_key)),
+            sa.and_(~partition_row, any_ready.scalar_subquery().isnot(None)),
         )
-        # The keys, locked as they are found: a key another worker holds is skipped, not waited
-        # for, and does not count against the LIMIT. FOR NO KEY UPDATE on PostgreSQL: enqueues
-        # holding the key (FOR KEY SHARE) do not keep a worker from it.
         self.keys = (
             sa.select(f.c.flow_key, f.c.next_start_at, clock.label("now"))
             .where(sa.or_(f.c.next_start_at.is_(None), f.c.next_start_at <= clock), has_ready)
             .order_by(f.c.served_at, f.c.flow_key)
             .limit(KEYS_PER_ACQUIRE)
-            .with_for_update(skip_locked=True, key_share=True)
         )
+        # FOR NO KEY UPDATE on PostgreSQL: enqueues holding a key (FOR KEY SHARE) do not keep a
+        # worker from it.
+        if dialect.lock_flow_keys_as_found:
+            # Locked as they are found: a key another worker holds is skipped, not waited for,
+            # and does not count against the LIMIT.
+            self.keys = self.keys.with_for_update(skip_locked=True, key_share=True)
+            self.lock = None
+        else:
+            self.lock = (
+                sa.select(f.c.flow_key, f.c.next_start_at, clock.label("now"))
+                .where(f.c.flow_key.in_(sa.bindparam("keys", expanding=True)))
+                .order_by(f.c.flow_key)
+                .with_for_update(skip_locked=True, key_share=True)
+            )
         self.running = (
             sa.select(m.c.flow_key, sa.func.count())
             .where(m.c.flow_key.in_(sa.bindparam("keys", expanding=True)), m.c.state == PROCESSING)
@@ -225,6 +238,9 @@ class FlowAcquirer:
     def run(self, connection: sa.Connection, params: AcquireParams, take: Callable[..., list[Message]]) -> FlowAcquired:
         binds = params.binds()
         locked = connection.execute(self.keys, binds).all()
+        if locked and self.lock is not None:
+            keys = [row.flow_key for row in locked]
+            locked = connection.execute(self.lock, {**binds, "keys": keys}).all()
         result = FlowAcquired()
         if locked:
             result.messages = self._take(connection, params, binds, locked, take)

@@ -69,6 +69,7 @@ def _outcome_bytes(outcome: Outcome) -> int:
 class MySQLDialect(Dialect):
     name = "mysql"
     default_port = 3306
+    lock_flow_keys_as_found = False  # a sorted SELECT ... FOR UPDATE locks every row it reads
 
     @classmethod
     def engine_options(cls, url: sa.URL) -> tuple[sa.URL, dict[str, Any]]:
