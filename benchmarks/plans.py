@@ -84,7 +84,9 @@ def main() -> None:
             "flow acquire: the next jobs of a partition and of a concurrency key": (
                 flow.candidates(1, 1),
                 {**binds, **two},
-            ),
+            )
+            if flow.lateral is None
+            else (flow.lateral, {**binds, "partition_keys": ["partition:p7"], "other_keys": ["k8"], "share": 50}),
         }
         print(f"\n# {backend}, {options.jobs:,} jobs of each kind")
         for title, (statement, values) in statements.items():
