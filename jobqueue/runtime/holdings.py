@@ -47,7 +47,8 @@ class Holdings:
         self.outcomes: list[Outcome] = []
         self.returns: list[Outcome] = []
         self.started: set[int] = set()
-        self.partition_of: dict[int, str] = {}  # started messages of a partition, outcome unwritten
+        # Started deliveries (id, lease token) of a partition's messages whose outcome is unwritten.
+        self.partition_of: dict[tuple[int, int], str] = {}
         self.unwritten: Counter[str] = Counter()  # how many of them each partition has
         self.running: Message | None = None
         self.running_since: float | None = None
@@ -79,7 +80,7 @@ class Holdings:
                 self.running, self.running_since = message, time.monotonic()
                 self.started.add(message.id)
                 if message.partition_key is not None:
-                    self.partition_of[message.id] = message.partition_key
+                    self.partition_of[(message.id, message.lease_token)] = message.partition_key
                     self.unwritten[message.partition_key] += 1
                 return message
         return None
@@ -87,10 +88,14 @@ class Holdings:
     def behind_unwritten(self) -> bool:
         """Whether the next message is a partition's whose previous outcome is not written yet."""
         with self.lock:
+            # What start_next would drop first: messages whose batch the supervisor took back.
+            while self.buffer and not self.slot.listed(self.buffer[0].lease_token):
+                self.buffer.popleft()
             return bool(self.buffer) and self.unwritten[self.buffer[0].partition_key or ""] > 0
 
-    def finish(self, outcome: Outcome | None) -> int:
-        """Record the running message's outcome (None: nothing to write); return the pending count."""
+    def finish(self, outcome: Outcome | None, settled: bool = False) -> int:
+        """Record the running message's outcome (None: nothing to write; ``settled``: because it
+        was written before the job ran, ACK_FIRST); return the pending count."""
         with self.lock:
             message, self.running, self.running_since = self.running, None, None
             if outcome is not None:
@@ -98,16 +103,13 @@ class Holdings:
                     self.oldest_outcome_at = time.monotonic()
                 self.outcomes.append(outcome)
             elif message is not None:
-                self._forget([message.id])
+                self._forget([message])
             if message is not None and message.partition_key is not None:
-                if outcome is None or outcome.kind is not OutcomeKind.ARCHIVE:
+                final = outcome.kind is OutcomeKind.ARCHIVE if outcome is not None else settled
+                if not final:
                     self._end_run(message.partition_key)
             self.slot.finish()
             return len(self.outcomes)
-
-    def end_run(self, partition_key: str) -> None:
-        with self.lock:
-            self._end_run(partition_key)
 
     def _end_run(self, partition_key: str) -> None:
         """A job of a partition did not finish for good (it retries, waits, or its lease was lost):
@@ -140,15 +142,27 @@ class Holdings:
             self.outcomes[:0] = outcomes
             self.returns[:0] = [o for o in taken if o.kind is OutcomeKind.RETURN]
 
-    def written(self, taken: list[Outcome]) -> None:
-        """A flush of ``taken`` committed: those messages are no longer ours to count."""
-        with self.lock:
-            self._forget([o.message.id for o in taken if o.kind is not OutcomeKind.RETURN])
+    def written(self, taken: list[Outcome], lost: list[Outcome] | None = None) -> None:
+        """A flush of ``taken`` committed (``lost``: those of them fencing dropped): those messages
+        are no longer ours to count.
 
-    def _forget(self, ids: list[int]) -> None:
-        self.started.difference_update(ids)
-        for message_id in ids:
-            key = self.partition_of.pop(message_id, None)
+        A partition's job whose outcome was lost (another worker may hold the partition now) or
+        became a retry (the database refused the outcome itself) ends its run here, before its
+        partition's next job may start.
+        """
+        lost_ids = {id(o) for o in lost or ()}
+        with self.lock:
+            for o in taken:
+                key = o.message.partition_key
+                if key is not None and o.kind is not OutcomeKind.RETURN:
+                    if id(o) in lost_ids or o.kind is not OutcomeKind.ARCHIVE:
+                        self._end_run(key)
+            self._forget([o.message for o in taken if o.kind is not OutcomeKind.RETURN])
+
+    def _forget(self, messages: list[Message]) -> None:
+        self.started.difference_update(m.id for m in messages)
+        for message in messages:
+            key = self.partition_of.pop((message.id, message.lease_token), None)
             if key is not None:
                 self.unwritten[key] -= 1
                 if not self.unwritten[key]:

@@ -91,6 +91,7 @@ class WorkerProcess:
         # The keeper thread writes through its own guard: a guard's bookkeeping belongs to one thread.
         self.keeper_writer = OutcomeWriter(app.store, DatabaseGuard(logger, "database (keeper)", self._classify))
         self.wake_at: float | None = None  # monotonic time a deferred message of ours comes due
+        self.acked_first: int | None = None  # the running job, once its ACK_FIRST outcome is written
         self.listener: Listener | None = None  # where the database notifies: this process's own line
         # Jobs with a flow key are acquired key by key, besides the others: any task's job may have
         # one, since a partition key is one. Whether a task this process serves has a rate limit
@@ -236,8 +237,9 @@ class WorkerProcess:
         if message is None:
             return  # the supervisor took the buffer back meanwhile
         began = time.perf_counter()
+        self.acked_first = None
         outcome = self.executor.execute(message)  # never raises for what the job did
-        pending = self.held.finish(outcome)
+        pending = self.held.finish(outcome, settled=self.acked_first == message.id)
         duration = time.perf_counter() - began
         if outcome is not None:
             outcome.duration_seconds = duration
@@ -326,11 +328,7 @@ class WorkerProcess:
             return
 
     def _written(self, result: FlushResult, retried: bool = False) -> None:
-        self.held.written(result.applied + result.lost)
-        for outcome in result.lost:
-            if outcome.message.partition_key is not None and outcome.kind is not OutcomeKind.RETURN:
-                # Another worker may hold the partition now: none of its later jobs here may start.
-                self.held.end_run(outcome.message.partition_key)
+        self.held.written(result.applied + result.lost, result.lost)
         self.last_flush = time.monotonic()
         self._report(result, retried)
 
@@ -362,9 +360,13 @@ class WorkerProcess:
         """Record one outcome before the handler runs (ACK_FIRST); False if the lease was lost."""
         result = self.writer.write([outcome])
         if result.applied:
-            return result.applied[0].state is MessageState.COMPLETED
-        # After a lost COMMIT reply the retry finds the job archived: ours if it carries our stamp.
-        return self.guard.last_call_retried and self.store.archived_with(outcome.message.id, outcome.finished_at)
+            acked = result.applied[0].state is MessageState.COMPLETED
+        else:
+            # After a lost COMMIT reply the retry finds the job archived: ours if it carries our stamp.
+            acked = self.guard.last_call_retried and self.store.archived_with(outcome.message.id, outcome.finished_at)
+        if acked:
+            self.acked_first = outcome.message.id
+        return acked
 
     def _keeper(self) -> None:
         """Keeper thread: leave with the supervisor; while a job runs, write overdue outcomes."""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import multiprocess
 import pytest
 
@@ -83,3 +85,56 @@ def test_a_partition_run_goes_on_after_a_job_that_finished_for_good(held: Holdin
     held.finish(ended(first))
     assert [m.id for m in held.buffer] == [2]
     assert not [o for o in held.take_pending() if o.kind is OutcomeKind.RETURN]
+
+
+def test_an_outcome_the_database_turned_into_a_retry_ends_the_run(held: Holdings) -> None:
+    held.add_fetched([message(1, "a"), message(2, "a")])
+    first = held.start_next()
+    assert first is not None
+    held.finish(ended(first))  # completed: the run goes on...
+    taken = held.take_pending()
+    # ...but the database refused it, and even a bare failure: the job was requeued to retry.
+    requeued = ended(first, OutcomeKind.RETRY)
+    held.written([requeued])
+    assert not held.behind_unwritten() and len(held) == 0  # job 2 went back: job 1 holds the key
+    assert [o.message.id for o in held.take_pending()] == [2]
+    assert taken[0].message.id == 1
+
+
+def test_a_lost_outcome_ends_the_run_before_the_next_job_may_start(held: Holdings) -> None:
+    held.add_fetched([message(1, "a"), message(2, "a"), message(3, "b")])
+    first = held.start_next()
+    assert first is not None
+    held.finish(ended(first))
+    taken = held.take_pending()
+    held.written(taken, lost=taken)  # its lease had gone: another worker may hold "a" now
+    assert [m.id for m in held.buffer] == [3]
+
+
+def test_an_acked_first_job_keeps_its_run(held: Holdings) -> None:
+    held.add_fetched([message(1, "a"), message(2, "a")])
+    first = held.start_next()
+    assert first is not None
+    held.finish(None, settled=True)  # ACK_FIRST: its outcome was written before it ran
+    assert not held.behind_unwritten()
+    second = held.start_next()
+    assert second is not None and second.id == 2
+
+
+def test_a_delivery_started_twice_is_counted_per_lease(held: Holdings) -> None:
+    held.add_fetched([message(1, "a")])
+    first = held.start_next()
+    assert first is not None
+    held.finish(ended(first))
+    # Its lease ran out before the outcome was written; the queue gave it to us again.
+    again = dataclasses.replace(first, lease_token=TOKEN + 1)
+    held.add_fetched([again])
+    held.take_pending()  # the first delivery's outcome is being written
+    started = held.start_next()
+    assert started is not None and started.lease_token == TOKEN + 1
+    held.written([ended(first)])  # the first delivery's write counts down only its own delivery
+    held.finish(ended(started))
+    held.add_fetched([message(2, "a")])
+    assert held.behind_unwritten()  # the second delivery's outcome is still unwritten
+    held.written(held.take_pending())
+    assert not held.behind_unwritten()

@@ -157,8 +157,8 @@ class FlowAcquirer:
         """``select`` reading ``table`` through the message index ``index``, on MariaDB, whose
         optimizer otherwise walked the whole delivery-order index to avoid sorting a few rows (18 s
         a fetch on a million-job backlog). The other databases find these plans themselves."""
-        name = f"ix_{self.dialect.tables.prefix}message_{index}"
-        return select.with_hint(table, f"FORCE INDEX ({name})", dialect_name="mysql")
+        hint = f"FORCE INDEX (ix_{self.dialect.tables.prefix}message_{index})"
+        return select.with_hint(table, hint, dialect_name="mysql").with_hint(table, hint, dialect_name="mariadb")
 
     def _partition_of(self, key: Any) -> Any:
         """The partition key of a partition's flow key (the messages carry it)."""
