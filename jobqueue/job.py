@@ -124,6 +124,15 @@ class Message:
     concurrency_limit: int | None = None
     rate_interval_us: int | None = None
     corrupt: str | None = None  # why its row could not be read back (it is failed without running)
+    # Taken in a partition's run: the partition's key as the database spells it in its flow row.
+    # Keys the database compares as equal (MariaDB ignores case) are one partition, whatever
+    # their spelling here.
+    run_key: str | None = None
+
+    @property
+    def partition(self) -> str | None:
+        """The partition this message runs in turn with (None: none)."""
+        return self.run_key or self.partition_key
 
 
 class OutcomeKind(enum.Enum):

@@ -79,9 +79,9 @@ class Holdings:
                     continue
                 self.running, self.running_since = message, time.monotonic()
                 self.started.add(message.id)
-                if message.partition_key is not None:
-                    self.partition_of[(message.id, message.lease_token)] = message.partition_key
-                    self.unwritten[message.partition_key] += 1
+                if message.partition is not None:
+                    self.partition_of[(message.id, message.lease_token)] = message.partition
+                    self.unwritten[message.partition] += 1
                 return message
         return None
 
@@ -91,7 +91,7 @@ class Holdings:
             # What start_next would drop first: messages whose batch the supervisor took back.
             while self.buffer and not self.slot.listed(self.buffer[0].lease_token):
                 self.buffer.popleft()
-            return bool(self.buffer) and self.unwritten[self.buffer[0].partition_key or ""] > 0
+            return bool(self.buffer) and self.unwritten[self.buffer[0].partition or ""] > 0
 
     def finish(self, outcome: Outcome | None, settled: bool = False) -> int:
         """Record the running message's outcome (None: nothing to write; ``settled``: because it
@@ -104,19 +104,19 @@ class Holdings:
                 self.outcomes.append(outcome)
             elif message is not None:
                 self._forget([message])
-            if message is not None and message.partition_key is not None:
+            if message is not None and message.partition is not None:
                 final = outcome.kind is OutcomeKind.ARCHIVE if outcome is not None else settled
                 if not final:
-                    self._end_run(message.partition_key)
+                    self._end_run(message.partition)
             self.slot.finish()
             return len(self.outcomes)
 
-    def _end_run(self, partition_key: str) -> None:
+    def _end_run(self, partition: str) -> None:
         """A job of a partition did not finish for good (it retries, waits, or its lease was lost):
         it holds its partition, so the partition's later jobs in the buffer go back unstarted."""
         kept: deque[Message] = deque()
         for message in self.buffer:
-            if message.partition_key != partition_key:
+            if message.partition != partition:
                 kept.append(message)
             elif self.slot.listed(message.lease_token):
                 self.returns.append(hand_back(message))
@@ -153,7 +153,7 @@ class Holdings:
         lost_ids = {id(o) for o in lost or ()}
         with self.lock:
             for o in taken:
-                key = o.message.partition_key
+                key = o.message.partition
                 if key is not None and o.kind is not OutcomeKind.RETURN:
                     if id(o) in lost_ids or o.kind is not OutcomeKind.ARCHIVE:
                         self._end_run(key)

@@ -223,3 +223,14 @@ def test_a_partition_run_stops_at_a_job_that_is_not_ready_or_not_its_own(app: Jo
 def test_keys_that_mimic_a_partition_are_refused(app: JobQueue) -> None:
     with pytest.raises(ConfigurationError, match="must not begin with 'partition:'"):
         app.task(name="t.bad", concurrency_key="partition:x")(lambda: None)
+
+
+def test_partition_keys_the_database_holds_equal_are_one_run(app: JobQueue, add, backend: str) -> None:
+    first = add.apply_async((1, 0), partition_key="Tenant")
+    second = add.apply_async((2, 0), partition_key="tenant")
+    got = take(app)
+    assert [m.id for m in got] == [first.id, second.id]
+    if backend == "mysql":  # its default collation ignores case: one partition, one flow row
+        assert got[0].partition == got[1].partition == "partition:Tenant"
+    else:
+        assert [m.partition for m in got] == ["partition:Tenant", "partition:tenant"]

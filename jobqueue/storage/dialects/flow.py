@@ -68,7 +68,7 @@ def in_partition_order(messages: list[Message]) -> list[Message]:
     runs: dict[str, list[Message]] = {}
     first: dict[str, int] = {}
     for number, message in enumerate(messages):
-        key = message.partition_key
+        key = message.partition
         if key is None:
             place[message.id] = number
         else:
@@ -281,9 +281,11 @@ class FlowAcquirer:
         chosen: list[int] = []
         served: list[dict[str, Any]] = []  # keys whose next start changes
         served_only: list[str] = []
+        runs: dict[int, str] = {}  # a partition run's ids: the key they were taken under
         for lock in locked:
             candidates = rows[lock.flow_key]
-            if is_partition(lock.flow_key):
+            partition = is_partition(lock.flow_key)
+            if partition:
                 run = 0
                 while run < len(candidates) and candidates[run].takeable:
                     run += 1
@@ -302,6 +304,8 @@ class FlowAcquirer:
                         next_start = start + interval * allowed
             allowed = max(0, allowed)
             chosen.extend(row.id for row in candidates[:allowed])
+            if partition:
+                runs.update((row.id, lock.flow_key) for row in candidates[:allowed])
             if next_start == lock.next_start_at:
                 served_only.append(lock.flow_key)
             else:
@@ -310,4 +314,9 @@ class FlowAcquirer:
             connection.execute(self.served_only, {"keys": served_only, "served": now})
         if served:
             connection.execute(self.served, served)
-        return in_partition_order(take(connection, chosen, params)) if chosen else []
+        if not chosen:
+            return []
+        messages = take(connection, chosen, params)
+        for message in messages:
+            message.run_key = runs.get(message.id)
+        return in_partition_order(messages)
