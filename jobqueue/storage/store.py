@@ -255,7 +255,7 @@ class Store:
                 messages = self.dialect.acquire(params)
                 if len(messages) >= limit:
                     return messages
-                params = dataclasses.replace(params, limit=limit - len(messages))
+                params = dataclasses.replace(params, limit=limit - len(messages), now=now or utcnow())
             flowed = self.dialect.acquire_flow(params)
             self.flow_due_in = flowed.due_in
             if not self._flow_first:
@@ -263,7 +263,9 @@ class Store:
             rest = limit - len(flowed.messages)
             if rest <= 0:
                 return flowed.messages
-            return flowed.messages + self.dialect.acquire(dataclasses.replace(params, limit=rest))
+            # What is due is read again: a job enqueued while the first acquire ran is due now, and
+            # its notification may have come before this process listened.
+            return flowed.messages + self.dialect.acquire(dataclasses.replace(params, limit=rest, now=now or utcnow()))
 
     def flush(self, outcomes: list[Outcome], now: datetime | None = None) -> FlushResult:
         """Apply outcomes in one transaction; those whose lease was lost are returned as ``lost``."""
