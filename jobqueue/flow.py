@@ -26,7 +26,7 @@ from jobqueue.errors import ConfigurationError
 
 TASK_KEY_PREFIX = "task:"
 # A job with a partition key and no concurrency key has the flow key ``partition:<key>``: keys take
-# turns, and a partition is acquired by its oldest job alone (one probe, however long its queue).
+# turns, and a partition's jobs are acquired as a run from its oldest, whatever its queue's length.
 PARTITION_KEY_PREFIX = "partition:"
 NO_FLOW: dict[str, Any] = {"flow_key": None, "concurrency_limit": None, "rate_interval_us": None}
 

@@ -17,7 +17,7 @@ from jobqueue.ack import AckPolicy
 from jobqueue.clock import to_naive_utc, utcnow
 from jobqueue.context import JobContext, activate, deactivate, from_now
 from jobqueue.errors import ConfigurationError, SerializationError
-from jobqueue.flow import NO_FLOW, Flow, partition_flow
+from jobqueue.flow import NO_FLOW, Flow
 from jobqueue.handle import JobHandle
 from jobqueue.job import Batch, MessageState
 from jobqueue.retry import RetryStrategy
@@ -359,10 +359,10 @@ class Task:
         on the arguments is left for each row to set."""
         payload = self._payload(args, kwargs)
         flow = NO_FLOW
-        if self.flow.enabled and (per_call or not self.flow.per_call):
+        if not self.flow.enabled:
+            flow = self.flow.columns(None, options["partition_key"])
+        elif per_call or not self.flow.per_call:
             flow = self.flow.columns(self.flow.key_for(args, kwargs), options["partition_key"])
-        elif options["partition_key"] is not None and not self.flow.enabled:
-            flow = partition_flow(options["partition_key"])
         return {
             "task_name": self.name,
             "queue": options["queue"],

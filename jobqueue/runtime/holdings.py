@@ -20,7 +20,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter, deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from jobqueue.clock import utcnow
 from jobqueue.job import Message, MessageState, Outcome, OutcomeKind
@@ -142,22 +142,20 @@ class Holdings:
             self.outcomes[:0] = outcomes
             self.returns[:0] = [o for o in taken if o.kind is OutcomeKind.RETURN]
 
-    def written(self, taken: list[Outcome], lost: list[Outcome] | None = None) -> None:
-        """A flush of ``taken`` committed (``lost``: those of them fencing dropped): those messages
-        are no longer ours to count.
+    def written(self, applied: Sequence[Outcome], lost: Sequence[Outcome] = ()) -> None:
+        """A flush committed ``applied`` and dropped ``lost`` (fencing): those messages are no
+        longer ours to count.
 
         A partition's job whose outcome was lost (another worker may hold the partition now) or
         became a retry (the database refused the outcome itself) ends its run here, before its
         partition's next job may start.
         """
-        lost_ids = {id(o) for o in lost or ()}
+        not_final = [o for o in applied if o.kind is not OutcomeKind.ARCHIVE]
         with self.lock:
-            for o in taken:
-                key = o.message.partition
-                if key is not None and o.kind is not OutcomeKind.RETURN:
-                    if id(o) in lost_ids or o.kind is not OutcomeKind.ARCHIVE:
-                        self._end_run(key)
-            self._forget([o.message for o in taken if o.kind is not OutcomeKind.RETURN])
+            for o in [*not_final, *lost]:
+                if o.message.partition is not None and o.kind is not OutcomeKind.RETURN:
+                    self._end_run(o.message.partition)
+            self._forget([o.message for o in [*applied, *lost] if o.kind is not OutcomeKind.RETURN])
 
     def _forget(self, messages: list[Message]) -> None:
         self.started.difference_update(m.id for m in messages)

@@ -328,7 +328,7 @@ class WorkerProcess:
             return
 
     def _written(self, result: FlushResult, retried: bool = False) -> None:
-        self.held.written(result.applied + result.lost, result.lost)
+        self.held.written(result.applied, result.lost)
         self.last_flush = time.monotonic()
         self._report(result, retried)
 

@@ -107,7 +107,7 @@ def test_a_lost_outcome_ends_the_run_before_the_next_job_may_start(held: Holding
     assert first is not None
     held.finish(ended(first))
     taken = held.take_pending()
-    held.written(taken, lost=taken)  # its lease had gone: another worker may hold "a" now
+    held.written([], lost=taken)  # its lease had gone: another worker may hold "a" now
     assert [m.id for m in held.buffer] == [3]
 
 

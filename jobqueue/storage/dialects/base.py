@@ -29,6 +29,7 @@ from jobqueue.storage.dialects.common import (
     AcquireParams,
     LeaseClock,
     WorkerState,
+    delivery_order,
     first_of_partition,
     json_text,
 )
@@ -483,7 +484,3 @@ class Dialect(Connector):
     def listener(self) -> Listener | None:
         """A worker process's own line to the database's notifications, where it has them."""
         return None
-
-
-def delivery_order(message: Message) -> tuple[int, datetime, int]:
-    return -message.priority, message.next_attempt_at, message.id

@@ -17,6 +17,11 @@ READY_LITERALS: list[sa.ColumnClause[Any]] = [sa.literal_column(f"'{state}'") fo
 PROCESSING: sa.ColumnClause[Any] = sa.literal_column("'PROCESSING'")
 
 
+def delivery_order(message: Any) -> tuple[int, datetime, int]:
+    """The sort key of delivery order (of a message, or a row with the same columns)."""
+    return -message.priority, message.next_attempt_at, message.id
+
+
 def first_of_partition(message: sa.Table) -> sa.ColumnElement[bool]:
     """The condition "no older active message shares this message's partition key".
 

@@ -27,6 +27,7 @@ no counter that a crash could leave wrong. Times of the flow rows are read from 
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -37,7 +38,13 @@ import sqlalchemy as sa
 
 from jobqueue.flow import PARTITION_KEY_PREFIX
 from jobqueue.job import Message
-from jobqueue.storage.dialects.common import PROCESSING, READY_LITERALS, AcquireParams, first_of_partition
+from jobqueue.storage.dialects.common import (
+    PROCESSING,
+    READY_LITERALS,
+    AcquireParams,
+    delivery_order,
+    first_of_partition,
+)
 
 if TYPE_CHECKING:
     from jobqueue.storage.dialects.base import Dialect
@@ -84,10 +91,6 @@ def _by_id(row: Any) -> Any:
     return row.id
 
 
-def _in_delivery_order(row: Any) -> Any:
-    return -row.priority, row.next_attempt_at, row.id
-
-
 class FlowAcquirer:
     """The statements of a flow acquisition, built once per dialect and queue shape."""
 
@@ -113,8 +116,9 @@ class FlowAcquirer:
             sa.and_(partition_row, self._head_ready(f.c.flow_key)),
             sa.and_(~partition_row, any_ready.scalar_subquery().isnot(None)),
         )
+        locked = (f.c.flow_key, f.c.next_start_at, clock.label("now"))
         self.keys = (
-            sa.select(f.c.flow_key, f.c.next_start_at, clock.label("now"))
+            sa.select(*locked)
             .where(sa.or_(f.c.next_start_at.is_(None), f.c.next_start_at <= clock), has_ready)
             .order_by(f.c.served_at, f.c.flow_key)
             .limit(KEYS_PER_ACQUIRE)
@@ -128,7 +132,7 @@ class FlowAcquirer:
             self.lock = None
         else:
             self.lock = (
-                sa.select(f.c.flow_key, f.c.next_start_at, clock.label("now"))
+                sa.select(*locked)
                 .where(f.c.flow_key.in_(sa.bindparam("keys", expanding=True)))
                 .order_by(f.c.flow_key)
                 .with_for_update(skip_locked=True, key_share=True)
@@ -273,7 +277,7 @@ class FlowAcquirer:
         for row in self.read_candidates(connection, binds, keys, share):
             rows[keys[row.part]].append(row)
         for key, found in rows.items():
-            found.sort(key=_by_id if is_partition(key) else _in_delivery_order)
+            found.sort(key=_by_id if is_partition(key) else delivery_order)
         limited = [key for key, found in rows.items() if found and found[0].concurrency_limit is not None]
         running: dict[str, int] = {}
         if limited:
@@ -286,10 +290,7 @@ class FlowAcquirer:
             candidates = rows[lock.flow_key]
             partition = is_partition(lock.flow_key)
             if partition:
-                run = 0
-                while run < len(candidates) and candidates[run].takeable:
-                    run += 1
-                candidates = candidates[:run]
+                candidates = list(itertools.takewhile(lambda row: row.takeable, candidates))
             allowed = min(len(candidates), params.limit - len(chosen))
             next_start = lock.next_start_at
             if candidates:

@@ -18,8 +18,8 @@ from sqlalchemy import event
 
 from jobqueue.errors import ConfigurationError
 from jobqueue.job import Batch, Message, Outcome, OutcomeKind
-from jobqueue.storage.dialects.base import Dialect, delivery_order
-from jobqueue.storage.dialects.common import BATCH_COLUMNS, READY_LITERALS, AcquireParams, LeaseClock
+from jobqueue.storage.dialects.base import Dialect
+from jobqueue.storage.dialects.common import BATCH_COLUMNS, READY_LITERALS, AcquireParams, LeaseClock, delivery_order
 from jobqueue.storage.dialects.connector import CONTENTION, OUTAGE
 from jobqueue.storage.engine import IDLE_IN_TRANSACTION_SECONDS, unless_in_url
 from jobqueue.storage.outcomes import ARCHIVED_COLUMNS, COPIED, RELEASED, archived_values, requeue_binds

@@ -22,8 +22,8 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
 
 from jobqueue.job import Batch, Message, Outcome
-from jobqueue.storage.dialects.base import Dialect, delivery_order
-from jobqueue.storage.dialects.common import AcquireParams, LeaseClock
+from jobqueue.storage.dialects.base import Dialect
+from jobqueue.storage.dialects.common import AcquireParams, LeaseClock, delivery_order
 from jobqueue.storage.dialects.connector import CONTENTION, OUTAGE
 from jobqueue.storage.dialects.flow import FlowAcquirer
 from jobqueue.storage.dialects.postgresql_sql import (
@@ -164,16 +164,15 @@ class PostgreSQLDialect(Dialect):
             name: sa.bindparam(name, type_=postgresql.ARRAY(sa.String)) for name in ("partition_keys", "other_keys")
         }
         parts = []
-        for name, partition, offset in (("partition_keys", True, 0), ("other_keys", False, None)):
+        for name, partition in (("partition_keys", True), ("other_keys", False)):
             keys = (
                 sa.func.unnest(lists[name])
                 .table_valued(sa.column("key", sa.String), with_ordinality="ordinality")
                 .render_derived(name=f"{name}_list")
             )
-            if offset is None:  # the other keys are numbered after the partitions
-                number = keys.c.ordinality - 1 + sa.func.coalesce(sa.func.cardinality(lists["partition_keys"]), 0)
-            else:
-                number = keys.c.ordinality - 1
+            number = keys.c.ordinality - 1
+            if not partition:  # the other keys are numbered after the partitions
+                number = number + sa.func.coalesce(sa.func.cardinality(lists["partition_keys"]), 0)
             part = acquirer.part(number, keys.c.key, share, partition).lateral(f"{name}_rows")
             parts.append(
                 sa.select(*[part.c[column] for column in part.c.keys()]).select_from(keys).join(part, sa.true())
@@ -245,16 +244,17 @@ class PostgreSQLDialect(Dialect):
         self, cursor: Any, info: dict[str, Any], outcomes: list[Outcome], now: datetime
     ) -> set[tuple[int, int]]:
         if self._prepared_flush is None:
-            if self._apply_outcomes is None:
-                self._apply_outcomes = build_apply_outcomes(self.message, self.tables.archive)
-            self._prepared_flush = Prepared.compile(self._apply_outcomes)
+            self._prepared_flush = Prepared.compile(self._outcomes_statement())
         self._prepared_flush.run(cursor, outcome_binds(outcomes, now), info)
         return {(row[0], row[1]) for row in cursor.fetchall()}
 
-    def apply_outcomes(self, connection: sa.Connection, outcomes: list[Outcome], now: datetime) -> set[tuple[int, int]]:
+    def _outcomes_statement(self) -> Any:
         if self._apply_outcomes is None:
             self._apply_outcomes = build_apply_outcomes(self.message, self.tables.archive)
-        rows = connection.execute(self._apply_outcomes, outcome_binds(outcomes, now)).all()
+        return self._apply_outcomes
+
+    def apply_outcomes(self, connection: sa.Connection, outcomes: list[Outcome], now: datetime) -> set[tuple[int, int]]:
+        rows = connection.execute(self._outcomes_statement(), outcome_binds(outcomes, now)).all()
         return {(row[0], row[1]) for row in rows}
 
     def renew_leases(self, connection: sa.Connection, worker_ids: list[str], lease: LeaseClock) -> int:

@@ -20,8 +20,8 @@ from sqlalchemy.dialects import sqlite
 from jobqueue.clock import utcnow
 from jobqueue.errors import ConfigurationError
 from jobqueue.job import Batch, Message, Outcome, OutcomeKind
-from jobqueue.storage.dialects.base import Dialect, delivery_order
-from jobqueue.storage.dialects.common import ACQUIRED_COLUMNS, BATCH_COLUMNS, AcquireParams, json_text
+from jobqueue.storage.dialects.base import Dialect
+from jobqueue.storage.dialects.common import ACQUIRED_COLUMNS, BATCH_COLUMNS, AcquireParams, delivery_order, json_text
 from jobqueue.storage.dialects.connector import CONTENTION, OUTAGE
 from jobqueue.storage.dialects.wakeup import PollingWaker, Waker
 from jobqueue.storage.engine import READONLY
