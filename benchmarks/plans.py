@@ -6,7 +6,7 @@ The backlog: ``N`` jobs without a key, ``N`` over 100 concurrency keys and ``N``
 partition keys (default 100,000 each), statistics refreshed. The plans are those of a worker
 serving one queue: the ready walk of the one-statement acquire of jobs without a key, then the
 flow acquire's statements that read (which keys have ready jobs; the next jobs of a partition and
-of a concurrency key).
+of a concurrency key) and, where the database takes partitions' runs in one statement, that one.
 """
 
 from __future__ import annotations
@@ -88,6 +88,9 @@ def main() -> None:
             if flow.lateral is None
             else (flow.lateral, {**binds, "partition_keys": ["partition:p7"], "other_keys": ["k8"], "share": 50}),
         }
+        if flow.runs is not None:
+            runs = {"partition_keys": ["partition:p7", "partition:p8"], "share": 50, "served": utcnow()}
+            statements["flow acquire: the runs of two partitions, chosen and taken"] = (flow.runs, {**binds, **runs})
         print(f"\n# {backend}, {options.jobs:,} jobs of each kind")
         for title, (statement, values) in statements.items():
             print(f"\n## {title}\n")

@@ -28,6 +28,7 @@ TASK_KEY_PREFIX = "task:"
 # A job with a partition key and no concurrency key has the flow key ``partition:<key>``: keys take
 # turns, and a partition's jobs are acquired as a run from its oldest, whatever its queue's length.
 PARTITION_KEY_PREFIX = "partition:"
+HASHED_PARTITION_LENGTH = 64  # a partition key too long for a flow key is stored as its SHA-256, in hex
 NO_FLOW: dict[str, Any] = {"flow_key": None, "concurrency_limit": None, "rate_interval_us": None}
 
 # The slowest rate a task may have, one start a day: the database remembers a quiet key's last

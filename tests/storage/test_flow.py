@@ -209,6 +209,20 @@ def test_a_partition_is_acquired_by_the_run_of_its_oldest_ready_jobs(app: JobQue
     assert [first.status(), second.status(), fourth.status()] == ["completed"] * 3
 
 
+def test_partition_keys_that_look_hashed_or_hold_wildcards_are_runs_of_their_own(app: JobQueue, add) -> None:
+    # A flow key holds its partition key after a prefix, or the key's hash when it is too long; a
+    # key as long as a hash, or one with LIKE's wildcards, is still found as itself.
+    keys = ["a" * 64, "b" * 64, "50%_off", "50x_off", "x" * 250]
+    handles = {key: [add.apply_async((n, 0), partition_key=key) for n in range(2)] for key in keys}
+    got = take(app)
+    assert {key: [m.id for m in got if m.partition_key == key] for key in keys} == {
+        key: [h.id for h in handles[key]] for key in keys
+    }
+    assert take(app) == []  # every partition is running its run
+    app.store.flush([outcome(m) for m in got])
+    assert take(app) == []
+
+
 def test_a_partition_run_stops_at_a_job_that_is_not_ready_or_not_its_own(app: JobQueue, add) -> None:
     first = add.apply_async((1, 0), partition_key="p")
     second = add.apply_async((2, 0), partition_key="p", countdown=3600)  # scheduled: holds what follows

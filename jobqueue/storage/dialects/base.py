@@ -168,6 +168,16 @@ class Dialect(Connector):
         ``partition_keys``, ``other_keys`` and ``share``), or None to read them with one part per key."""
         return None
 
+    def partition_runs(self, acquirer: FlowAcquirer) -> Any:
+        """A statement that takes the runs of locked partition keys at once (see
+        :meth:`take_runs`), or None to read their candidates and choose in Python."""
+        return None
+
+    def take_runs(self, connection: sa.Connection, runs: Any, binds: dict[str, Any]) -> list[Message]:
+        """Take with ``runs`` (from :meth:`partition_runs`): bind ``partition_keys``, ``share``,
+        ``limit`` and ``served`` besides the acquire's binds."""
+        raise NotImplementedError
+
     def take(self, connection: sa.Connection, ids: list[int], params: AcquireParams) -> list[Message]:
         """Mark the ready messages ``ids`` acquired, as ``acquire`` does, and return them."""
         messages = [

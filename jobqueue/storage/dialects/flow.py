@@ -20,6 +20,9 @@ one are acquired here, key by key, in one short transaction:
    worker does not lose the rate). The key's row records when it was served and, with a rate,
    when its next start is allowed.
 
+Steps 3 and 4 are one statement on PostgreSQL when every key locked is a partition's (none has a
+limit or a rate): the database reads the runs, takes them and marks the keys served.
+
 A slot is a PROCESSING row, so every outcome, expired lease and dead process frees it: there is
 no counter that a crash could leave wrong. Times of the flow rows are read from the lease clock
 (the database server's, where it has one), so that skewed hosts share one rate.
@@ -35,8 +38,9 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
+from sqlalchemy.sql.util import ClauseAdapter
 
-from jobqueue.flow import PARTITION_KEY_PREFIX
+from jobqueue.flow import HASHED_PARTITION_LENGTH, PARTITION_KEY_PREFIX
 from jobqueue.job import Message
 from jobqueue.storage.dialects.common import (
     PROCESSING,
@@ -156,6 +160,8 @@ class FlowAcquirer:
         self._candidates: dict[tuple[int, int], Any] = {}
         # Where the database can, one statement for any number of keys, which it plans once.
         self.lateral = dialect.lateral_candidates(self)
+        # Where the database can, partitions' runs are chosen and taken by one statement.
+        self.runs = dialect.partition_runs(self)
 
     def _using(self, select: Any, table: Any, index: str) -> Any:
         """``select`` reading ``table`` through the message index ``index``, on MariaDB, whose
@@ -165,28 +171,31 @@ class FlowAcquirer:
         return select.with_hint(table, hint, dialect_name="mysql").with_hint(table, hint, dialect_name="mariadb")
 
     def _partition_of(self, key: Any) -> Any:
-        """The partition key of a partition's flow key (the messages carry it)."""
+        """The partition key of a partition's flow key (correlated to the flow row two levels up,
+        in the keys statement, or to the key given): the flow key without its prefix, unless the
+        partition key was too long and the flow key holds its hash. Then one of the partition's
+        messages says it (a flow key that merely looks like a hash is read that way too)."""
         member = self.dialect.message.alias("member")
         select = sa.select(member.c.partition_key).where(member.c.flow_key == key).limit(1)
-        # Correlated to the flow row (two levels up, in the keys statement) or to the key given.
-        return self._using(select, member, "flow_state").correlate_except(member).scalar_subquery()
-
-    def _head(self, key: Any) -> Any:
-        """The id of the oldest active message of a partition's flow key (the one that may run)."""
-        oldest = self.dialect.message.alias("oldest")
-        select = (
-            sa.select(oldest.c.id)
-            .where(oldest.c.partition_key == self._partition_of(key))
-            .order_by(oldest.c.id)  # not min(): MariaDB would read the whole partition for it
-            .limit(1)
-        )
-        return self._using(select, oldest, "partition").correlate_except(oldest).scalar_subquery()
+        stored = self._using(select, member, "flow_state").correlate_except(member).scalar_subquery()
+        maybe_hashed = key.like(PARTITION_KEY_PREFIX + "_" * HASHED_PARTITION_LENGTH)
+        return sa.case((maybe_hashed, stored), else_=sa.func.substr(key, len(PARTITION_KEY_PREFIX) + 1))
 
     def _head_ready(self, key: Any) -> Any:
-        m = self.dialect.message
+        """Whether a partition's oldest active message is ready and of this flow key: one read
+        of the partition's first index entry and its row."""
+        head = self.dialect.message.alias("head")
+        ready = sa.and_(
+            *[ClauseAdapter(head).traverse(c) for c in [self.dialect.message.c.flow_key == key, *self.head_ready]]
+        )
+        select = (
+            sa.select(sa.case((ready, 1), else_=0))
+            .where(head.c.partition_key == self._partition_of(key))
+            .order_by(head.c.id)  # not min(): MariaDB would read the whole partition for it
+            .limit(1)
+        )
         # A scalar subquery rather than EXISTS, which MariaDB would rewrite into an IN it refuses.
-        head = sa.select(m.c.id).where(m.c.id == self._head(key), m.c.flow_key == key, *self.head_ready).limit(1)
-        return head.scalar_subquery().isnot(None)
+        return self._using(select, head, "partition").correlate_except(head).scalar_subquery() == 1
 
     def part(self, number: Any, key: Any, share: Any, partition: bool) -> Any:
         """The candidates of one key: ``number`` labels its rows (``part``), ``key`` and ``share``
@@ -273,6 +282,13 @@ class FlowAcquirer:
         now = locked[0].now
         keys = sorted((row.flow_key for row in locked), key=lambda key: not is_partition(key))
         share = max(1, math.ceil(params.limit / len(keys)))
+        if self.runs is not None and is_partition(keys[-1]):
+            # Only partitions: their runs need no limit or rate of a key, so the database chooses.
+            values = {"partition_keys": [row.flow_key for row in locked], "share": share, "served": now}
+            messages = self.dialect.take_runs(connection, self.runs, {**binds, **values})
+            for message in messages:
+                message.run_key = message.flow_key  # taken under its own flow key (compared exactly)
+            return in_partition_order(messages)
         rows: dict[str, list[Any]] = {key: [] for key in keys}
         for row in self.read_candidates(connection, binds, keys, share):
             rows[keys[row.part]].append(row)

@@ -23,14 +23,14 @@ from sqlalchemy.dialects import postgresql
 
 from jobqueue.job import Batch, Message, Outcome
 from jobqueue.storage.dialects.base import Dialect
-from jobqueue.storage.dialects.common import AcquireParams, LeaseClock, delivery_order
+from jobqueue.storage.dialects.common import READY_LITERALS, AcquireParams, LeaseClock, delivery_order
 from jobqueue.storage.dialects.connector import CONTENTION, OUTAGE
 from jobqueue.storage.dialects.flow import FlowAcquirer
 from jobqueue.storage.dialects.postgresql_sql import (
     Prepared,
+    acquired_message,
     build_apply_outcomes,
     copy_batch,
-    driver_values,
     outcome_binds,
 )
 from jobqueue.storage.dialects.wakeup import Listener, PollingWaker, Waker
@@ -93,11 +93,11 @@ class PostgreSQLDialect(Dialect):
 
     _apply_outcomes: Any = None
     _prepared_flush: Prepared | None = None
-    _take_sql: Prepared | None = None  # compiled once, run unprepared (it runs inside a transaction)
 
     def __init__(self, engine: sa.Engine, tables: Tables) -> None:
         super().__init__(engine, tables)
         self._prepared: dict[str, Prepared] = {}
+        self._compiled: dict[Any, Prepared] = {}  # statements run unprepared, compiled once
         self._listener: ProcessListener | None = None
         f = tables.flow
         self._hold_flow = (
@@ -159,40 +159,87 @@ class PostgreSQLDialect(Dialect):
         # unnest(keys) WITH ORDINALITY, each key's candidates a LATERAL subquery: one small
         # statement whatever the number of keys, where a UNION of one part per key took longer to
         # plan than to run.
-        share = sa.bindparam("share", type_=sa.Integer)
         lists = {
             name: sa.bindparam(name, type_=postgresql.ARRAY(sa.String)) for name in ("partition_keys", "other_keys")
         }
         parts = []
         for name, partition in (("partition_keys", True), ("other_keys", False)):
-            keys = (
-                sa.func.unnest(lists[name])
-                .table_valued(sa.column("key", sa.String), with_ordinality="ordinality")
-                .render_derived(name=f"{name}_list")
-            )
-            number = keys.c.ordinality - 1
-            if not partition:  # the other keys are numbered after the partitions
-                number = number + sa.func.coalesce(sa.func.cardinality(lists["partition_keys"]), 0)
-            part = acquirer.part(number, keys.c.key, share, partition).lateral(f"{name}_rows")
-            parts.append(
-                sa.select(*[part.c[column] for column in part.c.keys()]).select_from(keys).join(part, sa.true())
-            )
+            offset = None if partition else sa.func.coalesce(sa.func.cardinality(lists["partition_keys"]), 0)
+            parts.append(self._lateral_part(acquirer, lists[name], name, partition, offset))
         return sa.union_all(*parts)
+
+    def _lateral_part(self, acquirer: FlowAcquirer, keys: Any, name: str, partition: bool, offset: Any = None) -> Any:
+        """The candidates of the keys in the array ``keys``, numbered from 0 (plus ``offset``)."""
+        listed = (
+            sa.func.unnest(keys)
+            .table_valued(sa.column("key", sa.String), with_ordinality="ordinality")
+            .render_derived(name=f"{name}_list")
+        )
+        number = listed.c.ordinality - 1 if offset is None else listed.c.ordinality - 1 + offset
+        part = acquirer.part(number, listed.c.key, sa.bindparam("share", type_=sa.Integer), partition)
+        part = part.lateral(f"{name}_rows")
+        return sa.select(*[part.c[column] for column in part.c.keys()]).select_from(listed).join(part, sa.true())
+
+    def partition_runs(self, acquirer: FlowAcquirer) -> Any:
+        """One statement that takes the runs of the locked partition keys ``partition_keys`` and
+        marks them served (bind ``share``, ``limit`` and ``served`` besides the acquire's binds).
+
+        A run is a partition's oldest jobs up to the first that may not be taken (running,
+        retrying, waiting, or of another flow key), at most ``share`` of them; the keys' runs are
+        taken in the order of the keys, ``limit`` jobs in all. The keys are locked already (by an
+        earlier statement), so what this one reads cannot change under it.
+        """
+        if not self._on_psycopg2:
+            return None
+        m, f = self.message, self.tables.flow
+        keys = sa.bindparam("partition_keys", type_=postgresql.ARRAY(sa.String))
+        candidates = self._lateral_part(acquirer, keys, "partition_keys", True).subquery("candidates")
+        run = sa.func.bool_and(candidates.c.takeable == 1).over(
+            partition_by=candidates.c.part, order_by=candidates.c.id
+        )
+        runs = sa.select(candidates.c.part, candidates.c.id, run.label("in_run")).subquery("runs")
+        chosen = (
+            sa.select(runs.c.id)
+            .where(runs.c.in_run)
+            .order_by(runs.c.part, runs.c.id)
+            .limit(sa.bindparam("limit", type_=sa.Integer))
+        )
+        served = (
+            sa.update(f)
+            .where(f.c.flow_key == sa.any_(keys))
+            .values(served_at=sa.bindparam("served", type_=sa.DateTime))
+            .cte("served")
+        )
+        return (
+            sa.update(m)
+            .where(m.c.id == sa.any_(sa.func.array(chosen.scalar_subquery())), m.c.state.in_(READY_LITERALS))
+            .values(self.acquired_values())
+            .returning(*self.taken_columns())
+            .add_cte(served)
+        )
+
+    def take_runs(self, connection: sa.Connection, runs: Any, binds: dict[str, Any]) -> list[Message]:
+        return self._taken_on_driver(connection, runs, binds)
 
     def take(self, connection: sa.Connection, ids: list[int], params: AcquireParams) -> list[Message]:
         if not self._on_psycopg2:
             return super().take(connection, ids, params)
+        return self._taken_on_driver(connection, self.take_statement(), {**params.binds(), "ids": ids})
+
+    def _taken_on_driver(self, connection: sa.Connection, statement: Any, binds: dict[str, Any]) -> list[Message]:
+        """Run a statement that takes messages, inside the acquire's transaction (so unprepared:
+        a prepared statement gone missing would abort it), compiled once."""
+        compiled = self._compiled.get(statement)
+        if compiled is None:
+            compiled = self._compiled[statement] = Prepared.compile(statement)
         # Rows read as the driver returns them, as the prepared acquire does: SQLAlchemy's row
         # handling of 500 rows took longer than their update.
-        if self._take_sql is None:
-            self._take_sql = Prepared.compile(self.take_statement())
-        taken = self._take_sql
-        result = connection.exec_driver_sql(taken.sql, {**taken.defaults, **params.binds(), "ids": ids})
+        result = connection.exec_driver_sql(compiled.sql, {**compiled.defaults, **binds})
         try:
             rows = result.cursor.fetchall()
         finally:
             result.close()
-        messages = [Message(*driver_values(row)) for row in rows]
+        messages = [acquired_message(row) for row in rows]
         messages.sort(key=delivery_order)
         return messages
 
@@ -228,7 +275,7 @@ class PostgreSQLDialect(Dialect):
         if prepared is None:
             prepared = self._prepared[params.shape] = Prepared.compile(self.build_acquire(params.shape))
         prepared.run(cursor, params.binds(), info)
-        messages = [Message(*driver_values(row)) for row in cursor.fetchall()]
+        messages = [acquired_message(row) for row in cursor.fetchall()]
         messages.sort(key=delivery_order)  # RETURNING gives no order
         return messages
 

@@ -20,8 +20,8 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
 
-from jobqueue.job import Batch, Outcome, OutcomeKind
-from jobqueue.storage.dialects.common import BATCH_COLUMNS, PROCESSING
+from jobqueue.job import Batch, Message, Outcome, OutcomeKind
+from jobqueue.storage.dialects.common import ACQUIRED_COLUMNS, BATCH_COLUMNS, PROCESSING
 from jobqueue.storage.outcomes import ARCHIVED, COPIED, RELEASED, REQUEUED, Field
 
 logger = logging.getLogger("jobqueue.storage")
@@ -242,9 +242,18 @@ class _CopyStream(io.TextIOBase):
         return "".join(parts)
 
 
-def driver_values(row: Sequence[Any]) -> list[Any]:
-    """A row as psycopg2 returns it, with bytea as bytes (JSON comes parsed already)."""
-    return [bytes(v) if isinstance(v, memoryview) else v for v in row]
+_PAYLOAD, _CHECKPOINT = ACQUIRED_COLUMNS.index("payload"), ACQUIRED_COLUMNS.index("checkpoint")
+
+
+def acquired_message(row: Sequence[Any]) -> Message:
+    """A message from a row of ACQUIRED_COLUMNS as psycopg2 returns it: bytea comes as a
+    memoryview (JSON comes parsed already). Only the two bytea columns are looked at: testing all
+    21 columns of 500 rows took a quarter of a fetch's time in Python."""
+    values = list(row)
+    values[_PAYLOAD] = bytes(values[_PAYLOAD])
+    if values[_CHECKPOINT] is not None:
+        values[_CHECKPOINT] = bytes(values[_CHECKPOINT])
+    return Message(*values)
 
 
 # -- acquire: prepared once per connection --------------------------------------------------------
