@@ -57,6 +57,9 @@ LOOP_ERROR_PAUSE_SECONDS = 1.0
 # in the order they were served, and a key that went quiet would otherwise stay at the front.
 FLOW_IDLE_SECONDS = 60.0
 FLOW_SWEEP_SECONDS = 60.0
+# How often the supervisor writes SQLite's journal back into the database file (its worker
+# processes leave that to it, see Store.take_over_checkpoints).
+CHECKPOINT_SECONDS = 1.0
 
 
 @dataclass
@@ -86,6 +89,7 @@ class Supervisor:
         self.next_heartbeat = 0.0
         self.next_release = 0.0
         self.next_flow_sweep = 0.0
+        self.next_checkpoint = 0.0
         self.next_burst_check = 0.0
         self.next_pending_retry = 0.0
         self.failing: set[str] = set()  # database work that failed for a reason retrying may not fix
@@ -140,6 +144,8 @@ class Supervisor:
         try:
             self.guard.call(self.app.check_schema, give_up=lambda: self.signals > 0)
             self.store = self.app.store
+            # Before any fork: the worker processes' commits never stop to write the journal back.
+            self.store.take_over_checkpoints()
             self.guard.call(self.store.repair_ids, give_up=lambda: self.signals > 0)
             self.executor = Executor(self.app)
             self.guard.call(self._sync_schedules, give_up=lambda: self.signals > 0)
@@ -493,6 +499,9 @@ class Supervisor:
 
     def _maintenance(self) -> None:
         now = time.monotonic()
+        if now >= self.next_checkpoint:
+            self.next_checkpoint = now + CHECKPOINT_SECONDS
+            self.guard.try_once(self.store.checkpoint)
         if now >= self.next_heartbeat:
             # Set first: an error below must not make every tick try again.
             self.next_heartbeat = now + RETRY_SOON_SECONDS

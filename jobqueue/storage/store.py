@@ -481,6 +481,17 @@ class Store:
         with self.engine.begin() as conn:
             return self.dialect.repair_ids(conn)
 
+    def take_over_checkpoints(self) -> None:
+        """Let this process write the journal back from now on (see :meth:`checkpoint`), for its
+        connections and those of the processes it forks: SQLite's commits otherwise do it now and
+        then, and wait for the disk while a job waits."""
+        self.dialect.take_over_checkpoints()
+
+    def checkpoint(self) -> None:
+        """Write the journal back into the database file, where :meth:`take_over_checkpoints` took
+        that over (SQLite); without blocking readers or writers."""
+        self.dialect.checkpoint()
+
     def ping(self) -> None:
         """Raise unless the database answers a trivial query on a new connection."""
         with self.engine.connect() as conn:

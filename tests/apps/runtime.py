@@ -37,6 +37,13 @@ def noop() -> None:
     return None
 
 
+@app.task(name="rt.journal")
+def journal() -> list[int]:
+    """SQLite: how often this worker process's connections write the journal back (0: never)."""
+    with app.engine.connect() as conn:
+        return [conn.exec_driver_sql("PRAGMA wal_autocheckpoint").scalar(), os.getpid()]
+
+
 @app.task(name="rt.slow")
 def slow(seconds: float) -> int:
     record("start")

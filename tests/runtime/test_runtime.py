@@ -16,6 +16,7 @@ import sqlalchemy as sa
 
 from jobqueue import JobFailed, JobQueue
 from tests.apps import runtime as rt
+from tests.conftest import only
 from tests.runtime.harness import REPORTS, Worker, freeze, repeated, runs, start, wait_for
 
 
@@ -277,3 +278,14 @@ def test_an_idle_worker_starts_new_work_at_once_not_at_its_next_poll(
         f"(median {sorted(waits)[len(waits) // 2] * 1000:.0f} ms, polling every 30 s; "
         f"each: {' '.join(f'{w * 1000:.0f}' for w in waits)})"
     )
+
+
+@only("sqlite")
+def test_sqlite_worker_processes_leave_the_journal_to_their_supervisor(
+    app: JobQueue, tmp_path: Path, workers: list[Worker]
+) -> None:
+    handles = rt.journal.bulk([()] * 4)
+    worker = start(workers, tmp_path, "--burst", "--concurrency", "2")
+    assert worker.wait(60) == 0
+    # No commit of theirs stops to write the journal back (the supervisor does, every second).
+    assert {h.get(timeout=5)[0] for h in handles} == {0}

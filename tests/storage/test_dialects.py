@@ -7,6 +7,7 @@ them). A new dialect passes this file before anything else.
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import threading
 import time
@@ -19,6 +20,7 @@ from jobqueue import JobQueue
 from jobqueue.clock import utcnow
 from jobqueue.job import Batch, Message, MessageState, OutcomeKind
 from jobqueue.storage.dialects import AcquireParams, Dialect, LeaseClock, WorkerState
+from tests.conftest import only
 from tests.storage.test_store import outcome, rows
 
 WORKER = "w" * 32
@@ -303,3 +305,61 @@ def test_a_killed_connection_is_an_outage(
         with pytest.raises(sa.exc.DBAPIError) as info:
             victim.exec_driver_sql("SELECT 1")
     assert dialect.classify(info.value) == "outage"
+
+
+# -- SQLite's one writer -----------------------------------------------------------------------------
+
+
+@only("sqlite")
+def test_a_sqlite_writer_waits_for_the_lock_then_gives_up_as_contention(
+    app: JobQueue, dialect: Dialect, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from jobqueue.storage.dialects import sqlite as sqlite_dialect
+
+    first, second = dialect.enqueue_one(row()), dialect.enqueue_one(row())
+    holder = sqlite3.connect(app.engine.url.database or "", isolation_level=None, check_same_thread=False)
+    holder.execute("BEGIN IMMEDIATE")
+    released = threading.Timer(0.3, lambda: holder.execute("ROLLBACK"))
+    released.start()
+    # A transaction waits for the write lock (trying again every few tenths of a millisecond,
+    # where SQLite's own wait sleeps for 1, 2, 5, 10 ms...) and goes ahead once it is free.
+    assert [m.id for m in acquire(dialect, limit=1)] == [first]
+    released.join()
+    with app.engine.connect() as conn:  # the connection's own busy timeout is back for the rest
+        assert conn.exec_driver_sql("PRAGMA busy_timeout").scalar() == 30_000
+    # Held for longer than the busy timeout: SQLite's "database is locked", which is contention.
+    monkeypatch.setattr(sqlite_dialect, "BUSY_TIMEOUT_SECONDS", 0.2)
+    holder.execute("BEGIN IMMEDIATE")
+    try:
+        with pytest.raises(sa.exc.OperationalError) as info:
+            acquire(dialect, limit=1)
+    finally:
+        holder.execute("ROLLBACK")
+    assert "database is locked" in str(info.value)
+    assert dialect.classify(info.value) == "contention"
+    assert [m.id for m in acquire(dialect, limit=1)] == [second]
+
+
+@only("sqlite")
+def test_a_sqlite_supervisor_takes_over_the_checkpoints(app: JobQueue) -> None:
+    wal = (app.engine.url.database or "") + "-wal"
+
+    def commits(count: int) -> None:
+        for _ in range(count):
+            app.store.dialect.enqueue_one(row())
+
+    app.store.take_over_checkpoints()
+    with app.engine.connect() as conn:
+        assert conn.exec_driver_sql("PRAGMA wal_autocheckpoint").scalar() == 0
+    app.store.checkpoint()
+    commits(300)
+    # No commit wrote the journal back: it grew past the 1,000 pages where one would have.
+    grown = os.path.getsize(wal)
+    assert grown > 1000 * 4096
+    commits(50)
+    assert os.path.getsize(wal) > grown  # still growing
+    app.store.checkpoint()
+    grown = os.path.getsize(wal)
+    commits(50)
+    # Written back: the journal starts again from its beginning instead of growing.
+    assert os.path.getsize(wal) == grown

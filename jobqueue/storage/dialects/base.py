@@ -168,6 +168,14 @@ class Dialect(Connector):
         ``partition_keys``, ``other_keys`` and ``share``), or None to read them with one part per key."""
         return None
 
+    def take_over_checkpoints(self) -> None:
+        """From now on this process writes the database's journal back (:meth:`checkpoint`) for
+        the connections it and its forks open, where the database leaves that to whichever
+        commit comes at the wrong moment (SQLite). Nothing to do elsewhere."""
+
+    def checkpoint(self) -> None:
+        """Write the journal back into the database (after :meth:`take_over_checkpoints`)."""
+
     def partition_runs(self, acquirer: FlowAcquirer) -> Any:
         """A statement that takes the runs of locked partition keys at once (see
         :meth:`take_runs`), or None to read their candidates and choose in Python."""

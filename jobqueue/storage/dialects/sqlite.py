@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
+import time
 from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any
@@ -52,6 +53,38 @@ def sqlite_value(column: str, value: Any) -> Any:
     return value
 
 
+# While another process writes, a writer tries again for the lock this often (doubling from the
+# first pause to the last): SQLite's own busy handler sleeps 1, 2, 5, 10 ms... between tries, many
+# times as long as the transactions it waits for, and two worker processes spent most of their
+# time asleep in it.
+BUSY_PAUSES_SECONDS = (0.0001, 0.002)
+
+
+def begin_immediate(driver: Any) -> None:
+    """BEGIN IMMEDIATE on a DB-API connection: wait for the write lock, trying again every
+    BUSY_PAUSES_SECONDS, for BUSY_TIMEOUT_SECONDS at most; then SQLite's "database is locked"
+    (as an SQLAlchemy OperationalError, which the dialect classifies as contention).
+    The connection's own busy timeout (for everything else) is off meanwhile."""
+    pause, longest = BUSY_PAUSES_SECONDS
+    deadline = time.monotonic() + BUSY_TIMEOUT_SECONDS
+    driver.execute("PRAGMA busy_timeout=0")
+    try:
+        while True:
+            try:
+                driver.execute("BEGIN IMMEDIATE")
+                return
+            except sqlite3.OperationalError as exc:
+                if not str(exc).lower().startswith(SQLITE_CONTENTION):
+                    raise
+                if time.monotonic() > deadline:
+                    # As SQLAlchemy reports a statement's errors: contention, retried by the caller.
+                    raise sa.exc.DBAPIError.instance("BEGIN IMMEDIATE", None, exc, sqlite3.Error) from exc
+            time.sleep(pause)
+            pause = min(pause * 2, longest)
+    finally:
+        driver.execute(f"PRAGMA busy_timeout={int(BUSY_TIMEOUT_SECONDS * 1000)}")
+
+
 class SQLiteDialect(Dialect):
     name = "sqlite"
     autocommit = False
@@ -87,7 +120,36 @@ class SQLiteDialect(Dialect):
             # writes fails with SQLITE_BUSY (no wait) if another process wrote in between.
             # Straight on the driver: the event runs twice per worker batch.
             driver: Any = connection.connection.driver_connection
-            driver.execute("BEGIN" if connection.get_execution_options().get(READONLY) else "BEGIN IMMEDIATE")
+            if connection.get_execution_options().get(READONLY):
+                driver.execute("BEGIN")
+            else:
+                begin_immediate(driver)
+
+    def __init__(self, engine: sa.Engine, tables: Any) -> None:
+        super().__init__(engine, tables)
+        self.checkpoints_elsewhere = False
+
+        @event.listens_for(engine, "connect")
+        def leave_checkpoints(dbapi_connection: Any, _record: Any) -> None:
+            if self.checkpoints_elsewhere:
+                dbapi_connection.execute("PRAGMA wal_autocheckpoint=0")
+
+    def take_over_checkpoints(self) -> None:
+        # By default the commit that takes the WAL past 1000 pages copies them into the database
+        # file and waits for the disk (tens of milliseconds, on the path of one unlucky flush or
+        # fetch). Connections opened from now on, here and in processes forked from here, leave
+        # that to checkpoint().
+        self.checkpoints_elsewhere = True
+        self.engine.dispose()
+
+    def checkpoint(self) -> None:
+        # PASSIVE: copies what no reader still needs, without waiting for or blocking anyone.
+        # Outside any transaction (a checkpoint cannot run inside one).
+        pooled = self.engine.raw_connection()
+        try:
+            pooled.driver_connection.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()  # type: ignore[union-attr]
+        finally:
+            pooled.close()
 
     @classmethod
     def database_identity(cls, url: sa.URL) -> tuple[Any, ...]:
