@@ -15,6 +15,7 @@ from jobqueue.errors import ConfigurationError
 from jobqueue.job import Message, MessageState, OutcomeKind
 from jobqueue.runtime.holdings import hand_back
 from jobqueue.storage import deadletter
+from tests.conftest import only
 from tests.storage.test_store import outcome, rows
 
 WORKER = "w" * 32
@@ -248,3 +249,26 @@ def test_partition_keys_the_database_holds_equal_are_one_run(app: JobQueue, add,
         assert got[0].partition == got[1].partition == "partition:Tenant"
     else:
         assert [m.partition for m in got] == ["partition:Tenant", "partition:tenant"]
+
+
+@only("postgresql", "mysql")
+def test_a_fetch_passes_over_the_keys_another_worker_holds(app: JobQueue, add) -> None:
+    from jobqueue.storage.dialects.flow import KEYS_PER_ACQUIRE
+
+    keys = [f"k{n:03d}" for n in range(KEYS_PER_ACQUIRE + 6)]
+    for key in keys:
+        add.apply_async((1, 1), partition_key=key)
+    f = app.tables.flow
+    with app.engine.connect() as other:
+        first = other.execute(sa.select(f.c.flow_key).order_by(f.c.served_at, f.c.flow_key)).scalars().all()
+        held = first[:KEYS_PER_ACQUIRE]  # the keys served longest ago, which every fetch looks at first
+        other.rollback()
+        other.begin()
+        hint = "FORCE INDEX (PRIMARY)"  # as a worker locks them: only these rows, on MariaDB too
+        lock = sa.select(f.c.flow_key).where(f.c.flow_key.in_(held)).with_for_update()
+        other.execute(lock.with_hint(f, hint, dialect_name="mysql").with_hint(f, hint, dialect_name="mariadb")).all()
+        got = take(app, limit=500)  # meanwhile, another worker's fetch
+        other.rollback()
+    # It takes the keys nobody holds, without waiting for the others.
+    assert {m.flow_key for m in got} == set(first) - set(held) and len(got) == 6
+    assert {m.flow_key for m in take(app, limit=500)} == set(held)

@@ -140,11 +140,21 @@ class FlowAcquirer:
             self.keys = self.keys.with_for_update(skip_locked=True, key_share=True)
             self.lock = None
         else:
+            # Twice as many found as locked: while another worker's fetch holds the keys served
+            # longest ago, this one locks the next ones instead of none (MariaDB's two workers
+            # took turns at the same 64 keys, one of them with a handful).
+            self.keys = self.keys.limit(2 * KEYS_PER_ACQUIRE)
+            # On the primary key, forced: given a list of most of the table's keys, MariaDB chose
+            # to scan it and locked every row, so that no other worker's fetch found a key free.
+            hint = "FORCE INDEX (PRIMARY)"
             self.lock = (
                 sa.select(*locked)
                 .where(f.c.flow_key.in_(sa.bindparam("keys", expanding=True)))
                 .order_by(f.c.flow_key)
+                .limit(KEYS_PER_ACQUIRE)
                 .with_for_update(skip_locked=True, key_share=True)
+                .with_hint(f, hint, dialect_name="mysql")
+                .with_hint(f, hint, dialect_name="mariadb")
             )
         self.running = (
             sa.select(m.c.flow_key, sa.func.count())
@@ -277,8 +287,9 @@ class FlowAcquirer:
         binds = params.binds()
         locked = connection.execute(self.keys, binds).all()
         if locked and self.lock is not None:
-            keys = [row.flow_key for row in locked]
-            locked = connection.execute(self.lock, {**binds, "keys": keys}).all()
+            order = {row.flow_key: number for number, row in enumerate(locked)}
+            held = connection.execute(self.lock, {**binds, "keys": list(order)}).all()
+            locked = sorted(held, key=lambda row: order[row.flow_key])  # served longest ago first
         result = FlowAcquired()
         if locked:
             result.messages = self._take(connection, params, binds, locked, take)
