@@ -501,7 +501,7 @@ class Supervisor:
         now = time.monotonic()
         if now >= self.next_checkpoint:
             self.next_checkpoint = now + CHECKPOINT_SECONDS
-            self.guard.try_once(self.store.checkpoint)
+            self._checkpoint()
         if now >= self.next_heartbeat:
             # Set first: an error below must not make every tick try again.
             self.next_heartbeat = now + RETRY_SOON_SECONDS
@@ -521,6 +521,19 @@ class Supervisor:
                 self.guard.try_once(lambda: self.store.forget_idle_flow_keys(FLOW_IDLE_SECONDS))
             if ok:
                 self.next_release = now + self.settings.release_stuck_interval
+
+    def _checkpoint(self) -> None:
+        """Write SQLite's journal back; an error is logged once until it succeeds again (the
+        journal grows meanwhile, and the workers go on)."""
+        what = "write the database journal back"
+        try:
+            self.guard.try_once(self.store.checkpoint)
+        except Exception:
+            if what not in self.failing:
+                logger.exception("could not %s; trying again every %.0f s", what, CHECKPOINT_SECONDS)
+            self.failing.add(what)
+        else:
+            self.failing.discard(what)
 
     @staticmethod
     def _worker_state(child: Child) -> WorkerState:
