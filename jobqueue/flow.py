@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import math
 import re
+import unicodedata
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -121,7 +122,16 @@ def check_flow_key(label: str, key: Any) -> None:
             f"{label} must be a string of 1 to 255 characters without NUL, or a function of the "
             f"task's arguments returning one, got {key!r}"
         )
-    if key.startswith(PARTITION_KEY_PREFIX):
+    if looks_like_partition(key):
         raise ConfigurationError(
-            f"{label} must not begin with {PARTITION_KEY_PREFIX!r} (partition keys use it), got {key!r}"
+            f"{label} must not begin with {PARTITION_KEY_PREFIX!r}, in any case or with accents "
+            f"(partition keys use it), got {key!r}"
         )
+
+
+def looks_like_partition(key: str) -> bool:
+    """Whether a database that compares text regardless of case or accents (SQLite's LIKE,
+    MariaDB's default collation) could read ``key`` as a partition's flow key."""
+    head = unicodedata.normalize("NFKD", key[: 4 * len(PARTITION_KEY_PREFIX)])
+    bare = "".join(c for c in head if not unicodedata.combining(c))
+    return bare.casefold().startswith(PARTITION_KEY_PREFIX)

@@ -90,6 +90,7 @@ class Supervisor:
         self.next_release = 0.0
         self.next_flow_sweep = 0.0
         self.next_checkpoint = 0.0
+        self.checkpoints = False  # whether this supervisor writes the database's journal back
         self.next_burst_check = 0.0
         self.next_pending_retry = 0.0
         self.failing: set[str] = set()  # database work that failed for a reason retrying may not fix
@@ -145,7 +146,7 @@ class Supervisor:
             self.guard.call(self.app.check_schema, give_up=lambda: self.signals > 0)
             self.store = self.app.store
             # Before any fork: the worker processes' commits never stop to write the journal back.
-            self.store.take_over_checkpoints()
+            self.checkpoints = self.store.take_over_checkpoints()
             self.guard.call(self.store.repair_ids, give_up=lambda: self.signals > 0)
             self.executor = Executor(self.app)
             self.guard.call(self._sync_schedules, give_up=lambda: self.signals > 0)
@@ -499,7 +500,7 @@ class Supervisor:
 
     def _maintenance(self) -> None:
         now = time.monotonic()
-        if now >= self.next_checkpoint:
+        if self.checkpoints and now >= self.next_checkpoint:
             self.next_checkpoint = now + CHECKPOINT_SECONDS
             self._checkpoint()
         if now >= self.next_heartbeat:

@@ -481,11 +481,11 @@ class Store:
         with self.engine.begin() as conn:
             return self.dialect.repair_ids(conn)
 
-    def take_over_checkpoints(self) -> None:
+    def take_over_checkpoints(self) -> bool:
         """Let this process write the journal back from now on (see :meth:`checkpoint`), for its
         connections and those of the processes it forks: SQLite's commits otherwise do it now and
-        then, and wait for the disk while a job waits."""
-        self.dialect.take_over_checkpoints()
+        then, and wait for the disk while a job waits. False where there is nothing to take over."""
+        return self.dialect.take_over_checkpoints()
 
     def checkpoint(self) -> None:
         """Write the journal back into the database file, where :meth:`take_over_checkpoints` took

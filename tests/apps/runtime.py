@@ -39,7 +39,7 @@ def noop() -> None:
 
 @app.task(name="rt.journal")
 def journal() -> list[int]:
-    """SQLite: how often this worker process's connections write the journal back (0: never)."""
+    """SQLite: past how many journal pages this worker process's commits write it back."""
     with app.engine.connect() as conn:
         return [conn.exec_driver_sql("PRAGMA wal_autocheckpoint").scalar(), os.getpid()]
 

@@ -219,9 +219,43 @@ def test_partition_keys_that_look_hashed_or_hold_wildcards_are_runs_of_their_own
     assert {key: [m.id for m in got if m.partition_key == key] for key in keys} == {
         key: [h.id for h in handles[key]] for key in keys
     }
-    assert take(app) == []  # every partition is running its run
+    later = {key: add.apply_async((9, 0), partition_key=key) for key in keys}
+    assert take(app) == []  # each partition waits for its run
+    app.store.flush([outcome(m) for m in got if m.partition_key != "50%_off"])
+    # The other partitions' next jobs, each under its own key; "50%_off" still runs.
+    assert {m.id for m in take(app)} == {later[key].id for key in keys if key != "50%_off"}
+
+
+def test_a_partition_waits_behind_its_oldest_job_even_of_a_concurrency_key(app: JobQueue, add) -> None:
+    @app.task(name="t.limited", concurrency_key="partner", concurrency_limit=5)
+    def limited(n: int) -> None: ...
+
+    first = limited.apply_async((1,), partition_key="p")  # taken under "partner", not the partition
+    second = add.apply_async((2, 0), partition_key="p")
+    got = take(app)
+    assert [(m.id, m.flow_key) for m in got] == [(first.id, "partner")]
+    assert take(app) == []  # the partition's next job waits while its oldest runs
+    app.store.flush([outcome(got[0])])
+    assert [m.id for m in take(app)] == [second.id]
+
+
+def test_a_partition_run_ends_at_the_fetch_limit_and_at_a_job_of_another_queue(app: JobQueue, add) -> None:
+    run = [add.apply_async((n, 0), partition_key="p") for n in range(3)]
+    other = add.apply_async((3, 0), partition_key="p", queue="elsewhere")
+    last = add.apply_async((4, 0), partition_key="p")
+    got = take(app, limit=2)  # the fetch's limit cuts the run
+    assert [m.id for m in got] == [h.id for h in run[:2]]
+    assert take(app) == []  # the rest waits behind the run
     app.store.flush([outcome(m) for m in got])
-    assert take(app) == []
+    # A worker of the default queue takes the partition up to its job of another queue.
+    served = app.store.acquire(WORKER, ("default",), 50, 30.0, token=8, flow=True)
+    assert [m.id for m in served] == [run[2].id]
+    app.store.flush([outcome(m) for m in served])
+    assert app.store.acquire(WORKER, ("default",), 50, 30.0, token=9, flow=True) == []
+    (elsewhere,) = app.store.acquire(WORKER, ("elsewhere",), 50, 30.0, token=10, flow=True)
+    assert elsewhere.id == other.id
+    app.store.flush([outcome(elsewhere)])
+    assert [m.id for m in take(app)] == [last.id]
 
 
 def test_a_partition_run_stops_at_a_job_that_is_not_ready_or_not_its_own(app: JobQueue, add) -> None:
@@ -236,8 +270,11 @@ def test_a_partition_run_stops_at_a_job_that_is_not_ready_or_not_its_own(app: Jo
 
 
 def test_keys_that_mimic_a_partition_are_refused(app: JobQueue) -> None:
-    with pytest.raises(ConfigurationError, match="must not begin with 'partition:'"):
-        app.task(name="t.bad", concurrency_key="partition:x")(lambda: None)
+    # Also as SQLite's LIKE and MariaDB's default collation see it: regardless of case or accents.
+    for number, key in enumerate(["partition:x", "Partition:x", "PARTITION:", "pártition:x"]):
+        with pytest.raises(ConfigurationError, match="must not begin with 'partition:'"):
+            app.task(name=f"t.bad{number}", concurrency_key=key)(lambda: None)
+    app.task(name="t.fine", concurrency_key="partitions")(lambda: None)
 
 
 def test_partition_keys_the_database_holds_equal_are_one_run(app: JobQueue, add, backend: str) -> None:

@@ -168,10 +168,11 @@ class Dialect(Connector):
         ``partition_keys``, ``other_keys`` and ``share``), or None to read them with one part per key."""
         return None
 
-    def take_over_checkpoints(self) -> None:
+    def take_over_checkpoints(self) -> bool:
         """From now on this process writes the database's journal back (:meth:`checkpoint`) for
         the connections it and its forks open, where the database leaves that to whichever
-        commit comes at the wrong moment (SQLite). Nothing to do elsewhere."""
+        commit comes at the wrong moment (SQLite); False where there is nothing to take over."""
+        return False
 
     def checkpoint(self) -> None:
         """Write the journal back into the database (after :meth:`take_over_checkpoints`)."""

@@ -142,7 +142,7 @@ class FlowAcquirer:
         else:
             # Twice as many found as locked: while another worker's fetch holds the keys served
             # longest ago, this one locks the next ones instead of none (MariaDB's two workers
-            # took turns at the same 64 keys, one of them with a handful).
+            # took turns at the same 64 keys, one of them with a handful). See _lock.
             self.keys = self.keys.limit(2 * KEYS_PER_ACQUIRE)
             # On the primary key, forced: given a list of most of the table's keys, MariaDB chose
             # to scan it and locked every row, so that no other worker's fetch found a key free.
@@ -151,7 +151,6 @@ class FlowAcquirer:
                 sa.select(*locked)
                 .where(f.c.flow_key.in_(sa.bindparam("keys", expanding=True)))
                 .order_by(f.c.flow_key)
-                .limit(KEYS_PER_ACQUIRE)
                 .with_for_update(skip_locked=True, key_share=True)
                 .with_hint(f, hint, dialect_name="mysql")
                 .with_hint(f, hint, dialect_name="mariadb")
@@ -287,9 +286,7 @@ class FlowAcquirer:
         binds = params.binds()
         locked = connection.execute(self.keys, binds).all()
         if locked and self.lock is not None:
-            order = {row.flow_key: number for number, row in enumerate(locked)}
-            held = connection.execute(self.lock, {**binds, "keys": list(order)}).all()
-            locked = sorted(held, key=lambda row: order[row.flow_key])  # served longest ago first
+            locked = self._lock(connection, binds, [row.flow_key for row in locked])
         result = FlowAcquired()
         if locked:
             result.messages = self._take(connection, params, binds, locked, take)
@@ -298,6 +295,22 @@ class FlowAcquirer:
             if due is not None:
                 result.due_in = (due - now).total_seconds()
         return result
+
+    def _lock(self, connection: sa.Connection, binds: dict[str, Any], found: list[str]) -> list[Any]:
+        """Lock up to KEYS_PER_ACQUIRE of the ``found`` keys, those served longest ago first,
+        passing over the keys another worker holds: the first ones found, then as many of the
+        next as were held, and so on."""
+        assert self.lock is not None
+        order = {key: number for number, key in enumerate(found)}
+        locked: list[Any] = []
+        start = 0
+        while start < len(found) and len(locked) < KEYS_PER_ACQUIRE:
+            batch = found[start : start + KEYS_PER_ACQUIRE - len(locked)]
+            start += len(batch)
+            locked += connection.execute(self.lock, {**binds, "keys": batch}).all()
+        # In the order found (a key the database deems equal to one found but spelled otherwise,
+        # re-added meanwhile, goes last).
+        return sorted(locked, key=lambda row: order.get(row.flow_key, len(order)))
 
     def _take(
         self,

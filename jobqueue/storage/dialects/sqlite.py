@@ -58,6 +58,9 @@ def sqlite_value(column: str, value: Any) -> Any:
 # times as long as the transactions it waits for, and two worker processes spent most of their
 # time asleep in it.
 BUSY_PAUSES_SECONDS = (0.0001, 0.002)
+# Where the supervisor writes the journal back (every second), its worker processes' connections
+# do it themselves only past this many pages (SQLite's own default is 1,000).
+SAFETY_NET_CHECKPOINT_PAGES = 10_000
 
 
 def begin_immediate(driver: Any) -> None:
@@ -67,6 +70,7 @@ def begin_immediate(driver: Any) -> None:
     The connection's own busy timeout (for everything else) is off meanwhile."""
     pause, longest = BUSY_PAUSES_SECONDS
     deadline = time.monotonic() + BUSY_TIMEOUT_SECONDS
+    own = driver.execute("PRAGMA busy_timeout").fetchone()[0]
     driver.execute("PRAGMA busy_timeout=0")
     try:
         while True:
@@ -82,7 +86,7 @@ def begin_immediate(driver: Any) -> None:
             time.sleep(pause)
             pause = min(pause * 2, longest)
     finally:
-        driver.execute(f"PRAGMA busy_timeout={int(BUSY_TIMEOUT_SECONDS * 1000)}")
+        driver.execute(f"PRAGMA busy_timeout={int(own)}")
 
 
 class SQLiteDialect(Dialect):
@@ -132,15 +136,17 @@ class SQLiteDialect(Dialect):
         @event.listens_for(engine, "connect")
         def leave_checkpoints(dbapi_connection: Any, _record: Any) -> None:
             if self.checkpoints_elsewhere:
-                dbapi_connection.execute("PRAGMA wal_autocheckpoint=0")
+                dbapi_connection.execute(f"PRAGMA wal_autocheckpoint={SAFETY_NET_CHECKPOINT_PAGES}")
 
-    def take_over_checkpoints(self) -> None:
+    def take_over_checkpoints(self) -> bool:
         # By default the commit that takes the WAL past 1000 pages copies them into the database
         # file and waits for the disk (tens of milliseconds, on the path of one unlucky flush or
         # fetch). Connections opened from now on, here and in processes forked from here, leave
-        # that to checkpoint().
+        # that to checkpoint(), unless the WAL grows ten times as large (checkpoint() has not run:
+        # the supervisor is stuck).
         self.checkpoints_elsewhere = True
         self.engine.dispose()
+        return True
 
     def checkpoint(self) -> None:
         # PASSIVE: copies what no reader still needs, without waiting for or blocking anyone.
