@@ -91,6 +91,12 @@ def in_partition_order(messages: list[Message]) -> list[Message]:
     return sorted(messages, key=lambda m: (turn.get(m.id, 0), place[m.id]))
 
 
+def mariadb_hint(select: Any, table: Any, hint: str) -> Any:
+    """``select`` with an index ``hint`` for ``table`` on MariaDB and MySQL (SQLAlchemy names the
+    dialect either way); the other databases do not see it."""
+    return select.with_hint(table, hint, dialect_name="mysql").with_hint(table, hint, dialect_name="mariadb")
+
+
 def _power_of_two(count: int) -> int:
     """``count`` rounded up to a power of two (0 stays 0)."""
     return 0 if count == 0 else 1 << (count - 1).bit_length()
@@ -146,15 +152,13 @@ class FlowAcquirer:
             self.keys = self.keys.limit(2 * KEYS_PER_ACQUIRE)
             # On the primary key, forced: given a list of most of the table's keys, MariaDB chose
             # to scan it and locked every row, so that no other worker's fetch found a key free.
-            hint = "FORCE INDEX (PRIMARY)"
-            self.lock = (
+            lock = (
                 sa.select(*locked)
                 .where(f.c.flow_key.in_(sa.bindparam("keys", expanding=True)))
                 .order_by(f.c.flow_key)
                 .with_for_update(skip_locked=True, key_share=True)
-                .with_hint(f, hint, dialect_name="mysql")
-                .with_hint(f, hint, dialect_name="mariadb")
             )
+            self.lock = mariadb_hint(lock, f, "FORCE INDEX (PRIMARY)")
         self.running = (
             sa.select(m.c.flow_key, sa.func.count())
             .where(m.c.flow_key.in_(sa.bindparam("keys", expanding=True)), m.c.state == PROCESSING)
@@ -181,8 +185,7 @@ class FlowAcquirer:
         """``select`` reading ``table`` through the message index ``index``, on MariaDB, whose
         optimizer otherwise walked the whole delivery-order index to avoid sorting a few rows (18 s
         a fetch on a million-job backlog). The other databases find these plans themselves."""
-        hint = f"FORCE INDEX (ix_{self.dialect.tables.prefix}message_{index})"
-        return select.with_hint(table, hint, dialect_name="mysql").with_hint(table, hint, dialect_name="mariadb")
+        return mariadb_hint(select, table, f"FORCE INDEX (ix_{self.dialect.tables.prefix}message_{index})")
 
     def _partition_of(self, key: Any) -> Any:
         """The partition key of a partition's flow key (correlated to the flow row two levels up,
@@ -199,9 +202,8 @@ class FlowAcquirer:
         """Whether a partition's oldest active message is ready and of this flow key: one read
         of the partition's first index entry and its row."""
         head = self.dialect.message.alias("head")
-        ready = sa.and_(
-            *[ClauseAdapter(head).traverse(c) for c in [self.dialect.message.c.flow_key == key, *self.head_ready]]
-        )
+        on_head = ClauseAdapter(head).traverse  # the conditions on the message table, read on ``head``
+        ready = sa.and_(*[on_head(c) for c in [self.dialect.message.c.flow_key == key, *self.head_ready]])
         select = (
             sa.select(sa.case((ready, 1), else_=0))
             .where(head.c.partition_key == self._partition_of(key))
