@@ -253,3 +253,7 @@ SCENARIOS["spark"] = _spark
 from benchmarks.flow import flow  # noqa: E402
 
 SCENARIOS["flow"] = flow
+
+from benchmarks.topics import topics  # noqa: E402
+
+SCENARIOS["topics"] = topics

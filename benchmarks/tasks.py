@@ -29,3 +29,10 @@ def sleep(seconds: float) -> int:
 @app.task(name="bench.keyed", concurrency_key=lambda key: f"k{key}")
 def keyed(key: int) -> None:
     return None
+
+
+# Three consumer groups of one topic (the topics scenario); from the earliest message, so that a
+# benchmark can publish before its worker adds them.
+orders = app.topic("bench-orders")
+for _group in ("billing", "email", "analytics"):
+    app.consumer("bench-orders", group=_group, start="earliest")(lambda payload: None)

@@ -21,7 +21,9 @@ from jobqueue.storage import schema_manager
 from jobqueue.storage.engine import create_engine, mask_url, same_database
 from jobqueue.storage.store import Store
 from jobqueue.storage.tables import Tables, build_tables
+from jobqueue.storage.topics import START_LATEST, TopicStore
 from jobqueue.task import Task, build_options
+from jobqueue.topics import Consumer, Topic, check_consumer, make_consumer, parse_groups
 
 if TYPE_CHECKING:
     from jobqueue.frameworks import Framework
@@ -43,6 +45,8 @@ class JobQueue:
     def __init__(self, database_url: str | None = None, **settings: Any) -> None:
         if "queues" in settings:
             settings["queues"] = parse_queues(settings["queues"])
+        if "groups" in settings:
+            settings["groups"] = parse_groups(settings["groups"])
         unknown = sorted(set(settings) - set(setting_names()))
         if unknown:
             raise ConfigurationError(
@@ -52,6 +56,7 @@ class JobQueue:
         self.serializer = get_serializer(self.settings.serializer)
         self.registry: dict[str, Task] = {}
         self.schedules: dict[str, Schedule] = {}
+        self.consumers: dict[tuple[str, str], Consumer] = {}
         self._url_override: str | None = None
         self._store: Store | None = None
         self._tables: Tables | None = None
@@ -144,6 +149,8 @@ class JobQueue:
         """
         if "queues" in changes:
             changes["queues"] = parse_queues(changes["queues"])
+        if "groups" in changes:
+            changes["groups"] = parse_groups(changes["groups"])
         if database_url is not None and database_url != self._url_override:
             self._url_override = database_url
             self.close()
@@ -165,6 +172,10 @@ class JobQueue:
         if self._store is None:
             self._store = Store(create_engine(self.database_url), self.tables)
         return self._store
+
+    @property
+    def topic_store(self) -> TopicStore:
+        return TopicStore(self.store)
 
     @property
     def engine(self) -> sa.Engine:
@@ -254,6 +265,36 @@ class JobQueue:
                 raise ConfigurationError(f"schedule {schedule.name!r} is defined twice; give one of them name=")
             self.schedules[schedule.name] = schedule
             return task
+
+        return register
+
+    # -- topics ------------------------------------------------------------------------------------
+    def topic(self, name: str) -> Topic:
+        """The topic ``name``: ``app.topic("orders").publish({"id": 7}, key="customer-7")``."""
+        return Topic(self, name)
+
+    def consumer(
+        self, topic: str, *, group: str, start: str = START_LATEST, **options: Any
+    ) -> Callable[[Callable[..., Any]], Consumer]:
+        """Register a consumer group's handler: ``@app.consumer("orders", group="billing")``.
+
+        Every group gets every message of the topic, with its own deliveries, retries and dead
+        letters. A new group starts at the messages published once a worker first runs it
+        (``start="latest"``) or at the oldest message the log still holds (``start="earliest"``).
+        Options: retry_strategy, retry_on, ack_policy, timeout, soft_timeout, max_deliveries, bind.
+        """
+
+        check_consumer(topic, group, start, options)
+
+        def register(fn: Callable[..., Any]) -> Consumer:
+            consumer = make_consumer(self, fn, topic, group, start, options)
+            if (consumer.topic, consumer.group) in self.consumers:
+                raise ConfigurationError(
+                    f"group {consumer.group!r} of topic {consumer.topic!r} already has a consumer (one handler a group)"
+                )
+            self.consumers[(consumer.topic, consumer.group)] = consumer
+            self.registry[consumer.task.name] = consumer.task
+            return consumer
 
         return register
 

@@ -39,6 +39,9 @@ class Settings:
     max_payload_bytes: int = _opt(1_048_576, "Largest serialized arguments or result accepted.", worker=False)
     concurrency: int | None = _opt(None, "Worker processes to fork (default: CPU count).")
     queues: tuple[str, ...] | None = _opt(None, "Queues to serve, comma-separated (default: every queue).")
+    groups: tuple[str, ...] | None = _opt(
+        None, "Consumer groups to run, comma-separated, as group or topic:group (default: every group of the app)."
+    )
     fetch_batch_size: int = _opt(500, "Most messages one fetch acquires (adapted down for slow jobs).")
     overfetch_factor: float = _opt(1.0, "Buffer capacity as a multiple of fetch_batch_size.")
     min_fetch_interval: float = _opt(0.0, "Seconds between fetches while fetches come back full.")

@@ -30,6 +30,8 @@ if TYPE_CHECKING:
 TASK_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.:\-<>]{0,254}$")
 PRIORITY_RANGE = (-32768, 32767)
 BULK_BATCH_SIZE = 1000
+# jobqueue's own tasks, and consumer groups' deliveries ("topic:<topic>:<group>").
+RESERVED_PREFIXES = ("jobqueue.", "topic:")
 
 
 @dataclass(frozen=True)
@@ -54,14 +56,15 @@ class TaskOptions:
 OPTION_NAMES = tuple(TaskOptions.__dataclass_fields__)
 
 
-def validate_task_name(name: Any) -> str:
+def validate_task_name(name: Any, reserved_ok: bool = False) -> str:
     if not isinstance(name, str) or not TASK_NAME.match(name):
         raise ConfigurationError(
             f"invalid task name {name!r}: use up to 255 letters, digits, '_', '.', ':' or '-', "
             "starting with a letter or '_'"
         )
-    if name.startswith("jobqueue."):
-        raise ConfigurationError(f"task names starting with 'jobqueue.' are reserved; rename {name!r}")
+    for prefix in RESERVED_PREFIXES:
+        if name.startswith(prefix) and not reserved_ok:
+            raise ConfigurationError(f"task names starting with {prefix!r} are reserved; rename {name!r}")
     return name
 
 
@@ -93,7 +96,7 @@ def default_task_name(fn: Callable[..., Any]) -> str:
     return f"{module}.{fn.__qualname__}"
 
 
-def build_options(fn: Callable[..., Any], options: dict[str, Any]) -> TaskOptions:
+def build_options(fn: Callable[..., Any], options: dict[str, Any], reserved_ok: bool = False) -> TaskOptions:
     """Check decorator options now, so a typo fails at import rather than in production."""
     unknown = sorted(set(options) - set(OPTION_NAMES))
     if unknown:
@@ -105,7 +108,7 @@ def build_options(fn: Callable[..., Any], options: dict[str, Any]) -> TaskOption
             f"unknown task option {', '.join(hints)} on {fn.__qualname__}; known options: {', '.join(OPTION_NAMES)}"
         )
     values = dict(options)
-    values["name"] = validate_task_name(values.get("name") or default_task_name(fn))
+    values["name"] = validate_task_name(values.get("name") or default_task_name(fn), reserved_ok)
     if values.get("queue") is not None:
         validate_queue_name(values["queue"])
     validate_priority(values.get("priority", 0))
@@ -340,17 +343,7 @@ class Task:
     def _payload(self, args: Sequence[Any], kwargs: dict[str, Any], item: int | None = None) -> bytes:
         if not isinstance(args, (tuple, list)):
             raise SerializationError(f"{_item(item)}args must be a tuple or list, got {type(args).__name__}")
-        try:
-            payload = dumps_call(self.app.serializer, args, kwargs)
-        except SerializationError as exc:
-            raise SerializationError(f"{_item(item)}task {self.name}: {exc}") from None
-        limit = self.app.settings.max_payload_bytes
-        if len(payload) > limit:
-            raise SerializationError(
-                f"{_item(item)}task {self.name}: arguments serialize to {len(payload)} bytes, over max_payload_bytes="
-                f"{limit}; store large data elsewhere and pass a reference (or raise max_payload_bytes)"
-            )
-        return payload
+        return stored_call(self.app, f"{_item(item)}task {self.name}", "arguments", args, kwargs)
 
     def _row(
         self, args: Sequence[Any], kwargs: dict[str, Any], options: dict[str, Any], now: datetime, per_call: bool = True
@@ -379,6 +372,23 @@ class Task:
             "created_at": now,
             "next_attempt_at": options["eta"] or now,
         }
+
+
+def stored_call(
+    app: JobQueue, where: str, what: str, args: tuple[Any, ...] | list[Any], kwargs: dict[str, Any]
+) -> bytes:
+    """A call serialized for a row, within ``max_payload_bytes``; errors begin with ``where``."""
+    try:
+        payload = dumps_call(app.serializer, args, kwargs)
+    except SerializationError as exc:
+        raise SerializationError(f"{where}: {exc}") from None
+    limit = app.settings.max_payload_bytes
+    if len(payload) > limit:
+        raise SerializationError(
+            f"{where}: {what} serialize to {len(payload)} bytes, over max_payload_bytes={limit}; store large "
+            "data elsewhere and pass a reference (or raise max_payload_bytes)"
+        )
+    return payload
 
 
 def check_key(label: str, key: Any) -> str:

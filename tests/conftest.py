@@ -51,7 +51,16 @@ def session_db(backend: str, tmp_path_factory: pytest.TempPathFactory) -> Iterat
 def empty_tables(url: str, prefix: str = "jobqueue_") -> None:
     app = JobQueue(url, table_prefix=prefix)
     with app.engine.begin() as conn:
-        for table in (app.tables.archive, app.tables.message, app.tables.worker, app.tables.flow):
+        tables = app.tables
+        for table in (
+            tables.archive,
+            tables.message,
+            tables.worker,
+            tables.flow,
+            tables.topic_message,
+            tables.topic_group,
+            tables.topic,
+        ):
             conn.execute(sa.delete(table))
     app.close()
 

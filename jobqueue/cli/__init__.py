@@ -85,7 +85,7 @@ def bound_cli(app: JobQueue, name: str = "jobqueue") -> click.Group:
 
 
 def _register() -> None:
-    from jobqueue.cli import db, enqueue, jobs, periodic, pipeline, status, worker
+    from jobqueue.cli import db, enqueue, jobs, periodic, pipeline, status, topics, worker
 
     cli.add_command(db.db)
     cli.add_command(jobs.jobs)
@@ -94,6 +94,7 @@ def _register() -> None:
     cli.add_command(enqueue.enqueue)
     cli.add_command(status.status)
     cli.add_command(status.workers)
+    cli.add_command(topics.topics)
     cli.add_command(pipeline.report)
     cli.add_command(pipeline.archive)
 

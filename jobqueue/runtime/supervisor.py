@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 import multiprocess
 from multiprocess import connection as mp_connection
 
-from jobqueue import periodic
+from jobqueue import periodic, topics
 from jobqueue.clock import utcnow
 from jobqueue.errors import ConfigurationError, TimeLimitExceeded
 from jobqueue.job import ErrorInfo
@@ -57,6 +57,8 @@ LOOP_ERROR_PAUSE_SECONDS = 1.0
 # in the order they were served, and a key that went quiet would otherwise stay at the front.
 FLOW_IDLE_SECONDS = 60.0
 FLOW_SWEEP_SECONDS = 60.0
+# How often a supervisor that runs consumer groups trims the topics' logs of finished messages.
+TOPIC_COLLECT_SECONDS = 5.0
 # How often the supervisor writes SQLite's journal back into the database file (its worker
 # processes leave that to it, see Store.take_over_checkpoints).
 CHECKPOINT_SECONDS = 1.0
@@ -89,6 +91,7 @@ class Supervisor:
         self.next_heartbeat = 0.0
         self.next_release = 0.0
         self.next_flow_sweep = 0.0
+        self.next_topic_collect = 0.0
         self.next_checkpoint = 0.0
         self.checkpoints = False  # whether this supervisor writes the database's journal back
         self.next_burst_check = 0.0
@@ -110,6 +113,15 @@ class Supervisor:
             raise ConfigurationError(
                 "no tasks are registered: point the worker at your app with --app module:attribute (or JOBQUEUE_APP)"
             )
+        self.consumers = topics.served_consumers(self.app.consumers.values(), self.settings.groups)
+        if self.settings.queues is not None or self.settings.groups is not None:
+            # Served: the queues asked for (or those of the app's tasks) and the groups' own queues.
+            consumed = {c.queue for c in self.app.consumers.values()}
+            tasks = self.settings.queues or tuple(
+                sorted({task.queue for task in self.app.registry.values() if task.queue not in consumed})
+            )
+            self.app.configure(queues=tuple(dict.fromkeys([*tasks, *(c.queue for c in self.consumers)])))
+            self.settings = self.app.settings
         self.wake_r, self.wake_w = _pipe()
         self.more_r, self.more_w = _pipe()
         self._install_signals()
@@ -150,6 +162,7 @@ class Supervisor:
             self.guard.call(self.store.repair_ids, give_up=lambda: self.signals > 0)
             self.executor = Executor(self.app)
             self.guard.call(self._sync_schedules, give_up=lambda: self.signals > 0)
+            self.guard.call(self._register_groups, give_up=lambda: self.signals > 0)
             self.waker = self.guard.call(
                 lambda: self.store.waker(self.settings.queues, self.settings.idle_poll_interval),
                 give_up=lambda: self.signals > 0,
@@ -182,6 +195,16 @@ class Supervisor:
                 "schedules changed in code but busy being fired: %s; the change applies at the next start",
                 ", ".join(sorted(report.busy)),
             )
+
+    def _register_groups(self) -> None:
+        """Add the consumer groups this worker runs to their topics, those that are new."""
+        added = [
+            f"{c.topic}:{c.group} (from the {c.start})"
+            for c in self.consumers
+            if self.app.topic_store.register(c.topic, c.group, c.start)
+        ]
+        if added:
+            logger.info("consumer groups added: %s", ", ".join(added))
 
     def _install_signals(self) -> None:
         def on_signal(signum: int, frame: Any) -> None:
@@ -517,6 +540,9 @@ class Supervisor:
                 logger.warning("released %s message(s) whose lease expired (a worker died or stalled)", released)
             stale = max(10 * self.settings.release_stuck_timeout, 300.0)
             self.guard.try_once(lambda: self.store.prune_workers(stale))
+            if self.consumers and now >= self.next_topic_collect:
+                self.next_topic_collect = now + TOPIC_COLLECT_SECONDS
+                self.guard.try_once(self.app.topic_store.collect)
             if now >= self.next_flow_sweep:
                 self.next_flow_sweep = now + FLOW_SWEEP_SECONDS
                 self.guard.try_once(lambda: self.store.forget_idle_flow_keys(FLOW_IDLE_SECONDS))

@@ -84,6 +84,16 @@ def _to_4(connection: sa.Connection, tables: Tables) -> list[str]:
     return statements + _add_indexes(connection, tables.message, flow_indexes)
 
 
+def _to_5(connection: sa.Connection, tables: Tables) -> list[str]:
+    dialect = connection.dialect
+    statements = []
+    for table in (tables.topic, tables.topic_group, tables.topic_message):
+        if not sa.inspect(connection).has_table(table.name):
+            statements.append(str(sa.schema.CreateTable(table).compile(dialect=dialect)))
+            statements.extend(str(sa.schema.CreateIndex(index).compile(dialect=dialect)) for index in table.indexes)
+    return statements
+
+
 MIGRATIONS = (
     Migration(
         2,
@@ -97,6 +107,11 @@ MIGRATIONS = (
         "concurrency keys, concurrency limits and rate limits: a flow key and its limits on each job, "
         "a table of flow keys, and indexes that acquire each key's jobs by themselves",
         _to_4,
+    ),
+    Migration(
+        5,
+        "topics with consumer groups: a log of published messages, each topic's groups and their watermarks",
+        _to_5,
     ),
 )
 assert MIGRATIONS[-1].version == SCHEMA_VERSION, "the newest migration must reach SCHEMA_VERSION"

@@ -117,6 +117,18 @@ class Store:
             with conn.begin():
                 yield conn
 
+    @contextmanager
+    def snapshot(self) -> Iterator[sa.Connection]:
+        """A read-only transaction whose statements all see the database as of its first one."""
+        if self.engine.dialect.name == "sqlite":  # a read transaction is one snapshot already
+            with self.reading() as conn:
+                yield conn
+            return
+        with self.schema_errors(), self.engine.connect() as conn:
+            conn = conn.execution_options(isolation_level="REPEATABLE READ", jobqueue_readonly=True)
+            with conn.begin():
+                yield conn
+
     # -- enqueue -----------------------------------------------------------------------------------
     def enqueue(self, rows: list[dict[str, Any]], connection: Any = None) -> list[int]:
         """Insert message rows and return their ids in input order.

@@ -2,8 +2,10 @@
 
 ``message`` holds PENDING, PROCESSING and RETRYABLE rows; ``archive`` COMPLETED, FAILED and CANCELLED
 ones (history and dead-letter queue); ``worker`` one row per live worker process; ``flow`` one row
-per concurrency key (or rate-limited task), where acquisitions of that key take turns; and
-``schema_version`` one row per version installed (by ``jobqueue db init`` or ``db upgrade``).
+per concurrency key (or rate-limited task), where acquisitions of that key take turns;
+``topic``, ``topic_group`` and ``topic_message`` a topic's name, its consumer groups (with each
+group's watermark) and its log of published messages; and ``schema_version`` one row per version
+installed (by ``jobqueue db init`` or ``db upgrade``).
 Timestamps are naive UTC.
 """
 
@@ -18,7 +20,7 @@ from jobqueue.job import READY_STATES
 
 # The version of the layout below. Raising it takes a numbered migration in storage.migrations that
 # brings a database of the version before up to it (and a Django migration that runs it).
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 _MYSQL = ("mysql", "mariadb")
 Id = sa.BigInteger().with_variant(sa.Integer(), "sqlite")  # INTEGER PRIMARY KEY is SQLite's rowid
@@ -65,6 +67,9 @@ class Tables:
     schema_version: sa.Table
     prefix: str
     flow: sa.Table
+    topic: sa.Table
+    topic_group: sa.Table
+    topic_message: sa.Table
 
 
 def _job_columns() -> list[sa.Column[object]]:
@@ -226,4 +231,49 @@ def build_tables(prefix: str = "jobqueue_", metadata: sa.MetaData | None = None)
         mysql_charset="utf8mb4",
     )
     sa.Index(f"ix_{prefix}flow_served", flow.c.served_at)
-    return Tables(md, message, archive, worker, schema_version, prefix, flow)
+    topic, topic_group, topic_message = _topic_tables(prefix, md)
+    return Tables(md, message, archive, worker, schema_version, prefix, flow, topic, topic_group, topic_message)
+
+
+def _topic_tables(prefix: str, md: sa.MetaData) -> tuple[sa.Table, sa.Table, sa.Table]:
+    """Topics (schema 5). A published message is one row of ``topic_message`` (the log, never
+    updated) plus, in the same transaction, one delivery per consumer group: a message row whose
+    task is the group's and whose unique key is the log id, zero-padded so that keys sort as ids.
+
+    Publishers share-lock their topic's row while they read its groups, and a group being added
+    locks it exclusively: a group is added between two publishes, never in the middle of one.
+    """
+    topic = sa.Table(
+        f"{prefix}topic",
+        md,
+        sa.Column("name", sa.String(100), primary_key=True),
+        sa.Column("created_at", Timestamp, nullable=False),
+        sa.Column("groups_changed_at", Timestamp, nullable=False),
+        mysql_charset="utf8mb4",
+    )
+    topic_group = sa.Table(
+        f"{prefix}topic_group",
+        md,
+        sa.Column("topic", sa.String(100), primary_key=True),
+        sa.Column("group_name", sa.String(100), primary_key=True),
+        sa.Column("start", sa.String(10), nullable=False),  # "latest" or "earliest", as first registered
+        # The group's watermark: it has finished every message of the log up to this id. Messages at
+        # or below every group's watermark are deleted from the log.
+        sa.Column("finished_id", sa.BigInteger, nullable=False),
+        sa.Column("created_at", Timestamp, nullable=False),
+        mysql_charset="utf8mb4",
+    )
+    topic_message = sa.Table(
+        f"{prefix}topic_message",
+        md,
+        sa.Column("id", Id, primary_key=True, autoincrement=True),
+        sa.Column("topic", sa.String(100), nullable=False),
+        sa.Column("message_key", sa.String(255)),
+        sa.Column("payload", Blob, nullable=False),
+        sa.Column("headers", Json),
+        sa.Column("published_at", Timestamp, nullable=False),
+        sqlite_autoincrement=True,
+        mysql_charset="utf8mb4",
+    )
+    sa.Index(f"ix_{prefix}topic_message_topic", topic_message.c.topic, topic_message.c.id)
+    return topic, topic_group, topic_message

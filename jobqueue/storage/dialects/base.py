@@ -425,7 +425,18 @@ class Dialect(Connector):
     def insert_flow_rows(self) -> Any:
         """An INSERT of flow rows that leaves existing ones alone."""
         f = self.tables.flow
-        return self.insert_on_conflict(f).on_conflict_do_nothing(index_elements=[f.c.flow_key])
+        return self.insert_ignoring(f, [f.c.flow_key])
+
+    def insert_ignoring(self, table: sa.Table, key: list[Any]) -> Any:
+        """An INSERT into ``table`` that leaves alone a row whose ``key`` (its primary key) exists."""
+        return self.insert_on_conflict(table).on_conflict_do_nothing(index_elements=key)
+
+    def insert_rows(self, connection: sa.Connection, table: sa.Table, rows: list[dict[str, Any]]) -> list[int]:
+        """Insert ``rows`` into a table with an auto-increment ``id``; their ids in input order."""
+        if not connection.dialect.insert_returning:  # MySQL: one statement per row
+            return [int(connection.execute(sa.insert(table).values(row)).lastrowid) for row in rows]
+        stmt = sa.insert(table).returning(table.c.id, sort_by_parameter_order=True)
+        return [int(i) for i in connection.execute(stmt, rows).scalars()]
 
     @staticmethod
     def flow_rows(keys: Iterable[str], now: datetime) -> list[dict[str, Any]]:

@@ -229,8 +229,8 @@ class MySQLDialect(Dialect):
     def acquire_on(self, connection: sa.Connection, params: AcquireParams) -> list[Message]:
         return self._mark(connection, self.acquire_statement(params), params.binds(), params)
 
-    def insert_flow_rows(self) -> Any:
-        return sa.insert(self.tables.flow).prefix_with("IGNORE")
+    def insert_ignoring(self, table: sa.Table, key: list[Any]) -> Any:
+        return sa.insert(table).prefix_with("IGNORE")
 
     def take(self, connection: sa.Connection, ids: list[int], params: AcquireParams) -> list[Message]:
         m = self.message

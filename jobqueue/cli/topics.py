@@ -1,0 +1,48 @@
+"""``jobqueue topics``: each topic's consumer groups, how far behind they are, and their dead letters."""
+
+from __future__ import annotations
+
+import click
+
+from jobqueue.cli.output import echo_json, table
+from jobqueue.cli.state import CliState
+
+COLUMNS = ["topic", "group", "lag", "in_flight", "retrying", "dead_letters", "oldest_unfinished_seconds", "kept"]
+
+
+@click.group(invoke_without_command=True)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.pass_context
+def topics(ctx: click.Context, as_json: bool) -> None:
+    """Per topic and consumer group: lag (messages not finished yet), in flight, retrying, dead
+    letters, the oldest unfinished message's age, and how many messages the topic's log keeps.
+
+    A group's dead letters are jobs of its queue (topic:<topic>:<group>) in the archive: list them
+    with `jobqueue jobs list --state failed --queue topic:<topic>:<group>` and retry them with
+    `jobqueue jobs retry`.
+    """
+    if ctx.invoked_subcommand is not None:
+        return
+    state: CliState = ctx.obj
+    rows = state.app.topic_store.stats()
+    if as_json:
+        echo_json(rows)
+        return
+    click.echo(table(rows, COLUMNS, empty="no topics"))
+
+
+@topics.command("drop-group")
+@click.argument("topic")
+@click.argument("group")
+@click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
+@click.pass_obj
+def drop_group(state: CliState, topic: str, group: str, yes: bool) -> None:
+    """Remove GROUP from TOPIC: it gets no more messages, its waiting deliveries are deleted, and
+    the log no longer keeps messages for it. A worker that still runs the group adds it again
+    (from the latest message) when it starts."""
+    if not yes:
+        click.confirm(f"drop group {group!r} of topic {topic!r} and delete its waiting deliveries?", abort=True)
+    deleted = state.app.topic_store.drop(topic, group)
+    if deleted < 0:
+        raise click.ClickException(f"topic {topic!r} has no group {group!r}; `jobqueue topics` lists them")
+    click.echo(f"dropped group {group!r} of topic {topic!r}; {deleted} waiting deliveries deleted")

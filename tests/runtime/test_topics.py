@@ -1,0 +1,163 @@
+"""Consumer groups under chaos: real supervisors, real SIGKILLs, real databases."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+
+from jobqueue import JobQueue
+from tests.apps import topics as tp
+from tests.runtime.harness import REPORTS, Worker, start, wait_for
+from tests.runtime.test_flow import kill_children_until
+
+ROOT = Path(__file__).resolve().parents[2]
+APP = "tests.apps.topics:app"
+GOOD = ("billing", "email", "analytics")
+KEYS = 100
+PER_KEY = 100
+
+
+@pytest.fixture
+def app(db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[JobQueue]:
+    tp.app.configure(database_url=db_url)
+    monkeypatch.setenv("JOBQUEUE_TEST_RUNS", str(tmp_path / "runs.txt"))
+    yield tp.app
+    tp.app.close()
+
+
+def events(path: Path) -> list[tuple[str, str, str, int, int, int]]:
+    """(event, group, key, seq, pid, monotonic ns) as the handlers recorded them."""
+    if not path.exists():
+        return []
+    out = []
+    for line in path.read_text().splitlines():
+        event, group, key, seq, pid, at = line.split()
+        out.append((event, group, key, int(seq), int(pid), int(at)))
+    return out
+
+
+def topics_json() -> list[dict]:
+    result = subprocess.run(
+        [sys.executable, "-m", "jobqueue", "--app", APP, "topics", "--json"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    entries: list[dict] = json.loads(result.stdout)
+    return entries
+
+
+def log_size(app: JobQueue) -> int:
+    with app.engine.connect() as conn:
+        return int(conn.execute(sa.select(sa.func.count()).select_from(app.tables.topic_message)).scalar_one())
+
+
+def test_every_group_gets_every_message_in_key_order_under_sigkills(
+    app: JobQueue, backend: str, tmp_path: Path, workers: list[Worker]
+) -> None:
+    """10,000 messages over 100 keys, three groups and one that always fails, two supervisors of
+    two processes, children SIGKILLed at random: every good group ran every message, each key's in
+    publish order; the failing group dead-lettered every message; the log ends empty."""
+    log = tmp_path / "runs.txt"
+    args = ("--concurrency", "2", "--release-stuck-timeout", "2", "--release-stuck-interval", "0.5")
+    groups = ("--groups", ",".join((*GOOD, "broken")))
+    supervisors = [start(workers, tmp_path, *args, *groups, name=f"sup{n}", app=APP) for n in range(2)]
+    wait_for(lambda: len(topics_json()) == 4, 60, "the four groups to be added")
+    began = time.monotonic()
+    tp.orders.publish_many(
+        [{"key": f"k{k}", "seq": seq} for seq in range(PER_KEY) for k in range(KEYS)], key=lambda p: p["key"]
+    )
+    total = KEYS * PER_KEY
+
+    def ended() -> int:
+        return sum(1 for e in events(log) if e[0] == "end")
+
+    killed = kill_children_until(supervisors, lambda: ended() >= 3 * total * 0.9)
+    wait_for(lambda: all(entry["lag"] == 0 for entry in topics_json()), 300, "every group to finish")
+    elapsed = time.monotonic() - began
+
+    runs = events(log)
+    for group in GOOD:
+        by_key: dict[str, list[int]] = {}
+        for event, g, key, seq, _, _ in runs:
+            if event == "end" and g == group:
+                seqs = by_key.setdefault(key, [])
+                if not seqs or seqs[-1] != seq:  # a run whose ack a SIGKILL lost runs again, next
+                    seqs.append(seq)
+        assert len(by_key) == KEYS, f"{group} saw {len(by_key)} keys"
+        for key, seqs in by_key.items():
+            assert seqs == list(range(PER_KEY)), f"{group}/{key} ran out of order or missed some: {seqs[:20]}"
+    failed = {(key, seq) for event, g, key, seq, _, _ in runs if event == "fail"}
+    assert len(failed) == total
+    stats = {entry["group"]: entry for entry in topics_json()}
+    assert stats["broken"]["dead_letters"] == total
+    assert all(stats[g]["dead_letters"] == 0 for g in GOOD)
+    wait_for(lambda: log_size(app) == 0, 60, "the log to be emptied once every group is past it")
+    for supervisor in supervisors:
+        supervisor.signal(signal.SIGTERM)
+        assert supervisor.wait(30) == 0, supervisor.text()[-3000:]
+    reruns = sum(1 for e in runs if e[0] == "end" and e[1] in GOOD) - 3 * total
+    REPORTS.append(
+        f"topics [{backend}]: {total} messages over {KEYS} keys to 3 groups and a failing one in "
+        f"{elapsed:.1f} s, {len(killed)} children SIGKILLed, {reruns} runs again, key order kept"
+    )
+
+
+def test_a_stopped_group_keeps_its_messages_and_the_log_shrinks_once_it_catches_up(
+    app: JobQueue, tmp_path: Path, workers: list[Worker]
+) -> None:
+    args = ("--concurrency", "1", "--burst")
+    # "late" is added (from the latest message) by a worker that runs it, then stopped.
+    first = start(workers, tmp_path, *args, "--groups", "late,billing", name="first", app=APP)
+    assert first.wait(60) == 0, first.text()[-3000:]
+    tp.orders.publish_many([{"key": "k", "seq": n} for n in range(200)], key=lambda p: p["key"])
+    billing = start(workers, tmp_path, *args, "--groups", "billing", name="billing", app=APP)
+    assert billing.wait(120) == 0, billing.text()[-3000:]
+    app.topic_store.collect()
+    stats = {entry["group"]: entry for entry in topics_json()}
+    assert stats["billing"]["lag"] == 0 and stats["late"]["lag"] == 200
+    assert log_size(app) == 200, "the log let go of messages the stopped group has not processed"
+    late = start(workers, tmp_path, *args, "--groups", "late", name="late", app=APP)
+    assert late.wait(120) == 0, late.text()[-3000:]
+    wait_for(lambda: app.topic_store.collect() >= 0 and log_size(app) == 0, 30, "the log to shrink")
+    seqs = [seq for event, group, _, seq, _, _ in events(tmp_path / "runs.txt") if group == "late"]
+    assert seqs == list(range(200))
+
+
+def cli(*args: str) -> str:
+    result = subprocess.run(
+        [sys.executable, "-m", "jobqueue", "--app", APP, *args], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, f"{args}: {result.stdout}\n{result.stderr}"
+    return result.stdout
+
+
+def test_dead_letters_of_a_group_are_retried_and_a_group_dropped_from_the_command_line(
+    app: JobQueue, tmp_path: Path
+) -> None:
+    cli("worker", "--burst", "--concurrency", "1", "--groups", "broken,billing")
+    tp.orders.publish_many([{"key": "k", "seq": n} for n in range(3)], key="k")
+    cli("worker", "--burst", "--concurrency", "1", "--groups", "broken,billing")
+    stats = {entry["group"]: entry for entry in json.loads(cli("topics", "--json"))}
+    assert stats["broken"]["dead_letters"] == 3 and stats["billing"]["lag"] == 0
+    dead = json.loads(cli("jobs", "list", "--state", "failed", "--queue", "topic:orders:broken", "--json"))
+    assert len(dead) == 3 and {row["error_type"] for row in dead} == {"RuntimeError"}
+    cli("jobs", "retry", str(dead[0]["id"]))
+    stats = {entry["group"]: entry for entry in json.loads(cli("topics", "--json"))}
+    assert stats["broken"]["lag"] == 1 and stats["broken"]["dead_letters"] == 2
+    table = cli("topics")
+    assert "broken" in table and "billing" in table
+    assert "1 waiting deliveries deleted" in cli("topics", "drop-group", "orders", "broken", "--yes")
+    assert "broken" not in {entry["group"] for entry in json.loads(cli("topics", "--json"))}
+    app.topic_store.collect()
+    assert log_size(app) == 0

@@ -1,0 +1,231 @@
+"""Topics on each database: publishing, consumer groups, their start, the log's garbage collection."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+
+from jobqueue import JobQueue
+from jobqueue.clock import utcnow
+from jobqueue.errors import ConfigurationError, SerializationError
+from jobqueue.serialization import loads_call
+from jobqueue.storage import jobs
+from jobqueue.storage.topics import delivery_task
+from jobqueue.topics import served_consumers
+from tests.conftest import only
+
+
+def consumers(app: JobQueue, *groups: str, start: str = "latest") -> None:
+    for group in groups:
+        app.consumer("orders", group=group, start=start)(lambda payload: None)
+
+
+def register(app: JobQueue) -> None:
+    for consumer in app.consumers.values():
+        app.topic_store.register(consumer.topic, consumer.group, consumer.start)
+
+
+def deliveries(app: JobQueue, group: str) -> list[dict[str, Any]]:
+    m = app.tables.message
+    with app.engine.connect() as conn:
+        rows = conn.execute(
+            sa.select(m.c.id, m.c.unique_key, m.c.partition_key, m.c.payload, m.c.headers, m.c.queue)
+            .where(m.c.task_name == delivery_task("orders", group))
+            .order_by(m.c.id)
+        ).mappings()
+        return [dict(row) for row in rows]
+
+
+def log_size(app: JobQueue) -> int:
+    t = app.tables.topic_message
+    with app.engine.connect() as conn:
+        return int(conn.execute(sa.select(sa.func.count()).select_from(t)).scalar_one())
+
+
+def finish(app: JobQueue, group: str) -> None:
+    """Finish a group's deliveries as an outcome would (here: cancelled, archived)."""
+    for row in deliveries(app, group):
+        assert jobs.cancel(app.store, row["id"])
+
+
+def payloads(app: JobQueue, group: str) -> list[Any]:
+    return [loads_call(app.serializer, row["payload"])[0][0] for row in deliveries(app, group)]
+
+
+def test_every_group_gets_every_message_with_its_key_and_headers(app: JobQueue) -> None:
+    consumers(app, "billing", "email")
+    register(app)
+    orders = app.topic("orders")
+    first = orders.publish({"id": 1}, key="customer-7", headers={"trace": "abc"})
+    rest = orders.publish_many([{"id": i} for i in range(2, 6)], key=lambda p: f"customer-{p['id'] % 2}")
+    assert rest == sorted(rest) and first < rest[0]
+    for group in ("billing", "email"):
+        rows = deliveries(app, group)
+        assert [p["id"] for p in payloads(app, group)] == [1, 2, 3, 4, 5]
+        assert [int(r["unique_key"]) for r in rows] == [first, *rest]
+        assert rows[0]["headers"] == {"trace": "abc"} and rows[0]["queue"] == f"topic:orders:{group}"
+        # Keys are ordered within the group only: the partitions of two groups differ.
+        assert rows[0]["partition_key"] == f"orders:{group}:customer-7"
+    assert log_size(app) == 5
+
+
+def test_a_topic_without_groups_keeps_its_messages_for_the_first(app: JobQueue) -> None:
+    ids = app.topic("orders").publish_many(range(3))
+    assert len(ids) == 3 and log_size(app) == 3
+    assert app.topic_store.collect() == 0 and log_size(app) == 3
+
+
+def test_publishing_in_a_rolled_back_transaction_reaches_no_group(app: JobQueue) -> None:
+    consumers(app, "billing")
+    register(app)
+    with app.engine.connect() as conn:
+        with conn.begin() as transaction:
+            app.topic("orders").publish({"id": 1}, connection=conn)
+            app.topic("orders").publish_many([{"id": 2}], connection=conn)
+            transaction.rollback()
+    assert deliveries(app, "billing") == [] and log_size(app) == 0
+    with app.engine.connect() as conn:
+        with conn.begin():
+            app.topic("orders").publish({"id": 3}, connection=conn)
+    assert payloads(app, "billing") == [{"id": 3}]
+
+
+def test_a_latest_group_sees_only_later_messages_an_earliest_one_all_that_remain(app: JobQueue) -> None:
+    consumers(app, "old")
+    register(app)
+    orders = app.topic("orders")
+    orders.publish_many([{"n": n} for n in range(1000)])
+    finish(app, "old")
+    app.topic_store.collect()
+    assert log_size(app) == 0  # every group past them: gone
+    orders.publish_many([{"n": n} for n in range(1000, 1010)])
+    consumers(app, "latest")
+    consumers(app, "earliest", start="earliest")
+    register(app)
+    orders.publish({"n": 1010})
+    assert [p["n"] for p in payloads(app, "latest")] == [1010]
+    assert [p["n"] for p in payloads(app, "earliest")] == list(range(1000, 1011))
+    # Registering again (another worker starting) changes nothing.
+    assert not app.topic_store.register("orders", "earliest", "earliest")
+    assert len(deliveries(app, "earliest")) == 11
+
+
+def test_the_log_is_trimmed_once_every_group_is_past_a_message(app: JobQueue) -> None:
+    consumers(app, "fast", "stopped")
+    register(app)
+    app.topic("orders").publish_many([{"n": n} for n in range(50)], key=lambda p: str(p["n"] % 5))
+    finish(app, "fast")
+    assert app.topic_store.collect() == 0 and log_size(app) == 50  # "stopped" has not processed them
+    # The stopped group catches up with its oldest ten: the log lets those go.
+    for row in deliveries(app, "stopped")[:10]:
+        jobs.cancel(app.store, row["id"])
+    assert app.topic_store.collect() == 10 and log_size(app) == 40
+    finish(app, "stopped")
+    assert app.topic_store.collect() == 40 and log_size(app) == 0
+    stats = {entry["group"]: entry for entry in app.topic_store.stats()}
+    assert stats["fast"]["watermark"] == stats["stopped"]["watermark"] > 0
+
+
+def test_a_group_stays_behind_a_message_it_has_not_finished(app: JobQueue) -> None:
+    """The watermark stops at the oldest unfinished message, even when later ones are done."""
+    consumers(app, "billing")
+    register(app)
+    app.topic("orders").publish_many([{"n": n} for n in range(10)])
+    rows = deliveries(app, "billing")
+    for row in rows[1:]:
+        jobs.cancel(app.store, row["id"])
+    assert app.topic_store.collect() == 0 and log_size(app) == 10
+    jobs.cancel(app.store, rows[0]["id"])
+    assert app.topic_store.collect() == 10
+
+
+def test_stats_show_lag_and_what_the_log_keeps(app: JobQueue) -> None:
+    consumers(app, "billing", "email")
+    register(app)
+    app.topic("orders").publish_many([{"n": n} for n in range(4)])
+    finish(app, "email")
+    stats = {entry["group"]: entry for entry in app.topic_store.stats()}
+    assert stats["billing"]["lag"] == 4 and stats["billing"]["oldest_unfinished_seconds"] is not None
+    assert stats["email"]["lag"] == 0 and stats["email"]["kept"] == 4
+
+
+def test_dropping_a_group_frees_the_log(app: JobQueue) -> None:
+    consumers(app, "billing", "gone")
+    register(app)
+    app.topic("orders").publish_many(range(5))
+    finish(app, "billing")
+    assert app.topic_store.drop("orders", "gone") == 5
+    assert app.topic_store.drop("orders", "gone") == -1
+    app.topic_store.collect()
+    assert log_size(app) == 0
+
+
+def test_bad_input_is_refused_and_writes_nothing(app: JobQueue) -> None:
+    consumers(app, "billing")
+    register(app)
+    orders = app.topic("orders")
+    with pytest.raises(SerializationError, match="message 1: topic orders"):
+        orders.publish_many([{"ok": 1}, {"bad": object()}])
+    with pytest.raises(ConfigurationError, match="key must be a string"):
+        orders.publish({"n": 1}, key="")
+    with pytest.raises(SerializationError, match="max_payload_bytes"):
+        orders.publish("x" * (app.settings.max_payload_bytes + 1))
+    assert log_size(app) == 0 and deliveries(app, "billing") == []
+    for bad in ("", "a b", "x" * 41, "-x"):
+        with pytest.raises(ConfigurationError, match="topic name"):
+            app.topic(bad)
+    with pytest.raises(ConfigurationError, match="start must be"):
+        app.consumer("orders", group="x", start="oldest")
+    with pytest.raises(ConfigurationError, match="does not take queue"):
+        app.consumer("orders", group="x", queue="q")(lambda p: None)
+    with pytest.raises(ConfigurationError, match="already has a consumer"):
+        consumers(app, "billing")
+    with pytest.raises(ConfigurationError, match="reserved"):
+        app.task(name="topic:orders:billing")(lambda: None)
+    with pytest.raises(ConfigurationError, match="no consumer for"):
+        served_consumers(app.consumers.values(), ("nobody",))
+    assert [c.group for c in served_consumers(app.consumers.values(), ("orders:billing",))] == ["billing"]
+
+
+@only("postgresql", "mysql")
+def test_a_group_added_while_a_publish_is_open_gets_that_message(app: JobQueue) -> None:
+    """A group being added waits for publishes in progress, and they never miss it."""
+    consumers(app, "billing")
+    register(app)
+    added: list[bool] = []
+    with app.engine.connect() as conn:
+        with conn.begin():
+            app.topic("orders").publish({"n": 1}, connection=conn)
+            thread = threading.Thread(
+                target=lambda: added.append(app.topic_store.register("orders", "new", "earliest"))
+            )
+            thread.start()
+            time.sleep(0.5)
+            assert not added, "the group was added while a publish was open"
+        thread.join(30)
+    assert added == [True]
+    assert [p["n"] for p in payloads(app, "new")] == [1]
+    # And a publish that begins while a group is being added waits for it, then delivers to it.
+    with app.engine.connect() as conn:
+        with conn.begin():
+            app.topic_store._groups_locked(conn, "orders", utcnow(), exclusive=True)
+            thread = threading.Thread(target=lambda: app.topic("orders").publish({"n": 2}))
+            thread.start()
+            time.sleep(0.5)
+            assert thread.is_alive(), "a publish went on while a group was being added"
+            conn.execute(
+                sa.insert(app.tables.topic_group),
+                {
+                    "topic": "orders",
+                    "group_name": "newer",
+                    "start": "latest",
+                    "finished_id": 0,
+                    "created_at": utcnow(),
+                },
+            )
+        thread.join(30)
+    assert [p["n"] for p in payloads(app, "newer")] == [2]
