@@ -151,15 +151,25 @@ class TopicStore:
         )
 
     def _deliver(
-        self, conn: sa.Connection, topic: str, groups: Sequence[str], logged: Sequence[Any], now: datetime
+        self,
+        conn: sa.Connection,
+        topic: str,
+        groups: Sequence[str],
+        logged: Sequence[Any],
+        now: datetime,
+        fresh: bool = True,
     ) -> None:
+        """Insert the deliveries of ``logged`` to ``groups``. Not ``fresh`` (a new group's catch-up),
+        a delivery already there is skipped."""
         rows = _delivery_rows(topic, groups, logged, now)
         flow_keys = {row["flow_key"] for row in rows if row["flow_key"] is not None}
         if flow_keys:
             self.dialect.hold_flow_keys(conn, flow_keys, now)
-        # Keyed rows, so an earliest group's catch-up may meet a delivery already there: skipped.
         for start in range(0, len(rows), 1000):
-            self.dialect.insert_new(conn, rows[start : start + 1000])
+            if fresh:  # new log ids: nothing to skip, and no ids to read back
+                conn.execute(sa.insert(self.tables.message), rows[start : start + 1000])
+            else:
+                self.dialect.insert_new(conn, rows[start : start + 1000])
 
     # -- groups ----------------------------------------------------------------------------------------
     def register(self, topic: str, group: str, start: str) -> bool:
@@ -203,7 +213,7 @@ class TopicStore:
             ).all()
             if not page:
                 return
-            self._deliver(conn, topic, [group], page, now)
+            self._deliver(conn, topic, [group], page, now, fresh=False)
             after = page[-1].id
 
     def drop(self, topic: str, group: str) -> int:
