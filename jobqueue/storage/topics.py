@@ -124,7 +124,7 @@ class TopicStore:
                 {"topic": topic, "message_key": m.key, "payload": m.payload, "headers": m.headers, "published_at": now}
                 for m in messages
             ]
-            ids = self.dialect.insert_rows(conn, t, rows)
+            ids = [i for page in self.dialect.row_pages(conn, rows) for i in self.dialect.insert_rows(conn, t, page)]
             if groups:
                 logged = [_Logged(i, m.key, m.payload, m.headers, now) for i, m in zip(ids, messages, strict=True)]
                 self._deliver(conn, topic, groups, logged, now)
@@ -165,11 +165,11 @@ class TopicStore:
         flow_keys = {row["flow_key"] for row in rows if row["flow_key"] is not None}
         if flow_keys:
             self.dialect.hold_flow_keys(conn, flow_keys, now)
-        for start in range(0, len(rows), 1000):
+        for page in self.dialect.row_pages(conn, rows):
             if fresh:  # new log ids: nothing to skip, and no ids to read back
-                conn.execute(sa.insert(self.tables.message), rows[start : start + 1000])
+                conn.execute(sa.insert(self.tables.message), page)
             else:
-                self.dialect.insert_new(conn, rows[start : start + 1000])
+                self.dialect.insert_new(conn, page)
 
     # -- groups ----------------------------------------------------------------------------------------
     def register(self, topic: str, group: str, start: str) -> bool:

@@ -229,3 +229,13 @@ def test_a_group_added_while_a_publish_is_open_gets_that_message(app: JobQueue) 
             )
         thread.join(30)
     assert [p["n"] for p in payloads(app, "newer")] == [2]
+
+
+def test_big_payloads_are_published_in_statements_the_server_accepts(app: JobQueue) -> None:
+    """Twenty payloads of 900 KB to two groups: 54 MB of rows, over MariaDB's 16 MB packet."""
+    consumers(app, "billing", "email")
+    register(app)
+    big = "x" * 900_000
+    ids = app.topic("orders").publish_many([{"n": n, "blob": big} for n in range(20)])
+    assert len(ids) == 20 and log_size(app) == 20
+    assert [p["n"] for p in payloads(app, "email")] == list(range(20))

@@ -12,7 +12,7 @@ serves every later call.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -430,6 +430,11 @@ class Dialect(Connector):
     def insert_ignoring(self, table: sa.Table, key: list[Any]) -> Any:
         """An INSERT into ``table`` that leaves alone a row whose ``key`` (its primary key) exists."""
         return self.insert_on_conflict(table).on_conflict_do_nothing(index_elements=key)
+
+    def row_pages(self, connection: sa.Connection, rows: list[dict[str, Any]], most: int = 1000) -> Iterator[list[Any]]:
+        """``rows`` (with a ``payload``) in pages of at most ``most``, each one statement's worth."""
+        for start in range(0, len(rows), most):
+            yield rows[start : start + most]
 
     def insert_rows(self, connection: sa.Connection, table: sa.Table, rows: list[dict[str, Any]]) -> list[int]:
         """Insert ``rows`` into a table with an auto-increment ``id``; their ids in input order."""

@@ -138,6 +138,11 @@ class MySQLDialect(Dialect):
 
     _max_packet: int | None = None
 
+    def row_pages(self, connection: sa.Connection, rows: list[dict[str, Any]], most: int = 1000) -> Iterator[list[Any]]:
+        for packet in self._packets(connection, rows, lambda row: len(row["payload"])):
+            for start in range(0, len(packet), most):
+                yield packet[start : start + most]
+
     def _packets(self, connection: sa.Connection, items: list[T], size: Callable[[T], int]) -> Iterator[list[T]]:
         """``items`` in runs whose statements stay well under the server's max_allowed_packet."""
         if not items:
