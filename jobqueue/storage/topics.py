@@ -24,7 +24,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from jobqueue.clock import utcnow
-from jobqueue.flow import partition_flow
+from jobqueue.flow import NO_FLOW, partition_flow
 from jobqueue.job import MessageState
 from jobqueue.storage.dialects.common import READY_LITERALS
 from jobqueue.storage.store import Store
@@ -82,7 +82,7 @@ def _delivery_rows(topic: str, groups: Sequence[str], logged: Iterable[Any], now
                     "headers": entry.headers,
                     "unique_key": delivery_key(entry.id),
                     "partition_key": partition,
-                    **(partition_flow(partition) if partition is not None else _NO_FLOW),
+                    **(partition_flow(partition) if partition is not None else NO_FLOW),
                     "options": None,
                     "attempts_count": 0,
                     "deliveries_count": 0,
@@ -91,9 +91,6 @@ def _delivery_rows(topic: str, groups: Sequence[str], logged: Iterable[Any], now
                 }
             )
     return rows
-
-
-_NO_FLOW: dict[str, Any] = {"flow_key": None, "concurrency_limit": None, "rate_interval_us": None}
 
 
 @dataclass(frozen=True)
@@ -265,7 +262,8 @@ class TopicStore:
                     sa.select(t.c.id).where(t.c.topic == topic, t.c.id <= horizon).order_by(t.c.id).limit(COLLECT_MOST)
                 ).scalars()
             )
-        moved = {group: mark for group, mark in marks.items() if mark != dict(groups)[group]}
+        stored = dict(groups)
+        moved = {group: mark for group, mark in marks.items() if mark != stored[group]}
         if not ids and not moved:
             return 0
         with self.store.writing() as conn:
