@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -157,6 +157,8 @@ class Outcome:
     checkpoint: bytes | None = None
     retain: bool = True
     duration_seconds: float | None = None  # how long the handler ran, for the log line
+    # The exception behind ``error``, for signal receivers and the log in this process; never stored.
+    exception: BaseException | None = field(default=None, repr=False, compare=False)
 
 
 @dataclass

@@ -37,6 +37,12 @@ class Settings:
     serializer: str = _opt("json", "Payload serializer: json (safe default) or pickle (unsafe opt-in).", worker=False)
     default_queue: str = _opt("default", "Queue of tasks that do not name one.", worker=False)
     max_payload_bytes: int = _opt(1_048_576, "Largest serialized arguments or result accepted.", worker=False)
+    configure_logging: bool | None = _opt(
+        None,
+        "Whether the jobqueue command sets up logging (stderr, text or --log-json); "
+        "default yes, except under Django, whose LOGGING is kept.",
+        worker=False,
+    )
     concurrency: int | None = _opt(None, "Worker processes to fork (default: CPU count).")
     queues: tuple[str, ...] | None = _opt(None, "Queues to serve, comma-separated (default: every queue).")
     groups: tuple[str, ...] | None = _opt(
@@ -58,6 +64,8 @@ class Settings:
     graceful_timeout: float = _opt(30.0, "Seconds running jobs get to finish after SIGTERM.")
     max_tasks_per_child: int | None = _opt(None, "Replace a worker process after this many jobs.")
     max_memory_per_child: int | None = _opt(None, "Replace a worker process whose RSS passes this many KiB.")
+    metrics_port: int | None = _opt(None, "Serve Prometheus metrics of this supervisor's processes on this port.")
+    metrics_host: str = _opt("0.0.0.0", "Address the metrics are served on (with --metrics-port).")
     retain_in_archive_on_ack: bool = _opt(True, "Keep COMPLETED jobs in the archive table.")
     retain_in_archive_on_reject: bool = _opt(True, "Keep FAILED jobs in the archive table (dead letters).")
 
@@ -105,6 +113,10 @@ class Settings:
             raise ConfigurationError("min_fetch_interval must not exceed max_fetch_interval")
         if self.overfetch_factor < 1:
             raise ConfigurationError(f"overfetch_factor must be >= 1, got {self.overfetch_factor!r}")
+        if self.metrics_port is not None and (
+            not isinstance(self.metrics_port, int) or not 0 < self.metrics_port < 65536
+        ):
+            raise ConfigurationError(f"metrics_port must be a TCP port (1-65535) or None, got {self.metrics_port!r}")
         for name in ("concurrency", "max_tasks_per_child", "max_memory_per_child"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < 1):
@@ -126,6 +138,12 @@ class Settings:
     def heartbeat_interval(self) -> float:
         """Seconds between lease renewals: a third of the lease, so two may be missed safely."""
         return self.release_stuck_timeout / 3
+
+    @property
+    def worker_stale_after(self) -> float:
+        """Seconds without a heartbeat after which a worker process is reported stale: the lease,
+        so three heartbeats in a row were missed and the leases it held have expired."""
+        return self.release_stuck_timeout
 
     @property
     def effective_concurrency(self) -> int:

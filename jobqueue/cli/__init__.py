@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from jobqueue.cli.state import CliState, Group, setup_logging
+from jobqueue.cli.state import CliState, Group
 
 if TYPE_CHECKING:
     from jobqueue.app import JobQueue
@@ -14,6 +14,7 @@ if TYPE_CHECKING:
 
 @click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.option(
+    "-A",
     "--app",
     "app_spec",
     metavar="MODULE:ATTR",
@@ -27,14 +28,17 @@ if TYPE_CHECKING:
 )
 @click.option("--log-json", is_flag=True, help="Log one JSON object per line.")
 @click.option(
+    "-l",
     "--log-level",
-    default="INFO",
-    show_default=True,
+    default=None,
     type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
+    help="Least level logged [default: INFO]. A job's final failure is logged at ERROR, a retry at WARNING.",
 )
 @click.version_option(package_name="jobqueue")
 @click.pass_context
-def cli(ctx: click.Context, app_spec: str | None, database_url: str | None, log_json: bool, log_level: str) -> None:
+def cli(
+    ctx: click.Context, app_spec: str | None, database_url: str | None, log_json: bool, log_level: str | None
+) -> None:
     """jobqueue: a job queue in the SQL database you already have."""
     _start(ctx, app_spec, database_url, log_json, log_level)
 
@@ -44,7 +48,7 @@ def _start(
     app_spec: str | None,
     database_url: str | None,
     log_json: bool,
-    log_level: str,
+    log_level: str | None,
     app: JobQueue | None = None,
 ) -> None:
     state = ctx.ensure_object(CliState)
@@ -53,7 +57,6 @@ def _start(
     state.log_json, state.log_level = log_json, log_level
     if app is not None:
         state.use(app)
-    setup_logging(state)
 
 
 def main() -> None:
@@ -68,7 +71,7 @@ def bound_cli(app: JobQueue, name: str = "jobqueue") -> click.Group:
 
     @click.pass_context
     def bound(
-        ctx: click.Context, app_spec: str | None, database_url: str | None, log_json: bool, log_level: str
+        ctx: click.Context, app_spec: str | None, database_url: str | None, log_json: bool, log_level: str | None
     ) -> None:
         if app_spec:
             raise click.UsageError(f"--app does not apply here: the app is {app!r}")
@@ -94,6 +97,7 @@ def _register() -> None:
     cli.add_command(enqueue.enqueue)
     cli.add_command(status.status)
     cli.add_command(status.workers)
+    cli.add_command(status.health)
     cli.add_command(topics.topics)
     cli.add_command(pipeline.report)
     cli.add_command(pipeline.archive)

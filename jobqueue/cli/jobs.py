@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import json
+import sys
 from typing import Any
 
 import click
 
-from jobqueue.cli.output import echo_json, progress_bar, table
+from jobqueue.cli.output import echo_json, print_table, progress_bar, timestamp
 from jobqueue.cli.state import CliState, Group
 from jobqueue.clock import utcnow
 from jobqueue.duration import parse_age
@@ -45,23 +46,21 @@ def list_(
     if as_json:
         echo_json(rows)
     else:
-        click.echo(
-            table(
-                rows,
-                [
-                    "id",
-                    "task_name",
-                    "queue",
-                    "state",
-                    "attempts_count",
-                    "created_at",
-                    "when",
-                    "error_type",
-                    "error",
-                    "waiting",
-                ],
-                empty="no jobs match",
-            )
+        print_table(
+            rows,
+            [
+                "id",
+                "task_name",
+                "queue",
+                "state",
+                "attempts_count",
+                "created_at",
+                "when",
+                "error_type",
+                "error",
+                "waiting",
+            ],
+            empty="no jobs match",
         )
 
 
@@ -216,21 +215,43 @@ def cancel(state: CliState, /, job_ids: tuple[int, ...], as_json: bool) -> None:
 )
 @click.option("--task", help="Only this task's jobs.")
 @click.option("--batch-size", default=1000, show_default=True, type=click.IntRange(1, 100_000))
+@click.option("--dry-run", is_flag=True, help="Only count what would be deleted.")
+@click.option("-y", "--yes", is_flag=True, help="Do not ask for confirmation.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.pass_obj
 def purge(
-    state: CliState, /, state_name: str, older_than: str, task: str | None, batch_size: int, as_json: bool
+    state: CliState,
+    /,
+    state_name: str,
+    older_than: str,
+    task: str | None,
+    batch_size: int,
+    dry_run: bool,
+    yes: bool,
+    as_json: bool,
 ) -> None:
-    """Delete archived jobs for good, in batches of short transactions."""
+    """Delete archived jobs for good, in batches of short transactions. Asks first (unless --yes);
+    --dry-run only counts."""
     before = utcnow() - parse_age(older_than)
     store = state.app.store
     total = deadletter.count_archived(store, state_name, task, before)
+    what = f"{total} {state_name} job(s){f' of task {task}' if task else ''} archived before {timestamp(before)}"
+    if dry_run or total == 0:
+        if as_json:
+            echo_json({"purged": 0, "would_purge": total, "state": state_name, "archived_before": before})
+        else:
+            click.echo(f"{'would purge' if dry_run else 'nothing to purge:'} {what}")
+        return
+    if not yes:
+        if not sys.stdin.isatty():
+            raise click.UsageError(f"purge would delete {what}; add --yes to confirm (or --dry-run to count only)")
+        click.confirm(f"Delete {what} for good?", abort=True, err=True)
     with progress_bar(total, f"purging {state_name} jobs") as bar:
         deleted = deadletter.purge(store, state_name, before, task, batch_size, progress=bar.update)
     if as_json:
         echo_json({"purged": deleted, "state": state_name, "archived_before": before})
     else:
-        click.echo(f"purged {deleted} {state_name} job(s) archived before {before:%Y-%m-%d %H:%M:%S} UTC")
+        click.echo(f"purged {deleted} {state_name} job(s) archived before {timestamp(before)}")
 
 
 def _ids(ids: list[int], most: int = 20) -> str:

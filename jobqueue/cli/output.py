@@ -1,51 +1,153 @@
-"""Output for people (tables that fit the terminal) and for scripts (``--json``)."""
+"""Output for people (rich tables that fit the terminal, coloured by state) and for scripts (``--json``).
+
+Colour follows the terminal: none when piped or when ``NO_COLOR`` is set. Piped output keeps every
+cell whole, so ``grep`` sees what a wide terminal would.
+"""
 
 from __future__ import annotations
 
 import json
-import shutil
 import sys
 from collections.abc import Sequence
-from datetime import date, datetime
+from datetime import date, datetime, timezone
 from decimal import Decimal
 from typing import Any
 
 import click
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+# Styles by the state a cell names, and for counts of a state that need attention.
+STATE_STYLES = {
+    "ready": "cyan",
+    "pending": "cyan",
+    "scheduled": "blue",
+    "processing": "bold blue",
+    "busy": "bold blue",
+    "retrying": "yellow",
+    "retryable": "yellow",
+    "completed": "green",
+    "idle": "green",
+    "live": "green",
+    "failed": "bold red",
+    "stale": "bold red",
+    "cancelled": "dim",
+}
+STATE_COLUMNS = frozenset({"state", "status"})
+# Shorter headers for long field names (``--json`` keeps the names).
+HEADERS = {
+    "task_name": "task",
+    "attempts_count": "attempts",
+    "running_job_id": "job",
+    "running_seconds": "busy_s",
+    "heartbeat_age_seconds": "heartbeat_s",
+    "oldest_ready_seconds": "oldest_ready_s",
+    "oldest_unfinished_seconds": "oldest_unfinished_s",
+    "jobs_done": "done",
+}
+TIMESTAMP_WIDTH = len("2026-11-23 10:04:05Z")
 
 
-def _cell(value: Any) -> str:
+def console(stderr: bool = False) -> Console:
+    stream = sys.stderr if stderr else sys.stdout
+    tty = stream.isatty()
+    # Off a terminal rich would assume 80 columns and cut cells; keep them whole instead.
+    return Console(file=stream, width=None if tty else 10_000, highlight=False, soft_wrap=not tty)
+
+
+def timestamp(value: datetime) -> str:
+    """A stored time (UTC) for people: to the second, marked as UTC."""
+    if value.tzinfo is not None:
+        value = value.astimezone(timezone.utc)
+    return value.strftime("%Y-%m-%d %H:%M:%SZ")
+
+
+def _cell(column: str, value: Any) -> Text:
     if value is None:
-        return "-"
+        return Text("-", style="dim")
+    if isinstance(value, bool):
+        return Text("yes" if value else "no")
     if isinstance(value, datetime):
-        return value.strftime("%Y-%m-%d %H:%M:%S")
+        return Text(timestamp(value))
     if isinstance(value, float):
-        return f"{value:,.1f}"
-    return str(value)
+        return Text(f"{value:,.1f}")
+    text = str(value)
+    if column in STATE_COLUMNS:
+        return Text(text, style=STATE_STYLES.get(text.lower(), ""))
+    if column in STATE_STYLES and isinstance(value, int) and value and column in ("failed", "retrying", "stale"):
+        return Text(text, style=STATE_STYLES[column])
+    return Text(text)
 
 
-def table(rows: Sequence[dict[str, Any]], columns: Sequence[str], empty: str = "(none)") -> str:
-    """Render ``rows`` as an aligned table; on a terminal, no wider than it (long cells are cut)."""
+def _fits(rows: Sequence[dict[str, Any]], columns: Sequence[str], room: int) -> bool:
+    """Whether a table fits ``room`` columns with every column at least its header's width (text
+    columns may wrap down to that, times and numbers never)."""
+    needed = 2 * (len(columns) - 1)
+    for column in columns:
+        cells = [_cell(column, row.get(column)).cell_len for row in rows]
+        header = len(_header(column))
+        natural = max(header, *cells)
+        kind = next((row.get(column) for row in rows if row.get(column) is not None), None)
+        wraps = not isinstance(kind, (datetime, int, float))
+        needed += min(natural, max(header, 12)) if wraps else natural
+    return needed <= room
+
+
+def _header(column: str) -> str:
+    return HEADERS.get(column, column).upper()
+
+
+def render_table(rows: Sequence[dict[str, Any]], columns: Sequence[str]) -> Table:
+    table = Table(box=None, pad_edge=False, header_style="bold", show_edge=False)
+    for column in columns:
+        sample = next((row.get(column) for row in rows if row.get(column) is not None), None)
+        if isinstance(sample, datetime):
+            table.add_column(_header(column), no_wrap=True, min_width=TIMESTAMP_WIDTH)
+        elif isinstance(sample, (int, float)) and not isinstance(sample, bool):
+            table.add_column(_header(column), justify="right", no_wrap=True)
+        else:
+            table.add_column(_header(column), overflow="fold", min_width=min(len(_header(column)), 12))
+    for row in rows:
+        table.add_row(*[_cell(column, row.get(column)) for column in columns])
+    return table
+
+
+def render_records(rows: Sequence[dict[str, Any]], columns: Sequence[str]) -> Table:
+    """One block per row, a line per column: what a terminal too narrow for the table gets."""
+    grid = Table.grid(padding=(0, 2))
+    grid.add_column(style="bold", no_wrap=True)
+    grid.add_column(overflow="fold")
+    for number, row in enumerate(rows):
+        if number:
+            grid.add_row("", "")
+        for column in columns:
+            grid.add_row(_header(column), _cell(column, row.get(column)))
+    return grid
+
+
+def print_table(rows: Sequence[dict[str, Any]], columns: Sequence[str], empty: str = "(none)") -> None:
+    """Print ``rows`` as a table that fits the terminal (text wraps; times and numbers are kept
+    whole); a terminal too narrow for that gets one block of lines per row."""
+    out = console()
     if not rows:
-        return empty
-    cells = [[_cell(row.get(column)) for column in columns] for row in rows]
-    widths = [max(len(column), *(len(line[i]) for line in cells)) for i, column in enumerate(columns)]
-    # Piped into grep or a file, keep whole cells; on a terminal, fit its width.
-    room = shutil.get_terminal_size().columns if sys.stdout.isatty() else 10**6
-    while sum(widths) + 2 * (len(widths) - 1) > room and max(widths) > 12:
-        widest = widths.index(max(widths))
-        widths[widest] -= 1
+        out.print(empty)
+        return
+    if out.is_terminal and not _fits(rows, columns, out.width):
+        out.print(render_records(rows, columns))
+        return
+    out.print(render_table(rows, columns))
 
-    def fmt(values: Sequence[str]) -> str:
-        parts = [value if len(value) <= w else value[: w - 1] + "~" for value, w in zip(values, widths, strict=False)]
-        return "  ".join(part.ljust(w) for part, w in zip(parts, widths, strict=False)).rstrip()
 
-    lines = [fmt([c.upper() for c in columns]), fmt(["-" * w for w in widths])]
-    lines.extend(fmt(line) for line in cells)
-    return "\n".join(lines)
+def utc_iso(value: datetime) -> str:
+    """ISO 8601 with the offset; stored times carry no zone and are UTC."""
+    return (value if value.tzinfo is not None else value.replace(tzinfo=timezone.utc)).isoformat()
 
 
 def _default(value: Any) -> Any:
-    if isinstance(value, (datetime, date)):
+    if isinstance(value, datetime):
+        return utc_iso(value)
+    if isinstance(value, date):
         return value.isoformat()
     if isinstance(value, Decimal):
         return str(value)

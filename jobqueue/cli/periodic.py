@@ -8,7 +8,7 @@ from zoneinfo import ZoneInfo
 
 import click
 
-from jobqueue.cli.output import echo_json, table
+from jobqueue.cli.output import echo_json, print_table
 from jobqueue.cli.state import CliState, Group
 from jobqueue.periodic import schedule_rows, schedule_state
 
@@ -63,10 +63,8 @@ def list_(state: CliState, /, as_json: bool) -> None:
         zone = entry["timezone"] or "UTC"
         entry["next_fire"] = _local(entry["next_fire"], zone)
         entry["last_fire"] = _local(entry["last_fire"], zone)
-    click.echo(
-        table(
-            out,
-            ["name", "task", "expression", "description", "next_fire", "last_fire", "status"],
-            empty="no schedules: define them with @app.periodic above @app.task",
-        )
+    print_table(
+        out,
+        ["name", "task", "expression", "description", "next_fire", "last_fire", "status"],
+        empty="no schedules: define them with @app.periodic above @app.task",
     )

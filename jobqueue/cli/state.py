@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
-import json
 import logging
 import os
 import sys
@@ -14,12 +13,11 @@ from typing import Any
 import click
 import sqlalchemy as sa
 
+from jobqueue import logs
 from jobqueue.app import JobQueue
 from jobqueue.errors import ConfigurationError, JobQueueError
 from jobqueue.settings import APP_ENV, DATABASE_URL_ENV
 from jobqueue.storage.engine import mask_url, url_secrets
-
-LOG_FORMAT = "%(asctime)s %(levelname)s %(processName)s %(name)s: %(message)s"
 
 
 @dataclass
@@ -29,16 +27,18 @@ class CliState:
     app_spec: str | None = None
     database_url: str | None = None
     log_json: bool = False
-    log_level: str = "INFO"
+    log_level: str | None = None
     _app: JobQueue | None = field(default=None, repr=False)
     _given: bool = field(default=False, repr=False)
 
     @property
     def app(self) -> JobQueue:
         if self._app is None:
-            self._app = load_app(self.app_spec or os.environ.get(APP_ENV))
+            app = load_app(self.app_spec or os.environ.get(APP_ENV))
             if self.database_url:
-                self._app.configure(database_url=self.database_url)
+                app.configure(database_url=self.database_url)
+            setup_logging(self, app)
+            self._app = app
         return self._app
 
     def use(self, app: JobQueue) -> None:
@@ -46,6 +46,7 @@ class CliState:
         self._app, self._given = app, True
         if self.database_url:
             app.configure(database_url=self.database_url)
+        setup_logging(self, app)
 
     @property
     def has_app(self) -> bool:
@@ -75,6 +76,8 @@ def load_app(spec: str | None) -> JobQueue:
 def _import(target: str) -> Any:
     if target.endswith(".py") or os.sep in target:
         path = os.path.abspath(target)
+        if not os.path.isfile(path):
+            raise ImportError(f"no such file: {path}")
         name = os.path.splitext(os.path.basename(path))[0]
         if name in sys.modules:
             return sys.modules[name]
@@ -91,29 +94,16 @@ def _import(target: str) -> Any:
     return importlib.import_module(target)
 
 
-class JsonFormatter(logging.Formatter):
-    """One JSON object per line: time, level, logger, process, message (and exception)."""
-
-    def format(self, record: logging.LogRecord) -> str:
-        entry = {
-            "time": self.formatTime(record),
-            "level": record.levelname,
-            "logger": record.name,
-            "process": record.processName,
-            "pid": record.process,
-            "message": record.getMessage(),
-        }
-        if record.exc_info:
-            entry["exception"] = self.formatException(record.exc_info)
-        return json.dumps(entry, ensure_ascii=False)
-
-
-def setup_logging(state: CliState) -> None:
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(JsonFormatter() if state.log_json else logging.Formatter(LOG_FORMAT))
-    root = logging.getLogger()
-    root.handlers[:] = [handler]
-    root.setLevel(state.log_level.upper())
+def setup_logging(state: CliState, app: JobQueue) -> None:
+    """Configure logging for the command, unless the app keeps its host's (Django's LOGGING, or
+    ``configure_logging=False``); then only an explicit ``--log-level`` applies, to jobqueue's loggers."""
+    wanted = app.settings.configure_logging
+    if wanted is None:
+        wanted = app.framework is None or app.framework.name != "Django"
+    if wanted:
+        logs.configure(state.log_level or "INFO", state.log_json)
+    elif state.log_level:
+        logging.getLogger("jobqueue").setLevel(state.log_level.upper())
 
 
 class Group(click.Group):

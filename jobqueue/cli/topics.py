@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from jobqueue.cli.output import echo_json, table
+from jobqueue.cli.output import echo_json, print_table
 from jobqueue.cli.state import CliState
 
 COLUMNS = ["topic", "group", "lag", "in_flight", "retrying", "dead_letters", "oldest_unfinished_seconds", "kept"]
@@ -28,7 +28,7 @@ def topics(ctx: click.Context, as_json: bool) -> None:
     if as_json:
         echo_json(rows)
         return
-    click.echo(table(rows, COLUMNS, empty="no topics"))
+    print_table(rows, COLUMNS, empty="no topics")
 
 
 @topics.command("drop-group")

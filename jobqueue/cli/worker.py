@@ -11,18 +11,22 @@ import click
 from jobqueue.cli.state import CliState
 from jobqueue.settings import worker_fields
 
+# Short forms a Celery user types without thinking.
+SHORT_FLAGS = {"concurrency": ("-c",), "queues": ("-Q",)}
+
 
 def _option_for(f: dataclasses.Field[Any]) -> Callable[[Any], Any]:
     """A --dashed option for a Settings field; unset options leave the app's value alone."""
     flag = "--" + f.name.replace("_", "-")
+    short = SHORT_FLAGS.get(f.name, ())
     kind = str(f.type)
     help_text = f.metadata["help"] + (f" [default: {f.default}]" if f.default is not None else "")
     if kind.startswith("bool"):
         return click.option(f"{flag}/--no-{flag[2:]}", f.name, default=None, help=help_text)
     if kind.startswith("tuple"):
-        return click.option(flag, f.name, default=None, metavar="A,B", help=help_text)
-    click_type = click.INT if kind.startswith("int") else click.FLOAT
-    return click.option(flag, f.name, type=click_type, default=None, help=help_text)
+        return click.option(*short, flag, f.name, default=None, metavar="A,B", help=help_text)
+    click_type = click.INT if kind.startswith("int") else click.STRING if kind.startswith("str") else click.FLOAT
+    return click.option(*short, flag, f.name, type=click_type, default=None, help=help_text)
 
 
 def worker_options(fn: Callable[..., Any]) -> Callable[..., Any]:

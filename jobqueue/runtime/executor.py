@@ -15,6 +15,7 @@ from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
+from jobqueue import signals
 from jobqueue.ack import AckPolicy
 from jobqueue.clock import utcnow
 from jobqueue.context import Decision, DeliveryWriter, JobContext, activate, deactivate
@@ -137,6 +138,7 @@ class Executor:
             self._ack_first(task, message, args, kwargs, started)
             return None
         context = JobContext(message, self.serializer, self.writes, max_state_bytes=self.settings.max_payload_bytes)
+        signals.job_started.send(task, job=context)
         try:
             result = self._call(task, context, args, kwargs)
         except LeaseLost as exc:
@@ -144,8 +146,11 @@ class Executor:
             return None
         except BaseException as exc:  # SystemExit and KeyboardInterrupt from a job end the job, not the process
             error = ErrorInfo.from_exception(exc, traceback.format_exc())
-            return self._after_error(task, policy, context, message, started, exc, error)
-        return self._after_return(task, policy, context, message, started, result)
+            outcome = self._after_error(task, policy, context, message, started, exc, error)
+            if outcome.exception is None and outcome.error is error:
+                outcome.exception = exc
+            return announce(task, context, outcome)
+        return announce(task, context, self._after_return(task, policy, context, message, started, result), result)
 
     def _fire_schedule(self, message: Message, now: datetime) -> Outcome | None:
         """Fire a schedule message: enqueue the job for its fire time and defer it to the next one."""
@@ -292,10 +297,12 @@ class Executor:
         outcome.kind, outcome.next_attempt_at = OutcomeKind.RETRY, next_at
         return outcome
 
-    def nack_for_timeout(self, message: Message, error: ErrorInfo) -> Outcome:
+    def nack_for_timeout(self, message: Message, exc: BaseException) -> Outcome:
         """The outcome of a job killed for passing its hard ``timeout`` (recorded by the supervisor)."""
         task = self.app.registry.get(message.task_name)
-        return self._nacked(task, message, message.acquired_at or utcnow(), None, error)
+        outcome = self._nacked(task, message, message.acquired_at or utcnow(), None, ErrorInfo.from_exception(exc))
+        outcome.exception = exc
+        return announce(task, JobContext(message, self.serializer), outcome)
 
     def _deferred(self, message: Message, started: datetime, context: JobContext) -> Outcome:
         until = context.defer_until or utcnow()
@@ -307,13 +314,17 @@ class Executor:
     def _refused(self, message: Message, started: datetime, error: Exception) -> Outcome:
         """Fail a message without running it; the attempt its acquisition counted never started."""
         message.attempts_count -= 1
-        return self._failed(message, started, error)
+        outcome = self._failed(message, started, error)
+        return announce(self.app.registry.get(message.task_name), JobContext(message, self.serializer), outcome)
 
     def _failed(
         self, message: Message, started: datetime, error: Exception | ErrorInfo, context: JobContext | None = None
     ) -> Outcome:
         info = error if isinstance(error, ErrorInfo) else ErrorInfo.from_exception(error)
-        return self._outcome(message, started, MessageState.FAILED, info, context=context)
+        outcome = self._outcome(message, started, MessageState.FAILED, info, context=context)
+        if isinstance(error, BaseException):
+            outcome.exception = error
+        return outcome
 
     def _outcome(
         self,
@@ -339,15 +350,72 @@ class Executor:
         )
 
 
-def log_outcome(outcome: Outcome) -> None:
-    """One line per job outcome, once it is written."""
-    if not logger.isEnabledFor(logging.INFO):
-        return
-    m = outcome.message
-    ms = (outcome.duration_seconds or 0.0) * 1000
+def announce(task: Task | None, context: JobContext, outcome: Outcome, result: Any = None) -> Outcome:
+    """Send the signal of ``outcome`` (succeeded, retrying or failed) and return it."""
     error = outcome.error
     if outcome.kind is OutcomeKind.RETRY:
-        logger.info(
+        signals.job_retrying.send(
+            task,
+            job=context,
+            exception=outcome.exception,
+            traceback=error.traceback if error else None,
+            retry_at=outcome.next_attempt_at,
+        )
+    elif outcome.state is MessageState.FAILED:
+        signals.job_failed.send(
+            task, job=context, exception=outcome.exception, traceback=error.traceback if error else None
+        )
+    elif outcome.state is MessageState.COMPLETED and outcome.kind is OutcomeKind.ARCHIVE:
+        signals.job_succeeded.send(task, job=context, result=result)
+    return outcome
+
+
+def outcome_fields(outcome: Outcome) -> dict[str, Any]:
+    """The structured fields of an outcome's log line (``--log-json`` writes them as keys)."""
+    m = outcome.message
+    name = (
+        "retrying" if outcome.kind is OutcomeKind.RETRY else "deferred" if outcome.kind is OutcomeKind.DEFER else None
+    )
+    return {
+        "job_id": m.id,
+        "task": m.task_name,
+        "queue": m.queue,
+        "attempt": m.attempts_count,
+        "outcome": name or outcome.state.public,
+        "duration_seconds": round(outcome.duration_seconds or 0.0, 6),
+    }
+
+
+def log_outcome(outcome: Outcome) -> None:
+    """One line per job outcome, once it is written: a success at INFO, a retry at WARNING and a
+    final failure at ERROR with the job's traceback (whatever the level of the other lines)."""
+    m = outcome.message
+    error = outcome.error
+    if outcome.kind is OutcomeKind.ARCHIVE and outcome.state is MessageState.FAILED:
+        if logger.isEnabledFor(logging.ERROR):
+            record = logger.makeRecord(
+                logger.name,
+                logging.ERROR,
+                __file__,
+                0,
+                "job %s %s failed on attempt %s after %.1f ms: %s: %s",
+                (
+                    m.id,
+                    m.task_name,
+                    m.attempts_count,
+                    (outcome.duration_seconds or 0.0) * 1000,
+                    error.type if error else "?",
+                    error.message if error else "",
+                ),
+                None,
+                extra=outcome_fields(outcome),
+            )
+            # Formatters append exc_text as they would a traceback of exc_info: the job's own, as the
+            # archive keeps it, though the exception itself is gone by the time the outcome is written.
+            record.exc_text = error.traceback.rstrip() if error and error.traceback else None
+            logger.handle(record)
+    elif outcome.kind is OutcomeKind.RETRY:
+        logger.warning(
             "job %s %s failed on attempt %s (%s: %s); retry at %s",
             m.id,
             m.task_name,
@@ -355,18 +423,20 @@ def log_outcome(outcome: Outcome) -> None:
             error.type if error else "nack",
             error.message if error else "",
             outcome.next_attempt_at,
+            extra=outcome_fields(outcome),
         )
+    elif not logger.isEnabledFor(logging.INFO):
+        return  # the common case of a busy worker: build nothing for a line nobody reads
     elif outcome.kind is OutcomeKind.DEFER:
-        logger.info("job %s %s deferred to %s", m.id, m.task_name, outcome.next_attempt_at)
-    elif outcome.state is MessageState.FAILED:
-        logger.warning(
-            "job %s %s failed on attempt %s after %.1f ms: %s: %s",
-            m.id,
-            m.task_name,
-            m.attempts_count,
-            ms,
-            error.type if error else "?",
-            error.message if error else "",
+        logger.info(
+            "job %s %s deferred to %s", m.id, m.task_name, outcome.next_attempt_at, extra=outcome_fields(outcome)
         )
     elif outcome.kind is OutcomeKind.ARCHIVE:
-        logger.info("job %s %s completed in %.1f ms", m.id, m.task_name, ms)
+        logger.info(
+            "job %s %s %s in %.1f ms",
+            m.id,
+            m.task_name,
+            outcome.state.public,
+            (outcome.duration_seconds or 0.0) * 1000,
+            extra=outcome_fields(outcome),
+        )

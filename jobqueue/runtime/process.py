@@ -27,8 +27,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from jobqueue import signals
 from jobqueue.clock import utcnow
 from jobqueue.job import Message, MessageState, Outcome, OutcomeKind
+from jobqueue.runtime import metrics
 from jobqueue.runtime.executor import Executor, StoreDeliveryWriter, log_outcome
 from jobqueue.runtime.holdings import Holdings
 from jobqueue.runtime.resilience import DatabaseGuard, GaveUp
@@ -107,7 +109,9 @@ class WorkerProcess:
     def main(self) -> int:
         watch_supervisor(self.spec.supervisor_pid)
         self._install_signals()
+        name = name_process(f"jobqueue-worker-{self.spec.index}")
         self.app.after_fork()
+        signals.worker_process_init.send(self.app, app=self.app, process_name=name)
         self.guard.what = f"database (worker process {os.getpid()})"
         self.store = self.app.store
         self.listener = self.store.listener()
@@ -135,6 +139,7 @@ class WorkerProcess:
             self._shutdown()
             if self.listener is not None:
                 self.listener.close()
+            signals.worker_process_shutdown.send(self.app, app=self.app, process_name=name)
         return 0
 
     def _classify(self, exc: BaseException) -> str | None:
@@ -337,6 +342,10 @@ class WorkerProcess:
         """One line per outcome written; for one dropped by fencing, say that the lease was lost."""
         for outcome in result.applied:
             log_outcome(outcome)
+        if metrics.active is not None:
+            metrics.active.written(result.applied)
+            if not retried:  # on a retry, "lost" may be an outcome the first try applied
+                metrics.active.lost(result.lost)
         for outcome in result.lost:
             if outcome.kind is OutcomeKind.RETURN:
                 continue  # a hand-back whose lease had gone anyway: nothing was lost
@@ -470,3 +479,15 @@ def _version() -> str:
     from jobqueue.version import __version__
 
     return __version__
+
+
+def name_process(name: str) -> str:
+    """Name this process in every log line it writes: the logging module reads the name from the
+    standard library's multiprocessing, which processes forked by ``multiprocess`` never set."""
+    import multiprocessing
+
+    import multiprocess
+
+    multiprocessing.current_process().name = name
+    multiprocess.current_process().name = name
+    return name

@@ -8,6 +8,7 @@ from typing import TextIO
 
 import sqlalchemy as sa
 
+from jobqueue import logs
 from jobqueue.job import SCHEDULE_TASK
 from jobqueue.storage.store import Store
 
@@ -23,6 +24,9 @@ class Progress:
         self.started = time.monotonic()
         self.next_at = 0.0
         self.interval = 0.25 if self.tty else 2.0
+        # Log lines (of every process of the pool) then clear the bar's line before they print;
+        # the next refresh draws the bar again below them.
+        logs.progress_on_terminal = self.tty
 
     def remaining(self) -> int:
         m = self.store.tables.message
@@ -48,13 +52,14 @@ class Progress:
         bar = "#" * filled + "." * (BAR_WIDTH - filled)
         line = f"[{bar}] {done} done, {left} left, {done / elapsed:,.0f} jobs/s, {elapsed:.1f} s"
         if self.tty:
-            self.stream.write("\r" + line + " " * 4)
+            self.stream.write("\r\x1b[2K" + line)
         else:
             self.stream.write(line + "\n")
         self.stream.flush()
 
     def close(self, done: int) -> None:
         self.update(done, force=True)
+        logs.progress_on_terminal = False
         if self.tty:
             self.stream.write("\n")
             self.stream.flush()

@@ -30,9 +30,18 @@ from multiprocess import connection as mp_connection
 from jobqueue import periodic, topics
 from jobqueue.clock import utcnow
 from jobqueue.errors import ConfigurationError, TimeLimitExceeded
-from jobqueue.job import ErrorInfo
-from jobqueue.runtime.executor import Executor
-from jobqueue.runtime.process import HOARD_SECONDS, STOP_SIGNALS, ChildSpec, WorkerProcess, _drain, capacity_of, poke
+from jobqueue.runtime import metrics
+from jobqueue.runtime.executor import Executor, outcome_fields
+from jobqueue.runtime.process import (
+    HOARD_SECONDS,
+    STOP_SIGNALS,
+    ChildSpec,
+    WorkerProcess,
+    _drain,
+    capacity_of,
+    name_process,
+    poke,
+)
 from jobqueue.runtime.progress import Progress
 from jobqueue.runtime.resilience import DatabaseGuard, GaveUp
 from jobqueue.runtime.slot import Slot, SlotView
@@ -102,6 +111,7 @@ class Supervisor:
         self.done_by_dead = 0
         self.unspent = 0  # news of work that found no idle process to wake
         self.meter: Progress | None = None
+        self.metrics: metrics.Metrics | None = None
         self.last_loop_error: tuple[str, float] | None = None
         # Database work that failed during an outage, retried every tick until it succeeds.
         self.pending: list[tuple[str, Callable[[], Any]]] = []
@@ -113,6 +123,7 @@ class Supervisor:
             raise ConfigurationError(
                 "no tasks are registered: point the worker at your app with --app module:attribute (or JOBQUEUE_APP)"
             )
+        name_process("jobqueue-supervisor")
         self.consumers = topics.served_consumers(self.app.consumers.values(), self.settings.groups)
         if self.settings.queues is not None or self.settings.groups is not None:
             # Served: the queues asked for (or those of the app's tasks) and the groups' own queues.
@@ -125,6 +136,10 @@ class Supervisor:
         self.wake_r, self.wake_w = _pipe()
         self.more_r, self.more_w = _pipe()
         self._install_signals()
+        if self.settings.metrics_port:
+            self.metrics = metrics.start(
+                self.settings.metrics_host, self.settings.metrics_port, self.app.store, self._process_counts
+            )
         try:
             if not self._start():
                 return 0  # stopped by a signal while waiting for the database
@@ -138,6 +153,9 @@ class Supervisor:
                 self.waker.close()
             if self.meter is not None:
                 self.meter.close(self._done())
+            if self.metrics is not None:
+                self.metrics.close()
+                metrics.active = None
             signal.set_wakeup_fd(-1)
             for fd in (self.wake_r, self.wake_w, self.more_r, self.more_w):
                 os.close(fd)
@@ -369,6 +387,9 @@ class Supervisor:
             self._release(child)
             os.close(child.spec.wake_w)
             if not self.stopping:
+                if self.metrics is not None:
+                    cause = "timeout" if child.timed_out else "killed" if code < 0 else "exited" if code else "recycled"
+                    self.metrics.process_died(child.process.pid, cause)
                 self._schedule_respawn(index, child)
 
     def _release(self, child: Child) -> None:
@@ -402,11 +423,28 @@ class Supervisor:
         task = self.app.registry.get(message.task_name)
         limit = task.options.timeout if task else None
         exc = TimeLimitExceeded(f"job ran past its timeout of {limit} s; its worker process was killed")
-        outcome = self.executor.nack_for_timeout(message, ErrorInfo.from_exception(exc))
+        outcome = self.executor.nack_for_timeout(message, exc)
         # Never blocks the loop: during an outage the whole step is tried again next tick.
         OutcomeWriter(self.store, self.guard).write([outcome], give_up=lambda: True)
-        fate = f"retry at {outcome.next_attempt_at}" if outcome.next_attempt_at else "failed"
-        logger.warning("job %s %s killed after its timeout of %s s (%s)", message.id, message.task_name, limit, fate)
+        if self.metrics is not None:
+            self.metrics.written([outcome])
+        if outcome.next_attempt_at:
+            logger.warning(
+                "job %s %s killed after its timeout of %s s; retry at %s",
+                message.id,
+                message.task_name,
+                limit,
+                outcome.next_attempt_at,
+                extra=outcome_fields(outcome),
+            )
+        else:
+            logger.error(
+                "job %s %s killed after its timeout of %s s; failed",
+                message.id,
+                message.task_name,
+                limit,
+                extra=outcome_fields(outcome),
+            )
 
     def _schedule_respawn(self, index: int, child: Child) -> None:
         # Replace a dead child at once. Only a slot whose children keep dying right after starting,
@@ -626,6 +664,12 @@ class Supervisor:
                 "could not return the messages of the killed worker processes; they return when their leases expire"
             )
 
+    def _process_counts(self) -> dict[str, int]:
+        """This supervisor's processes by what they do (read by the metrics thread: a copy of the dict)."""
+        views = [child.spec.slot.read_raw() for child in list(self.children.values())]
+        busy = sum(not view.idle for view in views)
+        return {"busy": busy, "idle": len(views) - busy}
+
     def _done(self) -> int:
         views = [c.spec.slot.read_raw() for c in self.children.values()]
         return self.done_by_dead + sum(v.done for v in views)
@@ -634,6 +678,8 @@ class Supervisor:
 def _child_main(app: JobQueue, spec: ChildSpec) -> None:
     code = 1
     try:
+        if metrics.active is not None:
+            metrics.active.in_child()
         code = WorkerProcess(app, spec).main()
     except Exception:
         logger.exception("worker process %s crashed", os.getpid())

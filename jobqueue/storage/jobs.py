@@ -77,29 +77,49 @@ def cancel(store: Store, job_id: int, now: datetime | None = None) -> bool:
     return True
 
 
+QUEUE_STATES = ("ready", "scheduled", "processing", "retrying", "failed")
+
+
 def queue_counts(store: Store, now: datetime | None = None) -> list[dict[str, Any]]:
-    """Per queue: messages per state and the age in seconds of the oldest ready one."""
+    """Per queue, how many messages are in each of :data:`QUEUE_STATES` and the age in seconds of
+    the oldest ready one.
+
+    The states split the active messages by what they wait for: *ready* ones are due and wait for
+    a worker, *scheduled* ones wait for their time (countdown, eta, a deferral), *retrying* ones wait
+    for their next attempt, *processing* ones are running. *failed* counts the queue's failed jobs
+    in the archive (the dead letters). Periodic schedules are left out: ``jobqueue periodic list``
+    shows them.
+    """
     now = now or utcnow()
-    m = store.tables.message
-    ready = sa.and_(m.c.state.in_(READY_LITERALS), m.c.next_attempt_at <= now)
-    stmt = (
-        sa.select(m.c.queue, m.c.state, sa.func.count(), sa.func.min(sa.case((ready, m.c.next_attempt_at))))
-        .where(m.c.task_name != SCHEDULE_TASK)  # schedules are listed by `jobqueue periodic list`
-        .group_by(m.c.queue, m.c.state)
-        .order_by(m.c.queue, m.c.state)
+    m, a = store.tables.message, store.tables.archive
+    due = m.c.next_attempt_at <= now
+    kind = sa.case(
+        (m.c.state == MessageState.PROCESSING.value, "processing"),
+        (due, "ready"),
+        (m.c.state == MessageState.RETRYABLE.value, "retrying"),
+        else_="scheduled",
+    ).label("kind")
+    active = (
+        sa.select(m.c.queue, kind, sa.func.count(), sa.func.min(sa.case((due, m.c.next_attempt_at))))
+        .where(m.c.task_name != SCHEDULE_TASK)
+        .group_by(m.c.queue, kind)
     )
+    failed = sa.select(a.c.queue, sa.func.count()).where(a.c.state == MessageState.FAILED.value).group_by(a.c.queue)
     queues: dict[str, dict[str, Any]] = {}
+
+    def entry(queue: str) -> dict[str, Any]:
+        empty = {"queue": queue, **dict.fromkeys(QUEUE_STATES, 0), "oldest_ready_seconds": None}
+        return queues.setdefault(queue, empty)
+
     with store.reading() as conn:
-        for queue, state, count, oldest in conn.execute(stmt):
-            entry = queues.setdefault(
-                queue, {"queue": queue, "pending": 0, "processing": 0, "retryable": 0, "oldest_ready_seconds": None}
-            )
-            entry[state.lower()] = int(count)
-            if oldest is not None:
-                age = (now - oldest).total_seconds()
-                previous = entry["oldest_ready_seconds"]
-                entry["oldest_ready_seconds"] = age if previous is None else max(previous, age)
-    return list(queues.values())
+        for queue, state, count, oldest in conn.execute(active):
+            row = entry(queue)
+            row[state] += int(count)
+            if state == "ready" and oldest is not None:
+                row["oldest_ready_seconds"] = max(0.0, (now - oldest).total_seconds())
+        for queue, count in conn.execute(failed):
+            entry(queue)["failed"] = int(count)
+    return [queues[name] for name in sorted(queues)]
 
 
 def archive_counts(store: Store) -> dict[str, int]:
@@ -111,7 +131,22 @@ def archive_counts(store: Store) -> dict[str, int]:
         }
 
 
-def live_workers(store: Store) -> list[dict[str, Any]]:
+def worker_rows(store: Store, stale_after_seconds: float) -> list[dict[str, Any]]:
+    """Every registered worker process, with ``heartbeat_age_seconds`` by the lease clock and
+    ``stale`` when that is over ``stale_after_seconds`` (its supervisor died or lost the database;
+    its rows are pruned by the live supervisors later, or by ``jobqueue workers --prune``)."""
     w = store.tables.worker
     with store.reading() as conn:
-        return [dict(row) for row in conn.execute(sa.select(w).order_by(w.c.hostname, w.c.started_at)).mappings()]
+        now = store.database_now(conn)
+        rows = [dict(row) for row in conn.execute(sa.select(w).order_by(w.c.hostname, w.c.started_at)).mappings()]
+    for row in rows:
+        age = max(0.0, (now - row["heartbeat_at"]).total_seconds())
+        row["heartbeat_age_seconds"] = age
+        row["stale"] = age > stale_after_seconds
+        since = row.get("running_since")
+        row["running_seconds"] = max(0.0, (now - since).total_seconds()) if since is not None else None
+    return rows
+
+
+def live_workers(store: Store, stale_after_seconds: float) -> list[dict[str, Any]]:
+    return [row for row in worker_rows(store, stale_after_seconds) if not row["stale"]]

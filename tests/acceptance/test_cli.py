@@ -111,7 +111,7 @@ def test_status_and_workers(app: JobQueue) -> None:
     text = jobqueue("status").stdout
     assert "emails" in text and "3" in text
     data = json.loads(jobqueue("status", "--json").stdout)
-    assert data["queues"][0]["queue"] == "emails" and data["queues"][0]["pending"] == 3
+    assert data["queues"][0]["queue"] == "emails" and data["queues"][0]["ready"] == 3
     assert json.loads(jobqueue("workers", "--json").stdout) == []
 
 

@@ -21,9 +21,9 @@ def test_list_show_retry_a_failed_job(app: JobQueue, tmp_path: Path) -> None:
     listed = json.loads(jobqueue("jobs", "list", "--state", "failed", "--task", "basic.fail_once", "--json").stdout)
     assert [row["id"] for row in listed] == [failing.id]
     assert listed[0]["error_type"] == "RuntimeError"
-    table = jobqueue("jobs", "list", "--state", "failed").stdout.splitlines()
-    assert len(table) == 3 and table[2].split()[:2] == [str(failing.id), "basic.fail_once"]
-    assert table[2].endswith("RuntimeError  first run fails  -")  # nothing holds it back: it has ended
+    table = [line.rstrip() for line in jobqueue("jobs", "list", "--state", "failed").stdout.splitlines()]
+    assert len(table) == 2 and table[1].split()[:2] == [str(failing.id), "basic.fail_once"]
+    assert table[1].endswith("RuntimeError  first run fails  -")  # nothing holds it back: it has ended
     assert done.status() == "completed"
 
     shown = jobqueue("jobs", "show", str(failing.id)).stdout
@@ -72,7 +72,14 @@ def test_purge_with_progress(app: JobQueue) -> None:
     basic.add.bulk([(i, i) for i in range(25)])
     keep = basic.fail.delay("kept")
     jobqueue("worker", "--burst", "--concurrency", "2")
-    result = jobqueue("jobs", "purge", "--state", "completed", "--older-than", "0s", "--batch-size", "10", "--json")
+    purge = ("jobs", "purge", "--state", "completed", "--older-than", "0s")
+    refused = jobqueue(*purge, check=False)  # not a terminal: no question can be asked
+    assert refused.returncode == 2 and "would delete 25 completed job(s)" in refused.stderr
+    assert "--yes" in refused.stderr
+    dry = json.loads(jobqueue(*purge, "--dry-run", "--json").stdout)
+    assert (dry["would_purge"], dry["purged"]) == (25, 0)
+    assert dry["archived_before"].endswith("+00:00")  # ISO 8601 UTC with its offset
+    result = jobqueue(*purge, "--batch-size", "10", "--yes", "--json")
     assert json.loads(result.stdout)["purged"] == 25
     assert "purging completed jobs" in result.stderr  # the progress bar, on stderr
     assert keep.status() == "failed"

@@ -345,7 +345,8 @@ def test_queue_counts(app: JobQueue, add) -> None:
     add.apply_async((1, 1), queue="later", eta=utcnow() + timedelta(hours=1))
     app.store.acquire(WORKER, ("default",), 1, LEASE)
     counts = {c["queue"]: c for c in jobs.queue_counts(app.store)}
-    assert (counts["default"]["pending"], counts["default"]["processing"]) == (3, 1)
+    assert (counts["default"]["ready"], counts["default"]["processing"]) == (3, 1)
+    assert (counts["later"]["scheduled"], counts["later"]["ready"]) == (1, 0)
     assert counts["later"]["oldest_ready_seconds"] is None
     assert counts["default"]["oldest_ready_seconds"] >= 0
 

@@ -1,0 +1,90 @@
+"""How the ``jobqueue`` command writes its log: one line per record on stderr, as text or JSON,
+with times in UTC and the name of the process (``jobqueue-supervisor``, ``jobqueue-worker-3``).
+
+The command sets this up unless the app says not to (``JobQueue(configure_logging=False)``, the
+default under Django, whose ``LOGGING`` setting is kept). The formatters work in any logging set-up:
+``"()": "jobqueue.logs.JsonFormatter"`` in a ``dictConfig``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from datetime import datetime, timezone
+from typing import Any, TextIO
+
+# What jobqueue adds to the records of job outcomes (see runtime.executor.outcome_fields).
+JOB_FIELDS = ("job_id", "task", "queue", "attempt", "outcome", "duration_seconds")
+TEXT_FORMAT = "%(asctime)s %(levelname)s %(processName)s %(name)s: %(message)s"
+
+# Set by the worker's progress line while it is on a terminal: a log line then first clears the
+# terminal's last line, where the progress line is drawn again at its next refresh. Forked worker
+# processes inherit the flag, so their lines clear it too.
+progress_on_terminal = False
+
+
+def utc_time(record: logging.LogRecord) -> str:
+    """The record's time in ISO 8601, UTC, with its offset: ``2026-11-23T10:04:05.123+00:00``."""
+    return datetime.fromtimestamp(record.created, timezone.utc).isoformat(timespec="milliseconds")
+
+
+class TextFormatter(logging.Formatter):
+    """The default text line, with the time in UTC (hosts in other time zones agree on it)."""
+
+    def __init__(self, fmt: str = TEXT_FORMAT) -> None:
+        super().__init__(fmt)
+
+    def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:
+        return utc_time(record)
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line: time (UTC), level, logger, process, pid, message, and for a job's
+    outcome its fields (job_id, task, queue, attempt, outcome, duration_seconds); a traceback, the
+    job's or the exception logged, is under ``traceback``."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry: dict[str, Any] = {
+            "time": utc_time(record),
+            "level": record.levelname,
+            "logger": record.name,
+            "process": record.processName,
+            "pid": record.process,
+            "message": record.getMessage(),
+        }
+        for name in JOB_FIELDS:
+            value = record.__dict__.get(name)
+            if value is not None:
+                entry[name] = value
+        if record.exc_info and not record.exc_text:
+            record.exc_text = self.formatException(record.exc_info)
+        if record.exc_text:
+            entry["traceback"] = record.exc_text
+        return json.dumps(entry, ensure_ascii=False, default=str)
+
+
+class StderrHandler(logging.StreamHandler):
+    """A stream handler whose lines do not run into the worker's progress line on a terminal."""
+
+    def __init__(self, stream: TextIO | None = None) -> None:
+        super().__init__(stream or sys.stderr)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if progress_on_terminal:
+            try:
+                self.stream.write("\r\x1b[2K")
+            except Exception:
+                pass
+        super().emit(record)
+
+
+def configure(level: str | int = "INFO", json_lines: bool = False) -> logging.Handler:
+    """Send every log record at ``level`` or above to stderr, as text or JSON; replaces the root
+    logger's handlers (the command owns its process's logging)."""
+    handler = StderrHandler()
+    handler.setFormatter(JsonFormatter() if json_lines else TextFormatter())
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper() if isinstance(level, str) else level)
+    return handler

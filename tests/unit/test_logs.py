@@ -1,0 +1,79 @@
+"""The command's logging: UTC times, JSON fields, a host's own logging kept, short options."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterator
+
+import pytest
+from click.testing import CliRunner
+
+from jobqueue import JobQueue, logs
+from jobqueue.cli import bound_cli, cli
+
+
+@pytest.fixture
+def root_logging() -> Iterator[logging.Logger]:
+    root = logging.getLogger()
+    saved, level = root.handlers[:], root.level
+    yield root
+    root.handlers[:] = saved
+    root.setLevel(level)
+    logging.getLogger("jobqueue").setLevel(logging.NOTSET)
+
+
+def record(**extra: object) -> logging.LogRecord:
+    entry = logging.LogRecord("jobqueue.worker", logging.ERROR, __file__, 1, "job %s failed", (5,), None)
+    entry.__dict__.update(extra)
+    return entry
+
+
+def test_json_lines_have_utc_times_and_the_job_fields() -> None:
+    line = logs.JsonFormatter().format(record(job_id=5, task="t", outcome="failed", attempt=2))
+    entry = json.loads(line)
+    assert entry["time"].endswith("+00:00") and entry["message"] == "job 5 failed"
+    assert (entry["job_id"], entry["task"], entry["outcome"], entry["attempt"]) == (5, "t", "failed", 2)
+    assert "queue" not in entry  # fields a record does not have are left out
+
+
+def test_a_job_traceback_is_appended_by_any_formatter() -> None:
+    entry = record()
+    entry.exc_text = "Traceback (most recent call last):\nValueError: x"
+    text = logs.TextFormatter().format(entry)
+    assert text.endswith("job 5 failed\nTraceback (most recent call last):\nValueError: x")
+    assert "+00:00 ERROR" in text
+    assert json.loads(logs.JsonFormatter().format(entry))["traceback"].endswith("ValueError: x")
+    assert logging.Formatter("%(message)s").format(entry).endswith("ValueError: x")  # a host's own formatter too
+
+
+def test_the_command_configures_logging_unless_the_app_keeps_its_hosts(root_logging: logging.Logger, tmp_path) -> None:
+    url = f"sqlite:///{tmp_path}/q.sqlite3"
+    host = logging.NullHandler()
+    root_logging.handlers[:] = [host]
+    kept = JobQueue(url, configure_logging=False)
+    result = CliRunner().invoke(bound_cli(kept), ["-l", "warning", "db", "init"], catch_exceptions=False)
+    assert result.exit_code == 0
+    assert root_logging.handlers == [host]  # the host's logging is kept...
+    assert logging.getLogger("jobqueue").level == logging.WARNING  # ...and an explicit level still applies
+
+    taken = JobQueue(url)
+    CliRunner().invoke(bound_cli(taken), ["--log-json", "db", "check"], catch_exceptions=False)
+    (handler,) = root_logging.handlers
+    assert isinstance(handler.formatter, logs.JsonFormatter) and root_logging.level == logging.INFO
+
+
+def test_a_missing_app_file_is_a_one_line_error(tmp_path) -> None:
+    result = CliRunner().invoke(cli, ["-A", f"{tmp_path}/nothere.py:app", "status"])
+    assert result.exit_code == 1
+    assert result.output.strip().splitlines() == [
+        f"Error: cannot import '{tmp_path}/nothere.py' named by --app/JOBQUEUE_APP: no such file: {tmp_path}/nothere.py"
+    ]
+
+
+def test_celery_short_options() -> None:
+    from jobqueue.cli.worker import worker
+
+    names = {opt for param in worker.params for opt in param.opts}
+    assert {"-c", "-Q"} <= names
+    assert {"-A", "-l"} <= {opt for param in cli.params for opt in param.opts}
