@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+from datetime import timezone
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,8 @@ from django.db import transaction
 from django.test import Client
 from shop.models import Order
 from shop.tasks import app, confirm_order, send_receipt
+
+from jobqueue.contrib.django.models import Message
 
 HERE = Path(__file__).resolve().parent
 
@@ -116,3 +119,25 @@ def test_manage_py_jobqueue_refuses_another_database(tmp_path: Path) -> None:
     refused = manage("jobqueue", "--database-url", f"sqlite:///{tmp_path}/other.sqlite3", "status")
     assert refused.returncode == 1
     assert "Django's database" in refused.stderr and "other.sqlite3" in refused.stderr
+
+
+# jobqueue's tables as Django models (jobqueue.contrib.django.models).
+
+
+def test_the_job_models_change_nothing_in_the_database() -> None:
+    checked = manage("makemigrations", "--check", "--dry-run")
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    planned = manage("sqlmigrate", "jobqueue", "0006")
+    assert planned.returncode == 0, planned.stderr
+    statements = [line for line in planned.stdout.splitlines() if line and not line.startswith("--")]
+    assert set(statements) <= {"BEGIN;", "COMMIT;"}  # unmanaged: jobqueue's migrations make the tables
+
+
+def test_the_job_models_read_timestamps_as_stored_in_utc() -> None:
+    handle = confirm_order.delay(1)
+    m = app.tables.message
+    with app.store.reading() as conn:
+        stored = conn.execute(sa.select(m.c.created_at, m.c.next_attempt_at).where(m.c.id == handle.id)).one()
+    job = Message.objects.get(pk=handle.id)
+    assert job.created_at == stored.created_at.replace(tzinfo=timezone.utc)  # microseconds included
+    assert job.next_attempt_at == stored.next_attempt_at.replace(tzinfo=timezone.utc)
