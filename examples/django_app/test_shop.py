@@ -5,18 +5,27 @@ Run from this folder: ``pytest`` (SQLite), or ``SHOP_DATABASE_URL=postgresql://.
 
 from __future__ import annotations
 
+import html
 import json
 import os
+import re
 import subprocess
 import sys
+from datetime import timezone
 from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
+from django.contrib.admin.models import LogEntry
+from django.contrib.auth.models import User
 from django.db import transaction
 from django.test import Client
 from shop.models import Order
 from shop.tasks import app, confirm_order, send_receipt
+
+from jobqueue.contrib.django.models import Message
+from jobqueue.retry import NoRetryStrategy
+from jobqueue.storage.jobs import cancel
 
 HERE = Path(__file__).resolve().parent
 
@@ -116,3 +125,135 @@ def test_manage_py_jobqueue_refuses_another_database(tmp_path: Path) -> None:
     refused = manage("jobqueue", "--database-url", f"sqlite:///{tmp_path}/other.sqlite3", "status")
     assert refused.returncode == 1
     assert "Django's database" in refused.stderr and "other.sqlite3" in refused.stderr
+
+
+# jobqueue's tables as Django models (jobqueue.contrib.django.models).
+
+
+def test_the_job_models_change_nothing_in_the_database() -> None:
+    checked = manage("makemigrations", "--check", "--dry-run")
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    planned = manage("sqlmigrate", "jobqueue", "0006")
+    assert planned.returncode == 0, planned.stderr
+    statements = [line for line in planned.stdout.splitlines() if line and not line.startswith("--")]
+    assert set(statements) <= {"BEGIN;", "COMMIT;"}  # unmanaged: jobqueue's migrations make the tables
+
+
+def test_the_job_models_read_timestamps_as_stored_in_utc() -> None:
+    handle = confirm_order.delay(1)
+    m = app.tables.message
+    with app.store.reading() as conn:
+        stored = conn.execute(sa.select(m.c.created_at, m.c.next_attempt_at).where(m.c.id == handle.id)).one()
+    job = Message.objects.get(pk=handle.id)
+    assert job.created_at == stored.created_at.replace(tzinfo=timezone.utc)  # microseconds included
+    assert job.next_attempt_at == stored.next_attempt_at.replace(tzinfo=timezone.utc)
+
+
+# The admin: jobqueue's active and archived jobs at /admin/jobqueue/message/ and /admin/jobqueue/archive/.
+
+
+@pytest.fixture
+def admin_client() -> Client:
+    """A superuser, logged in through the admin's login page."""
+    User.objects.filter(username="admin").delete()
+    User.objects.create_superuser("admin", "admin@example.com", "not-a-real-password")
+    client = Client()
+    login = client.post("/admin/login/", {"username": "admin", "password": "not-a-real-password", "next": "/admin/"})
+    assert login.status_code == 302 and login["Location"] == "/admin/"
+    return client
+
+
+def failed_job(order_id: int) -> int:
+    """A confirm_order job that fails at once (there is no such order) and is archived as failed."""
+    handle = confirm_order.apply_async(args=[order_id], retry_strategy=NoRetryStrategy())
+    worker = manage("jobqueue", "worker", "--burst", "--concurrency", "1")
+    assert worker.returncode == 0, worker.stderr
+    assert handle.status() == "failed"
+    return handle.id
+
+
+def shown(response) -> list[str]:  # type: ignore[no-untyped-def]
+    """The messages the admin shows on the page after an action."""
+    listed = re.search(r'<ul class="messagelist">(.*?)</ul>', response.text, re.S)
+    return [html.unescape(text) for text in re.findall(r"<li[^>]*>(.*?)</li>", listed.group(1) if listed else "")]
+
+
+def row(page, job_id: int) -> str:  # type: ignore[no-untyped-def]
+    """A job's row in a changelist, or "" if it is not listed."""
+    rows = re.findall(r"<tr>.*?</tr>", page.text, re.S)
+    return next((found for found in rows if re.search(rf'/{job_id}/change/["?]', found)), "")
+
+
+def test_the_admin_lists_active_and_archived_jobs(admin_client: Client) -> None:
+    failed = failed_job(900_001)
+    pending = confirm_order.delay(1)
+    active = admin_client.get("/admin/jobqueue/message/")
+    assert active.status_code == 200
+    listed = row(active, pending.id)
+    assert "shop.confirm_order" in listed and '<td class="field-state">pending</td>' in listed
+    assert row(active, failed) == ""
+    archived = admin_client.get("/admin/jobqueue/archive/")
+    listed = row(archived, failed)
+    assert '<td class="field-state">failed</td>' in listed and "Order.DoesNotExist" in listed
+    assert row(archived, pending.id) == ""
+    # Filters by state, queue and task; search by task name or id.
+    assert row(admin_client.get("/admin/jobqueue/archive/?state__exact=FAILED"), failed)
+    assert not row(admin_client.get("/admin/jobqueue/archive/?state__exact=COMPLETED"), failed)
+    assert row(admin_client.get("/admin/jobqueue/message/?queue=default"), pending.id)
+    assert not row(admin_client.get("/admin/jobqueue/message/?queue=emails"), pending.id)
+    assert row(admin_client.get("/admin/jobqueue/message/?task_name=shop.confirm_order"), pending.id)
+    assert row(admin_client.get(f"/admin/jobqueue/archive/?q={failed}"), failed)
+    assert row(admin_client.get("/admin/jobqueue/archive/?q=confirm"), failed)
+    assert not row(admin_client.get("/admin/jobqueue/archive/?q=receipt"), failed)
+
+
+def test_the_admin_shows_a_failed_job_read_only_with_its_traceback(admin_client: Client) -> None:
+    failed = failed_job(900_001)
+    page = admin_client.get(f"/admin/jobqueue/archive/{failed}/change/")
+    assert page.status_code == 200
+    assert "Traceback (most recent call last)" in page.text and "Order.DoesNotExist" in page.text
+    assert "shop.confirm_order(900001)" in page.text  # the call, its arguments decoded
+    assert 'name="_save"' not in page.text  # read-only: jobs change through the actions only
+    assert admin_client.post(f"/admin/jobqueue/archive/{failed}/change/", {}).status_code == 403
+    assert admin_client.get(f"/admin/jobqueue/archive/{failed}/delete/").status_code == 403
+    assert admin_client.get("/admin/jobqueue/message/add/").status_code == 403
+
+
+def test_retry_in_the_admin_puts_a_failed_job_back_for_a_worker(admin_client: Client) -> None:
+    failed = failed_job(900_002)
+    order = Order.objects.create(item="lamp", quantity=1)
+    completed = confirm_order.delay(order.id)
+    assert manage("jobqueue", "worker", "--burst", "--concurrency", "1").returncode == 0
+    Order.objects.create(id=900_002, item="desk", quantity=1)  # what the failed job was missing
+    response = admin_client.post(
+        "/admin/jobqueue/archive/",
+        {"action": "retry_jobs", "_selected_action": [failed, completed.id], "index": "0"},
+        follow=True,
+    )
+    assert shown(response) == [
+        f"Retried 1 job ({failed}).",
+        f"Not retried: job {completed.id}: completed; only failed or cancelled jobs are retried.",
+    ]
+    assert jobs() == (1, 1)
+    worker = manage("jobqueue", "worker", "--burst", "--concurrency", "1")
+    assert worker.returncode == 0, worker.stderr
+    assert jobs() == (0, 2)
+    assert Order.objects.get(pk=900_002).status == "confirmed"
+
+
+def test_cancel_in_the_admin_cancels_pending_jobs(admin_client: Client) -> None:
+    first, second = confirm_order.delay(1), confirm_order.delay(2)
+    assert row(admin_client.get("/admin/jobqueue/message/"), second.id)
+    assert cancel(app.store, second.id)  # cancelled elsewhere after the page was shown
+    response = admin_client.post(
+        "/admin/jobqueue/message/",
+        {"action": "cancel_jobs", "_selected_action": [first.id, second.id], "index": "0"},
+        follow=True,
+    )
+    assert shown(response) == [
+        f"Cancelled 1 job ({first.id}).",
+        f"Not cancelled: job {second.id}: it is cancelled (it changed after the page was shown).",
+    ]
+    assert first.status() == "cancelled" and jobs() == (0, 2)
+    logged = LogEntry.objects.get(object_id=str(first.id), content_type__model="message")
+    assert logged.user.username == "admin" and logged.get_change_message() == "Cancelled"

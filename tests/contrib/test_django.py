@@ -10,9 +10,12 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 from tests import servers
 from tests.acceptance.cli import ROOT
+
+HERE = Path(__file__).resolve().parent
 
 
 def test_django_example_site(backend: str, tmp_path) -> None:
@@ -32,3 +35,18 @@ def test_django_example_site(backend: str, tmp_path) -> None:
         assert " passed" in result.stdout and "failed" not in result.stdout
     finally:
         servers.drop_database(backend, url)
+
+
+def test_the_admin_uses_the_jobqueue_database_alias_and_table_prefix(tmp_path: Path) -> None:
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env.pop("JOBQUEUE_DATABASE_URL", None)
+    env.pop("DJANGO_SETTINGS_MODULE", None)
+    result = subprocess.run(
+        [sys.executable, str(HERE / "django_alias_site.py")],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0 and result.stdout.strip() == "ok", f"{result.stdout[-3000:]}\n{result.stderr[-3000:]}"

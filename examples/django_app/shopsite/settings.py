@@ -14,12 +14,38 @@ USE_TZ = True
 TIME_ZONE = "UTC"
 ROOT_URLCONF = "shopsite.urls"
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+STATIC_URL = "static/"
 
 INSTALLED_APPS = [
+    "django.contrib.admin",  # /admin/: jobqueue's active and archived jobs, with retry and cancel
+    "django.contrib.auth",
     "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
     "django_tasks",  # Django's task API (the backport; Django 6 has it as django.tasks)
-    "jobqueue.contrib.django",  # jobqueue's tables (migrate) and `manage.py jobqueue ...`
+    "jobqueue.contrib.django",  # jobqueue's tables (migrate), `manage.py jobqueue ...` and its admin
     "shop",
+]
+MIDDLEWARE = [
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+]
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ]
+        },
+    }
 ]
 
 JOBQUEUE = {"APP": "shop.tasks:app", "DATABASE": "default"}

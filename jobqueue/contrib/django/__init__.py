@@ -8,4 +8,6 @@
   ``transaction.atomic()`` writes through Django's connection: a rollback leaves no job.
 - ``jobqueue.contrib.django.backend.JobQueueBackend`` runs tasks written for Django's task API
   (``django.tasks``, or the ``django-tasks`` backport) on jobqueue workers.
+- With ``django.contrib.admin`` installed, the admin lists active and archived jobs (read-only)
+  and retries or cancels them (``admin.py``, over the unmanaged models of ``models.py``).
 """
