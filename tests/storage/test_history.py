@@ -13,11 +13,11 @@ from jobqueue.storage.history import MinuteCount, throughput
 NOW = datetime(2030, 3, 1, 9, 30, 20)
 
 
-def archive(app: JobQueue, rows: list[tuple[str, datetime, datetime | None]]) -> None:
-    """Archive rows as (state, finished_at, archived_at or None for the same time)."""
+def archive(app: JobQueue, rows: list[tuple[str, datetime, datetime | None]], first_id: int = 1000) -> None:
+    """Archive rows as (state, finished_at, archived_at or None for the same time), ids from ``first_id``."""
     values = [
         {
-            "id": 1000 + i,
+            "id": first_id + i,
             "task_name": "t.any",
             "queue": "default",
             "state": state,
@@ -58,9 +58,7 @@ def test_counts_per_minute_of_the_last_hour(app: JobQueue) -> None:
 
 
 def test_other_windows_and_an_empty_archive(app: JobQueue) -> None:
-    assert throughput(app.store, minutes=5, now=NOW) == [
-        MinuteCount(datetime(2030, 3, 1, 9, 26 + i)) for i in range(5)
-    ]
+    assert throughput(app.store, minutes=5, now=NOW) == [MinuteCount(datetime(2030, 3, 1, 9, 26 + i)) for i in range(5)]
     archive(app, [("COMPLETED", datetime(2030, 3, 1, 9, 30, 1), None)])
     assert throughput(app.store, minutes=1, now=NOW) == [MinuteCount(datetime(2030, 3, 1, 9, 30), completed=1)]
     with pytest.raises(ValueError, match="at least 1"):
