@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import logging
 import secrets
 from typing import TYPE_CHECKING
@@ -31,9 +33,7 @@ def create_app(queue: JobQueue, token: str | None = None, page_size: int = 50) -
         page_size: failed jobs per page.
     """
     app = Flask(__name__)
-    # Sessions (the CSRF token and the one-line messages after an action) are signed with a key of
-    # this process: a restart only means reloading the page before the next click.
-    app.secret_key = secrets.token_bytes(32)
+    app.secret_key = session_key(token)
     app.extensions["jobqueue_dashboard"] = views.Dashboard(queue, page_size)
     app.jinja_env.filters.update(FILTERS)
     app.jinja_env.globals["cell"] = cell
@@ -42,6 +42,18 @@ def create_app(queue: JobQueue, token: str | None = None, page_size: int = 50) -
     app.register_blueprint(views.pages)
     _handle_errors(app, queue)
     return app
+
+
+def session_key(token: str | None) -> bytes:
+    """The key that signs sessions (the CSRF token, the message after an action).
+
+    With a token it is derived from the token, so every process serving the dashboard (a WSGI
+    server's workers) and every restart signs alike; it is as secret as the token, which opens the
+    dashboard anyway. Without one it is random: a restart only means reloading the page.
+    """
+    if token is None:
+        return secrets.token_bytes(32)
+    return hmac.new(token.encode(), b"jobqueue dashboard session", hashlib.sha256).digest()
 
 
 def _handle_errors(app: Flask, queue: JobQueue) -> None:

@@ -213,3 +213,22 @@ def test_every_response_forbids_framing_and_scripts(app: JobQueue, client) -> No
     assert "frame-ancestors 'none'" in response.headers["Content-Security-Policy"]
     assert "script-src" not in response.headers["Content-Security-Policy"]  # default-src 'none': no script runs
     assert response.headers["Cache-Control"] == "no-store"
+
+
+def test_processes_serving_one_token_accept_each_others_sessions(app: JobQueue, tasks: SimpleNamespace) -> None:
+    """As the workers of a WSGI server do: the form comes from one process, the POST goes to another."""
+    failed = tasks.fail.delay("x")
+    run_due(app)
+    bearer = {"Authorization": f"Bearer {TOKEN}"}
+    one, two = (create_app(app, token=TOKEN).test_client() for _ in range(2))
+    html = one.get(f"/jobs/{failed.id}", headers=bearer).get_data(as_text=True)
+    two.set_cookie("session", one.get_cookie("session").value)
+    assert two.post(f"/jobs/{failed.id}/retry", data={"csrf_token": csrf_of(html)}, headers=bearer).status_code == 303
+    assert failed.status() == "pending"
+    other = create_app(app, token=TOKEN + "-other").test_client()  # another token signs otherwise
+    other.set_cookie("session", one.get_cookie("session").value)
+    other_bearer = {"Authorization": f"Bearer {TOKEN}-other"}
+    assert (
+        other.post(f"/jobs/{failed.id}/cancel", data={"csrf_token": csrf_of(html)}, headers=other_bearer).status_code
+        == 403
+    )
