@@ -50,16 +50,31 @@ def _dashboard() -> Dashboard:
 @pages.get("/")
 def overview() -> str:
     store = _dashboard().queue.store
-    queues = jobs.queue_counts(store)
-    minutes = history.throughput(store)
-    bars, peak = chart(minutes)
     refresh = request.args.get("refresh", type=int)
+    return render_overview(
+        jobs.queue_counts(store),
+        jobs.archive_counts(store),
+        jobs.live_workers(store),
+        history.throughput(store),
+        refresh if refresh in AUTO_REFRESH_SECONDS else None,
+    )
+
+
+def render_overview(
+    queues: list[dict[str, Any]],
+    archive: dict[str, int],
+    workers: list[dict[str, Any]],
+    minutes: list[history.MinuteCount],
+    refresh: int | None = None,
+) -> str:
+    """The overview page of these counts, workers and minutes (as the storage functions return them)."""
+    bars, peak = chart(minutes)
     return render_template(
         "overview.html",
         queues=queues,
         queue_columns=[name for name in QUEUE_COLUMNS if any(name in row for row in queues)],
-        archive=jobs.archive_counts(store),
-        workers=jobs.live_workers(store),
+        archive=archive,
+        workers=workers,
         bars=bars,
         peak=peak,
         chart_width=CHART_WIDTH,
@@ -67,7 +82,7 @@ def overview() -> str:
         first_minute=minutes[0].minute,
         completed_last_hour=sum(m.completed for m in minutes),
         failed_last_hour=sum(m.failed for m in minutes),
-        refresh=refresh if refresh in AUTO_REFRESH_SECONDS else None,
+        refresh=refresh,
         refresh_choices=AUTO_REFRESH_SECONDS,
     )
 

@@ -7,6 +7,7 @@ is what a worker wrote.
 from __future__ import annotations
 
 import re
+from datetime import datetime
 from types import SimpleNamespace
 
 from flask.testing import FlaskClient
@@ -14,9 +15,11 @@ from flask.testing import FlaskClient
 from jobqueue import JobQueue
 from jobqueue.clock import utcnow
 from jobqueue.dashboard import create_app
+from jobqueue.dashboard.views import render_overview
 from jobqueue.storage import jobs
 from jobqueue.storage.dialects.common import WorkerState
 from jobqueue.storage.engine import mask_url, url_secrets
+from jobqueue.storage.history import MinuteCount
 from tests.dashboard.conftest import csrf_of
 from tests.storage.test_lifecycle import run_due
 
@@ -232,3 +235,44 @@ def test_processes_serving_one_token_accept_each_others_sessions(app: JobQueue, 
         other.post(f"/jobs/{failed.id}/cancel", data={"csrf_token": csrf_of(html)}, headers=other_bearer).status_code
         == 403
     )
+
+
+def test_the_overview_reads_both_shapes_of_the_storage_counts(app: JobQueue) -> None:
+    """queue_counts has named states pending/retryable, and ready/scheduled/retrying/failed;
+    live_workers gains heartbeat_age_seconds and stale. Each shape renders, a missing key as "-"."""
+    minutes = [MinuteCount(datetime(2030, 3, 1, 9, i)) for i in range(60)]
+    worker = {"hostname": "h", "pid": 7, "queues": None, "running_job_id": None, "jobs_done": 3}
+    web = create_app(app)
+    with web.test_request_context("/"):
+        newer = render_overview(
+            [{"queue": "q", "ready": 4, "scheduled": 2, "processing": 1, "retrying": 0, "failed": 9}],
+            {"failed": 9},
+            [
+                dict(worker, heartbeat_age_seconds=2.5, stale=False),
+                dict(worker, pid=8, heartbeat_age_seconds=95, stale=True),
+            ],
+            minutes,
+        )
+        older = render_overview([{"queue": "q", "pending": 6, "processing": 1, "retryable": 0}], {}, [worker], minutes)
+    assert queue_cells(newer, "q") == {
+        "ready": "4",
+        "scheduled": "2",
+        "processing": "1",
+        "retrying": "0",
+        "failed": '<a href="/failed?queue=q">9</a>',
+        "oldest_ready_seconds": "-",
+    }
+    assert "2.5 s" in newer and "1 min 35 s" in newer and newer.count('<tr class="stale">') == 1
+    assert '<span class="badge stale">stale</span>' in newer
+    assert queue_cells(older, "q") == {"pending": "6", "processing": "1", "retryable": "0", "oldest_ready_seconds": "-"}
+    assert "stale" not in re.search(r'<table id="workers">(.*?)</table>', older, re.S).group(1)
+
+
+def test_a_database_that_does_not_answer_is_a_page_without_its_password(caplog) -> None:
+    unreachable = JobQueue("postgresql+psycopg2://someone:hunter2-secret@127.0.0.1:1/nowhere")
+    response = create_app(unreachable).test_client().get("/")
+    html = response.get_data(as_text=True)
+    assert response.status_code == 503 and "The database did not answer" in html
+    assert "someone:***@127.0.0.1:1/nowhere" in html  # the header names the database
+    assert "hunter2" not in html + caplog.text and "dashboard request failed" in caplog.text
+    unreachable.close()
