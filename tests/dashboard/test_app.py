@@ -185,6 +185,10 @@ def test_a_token_is_required_when_configured(app: JobQueue, tasks: SimpleNamespa
     assert client.get("/", headers={"Authorization": f"Bearer {TOKEN}"}).status_code == 200
     first = client.get(f"/failed?token={TOKEN}&task=t.fail")
     assert first.status_code == 303 and first.headers["Location"] == "/failed?task=t.fail"  # out of the address bar
+    # a request line "GET //evil.example/?token=..." is redirected within the dashboard (werkzeug
+    # collapses the leading slashes of the path), never to that site
+    sneaky = client.get("/", query_string={"token": TOKEN}, environ_overrides={"PATH_INFO": "//evil.example/"})
+    assert sneaky.headers["Location"] == "/evil.example/"
     cookie = first.headers["Set-Cookie"]
     assert "HttpOnly" in cookie and "SameSite=Lax" in cookie
     html = page(client, f"/jobs/{failed.id}")  # the cookie carries it from now on
