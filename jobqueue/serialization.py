@@ -92,6 +92,26 @@ def loads_call(serializer: Serializer, data: bytes) -> tuple[list[Any], dict[str
     return value[0], value[1]
 
 
+def decode_row(serializer: Serializer, row: dict[str, Any]) -> dict[str, Any]:
+    """The arguments, result and checkpoint of a message or archive row, for people to read.
+
+    What this serializer cannot read becomes a ``<cannot decode: ...>`` string instead of an error:
+    the rest of the job (state, error, traceback) is still worth showing.
+    """
+    out: dict[str, Any] = {}
+    try:
+        out["args"], out["kwargs"] = loads_call(serializer, row["payload"])
+    except Exception as exc:
+        out["args"] = out["kwargs"] = f"<cannot decode: {exc}>"
+    for name in ("result", "checkpoint"):
+        if row.get(name) is not None:
+            try:
+                out[name] = serializer.loads(row[name])
+            except Exception as exc:
+                out[name] = f"<cannot decode: {exc}>"
+    return out
+
+
 def _encode(obj: Any, path: str) -> Any:
     kind = type(obj)
     if obj is None or kind is str or kind is int or kind is bool or kind is float:

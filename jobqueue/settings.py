@@ -17,6 +17,7 @@ from jobqueue.errors import ConfigurationError
 DEFAULT_DATABASE_URL = "sqlite:///jobqueue.sqlite3"
 DATABASE_URL_ENV = "JOBQUEUE_DATABASE_URL"
 APP_ENV = "JOBQUEUE_APP"
+DASHBOARD_TOKEN_ENV = "JOBQUEUE_DASHBOARD_TOKEN"
 
 QUEUE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:\-]{0,99}$")
 TABLE_PREFIX = re.compile(r"^[a-z][a-z0-9_]{0,30}$")

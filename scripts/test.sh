@@ -9,6 +9,8 @@ cd "$(dirname "$0")/.."
 . scripts/lib.sh
 
 ensure_debs gcc pkg-config libmariadb-dev postgresql mariadb-server mariadb-client procps
+# the dashboard's browser test drives Debian's Chromium; nothing downloads a browser at test time
+ensure_debs chromium chromium-driver
 ensure_python yes
 ensure_java
 start_postgres

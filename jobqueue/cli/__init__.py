@@ -88,7 +88,7 @@ def bound_cli(app: JobQueue, name: str = "jobqueue") -> click.Group:
 
 
 def _register() -> None:
-    from jobqueue.cli import db, enqueue, jobs, periodic, pipeline, status, topics, worker
+    from jobqueue.cli import dashboard, db, enqueue, jobs, periodic, pipeline, status, topics, worker
 
     cli.add_command(db.db)
     cli.add_command(jobs.jobs)
@@ -101,6 +101,7 @@ def _register() -> None:
     cli.add_command(topics.topics)
     cli.add_command(pipeline.report)
     cli.add_command(pipeline.archive)
+    cli.add_command(dashboard.dashboard)
 
 
 _register()

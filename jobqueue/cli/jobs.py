@@ -13,7 +13,7 @@ from jobqueue.cli.state import CliState, Group
 from jobqueue.clock import utcnow
 from jobqueue.duration import parse_age
 from jobqueue.errors import JobNotFound
-from jobqueue.serialization import loads_call
+from jobqueue.serialization import decode_row
 from jobqueue.storage import deadletter, waiting
 from jobqueue.storage import jobs as job_queries
 
@@ -64,22 +64,6 @@ def list_(
         )
 
 
-def _decoded(state: CliState, row: dict[str, Any]) -> dict[str, Any]:
-    serializer = state.app.serializer
-    out: dict[str, Any] = {}
-    try:
-        out["args"], out["kwargs"] = loads_call(serializer, row["payload"])
-    except Exception as exc:  # a payload this app cannot read is still worth showing the rest of
-        out["args"] = out["kwargs"] = f"<cannot decode: {exc}>"
-    for name in ("result", "checkpoint"):
-        if row.get(name) is not None:
-            try:
-                out[name] = serializer.loads(row[name])
-            except Exception as exc:
-                out[name] = f"<cannot decode: {exc}>"
-    return out
-
-
 def _flow_line(flow: dict[str, Any]) -> str:
     limit = flow["limit"]
     text = f"{flow['key']!r}: {flow['running']} running" + (f" of at most {limit}" if limit is not None else "")
@@ -98,7 +82,7 @@ def show(state: CliState, /, job_id: int, as_json: bool) -> None:
     if found is None:
         raise JobNotFound(f"job {job_id} not found: it never existed, was purged, or was not retained")
     where, row = found
-    decoded = _decoded(state, row)
+    decoded = decode_row(state.app.serializer, row)
     wait = waiting.explain(state.app.store, [row]).get(job_id) if where == "message" else None
     holder, flow = (wait.holder, wait.flow) if wait else (None, None)
     if as_json:

@@ -21,9 +21,17 @@ HISTORY_TRACEBACK_CHARS = 20_000
 
 
 def list_jobs(
-    store: Store, states: Iterable[str] = (), task: str | None = None, queue: str | None = None, limit: int = 50
+    store: Store,
+    states: Iterable[str] = (),
+    task: str | None = None,
+    queue: str | None = None,
+    limit: int = 50,
+    before_id: int | None = None,
 ) -> list[dict[str, Any]]:
-    """The newest jobs (highest ids first) in the given states, from both tables as needed."""
+    """The newest jobs (highest ids first) in the given states, from both tables as needed.
+
+    ``before_id`` pages on: only jobs with a lower id, so a page stays put while new jobs arrive.
+    """
     wanted = {s.upper() for s in states} or ACTIVE | ARCHIVED
     m, a = store.tables.message, store.tables.archive
     found: list[dict[str, Any]] = []
@@ -54,6 +62,8 @@ def list_jobs(
                 stmt = stmt.where(table.c.task_name != SCHEDULE_TASK)  # see `jobqueue periodic list`
             if queue:
                 stmt = stmt.where(table.c.queue == queue)
+            if before_id is not None:
+                stmt = stmt.where(table.c.id < before_id)
             found.extend(dict(row) for row in conn.execute(stmt.order_by(table.c.id.desc()).limit(limit)).mappings())
     found.sort(key=lambda row: row["id"], reverse=True)
     for row in found:

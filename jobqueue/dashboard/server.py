@@ -1,0 +1,42 @@
+"""Serve the dashboard with werkzeug's threaded WSGI server.
+
+The dashboard is a page a few people open now and then: werkzeug (which Flask brings anyway)
+serves that well, one thread a request, with no other server to install. Put a TLS-terminating
+proxy in front of it when it is reached over a network.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from typing import Any
+
+from flask import Flask
+from werkzeug.serving import WSGIRequestHandler, make_server
+
+from jobqueue.errors import ConfigurationError
+
+_TOKEN_IN_QUERY = re.compile(r"([?&]token=)[^&\s\"]*", re.IGNORECASE)
+
+
+class RequestHandler(WSGIRequestHandler):
+    """werkzeug's handler, with any ``?token=`` masked in the access log, and no terminal colours
+    in it (log lines may be JSON, or go to a file)."""
+
+    def log_request(self, code: int | str = "-", size: int | str = "-") -> None:
+        self.log("info", '"%s" %s %s', self.requestline, code, size)
+
+    def log(self, type: str, message: str, *args: Any) -> None:
+        super().log(type, message, *(_TOKEN_IN_QUERY.sub(r"\1***", a) if isinstance(a, str) else a for a in args))
+
+
+def serve(app: Flask, host: str, port: int, on_ready: Callable[[str], None]) -> None:
+    """Listen on ``host``:``port`` (0: any free port), call ``on_ready(url)``, serve until interrupted."""
+    try:
+        server = make_server(host, port, app, threaded=True, request_handler=RequestHandler)
+    except (OSError, SystemExit) as exc:  # werkzeug exits when the port is taken
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else "the address is in use"
+        raise ConfigurationError(f"cannot listen on {host}:{port}: {reason}; choose another --port or --host") from None
+    shown_host = f"[{host}]" if ":" in host else host
+    on_ready(f"http://{shown_host}:{server.server_port}/")
+    server.serve_forever()  # returns on KeyboardInterrupt, having closed the socket

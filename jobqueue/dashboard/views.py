@@ -1,0 +1,165 @@
+"""The dashboard's pages (overview, failed jobs, one job) and its two actions (retry, cancel).
+
+Views only read and call the storage functions the ``jobqueue`` commands use, so a page and
+``jobqueue status`` / ``jobqueue jobs show`` never disagree. Every action is a POST (checked for its
+CSRF token before it gets here) that redirects back, so reloading a page never repeats it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from flask import Blueprint, abort, current_app, flash, redirect, render_template, request, url_for
+from werkzeug.wrappers import Response
+
+from jobqueue.clock import utcnow
+from jobqueue.dashboard.formatting import CHART_HEIGHT, CHART_WIDTH, chart
+from jobqueue.serialization import decode_row
+from jobqueue.storage import deadletter, history, jobs
+from jobqueue.storage.engine import mask_url
+
+if TYPE_CHECKING:
+    from jobqueue.app import JobQueue
+
+pages = Blueprint("pages", __name__)
+
+# Queue columns in the order shown. The storage layer has named the message states two ways
+# ("pending"/"retryable", then "ready"/"scheduled"/"retrying" with "failed" from the archive); the
+# table shows those of the names it reports, so it reads right against either.
+QUEUE_COLUMNS = ("ready", "scheduled", "pending", "processing", "retrying", "retryable", "failed")
+AUTO_REFRESH_SECONDS = (5, 30)
+CANCELLABLE = ("pending", "retryable")
+RETRYABLE = tuple(state.lower() for state in deadletter.RETRYABLE_FROM_ARCHIVE)
+
+
+@dataclass(frozen=True)
+class Dashboard:
+    """What the views need: the queue they show and how many failed jobs a page lists."""
+
+    queue: JobQueue
+    page_size: int = 50
+
+
+def _dashboard() -> Dashboard:
+    found = current_app.extensions["jobqueue_dashboard"]
+    assert isinstance(found, Dashboard)
+    return found
+
+
+@pages.get("/")
+def overview() -> str:
+    store = _dashboard().queue.store
+    refresh = request.args.get("refresh", type=int)
+    return render_overview(
+        jobs.queue_counts(store),
+        jobs.archive_counts(store),
+        jobs.live_workers(store),
+        history.throughput(store),
+        refresh if refresh in AUTO_REFRESH_SECONDS else None,
+    )
+
+
+def render_overview(
+    queues: list[dict[str, Any]],
+    archive: dict[str, int],
+    workers: list[dict[str, Any]],
+    minutes: list[history.MinuteCount],
+    refresh: int | None = None,
+) -> str:
+    """The overview page of these counts, workers and minutes (as the storage functions return them)."""
+    bars, peak = chart(minutes)
+    return render_template(
+        "overview.html",
+        queues=queues,
+        queue_columns=[name for name in QUEUE_COLUMNS if any(name in row for row in queues)],
+        archive=archive,
+        workers=workers,
+        bars=bars,
+        peak=peak,
+        chart_width=CHART_WIDTH,
+        chart_height=CHART_HEIGHT,
+        first_minute=minutes[0].minute,
+        completed_last_hour=sum(m.completed for m in minutes),
+        failed_last_hour=sum(m.failed for m in minutes),
+        refresh=refresh,
+        refresh_choices=AUTO_REFRESH_SECONDS,
+    )
+
+
+@pages.get("/failed")
+def failed() -> str:
+    dashboard = _dashboard()
+    store = dashboard.queue.store
+    task = request.args.get("task") or None
+    queue = request.args.get("queue") or None
+    before = request.args.get("before", type=int)
+    rows = deadletter.list_jobs(store, ["failed"], task, queue, limit=dashboard.page_size + 1, before_id=before)
+    more = len(rows) > dashboard.page_size
+    rows = rows[: dashboard.page_size]
+    return render_template(
+        "failed.html",
+        rows=rows,
+        task=task,
+        queue=queue,
+        first_page=before is None,
+        next_before=rows[-1]["id"] if more else None,
+        # count_archived has no queue filter: a total is shown only where it would be right.
+        total=None if queue else deadletter.count_archived(store, "failed", task),
+    )
+
+
+@pages.get("/jobs/<int:job_id>")
+def job(job_id: int) -> str:
+    queue = _dashboard().queue
+    found = deadletter.job_row(queue.store, job_id)
+    if found is None:
+        abort(404, f"job {job_id} not found: it never existed, was purged, or was not kept in the archive")
+    where, row = found
+    state = row["state"].lower()
+    archived = where == "archive"
+    return render_template(
+        "job.html",
+        job=row,
+        state=state,
+        archived=archived,
+        decoded=decode_row(queue.serializer, row),
+        error_type=row.get("error_type" if archived else "last_error_type"),
+        error_message=row.get("error_message" if archived else "last_error_message"),
+        traceback=row.get("error_traceback" if archived else "last_error_traceback"),
+        history=row.get("history") or [],
+        can_retry=archived and state in RETRYABLE,
+        can_cancel=not archived and state in CANCELLABLE,
+    )
+
+
+@pages.post("/jobs/<int:job_id>/retry")
+def retry(job_id: int) -> Response:
+    report = deadletter.retry(_dashboard().queue.store, [job_id])
+    if job_id in report.retried:
+        flash(f"job {job_id} is back in its queue, attempts reset", "ok")
+    else:
+        flash(f"job {job_id} not retried: {report.refused.get(job_id, 'unknown reason')}", "error")
+    return _back(job_id)
+
+
+@pages.post("/jobs/<int:job_id>/cancel")
+def cancel(job_id: int) -> Response:
+    if jobs.cancel(_dashboard().queue.store, job_id):
+        flash(f"job {job_id} cancelled: archived, it will not run", "ok")
+    else:
+        flash(f"job {job_id} not cancelled: it is running, has ended or does not exist", "error")
+    return _back(job_id)
+
+
+def _back(job_id: int) -> Response:
+    """Redirect to the form's ``next`` page if it is one of ours, else to the job's page."""
+    target = request.form.get("next", "")
+    if not target.startswith("/") or target.startswith("//") or "\\" in target:
+        target = url_for("pages.job", job_id=job_id)
+    return redirect(target, code=303)
+
+
+def context() -> dict[str, Any]:
+    """Template values every page has: the time of the page and the database it shows (masked)."""
+    return {"generated_at": utcnow(), "database": mask_url(_dashboard().queue.database_url)}
