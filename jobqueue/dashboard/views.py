@@ -27,7 +27,7 @@ pages = Blueprint("pages", __name__)
 # Queue columns in the order shown. The storage layer has named the message states two ways
 # ("pending"/"retryable", then "ready"/"scheduled"/"retrying" with "failed" from the archive); the
 # table shows those of the names it reports, so it reads right against either.
-QUEUE_COLUMNS = ("ready", "scheduled", "pending", "processing", "retrying", "retryable", "failed")
+QUEUE_COLUMNS = jobs.QUEUE_STATES
 AUTO_REFRESH_SECONDS = (5, 30)
 CANCELLABLE = ("pending", "retryable")
 RETRYABLE = tuple(state.lower() for state in deadletter.RETRYABLE_FROM_ARCHIVE)
@@ -49,12 +49,13 @@ def _dashboard() -> Dashboard:
 
 @pages.get("/")
 def overview() -> str:
-    store = _dashboard().queue.store
+    queue = _dashboard().queue
+    store = queue.store
     refresh = request.args.get("refresh", type=int)
     return render_overview(
         jobs.queue_counts(store),
         jobs.archive_counts(store),
-        jobs.live_workers(store),
+        jobs.worker_rows(store, queue.settings.worker_stale_after),
         history.throughput(store),
         refresh if refresh in AUTO_REFRESH_SECONDS else None,
     )

@@ -139,7 +139,11 @@ def busy_overview(app: JobQueue, browser: webdriver.Chrome, url: str, tmp_path: 
             basic.add.apply_async((i, i), queue=queue, countdown=600 + 60 * i)
     sleeper = basic.sleep.delay(30)
     wait_for(
-        lambda: any(w.get("running_job_id") == sleeper.id for w in jobs.live_workers(app.store)), 15, "a heartbeat"
+        lambda: any(
+            w.get("running_job_id") == sleeper.id for w in jobs.live_workers(app.store, app.settings.worker_stale_after)
+        ),
+        15,
+        "a heartbeat",
     )
     wait_for(lambda: jobs.archive_counts(app.store).get("completed", 0) >= 41, 15, "the additions to complete")
     browser.get(url)
