@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timezone
 from typing import Any
 
 import sqlalchemy as sa
@@ -91,8 +91,8 @@ class RetryReport:
 
 
 def _history_entry(row: dict[str, Any]) -> dict[str, Any]:
-    def iso(value: datetime | None) -> str | None:
-        return value.isoformat() if value is not None else None
+    def iso(value: datetime | None) -> str | None:  # stored times are UTC: say so
+        return value.replace(tzinfo=timezone.utc).isoformat() if value is not None else None
 
     traceback = row.get("error_traceback")
     return {

@@ -40,6 +40,7 @@ def test_list_show_retry_a_failed_job(app: JobQueue, tmp_path: Path) -> None:
     assert failing.get(timeout=5) == "second run works"  # the same id ran again
     history = json.loads(jobqueue("jobs", "show", str(failing.id), "--json").stdout)["history"]
     assert history[0]["error_message"] == "first run fails"
+    assert history[0]["finished_at"].endswith("+00:00")  # times in --json carry their offset
     assert "history 1: FAILED" in jobqueue("jobs", "show", str(failing.id)).stdout
 
 
