@@ -65,17 +65,14 @@ def test_overview_shows_queues_archive_throughput_and_workers(app: JobQueue, tas
     app.store.heartbeat([WorkerState("w" * 32, running_job_id=running.id, running_since=utcnow(), jobs_done=17)], 30)
 
     html = page(client, "/")
-    # Whatever states the storage layer reports per queue, each is shown as it counts it.
+    # Each state of each queue is shown as the storage layer counts it (a failed count links to the list).
     for row in jobs.queue_counts(app.store):
         cells = queue_cells(html, row["queue"])
         for key, value in row.items():
             if key in cells and isinstance(value, int):
-                assert cells[key] == str(value), (row["queue"], key)
+                assert re.sub(r"<[^>]+>", "", cells[key]) == str(value), (row["queue"], key)
     reports = queue_cells(html, "reports")
-    if "ready" in reports:
-        assert (reports["ready"], reports["scheduled"]) == ("1", "1")
-    else:
-        assert reports["pending"] == "2"
+    assert (reports["ready"], reports["scheduled"]) == ("1", "1")
     assert re.search(r"completed 1</span>,\s*<a class=\"state-failed\" href=\"/failed\">failed 1</a>", html)
     assert "1 completed</span>" in html and "1 failed</span>" in html  # the last hour's throughput
     assert html.count('<rect class="completed"') == 60
