@@ -130,7 +130,7 @@ def test_hard_timeout_kills_and_retries_then_fails(app: JobQueue, tmp_path: Path
     assert table_rows(app, "archive", "attempts_count")[0] == (2,)  # killed, retried once, killed, failed
     assert {h.status() for h in others} == {"completed"}
     log = worker.text()
-    assert "killed after its timeout of 1 s (retry at" in log and "killed after its timeout of 1 s (failed)" in log
+    assert "killed after its timeout of 1 s; retry at" in log and "killed after its timeout of 1 s; failed" in log
 
 
 def test_soft_timeout_raises_inside_the_job(app: JobQueue, tmp_path: Path, workers: list[Worker]) -> None:
