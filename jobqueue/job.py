@@ -160,6 +160,15 @@ class Outcome:
     # The exception behind ``error``, for signal receivers and the log in this process; never stored.
     exception: BaseException | None = field(default=None, repr=False, compare=False)
 
+    @property
+    def name(self) -> str:
+        """What logs and metrics call it: completed, failed, retrying, deferred (pending: handed back)."""
+        if self.kind is OutcomeKind.RETRY:
+            return "retrying"
+        if self.kind is OutcomeKind.DEFER:
+            return "deferred"
+        return self.state.public
+
 
 @dataclass
 class Batch:

@@ -73,7 +73,7 @@ def render_overview(
     return render_template(
         "overview.html",
         queues=queues,
-        queue_columns=[name for name in QUEUE_COLUMNS if any(name in row for row in queues)],
+        queue_columns=QUEUE_COLUMNS,
         archive=archive,
         workers=workers,
         bars=bars,

@@ -373,15 +373,12 @@ def announce(task: Task | None, context: JobContext, outcome: Outcome, result: A
 def outcome_fields(outcome: Outcome) -> dict[str, Any]:
     """The structured fields of an outcome's log line (``--log-json`` writes them as keys)."""
     m = outcome.message
-    name = (
-        "retrying" if outcome.kind is OutcomeKind.RETRY else "deferred" if outcome.kind is OutcomeKind.DEFER else None
-    )
     return {
         "job_id": m.id,
         "task": m.task_name,
         "queue": m.queue,
         "attempt": m.attempts_count,
-        "outcome": name or outcome.state.public,
+        "outcome": outcome.name,
         "duration_seconds": round(outcome.duration_seconds or 0.0, 6),
     }
 

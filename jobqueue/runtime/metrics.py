@@ -73,11 +73,9 @@ class Metrics:
     def written(self, outcomes: list[Outcome]) -> None:
         for outcome in outcomes:
             m = outcome.message
-            kind = outcome.kind
-            if kind is OutcomeKind.RETURN:
+            if outcome.kind is OutcomeKind.RETURN:
                 continue
-            name = "retrying" if kind is OutcomeKind.RETRY else "deferred" if kind is OutcomeKind.DEFER else None
-            self.jobs.labels(m.task_name, m.queue, name or outcome.state.public).inc()
+            self.jobs.labels(m.task_name, m.queue, outcome.name).inc()
             if outcome.duration_seconds is not None:
                 self.duration.labels(m.task_name).observe(outcome.duration_seconds)
 

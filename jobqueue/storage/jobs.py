@@ -146,7 +146,3 @@ def worker_rows(store: Store, stale_after_seconds: float) -> list[dict[str, Any]
         since = row.get("running_since")
         row["running_seconds"] = max(0.0, (now - since).total_seconds()) if since is not None else None
     return rows
-
-
-def live_workers(store: Store, stale_after_seconds: float) -> list[dict[str, Any]]:
-    return [row for row in worker_rows(store, stale_after_seconds) if not row["stale"]]

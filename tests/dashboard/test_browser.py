@@ -140,7 +140,7 @@ def busy_overview(app: JobQueue, browser: webdriver.Chrome, url: str, tmp_path: 
     sleeper = basic.sleep.delay(30)
     wait_for(
         lambda: any(
-            w.get("running_job_id") == sleeper.id for w in jobs.live_workers(app.store, app.settings.worker_stale_after)
+            w.get("running_job_id") == sleeper.id for w in jobs.worker_rows(app.store, app.settings.worker_stale_after)
         ),
         15,
         "a heartbeat",
