@@ -19,7 +19,7 @@ from jobqueue.serialization import get_serializer
 from jobqueue.settings import DATABASE_URL_ENV, Settings, parse_queues, resolve_database_url, setting_names
 from jobqueue.storage import schema_manager
 from jobqueue.storage.engine import create_engine, mask_url, same_database
-from jobqueue.storage.store import Store
+from jobqueue.storage.store import Store, commit_watch
 from jobqueue.storage.tables import Tables, build_tables
 from jobqueue.storage.topics import START_LATEST, TopicStore
 from jobqueue.task import Task, build_options
@@ -127,6 +127,15 @@ class JobQueue:
             return
         with framework.connection() as ambient:
             yield ambient
+
+    def commit_watch(self, given: Any, used: Any) -> Callable[[], bool] | None:
+        """After an enqueue through ``given`` (the caller's connection) or ``used`` (the framework's):
+        a function telling whether the transaction holding the job is still open, or None."""
+        if given is not None:
+            return commit_watch(given)
+        if self._framework is not None and used is not None:
+            return self._framework.commit_watch(used)
+        return None
 
     @contextmanager
     def job_scope(self) -> Iterator[None]:

@@ -27,6 +27,11 @@ class JobNotFound(JobQueueError):
     """No message or archive row has this id (never existed, purged, or not retained)."""
 
 
+class JobNotCommitted(JobNotFound):
+    """The job was enqueued in a transaction that has not committed yet: nobody else can see it
+    until that transaction commits, and it never exists if the transaction rolls back."""
+
+
 class TimeLimitExceeded(JobQueueError):
     """A job ran past its hard ``timeout`` and its process was killed."""
 

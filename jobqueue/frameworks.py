@@ -28,6 +28,13 @@ class Framework:
         """The connection or session an enqueue without ``connection=`` writes through, or None."""
         yield None
 
+    def commit_watch(self, connection: Any) -> Callable[[], bool] | None:
+        """After an enqueue through ``connection``: a function telling whether the transaction
+        holding the new job is still open (None: it is committed already)."""
+        from jobqueue.storage.store import commit_watch
+
+        return commit_watch(connection)
+
     @contextmanager
     def job_scope(self) -> Iterator[None]:
         """Wraps every job a worker process runs."""

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from jobqueue.errors import JobCancelled, JobFailed, JobNotFound
+from jobqueue.errors import JobCancelled, JobFailed, JobNotCommitted, JobNotFound
 from jobqueue.job import MessageState
 from jobqueue.storage import jobs
 
@@ -19,11 +20,13 @@ POLL_MAX_SECONDS = 0.25
 class JobHandle:
     """A job's id with ways to read its status, wait for its result and cancel it."""
 
-    __slots__ = ("app", "id")
+    __slots__ = ("app", "id", "_uncommitted")
 
-    def __init__(self, app: JobQueue, job_id: int) -> None:
+    def __init__(self, app: JobQueue, job_id: int, uncommitted: Callable[[], bool] | None = None) -> None:
         self.app = app
         self.id = int(job_id)
+        # For a job enqueued in a transaction of the caller's: whether that transaction is still open.
+        self._uncommitted = uncommitted
 
     def __repr__(self) -> str:
         return f"<JobHandle {self.id}>"
@@ -38,11 +41,20 @@ class JobHandle:
         """Return "pending", "processing", "retryable", "completed", "failed" or "cancelled"."""
         state = jobs.job_state(self.app.store, self.id)
         if state is None:
+            self._raise_uncommitted()
             raise JobNotFound(
                 f"job {self.id} not found: it never existed, was purged, or its archive "
                 "row was not retained (retain_in_archive_on_ack/on_reject)"
             )
         return state.public
+
+    def _raise_uncommitted(self) -> None:
+        if self._uncommitted is not None and self._uncommitted():
+            raise JobNotCommitted(
+                f"job {self.id} was enqueued in a transaction that has not committed yet: no worker "
+                "(and no other connection) can see it until that transaction commits, and it is gone "
+                "if it rolls back; read its status after the commit"
+            )
 
     def get(self, timeout: float | None = None) -> Any:
         """Wait for the job to end and return its result.
@@ -62,6 +74,7 @@ class JobHandle:
                 archived = jobs.archived_job(store, self.id)
                 if archived is not None:
                     return self._finish(archived)
+                self._raise_uncommitted()  # waiting in the transaction that holds it would never end
                 raise JobNotFound(
                     f"job {self.id} not found: it never existed, was purged, or its archive "
                     "row was not retained, so there is no result to read"

@@ -202,6 +202,11 @@ def make_schedule(
     if not isinstance(task, TaskClass):
         raise ConfigurationError("@app.periodic goes above @app.task: it schedules a task, not a plain function")
     seconds = every.total_seconds() if isinstance(every, timedelta) else every
+    try:
+        if task.checker is not None:
+            task.checker(*args, **dict(kwargs or {}))
+    except TypeError as exc:
+        raise ConfigurationError(f"@app.periodic(args=, kwargs=) do not fit task {task.name}: {exc}") from None
     payload = dumps_call(app.serializer, tuple(args), dict(kwargs or {}))
     return Schedule(
         name=name or task.name,

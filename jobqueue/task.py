@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import difflib
 import functools
+import inspect
 import json
+import keyword
 import os
 import re
 import sys
@@ -136,6 +138,40 @@ def build_options(fn: Callable[..., Any], options: dict[str, Any], reserved_ok: 
     return TaskOptions(**values)
 
 
+class _Default:
+    """Stands for every default value in a call checker's source (the values themselves do not matter)."""
+
+    def __repr__(self) -> str:
+        return "_default"
+
+
+def call_checker(fn: Callable[..., Any], bind: bool) -> Callable[..., None] | None:
+    """A function with ``fn``'s parameters and an empty body: calling it binds a call as ``fn`` would,
+    raising Python's own TypeError when it cannot (twenty times cheaper than ``Signature.bind``).
+
+    None when Python cannot read ``fn``'s signature (some builtins): such calls are not checked.
+    A bound task's first parameter is the job context, which no caller passes.
+    """
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return None
+    params = list(signature.parameters.values())
+    if bind and params and params[0].kind is not inspect.Parameter.VAR_POSITIONAL:
+        params = params[1:]
+    default = _Default()
+    stripped = inspect.Signature(
+        [p.replace(annotation=p.empty, default=p.empty if p.default is p.empty else default) for p in params]
+    )
+    name = getattr(fn, "__name__", "")
+    name = name if name.isidentifier() and not keyword.iskeyword(name) and name != "_default" else "task"
+    namespace: dict[str, Any] = {"_default": None}
+    # The source holds only identifiers: parameter names, the function name, and the default stand-in.
+    exec(f"def {name}{stripped}:\n    pass", namespace)
+    checker: Callable[..., None] = namespace[name]
+    return checker
+
+
 class Task:
     """A registered function. Call it to run inline; ``delay``/``apply_async``/``bulk`` to enqueue."""
 
@@ -145,13 +181,21 @@ class Task:
         self.options = options
         self.name = options.name
         self.flow = Flow.of(options.name, options.concurrency_key, options.concurrency_limit, options.rate_limit)
+        self.checker = call_checker(fn, options.bind)
+        # An async def function: the worker runs its coroutine on the process's event loop.
+        self.is_async = inspect.iscoroutinefunction(fn)
         functools.update_wrapper(self, fn)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        """Run the function here and now, like a plain call (a bound task gets an inline context)."""
+        """Run the function here and now, like a plain call (a bound task gets an inline context).
+
+        An ``async def`` task returns its coroutine, as the plain function would.
+        """
         if not self.options.bind:
             return self.fn(*args, **kwargs)
         context = JobContext(None, self.app.serializer)
+        if self.is_async:
+            return _bound_coroutine(self.fn, context, args, kwargs)
         token = activate(context)
         try:
             return self.fn(context, *args, **kwargs)
@@ -164,6 +208,15 @@ class Task:
     @property
     def queue(self) -> str:
         return self.options.queue or self.app.settings.default_queue
+
+    def check_call(self, args: Sequence[Any], kwargs: dict[str, Any], item: int | None = None) -> None:
+        """Raise TypeError, naming the task, unless the function could be called with these arguments."""
+        if self.checker is None:
+            return
+        try:
+            self.checker(*args, **kwargs)
+        except TypeError as exc:
+            raise TypeError(f"{_item(item)}task {self.name}: {exc}; nothing was enqueued") from None
 
     def delay(self, *args: Any, **kwargs: Any) -> JobHandle:
         """Enqueue a call with these arguments now."""
@@ -192,9 +245,13 @@ class Task:
         options = self._call_options(
             eta, countdown, queue, priority, headers, unique_key, partition_key, retry_strategy
         )
-        row = self._row(args, kwargs or {}, options, utcnow())
+        kwargs = {} if kwargs is None else kwargs
+        if isinstance(args, (tuple, list)) and isinstance(kwargs, dict):
+            self.check_call(args, kwargs)
+        row = self._row(args, kwargs, options, utcnow())
         with self.app.enqueue_connection(connection) as conn:
-            return JobHandle(self.app, self.app.store.enqueue([row], connection=conn)[0])
+            job_id = self.app.store.enqueue([row], connection=conn)[0]
+            return JobHandle(self.app, job_id, self.app.commit_watch(connection, conn))
 
     def bulk(
         self,
@@ -244,7 +301,8 @@ class Task:
         batch = Batch(common, _Payloads(self, items), keys)
         with self.app.enqueue_connection(connection) as given:
             ids = self.app.store.enqueue_bulk(batch, batch_size, given)
-        return [JobHandle(self.app, job_id) for job_id in ids]
+            watch = self.app.commit_watch(connection, given)
+        return [JobHandle(self.app, job_id, watch) for job_id in ids]
 
     def _bulk_by_flow_key(
         self,
@@ -269,10 +327,12 @@ class Task:
                 )
                 for index, new_id in zip(indexes, self.app.store.enqueue_bulk(batch, batch_size, conn), strict=True):
                     ids[index] = new_id
-        return [JobHandle(self.app, job_id) for job_id in ids]
+            watch = self.app.commit_watch(connection, given)
+        return [JobHandle(self.app, job_id, watch) for job_id in ids]
 
     def _bulk_payload(self, item: Any, index: int) -> bytes:
         args, kwargs = _item_call(item, index)
+        self.check_call(args, kwargs, index)
         return self._payload(args, kwargs, index)
 
     def common_row(
@@ -372,6 +432,17 @@ class Task:
             "created_at": now,
             "next_attempt_at": options["eta"] or now,
         }
+
+
+async def _bound_coroutine(
+    fn: Callable[..., Any], context: JobContext, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> Any:
+    """An inline call of a bound async task: its context is current while the coroutine runs."""
+    token = activate(context)
+    try:
+        return await fn(context, *args, **kwargs)
+    finally:
+        deactivate(token)
 
 
 def stored_call(

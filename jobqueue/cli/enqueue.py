@@ -62,9 +62,12 @@ def enqueue(
                 "(or set JOBQUEUE_APP) so jobqueue knows the registered tasks"
             ) from None
         raise exc
-    handle = task.apply_async(
-        args, kwargs, queue=queue, priority=priority, countdown=countdown, eta=eta, unique_key=unique_key
-    )
+    try:
+        handle = task.apply_async(
+            args, kwargs, queue=queue, priority=priority, countdown=countdown, eta=eta, unique_key=unique_key
+        )
+    except TypeError as exc:  # the arguments do not fit the task's signature; nothing was written
+        raise click.UsageError(f"{exc} (fix --args/--kwargs)") from None
     if as_json:
         echo_json({"id": handle.id, "task": task.name, "status": handle.status()})
     else:

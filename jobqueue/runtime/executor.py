@@ -8,8 +8,10 @@ argument to ``nack``) ends that job with the real cause recorded, never the work
 
 from __future__ import annotations
 
+import inspect
 import logging
 import signal
+import time
 import traceback
 from collections.abc import Callable
 from datetime import datetime, timedelta
@@ -31,6 +33,7 @@ from jobqueue.errors import (
 from jobqueue.job import ErrorInfo, Message, MessageState, Outcome, OutcomeKind
 from jobqueue.periodic import CATCH_UP_GRACE_SECONDS, SCHEDULE_TASK, Schedule, fire
 from jobqueue.retry import RetryStrategy, default_strategy, strategy_from_dict
+from jobqueue.runtime.aio import CoroutineRunner
 from jobqueue.runtime.resilience import GaveUp
 from jobqueue.serialization import loads_call
 
@@ -77,6 +80,11 @@ class Executor:
         self.ack_first = ack_first
         self.default_strategy = default_strategy()
         self.in_handler = False
+        self.coroutines = CoroutineRunner()  # async def tasks run on this process's event loop
+
+    def close(self) -> None:
+        """Release what running jobs needed (the event loop of async tasks)."""
+        self.coroutines.close()
 
     def _on_soft_timeout(self, signum: int, frame: Any) -> None:
         # The one signal handler that raises: interrupting the job's own code is the point of a soft
@@ -182,12 +190,22 @@ class Executor:
         if soft:
             previous = signal.signal(signal.SIGALRM, self._on_soft_timeout)
             signal.setitimer(signal.ITIMER_REAL, soft)
+        began = time.monotonic()
         self.in_handler = True
         try:
             with self.app.job_scope():  # a framework's per-job scope: Flask's app context, say
                 if task.options.bind:
-                    return task.fn(context, *args, **kwargs)
-                return task.fn(*args, **kwargs)
+                    result = task.fn(context, *args, **kwargs)
+                else:
+                    result = task.fn(*args, **kwargs)
+                if inspect.iscoroutine(result):  # an async def task: run it on the process's loop
+                    if soft:
+                        # The loop keeps its time limit itself: an alarm raising inside the loop's
+                        # own code would leave the loop broken for the next job.
+                        signal.setitimer(signal.ITIMER_REAL, 0)
+                    left = None if not soft else soft - (time.monotonic() - began)
+                    result = self.coroutines.run(result, left)
+                return result
         finally:
             self.in_handler = False
             if soft:

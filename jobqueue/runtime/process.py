@@ -137,6 +137,7 @@ class WorkerProcess:
             if keeper.is_alive():
                 keeper.join(KEEPER_JOIN_SECONDS)
             self._shutdown()
+            self.executor.close()
             if self.listener is not None:
                 self.listener.close()
             signals.worker_process_shutdown.send(self.app, app=self.app, process_name=name)

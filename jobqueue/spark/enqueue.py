@@ -72,6 +72,8 @@ def enqueue_dataframe(
         )
     if unique_key is not None and not isinstance(unique_key, str):
         raise ConfigurationError(f"unique_key takes a column name, got {unique_key!r}")
+    # Every row makes the same shape of call: checked once, before any executor writes a row.
+    task.check_call([None] * len(arg_columns), dict.fromkeys(kwarg_columns))
     wanted = arg_columns + list(kwarg_columns.values()) + ([unique_key] if unique_key is not None else [])
     missing = [name for name in wanted if name not in df.columns]
     if missing:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import secrets
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -46,6 +46,22 @@ def new_lease_token() -> int:
 class FlushResult:
     applied: list[Outcome] = field(default_factory=list)
     lost: list[Outcome] = field(default_factory=list)
+
+
+def commit_watch(connection: Any) -> Callable[[], bool] | None:
+    """After a write through a caller's Connection or Session: a function telling whether the
+    transaction holding it is still open, or None when there is none (it committed already)."""
+    if connection is None:
+        return None
+    if not isinstance(connection, sa.Connection):
+        from sqlalchemy import orm
+
+        if isinstance(connection, orm.scoped_session):
+            connection = connection()  # this thread's Session, the one the job was written through
+    transaction = connection.get_transaction()  # the outermost one, savepoints aside
+    if transaction is None:
+        return None
+    return lambda: bool(transaction.is_active)
 
 
 def _session_connection(session: Any) -> sa.Connection:

@@ -82,6 +82,8 @@ def test_enqueue_from_the_command_line(app: JobQueue) -> None:
         (("enqueue", "basic.add", "--args", "{not json"), "not valid JSON"),
         (("enqueue", "basic.add", "--args", '{"x": 1}'), "JSON array"),
         (("enqueue", "basic.add", "--queue", "bad queue"), "invalid queue name"),
+        (("enqueue", "basic.add", "--args", "[1]"), "task basic.add: add() missing 1 required positional argument"),
+        (("enqueue", "basic.add", "--kwargs", '{"x": 1, "z": 2}'), "unexpected keyword argument 'z'"),
     ],
 )
 def test_bad_enqueue_input_exits_non_zero_and_writes_nothing(

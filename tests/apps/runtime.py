@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
 import sys
@@ -72,6 +73,38 @@ def soft() -> str:
     except SoftTimeLimitExceeded:
         return f"caught after {time.monotonic() - started:.1f} s"
     return "not interrupted"
+
+
+@app.task(name="rt.async_flaky", retry_strategy=ConstantRetryStrategy(delay_seconds=0.1, max_attempts=3))
+async def async_flaky(seconds: float) -> None:
+    record("start")
+    await asyncio.sleep(seconds)
+    raise RuntimeError(f"async attempt {current_job().attempt} failed")
+
+
+@app.task(name="rt.async_ok", bind=True)
+async def async_ok(job, value: int) -> dict:
+    record("run")
+    await asyncio.sleep(0.01)
+    loop = id(asyncio.get_running_loop())
+    return {"value": value * 2, "attempt": job.attempt, "same": current_job() is job, "pid": os.getpid(), "loop": loop}
+
+
+@app.task(name="rt.async_hang", timeout=1, retry_strategy=ConstantRetryStrategy(delay_seconds=0.1, max_attempts=2))
+async def async_hang() -> None:
+    record("start")
+    await asyncio.sleep(60)
+
+
+@app.task(name="rt.async_soft", soft_timeout=0.5)
+async def async_soft() -> str:
+    started = time.monotonic()
+    try:
+        await asyncio.sleep(10)
+    except asyncio.CancelledError:
+        record("cancelled")  # the job sees the cancellation at its await, then the soft limit fails it
+        raise
+    return f"not interrupted after {time.monotonic() - started:.1f} s"
 
 
 @app.task(name="rt.grow")

@@ -17,7 +17,8 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from jobqueue.errors import ConfigurationError
+from jobqueue.errors import ConfigurationError, JobNotCommitted
+from jobqueue.testing import drain
 from tests.acceptance.cli import ROOT
 
 SHOP_DIR = ROOT / "examples" / "flask_app"
@@ -108,6 +109,27 @@ def test_an_uncommitted_session_takes_its_jobs_with_it(shop) -> None:
     assert jobs(module) == (1, 0)
     module.confirm_order.delay(3)  # outside an app context: jobqueue's own connection, committed at once
     assert jobs(module) == (2, 0)
+
+
+def test_a_handle_says_when_db_session_has_not_committed_its_job(shop) -> None:
+    module, flask_app = shop
+    with flask_app.app_context():
+        handle = module.confirm_order.delay(7)
+        with pytest.raises(JobNotCommitted, match="has not committed yet"):
+            handle.status()
+        module.db.session.commit()
+        assert handle.status() == "pending"
+
+
+def test_drain_runs_the_shops_jobs_in_the_test_process(shop) -> None:
+    module, flask_app = shop
+    client = flask_app.test_client()
+    placed = [client.post("/orders", json={"item": f"pen {i}", "quantity": 1}).json for i in range(3)]
+    handles = drain(module.jq)  # each job inside an app context, as a worker runs it
+    assert [h.id for h in handles] == [order["job"] for order in placed]
+    for order in placed:
+        assert client.get(f"/orders/{order['id']}").json["status"] == "confirmed"
+    assert jobs(module) == (0, 3)
 
 
 def test_flask_jobqueue_commands_use_the_apps_database(shop, db_url: str, tmp_path) -> None:

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
-from jobqueue import JobFailed, JobQueue
+from jobqueue import JobFailed, JobQueue, Task
 from tests.apps import runtime as rt
 from tests.conftest import only
 from tests.runtime.harness import REPORTS, Worker, freeze, repeated, runs, start, wait_for
@@ -119,8 +119,11 @@ def test_a_job_that_kills_its_process_is_failed_after_max_deliveries(
     assert log.count("started worker process") == 4  # the pool kept its size: two replacements
 
 
-def test_hard_timeout_kills_and_retries_then_fails(app: JobQueue, tmp_path: Path, workers: list[Worker]) -> None:
-    job = rt.hang.delay()
+@pytest.mark.parametrize("hang", [rt.hang, rt.async_hang], ids=["sync", "async"])
+def test_hard_timeout_kills_and_retries_then_fails(
+    app: JobQueue, tmp_path: Path, workers: list[Worker], hang: Task
+) -> None:
+    job = hang.delay()  # an async task awaiting asyncio.sleep(60) is killed as a sleeping sync one
     others = rt.short.bulk([()] * 10)
     worker = start(workers, tmp_path, "--burst", "--concurrency", "1")
     assert worker.wait(60) == 0, worker.text()[-3000:]

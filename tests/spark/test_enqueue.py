@@ -144,6 +144,8 @@ def test_bad_input_is_refused_with_the_fix(spark: Any, score: Any, app: JobQueue
         enqueue_dataframe(df, pipeline.score.fn, args=["user_id"])  # type: ignore[arg-type]
     with pytest.raises(ConfigurationError, match="batch_size"):
         enqueue_dataframe(df, score, args=["user_id"], batch_size=0)
+    with pytest.raises(TypeError, match=r"task pipeline.score: score\(\) got an unexpected keyword argument 'label'"):
+        enqueue_dataframe(df, score, args=["user_id"], kwargs={"label": "key"})  # checked once, before Spark runs
     with pytest.raises(Exception, match="null unique_key; drop or fill null keys first"):
         enqueue_dataframe(df.withColumn("key", F.lit(None).cast("string")), score, args=["user_id"], unique_key="key")
     with pytest.raises(Exception, match="cannot serialize|not serializable|unsupported"):

@@ -8,7 +8,7 @@ and ``delay()`` in a web process writes through Django's connection for that ali
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
@@ -118,6 +118,26 @@ class DjangoIntegration(Framework):
         # transaction.atomic() the job commits or rolls back with it; outside, Django autocommits.
         with self.engine().connect() as connection:
             yield connection
+
+    def commit_watch(self, connection: Any) -> Callable[[], bool] | None:
+        # Django, not SQLAlchemy, knows the transaction: a callback on its commit says when it
+        # happened, and one dropped from Django's list says the block holding the job rolled back.
+        from django.db import connections, transaction
+
+        wrapper = connections[self.alias]
+        if not wrapper.in_atomic_block:
+            return None  # autocommit: the job is committed already
+        committed: list[bool] = []
+
+        def on_commit() -> None:
+            committed.append(True)
+
+        transaction.on_commit(on_commit, using=self.alias)
+
+        def still_open() -> bool:
+            return not committed and any(entry[1] is on_commit for entry in wrapper.run_on_commit)
+
+        return still_open
 
     def engine(self) -> sa.Engine:
         if self._engine is None:

@@ -1,0 +1,94 @@
+"""Run jobs in a test without starting a worker.
+
+```python
+handle = add.delay(2, 3)
+drain(app)
+assert handle.get(timeout=0) == 5
+```
+
+:func:`drain` takes the jobs that are due now, one at a time, through the executor a worker process
+uses: the same ack policies, retry strategies, checkpoints, soft time limits, signals, flow control
+and outcome writes, in the calling process. What it does not do: enforce a task's hard ``timeout``
+(that kills a worker process, here the test itself), or fire periodic schedules.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+from jobqueue.errors import ConfigurationError
+from jobqueue.handle import JobHandle
+from jobqueue.job import Message, Outcome
+from jobqueue.periodic import SCHEDULE_TASK
+from jobqueue.runtime.executor import Executor, StoreDeliveryWriter, log_outcome
+from jobqueue.settings import parse_queues
+
+if TYPE_CHECKING:
+    from jobqueue.app import JobQueue
+    from jobqueue.storage.store import Store
+
+__all__ = ["drain"]
+
+
+def drain(app: JobQueue, queues: str | Iterable[str] | None = None, max_jobs: int | None = None) -> list[JobHandle]:
+    """Run the jobs that are due now in this process, one by one, and return their handles.
+
+    Args:
+        app: the JobQueue whose tasks run; its database is the one read.
+        queues: only these queues (a list, or ``"a,b"``); None means every queue.
+        max_jobs: stop after this many runs (a job retried within the call counts once per run);
+            None runs until nothing is due.
+
+    A job that fails and is retried by its strategy runs again within the call only if its retry
+    falls due before the call ends (it ends when nothing is due); otherwise it stays retryable, and
+    a later ``drain`` runs it once it is due (move the clock with freezegun, or give the task a
+    strategy without delay in tests). Jobs held back by a rate limit wait for a later call too.
+
+    Returns one handle per job that ran, in the order each first ran. A job's failure is recorded as
+    a worker records it; read it with ``handle.status()`` or ``handle.get()``, which raises JobFailed.
+    """
+    if max_jobs is not None and (not isinstance(max_jobs, int) or isinstance(max_jobs, bool) or max_jobs < 0):
+        raise ConfigurationError(f"max_jobs must be a non-negative integer or None, got {max_jobs!r}")
+    wanted = parse_queues(queues if isinstance(queues, str) or queues is None else tuple(queues))
+    store = app.store
+    worker_id = f"drain-{uuid.uuid4().hex[:24]}"
+    executor = Executor(app, writes=StoreDeliveryWriter(store), ack_first=lambda outcome: _write(store, outcome))
+    lease = app.settings.release_stuck_timeout
+    rated = any(task.flow.interval_us is not None for task in app.registry.values())
+    handles: dict[int, JobHandle] = {}
+    schedules: list[Message] = []  # periodic schedule messages met on the way, handed back at the end
+    runs = 0
+    try:
+        while max_jobs is None or runs < max_jobs:
+            messages = store.acquire(worker_id, wanted, 1, lease, flow=True, rated=rated)
+            if not messages:
+                break
+            message = messages[0]
+            if message.task_name == SCHEDULE_TASK:
+                schedules.append(message)  # held until the end, so the next acquire moves past it
+                continue
+            began = time.perf_counter()
+            outcome = executor.execute(message)
+            runs += 1
+            handles.setdefault(message.id, JobHandle(app, message.id))
+            if outcome is not None:
+                outcome.duration_seconds = time.perf_counter() - began
+                _write(store, outcome)
+    finally:
+        try:
+            if schedules:
+                store.release_unstarted(worker_id, [m.lease_token for m in schedules], [])
+        finally:
+            executor.close()
+    return list(handles.values())
+
+
+def _write(store: Store, outcome: Outcome) -> bool:
+    """Write one outcome now, as a worker writes its batch (fenced by the lease token)."""
+    result = store.flush([outcome])
+    for applied in result.applied:
+        log_outcome(applied)
+    return bool(result.applied)

@@ -1,0 +1,235 @@
+"""The developer's side: calls checked at enqueue, async tasks, drain() in tests, uncommitted handles."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import timedelta
+
+import pytest
+import sqlalchemy as sa
+from freezegun import freeze_time
+from sqlalchemy.orm import Session
+
+from jobqueue import ConfigurationError, JobFailed, JobNotCommitted, JobNotFound, JobQueue, current_job
+from jobqueue.clock import utcnow
+from jobqueue.periodic import sync
+from jobqueue.retry import ConstantRetryStrategy, NoRetryStrategy
+from jobqueue.testing import drain
+
+
+def rows(app: JobQueue) -> tuple[int, int]:
+    with app.engine.connect() as conn:
+        return tuple(  # type: ignore[return-value]
+            conn.execute(sa.select(sa.func.count()).select_from(t)).scalar_one()
+            for t in (app.tables.message, app.tables.archive)
+        )
+
+
+# -- calls checked against the signature ------------------------------------------------------------
+
+
+def test_a_call_that_cannot_bind_raises_type_error_and_writes_nothing(app: JobQueue) -> None:
+    @app.task(name="t.add")
+    def add(x: int, y: int, *, scale: int = 1) -> int:
+        return (x + y) * scale
+
+    @app.task(name="t.bound", bind=True)
+    def bound(job, item: str) -> str:
+        return item
+
+    cases = [
+        (lambda: add.delay(1), "task t.add: add() missing 1 required positional argument: 'y'"),
+        (lambda: add.delay(1, 2, 3), "add() takes 2 positional arguments but 3 were given"),
+        (lambda: add.delay(1, 2, scael=2), "add() got an unexpected keyword argument 'scael'"),
+        (lambda: add.apply_async((1,), {"x": 2}), "add() got multiple values for argument 'x'"),
+        (lambda: add.apply_at(utcnow(), 1), "add() missing 1 required positional argument"),
+        (lambda: add.bulk([(1, 2), (3,), (4, 5)]), "item 1: task t.add: add() missing 1 required"),
+        (lambda: add.bulk([{"x": 1, "y": 2, "z": 3}]), "item 0: task t.add: add() got an unexpected keyword"),
+        (lambda: bound.delay(), "bound() missing 1 required positional argument: 'item'"),
+        (lambda: bound.delay("a", "b"), "bound() takes 1 positional argument but 2 were given"),
+    ]
+    for call, message in cases:
+        with pytest.raises(TypeError) as info:
+            call()
+        assert message in str(info.value) and str(info.value).endswith("; nothing was enqueued")
+    assert rows(app) == (0, 0)  # nothing written, not even the good items of the bulk
+    assert add.delay(1, 2, scale=3).id and bound.delay("a").id and len(add.bulk([(1, 2), {"x": 1, "y": 1}])) == 2
+    assert rows(app) == (4, 0)
+    assert add(1, 2) == 3  # an inline call is a plain call
+
+
+def test_periodic_arguments_are_checked_when_the_decorator_runs(app: JobQueue) -> None:
+    @app.task(name="t.report")
+    def report(day: str) -> None: ...
+
+    with pytest.raises(ConfigurationError, match=r"do not fit task t.report: report\(\) missing 1 required"):
+        app.periodic(every=60)(report)
+    app.periodic(every=60, args=("monday",))(report)
+
+
+def test_a_function_python_cannot_read_the_signature_of_is_not_checked(app: JobQueue) -> None:
+    task = app.task(name="t.builtin")(max)  # a builtin without a readable signature
+    assert task.checker is None and task.delay(1, 2).status() == "pending"
+
+
+# -- async def tasks --------------------------------------------------------------------------------
+
+
+def test_an_async_task_called_inline_returns_its_coroutine(app: JobQueue) -> None:
+    @app.task(name="t.double")
+    async def double(x: int) -> int:
+        await asyncio.sleep(0)
+        return 2 * x
+
+    @app.task(name="t.whoami", bind=True)
+    async def whoami(job) -> bool:
+        await asyncio.sleep(0)
+        return current_job() is job
+
+    pending = double(21)
+    assert asyncio.iscoroutine(pending) and asyncio.run(pending) == 42
+    assert asyncio.run(whoami()) is True  # a bound task's inline context is current while it runs
+    assert double.is_async and not app.task(name="t.sync")(lambda: None).is_async
+
+
+# -- drain() ----------------------------------------------------------------------------------------
+
+
+def test_drain_runs_what_is_due_through_the_worker_executor(app: JobQueue) -> None:
+    seen: list[tuple[str, int]] = []
+
+    @app.task(name="t.add")
+    def add(x: int, y: int) -> int:
+        seen.append(("add", current_job().attempt))
+        return x + y
+
+    @app.task(name="t.flaky", bind=True, retry_strategy=ConstantRetryStrategy(delay_seconds=0, max_attempts=3))
+    async def flaky(job, succeed_on: int) -> int:
+        await asyncio.sleep(0)
+        seen.append(("flaky", job.attempt))
+        if job.attempt < succeed_on:
+            raise ValueError(f"attempt {job.attempt}")
+        return int(job.attempt)
+
+    @app.task(name="t.broken", retry_strategy=NoRetryStrategy())
+    def broken() -> None:
+        raise KeyError("missing")
+
+    later = add.apply_async((5, 5), countdown=3600)
+    ok, twice, never, bad = add.delay(1, 2), flaky.delay(2), flaky.delay(9), broken.delay()
+    handles = drain(app)
+    assert handles == [ok, twice, never, bad]  # one handle per job, in the order each first ran
+    assert ok.get(timeout=0) == 3 and twice.get(timeout=0) == 2
+    with pytest.raises(JobFailed, match="ValueError: attempt 3"):
+        never.get(timeout=0)  # retried within the call: its retries fell due at once
+    with pytest.raises(JobFailed, match="KeyError"):
+        bad.get(timeout=0)
+    assert seen.count(("flaky", 1)) == 2 and ("flaky", 3) in seen
+    assert later.status() == "pending" and drain(app) == []  # not due yet: left alone
+    with freeze_time(utcnow() + timedelta(hours=2)):
+        assert drain(app) == [later]
+    assert later.get(timeout=0) == 10
+
+
+def test_drain_stops_at_retries_not_yet_due_and_honours_queues_and_max_jobs(app: JobQueue) -> None:
+    @app.task(name="t.later", retry_strategy=ConstantRetryStrategy(delay_seconds=600, max_attempts=2))
+    def later() -> None:
+        raise RuntimeError("try again in ten minutes")
+
+    @app.task(name="t.mail", queue="emails")
+    def mail(to: str) -> str:
+        return to
+
+    failing = later.delay()
+    mails = mail.bulk([("a",), ("b",), ("c",)])
+    assert drain(app, queues=["emails"], max_jobs=2) == mails[:2]
+    assert failing.status() == "pending" and mails[2].status() == "pending"
+    assert drain(app, queues="default") == [failing]
+    assert failing.status() == "retryable"  # its retry is ten minutes away
+    assert drain(app) == [mails[2]]
+    assert drain(app, max_jobs=0) == []
+    with pytest.raises(ConfigurationError, match="max_jobs"):
+        drain(app, max_jobs=-1)
+
+
+def test_drain_resumes_from_a_checkpoint_and_keeps_partition_order(app: JobQueue) -> None:
+    order: list[str] = []
+
+    @app.task(name="t.steps", bind=True, retry_strategy=ConstantRetryStrategy(delay_seconds=0, max_attempts=2))
+    def steps(job, n: int) -> list[int]:
+        done = job.state or []
+        for i in range(len(done), n):
+            done = [*done, i]
+            job.checkpoint(done)
+            if i == 1 and job.attempt == 1:
+                raise ConnectionError("dropped half-way")
+        return done
+
+    @app.task(name="t.log")
+    def log(item: str) -> None:
+        order.append(item)
+
+    job = steps.delay(4)
+    for i in range(5):
+        log.apply_async((f"a{i}",), partition_key="a")
+        log.apply_async((f"b{i}",), partition_key="b")
+    drain(app)
+    assert job.get(timeout=0) == [0, 1, 2, 3]
+    assert [x for x in order if x[0] == "a"] == [f"a{i}" for i in range(5)]
+    assert [x for x in order if x[0] == "b"] == [f"b{i}" for i in range(5)]
+
+
+def test_drain_leaves_periodic_schedules_alone(app: JobQueue) -> None:
+    @app.periodic(every=timedelta(minutes=1))
+    @app.task(name="t.tick")
+    def tick() -> None: ...
+
+    sync(app.store, app.schedules, set(app.registry), utcnow() - timedelta(minutes=5))  # its fire is due
+    job = tick.delay()
+    assert drain(app) == [job]
+    with app.engine.connect() as conn:
+        m = app.tables.message
+        schedule = conn.execute(sa.select(m.c.state, m.c.attempts_count, m.c.deliveries_count)).one()
+    assert tuple(schedule) == ("PENDING", 0, 0)  # handed back as it was, uncounted
+
+
+def test_drain_inside_a_running_event_loop(app: JobQueue) -> None:
+    @app.task(name="t.double")
+    async def double(x: int) -> int:
+        await asyncio.sleep(0)
+        return 2 * x
+
+    handle = double.delay(4)
+
+    async def a_test() -> list:
+        return drain(app)
+
+    assert asyncio.run(a_test()) == [handle] and handle.get(timeout=0) == 8
+
+
+# -- handles of jobs whose transaction has not committed ----------------------------------------------
+
+
+def test_a_handle_says_its_transaction_has_not_committed(app: JobQueue) -> None:
+    @app.task(name="t.add")
+    def add(x: int, y: int) -> int:
+        return x + y
+
+    with app.engine.connect() as conn:
+        handle = add.apply_async((1, 2), connection=conn)
+        with pytest.raises(JobNotCommitted, match="has not committed yet"):
+            handle.status()
+        with pytest.raises(JobNotCommitted):
+            handle.get(timeout=30)  # at once: waiting inside the transaction that holds it never ends
+        conn.commit()
+    assert handle.status() == "pending"
+
+    with Session(app.engine) as session:
+        handles = add.bulk([(1, 2), (3, 4)], connection=session)
+        with pytest.raises(JobNotCommitted):
+            handles[1].status()
+        session.rollback()
+    with pytest.raises(JobNotFound) as info:
+        handles[1].status()
+    assert not isinstance(info.value, JobNotCommitted)  # rolled back: it never existed
+    assert app.job(handle.id).status() == "pending"
