@@ -316,11 +316,23 @@ class Executor:
         return outcome
 
     def nack_for_timeout(self, message: Message, exc: BaseException) -> Outcome:
-        """The outcome of a job killed for passing its hard ``timeout`` (recorded by the supervisor)."""
+        """The outcome of a job killed for passing its hard ``timeout`` (recorded by the supervisor).
+
+        Decided as for an exception the job raised: retried by its strategy under NACK_ON_ERROR
+        (unless ``retry_on`` leaves the time limit out), failed under REJECT_ON_ERROR, completed
+        with the error under ACK.
+        """
         task = self.app.registry.get(message.task_name)
-        outcome = self._nacked(task, message, message.acquired_at or utcnow(), None, ErrorInfo.from_exception(exc))
+        started = message.acquired_at or utcnow()
+        error = ErrorInfo.from_exception(exc)
+        context = JobContext(message, self.serializer)
+        if task is None:
+            outcome = self._nacked(None, message, started, None, error)
+        else:
+            policy = task.options.ack_policy or AckPolicy.NACK_ON_ERROR
+            outcome = self._after_error(task, policy, context, message, started, exc, error)
         outcome.exception = exc
-        return announce(task, JobContext(message, self.serializer), outcome)
+        return announce(task, context, outcome)
 
     def _deferred(self, message: Message, started: datetime, context: JobContext) -> Outcome:
         until = context.defer_until or utcnow()

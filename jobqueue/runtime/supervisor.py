@@ -30,6 +30,7 @@ from multiprocess import connection as mp_connection
 from jobqueue import periodic, topics
 from jobqueue.clock import utcnow
 from jobqueue.errors import ConfigurationError, TimeLimitExceeded
+from jobqueue.job import MessageState, OutcomeKind
 from jobqueue.runtime import metrics
 from jobqueue.runtime.executor import Executor, outcome_fields
 from jobqueue.runtime.process import (
@@ -428,13 +429,21 @@ class Supervisor:
         OutcomeWriter(self.store, self.guard).write([outcome], give_up=lambda: True)
         if self.metrics is not None:
             self.metrics.written([outcome])
-        if outcome.next_attempt_at:
+        if outcome.kind is OutcomeKind.RETRY:
             logger.warning(
                 "job %s %s killed after its timeout of %s s; retry at %s",
                 message.id,
                 message.task_name,
                 limit,
                 outcome.next_attempt_at,
+                extra=outcome_fields(outcome),
+            )
+        elif outcome.state is MessageState.COMPLETED:
+            logger.warning(
+                "job %s %s killed after its timeout of %s s; completed with the error (ack policy ACK)",
+                message.id,
+                message.task_name,
+                limit,
                 extra=outcome_fields(outcome),
             )
         else:

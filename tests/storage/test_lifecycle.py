@@ -14,7 +14,7 @@ import pytest
 import sqlalchemy as sa
 from freezegun import freeze_time
 
-from jobqueue import AckPolicy, JobCancelled, JobFailed, JobNotFound, JobQueue, current_job
+from jobqueue import AckPolicy, JobCancelled, JobFailed, JobNotFound, JobQueue, TimeLimitExceeded, current_job
 from jobqueue.clock import utcnow
 from jobqueue.job import Outcome
 from jobqueue.retry import ConstantRetryStrategy, ExponentialBackoffRetryStrategy, NoRetryStrategy
@@ -436,3 +436,38 @@ def test_purge_deletes_only_old_rows_of_the_state(app: JobQueue) -> None:
     assert purged == 5
     assert all(row(app, h.id, "archive") is None for h in old)
     assert recent.status() == "completed" and failed.status() == "failed"
+
+
+def test_a_hard_timeout_is_decided_by_the_ack_policy_and_retry_on(app: JobQueue) -> None:
+    """The supervisor records a killed job's timeout as the error the job would have raised."""
+
+    @app.task(name="t.default")
+    def default() -> None: ...
+
+    @app.task(name="t.rejecting", ack_policy=AckPolicy.REJECT_ON_ERROR)
+    def rejecting() -> None: ...
+
+    @app.task(name="t.acking", ack_policy=AckPolicy.ACK)
+    def acking() -> None: ...
+
+    @app.task(name="t.network_only", retry_on=(ConnectionError,))
+    def network_only() -> None: ...
+
+    @app.task(name="t.timeouts_too", retry_on=(ConnectionError, TimeLimitExceeded))
+    def timeouts_too() -> None: ...
+
+    handles = {task.name: task.delay() for task in (default, rejecting, acking, network_only, timeouts_too)}
+    executor = Executor(app)
+    for message in app.store.acquire(WORKER, None, 10, 30.0):
+        outcome = executor.nack_for_timeout(message, TimeLimitExceeded("ran past its timeout of 1 s"))
+        assert app.store.flush([outcome]).applied
+    states = {name: handle.status() for name, handle in handles.items()}
+    assert states == {
+        "t.default": "retryable",
+        "t.rejecting": "failed",
+        "t.acking": "completed",
+        "t.network_only": "failed",
+        "t.timeouts_too": "retryable",
+    }
+    with pytest.raises(JobFailed, match="TimeLimitExceeded: ran past its timeout"):
+        handles["t.rejecting"].get(timeout=0)
