@@ -153,7 +153,8 @@ def call_checker(fn: Callable[..., Any], bind: bool) -> Callable[..., None] | No
     A bound task's first parameter is the job context, which no caller passes.
     """
     try:
-        signature = inspect.signature(fn)
+        # Not through functools.wraps: a decorator may take other arguments than the function it wraps.
+        signature = inspect.signature(fn, follow_wrapped=False)
     except (TypeError, ValueError):
         return None
     params = list(signature.parameters.values())

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 from datetime import timedelta
 
 import pytest
@@ -67,9 +68,23 @@ def test_periodic_arguments_are_checked_when_the_decorator_runs(app: JobQueue) -
     app.periodic(every=60, args=("monday",))(report)
 
 
-def test_a_function_python_cannot_read_the_signature_of_is_not_checked(app: JobQueue) -> None:
+def test_builtins_and_decorator_wrappers_are_checked_as_python_sees_them(app: JobQueue) -> None:
     task = app.task(name="t.builtin")(max)  # a builtin without a readable signature
     assert task.checker is None and task.delay(1, 2).status() == "pending"
+
+    def with_session(fn):  # a decorator that supplies an argument itself
+        @functools.wraps(fn)
+        def wrapper(*args, **kwargs):
+            return fn("session", *args, **kwargs)
+
+        return wrapper
+
+    @app.task(name="t.wrapped")
+    @with_session
+    def wrapped(session: str, order_id: int) -> str:
+        return f"{session} {order_id}"
+
+    assert wrapped.delay(7).status() == "pending"  # the wrapper's (*args, **kwargs) is what callers call
 
 
 # -- async def tasks --------------------------------------------------------------------------------
