@@ -7,6 +7,7 @@ runs ``manage.py jobqueue worker`` on what the requests enqueued.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -16,6 +17,7 @@ from tests import servers
 from tests.acceptance.cli import ROOT
 
 HERE = Path(__file__).resolve().parent
+EXAMPLE = ROOT / "examples" / "django_app"
 
 
 def test_django_example_site(backend: str, tmp_path) -> None:
@@ -50,3 +52,80 @@ def test_the_admin_uses_the_jobqueue_database_alias_and_table_prefix(tmp_path: P
         timeout=300,
     )
     assert result.returncode == 0 and result.stdout.strip() == "ok", f"{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+
+
+def manage(*args: str, database: Path) -> subprocess.CompletedProcess[str]:
+    """``python manage.py ...`` in the example's folder, on an SQLite file."""
+    env = dict(os.environ, SHOP_DATABASE_URL=f"sqlite:///{database}", PYTHONPATH=str(ROOT))
+    env.pop("JOBQUEUE_DATABASE_URL", None)
+    env.pop("DJANGO_SETTINGS_MODULE", None)
+    return subprocess.run(
+        [sys.executable, "manage.py", *args], cwd=EXAMPLE, env=env, capture_output=True, text=True, timeout=120
+    )
+
+
+def test_manage_py_jobqueue_takes_djangos_options_before_or_after_the_command(tmp_path: Path) -> None:
+    # Settings that only --pythonpath makes importable, on their own database, logging jobqueue's INFO.
+    database = {"ENGINE": "django.db.backends.sqlite3", "NAME": str(tmp_path / "q.sqlite3")}
+    logging = {
+        "version": 1,
+        "handlers": {"stderr": {"class": "logging.StreamHandler"}},
+        "loggers": {"jobqueue": {"handlers": ["stderr"], "level": "INFO"}},
+    }
+    (tmp_path / "elsewhere.py").write_text(
+        f"from shopsite.settings import *  # noqa: F403\nDATABASES = {{'default': {database!r}}}\n"
+        f"LOGGING = {logging!r}\n"
+    )
+    elsewhere = ("--settings", "elsewhere", "--pythonpath", str(tmp_path))
+    unused = tmp_path / "default.sqlite3"
+
+    created = manage("jobqueue", *elsewhere, "db", "init", database=unused)
+    assert created.returncode == 0, created.stderr
+    assert (tmp_path / "q.sqlite3").exists() and not unused.exists()
+
+    status = manage("jobqueue", "status", "--json", "--settings=elsewhere", f"--pythonpath={tmp_path}", database=unused)
+    assert status.returncode == 0, status.stderr
+    assert json.loads(status.stdout)["workers"] == 0
+
+    started = "jobqueue worker"  # the worker's INFO line as it starts
+    logged = manage("jobqueue", *elsewhere, "worker", "--burst", database=unused)
+    assert logged.returncode == 0 and started in logged.stderr, logged.stderr
+    quiet = manage("jobqueue", "worker", "--burst", *elsewhere, "-v", "0", database=unused)
+    assert quiet.returncode == 0 and started not in quiet.stderr, quiet.stderr
+
+    flags = manage("jobqueue", "--no-color", *elsewhere, "status", "--skip-checks", "--traceback", database=unused)
+    assert flags.returncode == 0, flags.stderr
+    both = manage("jobqueue", "--no-color", "--force-color", *elsewhere, "status", database=unused)
+    assert both.returncode == 1 and "can't be used together" in both.stderr
+    assert not unused.exists()
+
+
+def test_manage_py_jobqueue_help_lists_what_it_takes(tmp_path: Path) -> None:
+    database = tmp_path / "shop.sqlite3"
+    helped = manage("jobqueue", "--help", database=database)
+    assert helped.returncode == 0, helped.stderr
+    assert manage("help", "jobqueue", database=database).stdout == helped.stdout
+    for option in ("--settings", "--pythonpath", "-v, --verbosity", "--traceback", "--no-color", "--force-color"):
+        assert option in helped.stdout
+    assert "--skip-checks" in helped.stdout and "--log-level" in helped.stdout and "worker" in helped.stdout
+    assert "--app" not in helped.stdout and "--database-url" not in helped.stdout
+
+    refused = manage("jobqueue", "--app", "shop.tasks:app", "status", database=database)
+    assert refused.returncode == 2
+    assert "--app does not apply to manage.py jobqueue: it runs <JobQueue sqlite" in refused.stderr
+
+
+def test_djangos_options_are_taken_wherever_they_stand() -> None:
+    from jobqueue.contrib.django.management.commands.jobqueue import DJANGO_OPTIONS, Command, split_options
+
+    parser = Command().create_parser("manage.py", "jobqueue")
+    django_has = {name: action.nargs != 0 for action in parser._actions for name in action.option_strings}
+    for name in ("-h", "--help", "--version"):  # jobqueue's own
+        django_has.pop(name)
+    assert DJANGO_OPTIONS == django_has
+
+    line = ["-v", "0", "jobs", "--settings=x", "list", "-v2", "--task", "t", "--pythonpath", "p", "--", "--traceback"]
+    assert split_options(line) == (
+        ["-v", "0", "--settings=x", "-v2", "--pythonpath", "p"],
+        ["jobs", "list", "--task", "t", "--", "--traceback"],
+    )
