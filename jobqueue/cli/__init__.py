@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from typing import TYPE_CHECKING
 
 import click
@@ -63,10 +64,12 @@ def main() -> None:
     cli(prog_name="jobqueue")
 
 
-def bound_cli(app: JobQueue, name: str = "jobqueue") -> click.Group:
+def bound_cli(app: JobQueue, name: str = "jobqueue", cls: type[Group] = Group) -> click.Group:
     """The jobqueue commands on a given app, for ``flask jobqueue`` and ``manage.py jobqueue``.
 
-    The same commands and global options as ``jobqueue``, less ``--app``: the app is this one.
+    The same commands and global options as ``jobqueue``, less ``--app`` and ``--database-url``: the
+    app is this one, on its framework's database. Both are still parsed, so that giving one fails
+    with a message that says why, but the help does not offer them.
     """
 
     @click.pass_context
@@ -74,17 +77,24 @@ def bound_cli(app: JobQueue, name: str = "jobqueue") -> click.Group:
         ctx: click.Context, app_spec: str | None, database_url: str | None, log_json: bool, log_level: str | None
     ) -> None:
         if app_spec:
-            raise click.UsageError(f"--app does not apply here: the app is {app!r}")
+            raise click.UsageError(f"--app does not apply to {ctx.command_path}: it runs {app!r}")
         _start(ctx, None, database_url, log_json, log_level, app=app)
 
-    return Group(
+    return cls(
         name=name,
         commands=cli.commands,
-        params=list(cli.params),
+        params=[_hidden(param) if param.name in ("app_spec", "database_url") else param for param in cli.params],
         callback=bound,
         help=cli.help,
         context_settings=cli.context_settings,
     )
+
+
+def _hidden(param: click.Parameter) -> click.Parameter:
+    hidden = copy.copy(param)
+    if isinstance(hidden, click.Option):
+        hidden.hidden = True
+    return hidden
 
 
 def _register() -> None:

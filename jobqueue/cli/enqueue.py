@@ -50,7 +50,7 @@ def enqueue(
     unique_key: str | None,
     as_json: bool,
 ) -> None:
-    """Enqueue a call of TASK, a task registered in the --app application."""
+    """Enqueue a call of TASK, one of the app's registered tasks."""
     args = _json_arg(args_json, list, "--args")
     kwargs = _json_arg(kwargs_json, dict, "--kwargs")
     try:

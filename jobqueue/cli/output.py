@@ -52,8 +52,19 @@ TIMESTAMP_WIDTH = len("2026-11-23 10:04:05Z")
 def console(stderr: bool = False) -> Console:
     stream = sys.stderr if stderr else sys.stdout
     tty = stream.isatty()
+    # The command's colour setting (click's, which `manage.py jobqueue --no-color/--force-color` set)
+    # outranks rich's guess from the terminal and NO_COLOR.
+    ctx = click.get_current_context(silent=True)
+    color = ctx.color if ctx is not None else None
     # Off a terminal rich would assume 80 columns and cut cells; keep them whole instead.
-    return Console(file=stream, width=None if tty else 10_000, highlight=False, soft_wrap=not tty)
+    return Console(
+        file=stream,
+        width=None if tty else 10_000,
+        highlight=False,
+        soft_wrap=not tty,
+        no_color=True if color is False else None,
+        force_terminal=True if color else None,
+    )
 
 
 def timestamp(value: datetime) -> str:

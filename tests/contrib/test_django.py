@@ -2,39 +2,130 @@
 
 Django is configured once per process, so each database gets its own pytest process: it migrates a
 fresh database (the jobqueue migration included), drives the site with Django's test client and
-runs ``manage.py jobqueue worker`` on what the requests enqueued.
+runs ``manage.py jobqueue worker`` on what the requests enqueued. They run twice: here, with the
+django-tasks backport (Django's task API on Django 5.2), and in a virtualenv of ``jobqueue[django]``,
+Django alone, where only the tests of the receipts (a task written for that API) are skipped.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 from tests import servers
 from tests.acceptance.cli import ROOT
 
 HERE = Path(__file__).resolve().parent
+EXAMPLE = ROOT / "examples" / "django_app"
+NO_TASK_API = "receipts need Django's task API"  # the reason the example's receipt tests give for a skip
 
 
-def test_django_example_site(backend: str, tmp_path) -> None:
+@pytest.fixture(scope="session")
+def django_alone(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The Python of a virtualenv with jobqueue installed from this repository with its ``django``,
+    ``postgresql`` and ``mysql`` extras, and pytest: Django without its task API."""
+    root = tmp_path_factory.mktemp("django-alone")
+    # A copy to install from: pip builds in the source folder, and the repository stays as it is.
+    source = root / "source"
+    source.mkdir()
+    for name in ("pyproject.toml", "setup.cfg", "README.md", "LICENSE"):
+        shutil.copy(ROOT / name, source)
+    shutil.copytree(ROOT / "jobqueue", source / "jobqueue", ignore=shutil.ignore_patterns("__pycache__"))
+    venv = root / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    python = venv / "bin" / "python"
+    # This virtualenv's pip installs into the new one; the packages come from pip's cache, filled
+    # when this one was installed. Django as in the dev extra: 5.2, whose task API is the backport.
+    installed = subprocess.run(
+        [
+            *(sys.executable, "-m", "pip", "--python", str(python), "install", "--quiet"),
+            f"{source}[django,postgresql,mysql]",
+            "django>=5.2,<6",
+            "pytest",
+            "pytest-timeout",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert installed.returncode == 0, installed.stdout[-3000:] + installed.stderr[-3000:]
+    return python
+
+
+def run_example(python: Path | str, backend: str, tmp_path: Path, cwd: Path) -> subprocess.CompletedProcess[str]:
+    """The example's tests, by ``python``, on a fresh database of ``backend``."""
     url = servers.create_database(backend, str(tmp_path))
     try:
         env = dict(os.environ, SHOP_DATABASE_URL=url)
-        env.pop("JOBQUEUE_DATABASE_URL", None)
+        for name in ("JOBQUEUE_DATABASE_URL", "DJANGO_SETTINGS_MODULE", "PYTHONPATH"):
+            env.pop(name, None)
         result = subprocess.run(
-            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(ROOT / "examples" / "django_app")],
-            cwd=ROOT,
+            [str(python), "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", str(EXAMPLE)],
+            cwd=cwd,
             env=env,
             capture_output=True,
             text=True,
             timeout=600,
         )
-        assert result.returncode == 0, f"{result.stdout[-6000:]}\n{result.stderr[-3000:]}"
-        assert " passed" in result.stdout and "failed" not in result.stdout
     finally:
         servers.drop_database(backend, url)
+    assert result.returncode == 0, f"{result.stdout[-6000:]}\n{result.stderr[-3000:]}"
+    assert " passed" in result.stdout and "failed" not in result.stdout
+    return result
+
+
+def test_django_example_site(backend: str, tmp_path: Path) -> None:
+    result = run_example(sys.executable, backend, tmp_path, cwd=ROOT)
+    assert "skipped" not in result.stdout  # the backport is installed: the receipts are tested too
+
+
+def test_django_example_site_with_django_alone(backend: str, tmp_path: Path, django_alone: Path) -> None:
+    lacking = subprocess.run(
+        [str(django_alone), "-c", "import django_tasks"], cwd=tmp_path, capture_output=True, text=True, timeout=60
+    )
+    assert "No module named 'django_tasks'" in lacking.stderr
+    # From the example's folder, so that jobqueue is the one installed, not this repository's.
+    result = run_example(django_alone, backend, tmp_path, cwd=EXAMPLE)
+    skips = [line for line in result.stdout.splitlines() if line.startswith("SKIPPED")]
+    receipt_tests = (EXAMPLE / "test_shop.py").read_text().count("@needs_task_api\n")
+    assert receipt_tests and len(skips) == receipt_tests
+    assert all(NO_TASK_API in line for line in skips), skips
+    assert re.search(rf"\b{receipt_tests} skipped\b", result.stdout)
+
+
+def test_without_the_task_api_its_backend_names_what_to_install(tmp_path: Path, django_alone: Path) -> None:
+    site = (
+        "import django\n"
+        "from django.conf import settings\n"
+        "settings.configure(\n"
+        "    INSTALLED_APPS=['jobqueue.contrib.django'],\n"
+        "    DATABASES={'default': {'ENGINE': 'django.db.backends.sqlite3', 'NAME': 'site.sqlite3'}},\n"
+        "    TASKS={'default': {'BACKEND': 'jobqueue.contrib.django.backend.JobQueueBackend'}},\n"
+        ")\n"
+        "django.setup()\n"
+    )
+    started = subprocess.run([str(django_alone), "-c", site], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert started.returncode == 1
+    last = started.stderr.strip().splitlines()[-1]
+    assert last.startswith("jobqueue.errors.ConfigurationError: settings.TASKS['default']: "), started.stderr
+    assert "pip install django-tasks" in last and 'pip install "jobqueue[django-tasks]"' in last
+
+    imported = subprocess.run(
+        [str(django_alone), "-c", "import jobqueue.contrib.django.backend"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    last = imported.stderr.strip().splitlines()[-1]
+    assert last.startswith("ImportError: ") and "pip install django-tasks" in last, imported.stderr
 
 
 def test_the_admin_uses_the_jobqueue_database_alias_and_table_prefix(tmp_path: Path) -> None:
@@ -50,3 +141,80 @@ def test_the_admin_uses_the_jobqueue_database_alias_and_table_prefix(tmp_path: P
         timeout=300,
     )
     assert result.returncode == 0 and result.stdout.strip() == "ok", f"{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+
+
+def manage(*args: str, database: Path) -> subprocess.CompletedProcess[str]:
+    """``python manage.py ...`` in the example's folder, on an SQLite file."""
+    env = dict(os.environ, SHOP_DATABASE_URL=f"sqlite:///{database}", PYTHONPATH=str(ROOT))
+    env.pop("JOBQUEUE_DATABASE_URL", None)
+    env.pop("DJANGO_SETTINGS_MODULE", None)
+    return subprocess.run(
+        [sys.executable, "manage.py", *args], cwd=EXAMPLE, env=env, capture_output=True, text=True, timeout=120
+    )
+
+
+def test_manage_py_jobqueue_takes_djangos_options_before_or_after_the_command(tmp_path: Path) -> None:
+    # Settings that only --pythonpath makes importable, on their own database, logging jobqueue's INFO.
+    database = {"ENGINE": "django.db.backends.sqlite3", "NAME": str(tmp_path / "q.sqlite3")}
+    logging = {
+        "version": 1,
+        "handlers": {"stderr": {"class": "logging.StreamHandler"}},
+        "loggers": {"jobqueue": {"handlers": ["stderr"], "level": "INFO"}},
+    }
+    (tmp_path / "elsewhere.py").write_text(
+        f"from shopsite.settings import *  # noqa: F403\nDATABASES = {{'default': {database!r}}}\n"
+        f"LOGGING = {logging!r}\n"
+    )
+    elsewhere = ("--settings", "elsewhere", "--pythonpath", str(tmp_path))
+    unused = tmp_path / "default.sqlite3"
+
+    created = manage("jobqueue", *elsewhere, "db", "init", database=unused)
+    assert created.returncode == 0, created.stderr
+    assert (tmp_path / "q.sqlite3").exists() and not unused.exists()
+
+    status = manage("jobqueue", "status", "--json", "--settings=elsewhere", f"--pythonpath={tmp_path}", database=unused)
+    assert status.returncode == 0, status.stderr
+    assert json.loads(status.stdout)["workers"] == 0
+
+    started = "jobqueue worker"  # the worker's INFO line as it starts
+    logged = manage("jobqueue", *elsewhere, "worker", "--burst", database=unused)
+    assert logged.returncode == 0 and started in logged.stderr, logged.stderr
+    quiet = manage("jobqueue", "worker", "--burst", *elsewhere, "-v", "0", database=unused)
+    assert quiet.returncode == 0 and started not in quiet.stderr, quiet.stderr
+
+    flags = manage("jobqueue", "--no-color", *elsewhere, "status", "--skip-checks", "--traceback", database=unused)
+    assert flags.returncode == 0, flags.stderr
+    both = manage("jobqueue", "--no-color", "--force-color", *elsewhere, "status", database=unused)
+    assert both.returncode == 1 and "can't be used together" in both.stderr
+    assert not unused.exists()
+
+
+def test_manage_py_jobqueue_help_lists_what_it_takes(tmp_path: Path) -> None:
+    database = tmp_path / "shop.sqlite3"
+    helped = manage("jobqueue", "--help", database=database)
+    assert helped.returncode == 0, helped.stderr
+    assert manage("help", "jobqueue", database=database).stdout == helped.stdout
+    for option in ("--settings", "--pythonpath", "-v, --verbosity", "--traceback", "--no-color", "--force-color"):
+        assert option in helped.stdout
+    assert "--skip-checks" in helped.stdout and "--log-level" in helped.stdout and "worker" in helped.stdout
+    assert "--app" not in helped.stdout and "--database-url" not in helped.stdout
+
+    refused = manage("jobqueue", "--app", "shop.tasks:app", "status", database=database)
+    assert refused.returncode == 2
+    assert "--app does not apply to manage.py jobqueue: it runs <JobQueue sqlite" in refused.stderr
+
+
+def test_djangos_options_are_taken_wherever_they_stand() -> None:
+    from jobqueue.contrib.django.management.commands.jobqueue import DJANGO_OPTIONS, Command, split_options
+
+    parser = Command().create_parser("manage.py", "jobqueue")
+    django_has = {name: action.nargs != 0 for action in parser._actions for name in action.option_strings}
+    for name in ("-h", "--help", "--version"):  # jobqueue's own
+        django_has.pop(name)
+    assert DJANGO_OPTIONS == django_has
+
+    line = ["-v", "0", "jobs", "--settings=x", "list", "-v2", "--task", "t", "--pythonpath", "p", "--", "--traceback"]
+    assert split_options(line) == (
+        ["-v", "0", "--settings=x", "-v2", "--pythonpath", "p"],
+        ["jobs", "list", "--task", "t", "--", "--traceback"],
+    )

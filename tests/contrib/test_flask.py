@@ -144,6 +144,20 @@ def test_flask_jobqueue_commands_use_the_apps_database(shop, db_url: str, tmp_pa
     assert "Flask's database" in refused.stderr and "other.sqlite3" in refused.stderr
 
 
+def test_flask_jobqueue_help_offers_neither_app_nor_database(shop) -> None:
+    from click.testing import CliRunner
+
+    from jobqueue.cli import bound_cli
+
+    module, _flask_app = shop
+    group = bound_cli(module.jq, "jobqueue")
+    helped = CliRunner().invoke(group, ["--help"], prog_name="flask jobqueue")
+    assert helped.exit_code == 0 and "--log-level" in helped.output
+    assert "--app" not in helped.output and "--database-url" not in helped.output
+    refused = CliRunner().invoke(group, ["--app", "other:app", "status"], prog_name="flask jobqueue")
+    assert refused.exit_code == 2 and "--app does not apply to flask jobqueue: it runs <JobQueue" in refused.output
+
+
 def test_init_app_needs_flask_sqlalchemy(shop) -> None:
     from flask import Flask
 

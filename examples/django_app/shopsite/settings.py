@@ -2,6 +2,7 @@
 sqlite:///shop.sqlite3, postgresql://user:password@host/name, mysql://user:password@host/name)."""
 
 import os
+from importlib.util import find_spec
 from pathlib import Path
 
 from sqlalchemy.engine import make_url
@@ -23,7 +24,6 @@ INSTALLED_APPS = [
     "django.contrib.sessions",
     "django.contrib.messages",
     "django.contrib.staticfiles",
-    "django_tasks",  # Django's task API (the backport; Django 6 has it as django.tasks)
     "jobqueue.contrib.django",  # jobqueue's tables (migrate), `manage.py jobqueue ...` and its admin
     "shop",
 ]
@@ -49,7 +49,15 @@ TEMPLATES = [
 ]
 
 JOBQUEUE = {"APP": "shop.tasks:app", "DATABASE": "default"}
-TASKS = {"default": {"BACKEND": "jobqueue.contrib.django.backend.JobQueueBackend"}}
+
+# Receipts are sent by a task written for Django's task API, which Django 6 has built in
+# (django.tasks) and Django 5.2 gets from the django-tasks backport, an app of its own. Without
+# either the shop runs all the same, and sends no receipts.
+SHOP_RECEIPTS = find_spec("django.tasks") is not None or find_spec("django_tasks") is not None
+if SHOP_RECEIPTS:
+    if find_spec("django.tasks") is None:
+        INSTALLED_APPS.insert(INSTALLED_APPS.index("jobqueue.contrib.django"), "django_tasks")
+    TASKS = {"default": {"BACKEND": "jobqueue.contrib.django.backend.JobQueueBackend"}}
 
 
 def database_from_url(url: str) -> dict:

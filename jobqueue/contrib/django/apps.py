@@ -1,4 +1,4 @@
-"""The Django app config: checks the JOBQUEUE setting when Django starts."""
+"""The Django app config: checks the JOBQUEUE setting (and TASKS, where it uses jobqueue) when Django starts."""
 
 from __future__ import annotations
 
@@ -13,9 +13,10 @@ class JobQueueConfig(AppConfig):
 
     def ready(self) -> None:
         from jobqueue.contrib import detect_django
-        from jobqueue.contrib.django.integration import database_alias
+        from jobqueue.contrib.django.integration import check_task_backends, database_alias
         from jobqueue.frameworks import DETECTORS
 
         database_alias()  # a bad JOBQUEUE setting fails at start-up, naming the fix
+        check_task_backends()  # so does a TASKS setting that needs Django's task API where it is missing
         if detect_django not in DETECTORS:
             DETECTORS.append(detect_django)  # a JobQueue made without a URL uses Django's database

@@ -23,10 +23,10 @@ from __future__ import annotations
 
 import os
 import socket
-import threading
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
+from jobqueue.contrib.django.integration import MISSING_TASK_API, configured_app
 from jobqueue.errors import ConfigurationError, JobQueueError
 from jobqueue.retry import RetryStrategy
 
@@ -37,11 +37,16 @@ try:  # Django 6.0+
     from django.tasks.exceptions import TaskResultDoesNotExist
     from django.tasks.signals import task_enqueued, task_finished, task_started
 except ImportError:  # the django-tasks backport (Django 5.2, Python 3.10 and 3.11)
-    from django_tasks import TaskContext, TaskResult, TaskResultStatus
-    from django_tasks.backends.base import BaseTaskBackend
-    from django_tasks.base import TaskError
-    from django_tasks.exceptions import TaskResultDoesNotExist
-    from django_tasks.signals import task_enqueued, task_finished, task_started
+    try:
+        from django_tasks import TaskContext, TaskResult, TaskResultStatus
+        from django_tasks.backends.base import BaseTaskBackend
+        from django_tasks.base import TaskError
+        from django_tasks.exceptions import TaskResultDoesNotExist
+        from django_tasks.signals import task_enqueued, task_finished, task_started
+    except ModuleNotFoundError as exc:
+        if exc.name != "django_tasks":
+            raise
+        raise ImportError(MISSING_TASK_API, name=__name__) from exc
 
 if TYPE_CHECKING:
     from jobqueue.app import JobQueue
@@ -60,19 +65,6 @@ STATUSES = {
 # Every Django task seen by a JobQueueBackend (Django validates a task when it is defined): module
 # path -> (Django task, alias of its backend). Workers register these and nothing else.
 KNOWN: dict[str, tuple[Any, str]] = {}
-_lock = threading.Lock()
-_default_app: JobQueue | None = None
-
-
-def default_app() -> JobQueue:
-    """The JobQueue used when the project defines none (nor ``JOBQUEUE['APP']``)."""
-    global _default_app
-    with _lock:
-        if _default_app is None:
-            from jobqueue.app import JobQueue
-
-            _default_app = JobQueue()
-        return _default_app
 
 
 class JobQueueBackend(BaseTaskBackend):
@@ -98,8 +90,6 @@ class JobQueueBackend(BaseTaskBackend):
 
     @property
     def app(self) -> JobQueue:
-        from jobqueue.contrib.django.integration import configured_app
-
         return configured_app()
 
     def validate_task(self, task: Any) -> None:

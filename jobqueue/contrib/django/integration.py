@@ -8,6 +8,9 @@ and ``delay()`` in a web process writes through Django's connection for that ali
 
 from __future__ import annotations
 
+import importlib.util
+import sys
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
@@ -22,6 +25,12 @@ if TYPE_CHECKING:
     from jobqueue.app import JobQueue
 
 SETTING_KEYS = ("APP", "DATABASE")
+BACKEND = "jobqueue.contrib.django.backend.JobQueueBackend"
+MISSING_TASK_API = (
+    f"{BACKEND} runs Django's task API, which this project lacks: Django 6 has it as django.tasks; on "
+    'Django 5.2 install the django-tasks backport (pip install django-tasks, or pip install "jobqueue[django-tasks]") '
+    'and add "django_tasks" to INSTALLED_APPS'
+)
 VENDORS = {"postgresql": "postgresql+psycopg2", "mysql": "mysql+mysqldb", "sqlite": "sqlite"}
 # OPTIONS Django reads itself; the rest are driver connection arguments, passed on to jobqueue's.
 DJANGO_ONLY_OPTIONS = {
@@ -173,6 +182,36 @@ class DjangoIntegration(Framework):
         connections.close_all()
 
 
+def check_task_backends() -> None:
+    """Fail at start-up, naming the fix, if ``settings.TASKS`` uses JobQueueBackend without Django's task API."""
+    from django.conf import settings
+
+    tasks = getattr(settings, "TASKS", None) or {}
+    uses = [alias for alias, config in tasks.items() if isinstance(config, dict) and config.get("BACKEND") == BACKEND]
+    if uses and not has_task_api():
+        raise ConfigurationError(f"settings.TASKS[{uses[0]!r}]: {MISSING_TASK_API}")
+
+
+def has_task_api() -> bool:
+    """Whether Django's task API can be imported: Django 6's own, or the django-tasks backport."""
+    return any(importlib.util.find_spec(name) is not None for name in ("django.tasks", "django_tasks"))
+
+
+_default_app: JobQueue | None = None
+_default_lock = threading.Lock()
+
+
+def default_app() -> JobQueue:
+    """The JobQueue used when the project defines none (nor ``JOBQUEUE['APP']``)."""
+    global _default_app
+    with _default_lock:
+        if _default_app is None:
+            from jobqueue.app import JobQueue
+
+            _default_app = JobQueue()
+        return _default_app
+
+
 def configured_app() -> JobQueue:
     """The JobQueue the Django project uses: ``JOBQUEUE['APP']``, else the one its modules made.
 
@@ -183,14 +222,13 @@ def configured_app() -> JobQueue:
 
     from jobqueue.app import INSTANCES
     from jobqueue.cli.state import load_app
-    from jobqueue.contrib.django import backend
 
     autodiscover_modules("tasks")
     spec = jobqueue_setting().get("APP")
     if spec:
         app = load_app(str(spec))
     else:
-        fallback = backend.default_app()
+        fallback = default_app()
         candidates = [jq for jq in INSTANCES if jq is not fallback and jq.settings.database_url is None and jq.registry]
         if len(candidates) > 1:
             raise ConfigurationError(
@@ -199,7 +237,11 @@ def configured_app() -> JobQueue:
             )
         app = candidates[0] if candidates else fallback
     bind(app)
-    backend.register_known(app)
+    # Django tasks exist only where Django loaded JobQueueBackend, which needs Django's task API:
+    # without the backend loaded there are none to register, and no reason to import that API.
+    backend = sys.modules.get("jobqueue.contrib.django.backend")
+    if backend is not None:
+        backend.register_known(app)
     return app
 
 
