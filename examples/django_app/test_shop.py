@@ -24,9 +24,11 @@ from django.test import Client
 from shop.models import Order
 from shop.tasks import app, confirm_order
 
+from jobqueue import JobNotCommitted, JobNotFound
 from jobqueue.contrib.django.models import Message
 from jobqueue.retry import NoRetryStrategy
 from jobqueue.storage.jobs import cancel
+from jobqueue.testing import drain
 
 HERE = Path(__file__).resolve().parent
 JOBS_PER_ORDER = 2 if settings.SHOP_RECEIPTS else 1  # confirm_order, and send_receipt where it exists
@@ -86,10 +88,27 @@ def test_delay_inside_atomic_commits_or_rolls_back_with_it() -> None:
     with transaction.atomic():
         handle = confirm_order.delay(2)
         with transaction.atomic():  # a savepoint, rolled back alone
-            confirm_order.delay(3)
+            dropped = confirm_order.delay(3)
             transaction.set_rollback(True)
+        with pytest.raises(JobNotCommitted):  # nobody else can see it before the commit
+            handle.status()
+        with pytest.raises(JobNotFound) as info:  # its savepoint rolled back: it never existed
+            dropped.status()
+        assert not isinstance(info.value, JobNotCommitted)
     assert jobs() == (1, 0)
     assert handle.status() == "pending"
+
+
+def test_drain_runs_the_jobs_a_view_enqueued_in_this_process() -> None:
+    client = Client()
+    placed = [place(client, f"pen {i}", 1).json() for i in range(3)]
+    handles = drain(app)  # no worker: the jobs run here, through the worker's executor
+    assert len(handles) == 3 * JOBS_PER_ORDER
+    for order in placed:
+        assert client.get(f"/orders/{order['id']}/").json()["status"] == "confirmed"
+        if settings.SHOP_RECEIPTS:
+            assert client.get(f"/receipts/{order['receipt']}/").json()["status"] == "SUCCESSFUL"
+    assert jobs() == (0, 3 * JOBS_PER_ORDER)
 
 
 # Receipts: a task written for Django's task API, run by jobqueue through JobQueueBackend.
