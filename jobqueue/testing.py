@@ -24,6 +24,7 @@ from jobqueue.handle import JobHandle
 from jobqueue.job import Message, Outcome
 from jobqueue.periodic import SCHEDULE_TASK
 from jobqueue.runtime.executor import Executor, StoreDeliveryWriter, log_outcome
+from jobqueue.runtime.process import serves_rated
 from jobqueue.settings import parse_queues
 
 if TYPE_CHECKING:
@@ -57,7 +58,7 @@ def drain(app: JobQueue, queues: str | Iterable[str] | None = None, max_jobs: in
     worker_id = f"drain-{uuid.uuid4().hex[:24]}"
     executor = Executor(app, writes=StoreDeliveryWriter(store), ack_first=lambda outcome: _write(store, outcome))
     lease = app.settings.release_stuck_timeout
-    rated = any(task.flow.interval_us is not None for task in app.registry.values())
+    rated = serves_rated(app, wanted)
     handles: dict[int, JobHandle] = {}
     schedules: list[Message] = []  # periodic schedule messages met on the way, handed back at the end
     runs = 0

@@ -190,7 +190,7 @@ class Executor:
         if soft:
             previous = signal.signal(signal.SIGALRM, self._on_soft_timeout)
             signal.setitimer(signal.ITIMER_REAL, soft)
-        began = time.monotonic()
+        began = time.monotonic() if soft else 0.0
         self.in_handler = True
         try:
             with self.app.job_scope():  # a framework's per-job scope: Flask's app context, say

@@ -98,12 +98,7 @@ class WorkerProcess:
         # Jobs with a flow key are acquired key by key, besides the others: any task's job may have
         # one, since a partition key is one. Whether a task this process serves has a rate limit
         # (then the process wakes when a key held back by its rate may start again).
-        queues = self.settings.queues
-        self.rated = any(
-            task.flow.interval_us is not None
-            for task in app.registry.values()
-            if queues is None or task.queue in queues
-        )
+        self.rated = serves_rated(app, self.settings.queues)
 
     # -- entry point -------------------------------------------------------------------------------
     def main(self) -> int:
@@ -414,6 +409,14 @@ class WorkerProcess:
             logger.error(
                 "worker process %s: could not write its outcomes before exiting; those jobs will run again", os.getpid()
             )
+
+
+def serves_rated(app: JobQueue, queues: tuple[str, ...] | None) -> bool:
+    """Whether a task of these queues has a rate limit (then acquire says when a held-back key may
+    start again)."""
+    return any(
+        task.flow.interval_us is not None for task in app.registry.values() if queues is None or task.queue in queues
+    )
 
 
 def watch_supervisor(supervisor_pid: int) -> None:

@@ -54,10 +54,7 @@ def commit_watch(connection: Any) -> Callable[[], bool] | None:
     if connection is None:
         return None
     if not isinstance(connection, sa.Connection):
-        from sqlalchemy import orm
-
-        if isinstance(connection, orm.scoped_session):
-            connection = connection()  # this thread's Session, the one the job was written through
+        connection = _session(connection)  # for a scoped session, this thread's: the job's
     transaction = connection.get_transaction()  # the outermost one, savepoints aside
     if transaction is None:
         return None
@@ -66,13 +63,19 @@ def commit_watch(connection: Any) -> Callable[[], bool] | None:
 
 def _session_connection(session: Any) -> sa.Connection:
     """The Connection of a Session (or scoped session: Flask-SQLAlchemy's db.session), in its transaction."""
+    connection: sa.Connection = _session(session).connection()
+    return connection
+
+
+def _session(session: Any) -> Any:
+    """A Session, or a scoped session's Session for this thread; anything else is refused."""
     from sqlalchemy import orm  # imported only here: workers never need the ORM
 
     if isinstance(session, orm.scoped_session):
         session = session()
     if not isinstance(session, orm.Session):
         raise ConfigurationError(f"connection must be a SQLAlchemy Connection or Session, not {type(session).__name__}")
-    return session.connection()
+    return session
 
 
 @contextmanager
