@@ -16,6 +16,7 @@ from jobqueue.errors import ConfigurationError
 
 DEFAULT_DATABASE_URL = "sqlite:///jobqueue.sqlite3"
 DATABASE_URL_ENV = "JOBQUEUE_DATABASE_URL"
+LISTEN_DATABASE_URL_ENV = "JOBQUEUE_LISTEN_DATABASE_URL"
 APP_ENV = "JOBQUEUE_APP"
 DASHBOARD_TOKEN_ENV = "JOBQUEUE_DASHBOARD_TOKEN"
 
@@ -58,6 +59,11 @@ class Settings:
         "Seconds between the supervisor's checks for new work while its "
         "processes idle (SQLite, MySQL; PostgreSQL is notified).",
     )
+    listen_database_url: str | None = _opt(
+        None,
+        "PostgreSQL: a direct connection (not a pooler in transaction mode) on which the supervisor "
+        "LISTENs for new jobs (or JOBQUEUE_LISTEN_DATABASE_URL; default: the database URL).",
+    )
     flush_interval: float = _opt(0.5, "Most seconds an outcome waits in the buffer before it is written.")
     release_stuck_interval: float = _opt(5.0, "Seconds between scans for expired leases.")
     release_stuck_timeout: float = _opt(30.0, "Lease (visibility timeout) in seconds, renewed by heartbeats.")
@@ -77,7 +83,7 @@ class Settings:
         from jobqueue.storage.engine import mask_url  # storage imports settings
 
         fields = ", ".join(
-            f"{f.name}={mask_url(value) if f.name == 'database_url' and value else value!r}"
+            f"{f.name}={mask_url(value) if f.name.endswith('database_url') and value else value!r}"
             for f in dataclasses.fields(self)
             for value in [getattr(self, f.name)]
         )
@@ -176,6 +182,12 @@ def parse_queues(value: str | list[str] | tuple[str, ...] | None) -> tuple[str, 
     items = value.split(",") if isinstance(value, str) else list(value)
     queues = tuple(dict.fromkeys(item.strip() for item in items if item.strip()))
     return tuple(validate_queue_name(q) for q in queues) or None
+
+
+def resolve_listen_url(settings: Settings) -> str | None:
+    """Where a supervisor LISTENs, first found wins: --listen-database-url (or the setting given in
+    code, which the option overrides), JOBQUEUE_LISTEN_DATABASE_URL; None: the database URL itself."""
+    return settings.listen_database_url or os.environ.get(LISTEN_DATABASE_URL_ENV) or None
 
 
 def resolve_database_url(option_url: str | None, given_url: str | None) -> str:

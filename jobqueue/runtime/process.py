@@ -3,7 +3,9 @@
 The process runs one job at a time. It fetches a batch sized to how long its jobs take (about
 ``PREFETCH_WINDOW_SECONDS`` of work, at most ``fetch_batch_size``), so no-op jobs come in large
 batches while slow jobs are fetched one at a time. Outcomes are written when the buffer runs dry,
-when ``flush_interval`` has passed, or when ``capacity`` of them wait.
+when ``flush_interval`` has passed, or when ``capacity`` of them wait. A fetch that comes back
+short of its limit means the queues are empty for now: the process then idles, sending nothing,
+until its supervisor wakes it with news of work (see storage.dialects.wakeup).
 
 Once a job has run for ``HOARD_SECONDS``, the supervisor takes back the unstarted rest of the
 buffer (it works from outside the process, so a job holding the GIL cannot stop it), and a keeper
@@ -18,6 +20,7 @@ process left running without a supervisor would run jobs whose leases nobody ren
 from __future__ import annotations
 
 import logging
+import math
 import os
 import select
 import signal
@@ -36,7 +39,6 @@ from jobqueue.runtime.holdings import Holdings
 from jobqueue.runtime.resilience import DatabaseGuard, GaveUp
 from jobqueue.runtime.slot import Slot
 from jobqueue.runtime.writer import OutcomeWriter, Unwritten
-from jobqueue.storage.dialects.wakeup import Listener
 from jobqueue.storage.store import FlushResult, new_lease_token
 
 if TYPE_CHECKING:
@@ -67,6 +69,7 @@ class ChildSpec:
     wake_r: int
     wake_w: int
     more_w: int = -1  # the supervisor's "wake another idle process" pipe
+    idle_w: int = -1  # the supervisor's "look again" pipe: this process just turned idle
     supervisor_pid: int = 0
 
 
@@ -94,7 +97,7 @@ class WorkerProcess:
         self.keeper_writer = OutcomeWriter(app.store, DatabaseGuard(logger, "database (keeper)", self._classify))
         self.wake_at: float | None = None  # monotonic time a deferred message of ours comes due
         self.acked_first: int | None = None  # the running job, once its ACK_FIRST outcome is written
-        self.listener: Listener | None = None  # where the database notifies: this process's own line
+        self.idle = False  # what the slot says: the supervisor wakes idle processes on news
         # Jobs with a flow key are acquired key by key, besides the others: any task's job may have
         # one, since a partition key is one. Whether a task this process serves has a rate limit
         # (then the process wakes when a key held back by its rate may start again).
@@ -109,7 +112,6 @@ class WorkerProcess:
         signals.worker_process_init.send(self.app, app=self.app, process_name=name)
         self.guard.what = f"database (worker process {os.getpid()})"
         self.store = self.app.store
-        self.listener = self.store.listener()
         row = {
             "id": self.spec.worker_id,
             "supervisor_id": self.spec.supervisor_id,
@@ -133,8 +135,6 @@ class WorkerProcess:
                 keeper.join(KEEPER_JOIN_SECONDS)
             self._shutdown()
             self.executor.close()
-            if self.listener is not None:
-                self.listener.close()
             signals.worker_process_shutdown.send(self.app, app=self.app, process_name=name)
         return 0
 
@@ -203,21 +203,31 @@ class WorkerProcess:
 
         messages = self.guard.call(acquire, give_up=lambda: self.stopping, on_retry=self._undo_lost_acquire)
         self.held.add_fetched(messages)
-        if messages and len(messages) >= limit and self.spec.more_w >= 0:
-            poke(self.spec.more_w)  # a full batch: more may be waiting, so the supervisor wakes a sibling
-        interval = self.settings.min_fetch_interval if messages else self.settings.max_fetch_interval
-        self.next_fetch_at = time.monotonic() + interval
+        now = time.monotonic()
+        if len(messages) >= limit:
+            # A full batch: more may be waiting, so the supervisor wakes a sibling, and this
+            # process looks again as soon as it has room.
+            poke(self.spec.more_w)
+            self.next_fetch_at = now + self.settings.min_fetch_interval
+        else:
+            # The queues had no more for us: the next fetch waits for news of work, which the
+            # supervisor brings (new jobs, and delayed ones coming due), so that an idle process
+            # sends no statement and a job that arrives alone costs one acquire.
+            self.next_fetch_at = math.inf
         if self.wake_at is not None:
-            # A message we deferred comes due before the next poll: look again right then.
-            if self.wake_at <= time.monotonic():
+            # A message we deferred comes due before then: look again right then.
+            if self.wake_at <= now:
                 self.wake_at = None
             else:
                 self.next_fetch_at = min(self.next_fetch_at, self.wake_at)
         due_in = self.store.flow_due_in if self.rated else None
         if due_in is not None:
             # A key held back by its rate may start its next job then.
-            self.next_fetch_at = min(self.next_fetch_at, time.monotonic() + max(0.001, due_in))
-        self.spec.slot.set_idle(not messages and not len(self.held))
+            self.next_fetch_at = min(self.next_fetch_at, now + max(0.001, due_in))
+        if not messages and not len(self.held):
+            self._set_idle(True)
+        elif messages:
+            self._set_idle(False)
 
     def _undo_lost_acquire(self) -> None:
         if self.pending_token is not None:
@@ -269,14 +279,19 @@ class WorkerProcess:
         timeout = self.next_fetch_at - time.monotonic()
         if timeout <= 0 or self.stopping:
             return
-        if self.listener is None:
-            news, (ready, _, _) = False, select.select([self.spec.wake_r], [], [], timeout)
-        else:
-            news, ready = self.listener.wait([self.spec.wake_r], timeout)
-        if self.spec.wake_r in ready:
+        self._set_idle(True)
+        ready, _, _ = select.select([self.spec.wake_r], [], [], None if timeout == math.inf else timeout)
+        if ready:
             _drain(self.spec.wake_r)
-        if news or ready:
-            self.next_fetch_at = 0.0  # woken: work may have arrived
+            self.next_fetch_at = 0.0  # woken: work may have arrived (or a signal, which the loop sees)
+
+    def _set_idle(self, idle: bool) -> None:
+        if idle == self.idle:
+            return
+        self.idle = idle
+        self.spec.slot.set_idle(idle)
+        if idle:
+            poke(self.spec.idle_w)  # news that found nobody idle is ours now
 
     def _recycle_due(self) -> bool:
         limit = self.settings.max_tasks_per_child
@@ -378,8 +393,6 @@ class WorkerProcess:
         while not self.keeper_stop.wait(KEEPER_TICK_SECONDS):
             if orphaned(self.spec.supervisor_pid):
                 die_with_supervisor()
-            if self.listener is not None:
-                self.listener.drain()
             taken = self.held.take_overdue(self.settings.flush_interval)
             if not taken:
                 continue

@@ -47,6 +47,7 @@ from jobqueue.runtime.progress import Progress
 from jobqueue.runtime.resilience import DatabaseGuard, GaveUp
 from jobqueue.runtime.slot import Slot, SlotView
 from jobqueue.runtime.writer import OutcomeWriter, Unwritten
+from jobqueue.settings import resolve_listen_url
 from jobqueue.storage.dialects import WorkerState
 from jobqueue.storage.engine import mask_url
 
@@ -183,7 +184,12 @@ class Supervisor:
             self.guard.call(self._sync_schedules, give_up=lambda: self.signals > 0)
             self.guard.call(self._register_groups, give_up=lambda: self.signals > 0)
             self.waker = self.guard.call(
-                lambda: self.store.waker(self.settings.queues, self.settings.idle_poll_interval),
+                lambda: self.store.waker(
+                    self.settings.queues,
+                    self.settings.idle_poll_interval,
+                    self.settings.max_fetch_interval,
+                    resolve_listen_url(self.settings),
+                ),
                 give_up=lambda: self.signals > 0,
             )
         except GaveUp:
@@ -350,6 +356,7 @@ class Supervisor:
                 wake_r=wake_r,
                 wake_w=wake_w,
                 more_w=self.more_w,
+                idle_w=self.wake_w,
                 supervisor_pid=os.getpid(),
             )
             process = self.context.Process(target=_child_main, args=(self.app, spec), name=f"jobqueue-worker-{index}")

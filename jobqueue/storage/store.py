@@ -31,7 +31,7 @@ from jobqueue.storage.dialects.common import (
     WorkerState,
     first_of_partition,
 )
-from jobqueue.storage.dialects.wakeup import Listener, Waker
+from jobqueue.storage.dialects.wakeup import Waker
 from jobqueue.storage.tables import Tables, Timestamp
 
 UNIQUE_RETRIES = 10
@@ -481,13 +481,13 @@ class Store:
         """Wake idle workers now (PostgreSQL: NOTIFY; elsewhere their supervisors poll anyway)."""
         self.dialect.notify()
 
-    def waker(self, queues: tuple[str, ...] | None, interval: float) -> Waker:
-        """What tells a supervisor that work arrived for its idle processes (see storage.dialects.wakeup)."""
-        return self.dialect.waker(lambda: self.has_ready(queues, utcnow()), interval)
-
-    def listener(self) -> Listener | None:
-        """A worker process's own line to the database's notifications, where it has them."""
-        return self.dialect.listener()
+    def waker(
+        self, queues: tuple[str, ...] | None, interval: float, due_interval: float, listen_url: str | None = None
+    ) -> Waker:
+        """What tells a supervisor that work arrived for its idle processes (see storage.dialects.wakeup):
+        news checked every ``interval``, due work every ``due_interval``; ``listen_url``, where
+        PostgreSQL's LISTEN goes if not to the database URL."""
+        return self.dialect.waker(lambda: self.has_ready(queues, utcnow()), interval, due_interval, listen_url)
 
     # -- worker registry ---------------------------------------------------------------------------
     def register_worker(self, row: dict[str, Any]) -> None:

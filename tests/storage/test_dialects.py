@@ -15,9 +15,11 @@ from datetime import datetime, timedelta
 
 import pytest
 import sqlalchemy as sa
+from freezegun import freeze_time
 
 from jobqueue import JobQueue
 from jobqueue.clock import utcnow
+from jobqueue.errors import ConfigurationError
 from jobqueue.job import Batch, Message, MessageState, OutcomeKind
 from jobqueue.storage.dialects import AcquireParams, Dialect, LeaseClock, WorkerState
 from tests.conftest import only
@@ -229,23 +231,44 @@ def test_renew_moves_leases_forward_and_release_returns_them(app: JobQueue, dial
 
 
 def test_an_idle_worker_hears_of_new_work(app: JobQueue, dialect: Dialect) -> None:
-    listener = dialect.listener()
-    waker = dialect.waker(lambda: app.store.has_ready(None, utcnow()), 0.0)
+    waker = dialect.waker(lambda: app.store.has_ready(None, utcnow()), 0.0, 3600.0, None)
     try:
-        if listener is not None:
-            acquire(dialect)  # a process listens on the connection it acquires on
-            assert listener.wait([], 0.05) == (False, [])
-        else:
-            waker.check(time.monotonic())  # the first reading
+        waker.check(time.monotonic())  # the first reading counts as news: nothing was seen before it
+        acquire(dialect)
+        assert waker.check(time.monotonic()) == 0, "news of nothing"
         dialect.enqueue_one(row())
-        if listener is not None:
-            assert listener.wait([], 5.0)[0], "the listener heard nothing"
-        else:
-            assert waker.check(time.monotonic()) >= 1, "the waker saw nothing"
+        deadline = time.monotonic() + 5
+        while not waker.check(time.monotonic()):  # a notification arrives a moment after COMMIT
+            assert time.monotonic() < deadline, "the waker saw nothing"
+            time.sleep(0.01)
     finally:
         waker.close()
-        if listener is not None:
-            listener.close()
+
+
+def test_a_supervisor_hears_of_delayed_jobs_coming_due(app: JobQueue, dialect: Dialect) -> None:
+    """A delayed job makes no commit as it comes due: the supervisor asks every due interval."""
+    now = utcnow()
+    with freeze_time(now) as frozen:
+        dialect.enqueue_one(row(due=now + timedelta(seconds=30)))
+        waker = dialect.waker(lambda: app.store.has_ready(None, utcnow()), 3600.0, 1.0, None)
+        try:
+            waker.check(time.monotonic())  # the first reading counts as news: nothing was seen before it
+            assert waker.check(time.monotonic() + 1.0) == 0, "the job is not due yet"
+            frozen.tick(31)
+            assert waker.check(time.monotonic() + 1.0) == 1, "the due job went unnoticed"
+        finally:
+            waker.close()
+
+
+def test_listen_database_url_is_refused_off_postgresql(app: JobQueue, dialect: Dialect, backend: str) -> None:
+    if backend == "postgresql":
+        waker = dialect.waker(lambda: False, 1.0, 1.0, app.database_url)
+        waker.close()
+        with pytest.raises(ConfigurationError, match="not a PostgreSQL URL"):
+            dialect.waker(lambda: False, 1.0, 1.0, "mysql://root@127.0.0.1/test")
+    else:
+        with pytest.raises(ConfigurationError, match="listen_database_url is for PostgreSQL"):
+            dialect.waker(lambda: False, 1.0, 1.0, "postgresql://root@127.0.0.1/test")
 
 
 # -- errors ----------------------------------------------------------------------------------------------

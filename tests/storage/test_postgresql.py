@@ -5,48 +5,42 @@ from __future__ import annotations
 from jobqueue import JobQueue
 from jobqueue.clock import utcnow
 from jobqueue.storage.dialects import AcquireParams, LeaseClock
-from jobqueue.storage.dialects.postgresql import ProcessListener
 from jobqueue.storage.dialects.postgresql_sql import Prepared, build_apply_outcomes, outcome_binds
 from tests.conftest import only
 from tests.storage.test_store import LEASE, WORKER, outcome, rows
+
+
+def _forget_prepared(app: JobQueue) -> None:
+    """Make the server forget its prepared statements while we think they are prepared. Acquires
+    one at a time reuse the one pooled connection, so it is the one they prepared on."""
+    app.store.dialect.run_on_driver(lambda cursor, info: cursor.execute("DEALLOCATE ALL"), "DEALLOCATE ALL")
 
 
 @only("postgresql")
 def test_prepared_acquire_survives_a_server_that_forgets_it(app: JobQueue, add, caplog) -> None:
     """As behind a pooler in transaction mode: a missing prepared statement costs a retry, never a job."""
     add.bulk([(1, 1)] * 10)
-    listener = app.store.listener()  # acquires run on its one connection: the test knows what it prepared
-    assert isinstance(listener, ProcessListener)
-    try:
 
-        def take(limit: int) -> list[int]:
-            return [m.id for m in app.store.acquire(WORKER, None, limit, LEASE)]
+    def take(limit: int) -> list[int]:
+        return [m.id for m in app.store.acquire(WORKER, None, limit, LEASE)]
 
-        taken = take(1)
-        for _ in range(6):  # a miss re-prepares on the next call, so every other call misses
-            with listener.lock:
-                listener.connection().cursor().execute("DEALLOCATE ALL")  # the server forgets; we think it prepared
-            taken += take(1)
-        assert len(taken) == len(set(taken)) == 7
-        assert "runs its statements unprepared" in caplog.text
-        taken += take(10)  # plain from now on
-    finally:
-        listener.close()
+    taken = take(1)
+    for _ in range(6):  # a miss re-prepares on the next call, so every other call misses
+        _forget_prepared(app)
+        taken += take(1)
+    assert len(taken) == len(set(taken)) == 7
+    assert "runs its statements unprepared" in caplog.text
+    taken += take(10)  # plain from now on
     assert sorted(taken) == [r["id"] for r in rows(app)]
 
 
 @only("postgresql")
 def test_prepared_acquire_when_our_bookkeeping_is_lost(app: JobQueue, add) -> None:
     add.bulk([(1, 1)] * 3)
-    listener = app.store.listener()
-    assert isinstance(listener, ProcessListener)
-    try:
-        assert len(app.store.acquire(WORKER, None, 1, LEASE)) == 1
-        with listener.lock:  # the statement is still prepared on the server: PREPARE fails as a duplicate
-            listener.connection().info.clear()
-        assert len(app.store.acquire(WORKER, None, 5, LEASE)) == 2
-    finally:
-        listener.close()
+    assert len(app.store.acquire(WORKER, None, 1, LEASE)) == 1
+    # The statement is still prepared on the server: PREPARE fails as a duplicate.
+    app.store.dialect.run_on_driver(lambda cursor, info: info.clear(), "forget")
+    assert len(app.store.acquire(WORKER, None, 5, LEASE)) == 2
 
 
 @only("postgresql")

@@ -3,8 +3,8 @@
 ``acquire``, ``flush``, ``enqueue_one``, ``bulk``, ``renew``, ``release``, ``fire_schedule`` and
 ``notify`` each run their own transaction (or prepared statement, or COPY) the way their database
 does it best; ``insert_*`` run inside a transaction the caller gives (an enqueue in the
-application's own). Each dialect also says how idle workers hear of new work (``waker``,
-``listener``) and what its driver's errors mean (``classify``, ``missing_table``). Only
+application's own). Each dialect also says how a supervisor hears of new work for its idle
+processes (``waker``) and what its driver's errors mean (``classify``, ``missing_table``). Only
 ``storage/dialects`` knows which database it is on; here is what most databases do the same way.
 Statements are built once per dialect with named bind parameters, so SQLAlchemy's compiled cache
 serves every later call.
@@ -35,7 +35,7 @@ from jobqueue.storage.dialects.common import (
 )
 from jobqueue.storage.dialects.connector import Connector
 from jobqueue.storage.dialects.flow import FlowAcquired, FlowAcquirer
-from jobqueue.storage.dialects.wakeup import Listener, PollingWaker, Waker
+from jobqueue.storage.dialects.wakeup import PollingWaker, Waker
 from jobqueue.storage.outcomes import RELEASED, REQUEUED, archive_row, requeue_binds
 from jobqueue.storage.tables import Tables, Timestamp
 
@@ -512,10 +512,12 @@ class Dialect(Connector):
         """Wake idle workers everywhere now, where the database can (PostgreSQL); else nothing:
         their supervisors poll."""
 
-    def waker(self, ready: Callable[[], bool], interval: float) -> Waker:
-        """The supervisor's: ``ready()`` (one indexed query) every ``interval`` while processes idle."""
-        return PollingWaker(ready, interval)
-
-    def listener(self) -> Listener | None:
-        """A worker process's own line to the database's notifications, where it has them."""
-        return None
+    def waker(self, ready: Callable[[], bool], interval: float, due_interval: float, listen_url: str | None) -> Waker:
+        """The supervisor's: ``ready()`` (one indexed query, which finds delayed jobs come due as
+        well as new ones) every ``interval`` while processes idle."""
+        if listen_url is not None:
+            raise ConfigurationError(
+                f"listen_database_url is for PostgreSQL, and this database is {self.name}: "
+                "remove the option (or unset JOBQUEUE_LISTEN_DATABASE_URL)"
+            )
+        return PollingWaker(ready, min(interval, due_interval))

@@ -3,17 +3,16 @@
 Acquire, on the path from enqueue to a job's start, runs on the driver as a prepared statement
 (postgresql_sql.Prepared); a flush is one statement in autocommit; bulk() streams one COPY. An
 insert trigger notifies (delivered at COMMIT, so a rolled-back enqueue wakes nobody), and each
-worker process LISTENs on the very connection it acquires on (:class:`ProcessListener`): the
-notification wakes it directly, and the acquire that follows reaches a server process that is
-awake already. With a driver other than psycopg2 (psycopg 3, untested) the supervisor polls.
+supervisor LISTENs on one connection for all its processes (:class:`ListeningWaker`), on
+``listen_database_url`` where the database URL goes through a pooler in transaction mode. With a
+driver other than psycopg2 (psycopg 3, untested) the supervisor polls.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-import select
-import threading
+import time
 from collections.abc import Callable
 from datetime import datetime
 from typing import Any
@@ -21,6 +20,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
 
+from jobqueue.errors import ConfigurationError
 from jobqueue.job import Batch, Message, Outcome
 from jobqueue.storage.dialects.base import Dialect
 from jobqueue.storage.dialects.common import READY_LITERALS, AcquireParams, LeaseClock, delivery_order
@@ -33,8 +33,8 @@ from jobqueue.storage.dialects.postgresql_sql import (
     copy_batch,
     outcome_binds,
 )
-from jobqueue.storage.dialects.wakeup import Listener, PollingWaker, Waker
-from jobqueue.storage.engine import IDLE_IN_TRANSACTION_SECONDS, unless_in_url
+from jobqueue.storage.dialects.wakeup import PollingWaker, Waker, Wakers
+from jobqueue.storage.engine import IDLE_IN_TRANSACTION_SECONDS, backend_name, create_engine, mask_url, unless_in_url
 from jobqueue.storage.tables import Tables, notify_channel, postgresql_notify_ddl
 
 logger = logging.getLogger("jobqueue.storage")
@@ -98,7 +98,6 @@ class PostgreSQLDialect(Dialect):
         super().__init__(engine, tables)
         self._prepared: dict[str, Prepared] = {}
         self._compiled: dict[Any, Prepared] = {}  # statements run unprepared, compiled once
-        self._listener: ProcessListener | None = None
         f = tables.flow
         self._hold_flow = (
             sa.select(f.c.flow_key)
@@ -259,16 +258,7 @@ class PostgreSQLDialect(Dialect):
         if not self._on_psycopg2:
             with self.single_statement() as connection:
                 return self.acquire_on(connection, params)
-        listener = self._listener
-        if listener is None:
-            return self.run_on_driver(lambda cursor, info: self._acquire_prepared(cursor, info, params), "acquire")
-        with listener.lock:
-            # News heard so far is of commits this acquire sees: no empty acquire after it.
-            listener.take_news()
-            connection = listener.connection()
-            return self.run_on_driver(
-                lambda cursor, info: self._acquire_prepared(cursor, info, params), "acquire", connection
-            )
+        return self.run_on_driver(lambda cursor, info: self._acquire_prepared(cursor, info, params), "acquire")
 
     def _acquire_prepared(self, cursor: Any, info: dict[str, Any], params: AcquireParams) -> list[Message]:
         prepared = self._prepared.get(params.shape)
@@ -355,104 +345,91 @@ class PostgreSQLDialect(Dialect):
         with self.single_statement() as connection:
             connection.execute(sa.select(sa.func.pg_notify(notify_channel(self.tables.prefix), "")))
 
-    def waker(self, ready: Callable[[], bool], interval: float) -> Waker:
-        # With psycopg2 the processes listen themselves: the supervisor has nothing to relay.
-        return Waker() if self._on_psycopg2 else PollingWaker(ready, interval)
-
-    def listener(self) -> Listener | None:
+    def waker(self, ready: Callable[[], bool], interval: float, due_interval: float, listen_url: str | None) -> Waker:
         if not self._on_psycopg2:
-            return None
-        if self._listener is None:
-            self._listener = ProcessListener(self)
-        return self._listener
+            return super().waker(ready, interval, due_interval, None)
+        # Notified of new jobs; asked for those coming due, which make no commit.
+        return Wakers(ListeningWaker(self, listen_url), PollingWaker(ready, due_interval))
 
 
-class ProcessListener:
-    """A worker process's own PostgreSQL connection: it LISTENs, and its acquires run on it.
+class ListeningWaker(Waker):
+    """A supervisor's LISTEN connection: every notification is news for one idle process.
 
-    Every idle process listening hears every notification, so a trickle of jobs costs one empty
-    acquire per extra idle process; in exchange nothing relays the news (one wake-up fewer, and the
-    supervisor's own work never delays it). The main thread holds ``lock`` while it acquires or
-    waits; while it runs jobs another thread drains what arrives (:meth:`drain`), so that a long
-    job never leaves notifications piling up on the server.
+    One connection per host, whatever its number of processes, and no statement at all while
+    nothing happens. It is opened on ``listen_url`` if given: a pooler in transaction mode hands
+    each transaction to any server connection, so LISTEN through it would hear nothing. Lost, it
+    is opened again at most every ``RECONNECT_SECONDS``; the first reading after (re)connecting
+    counts as news, since a commit may have happened while nothing listened.
     """
 
-    def __init__(self, dialect: PostgreSQLDialect) -> None:
+    RECONNECT_SECONDS = 1.0
+
+    def __init__(self, dialect: PostgreSQLDialect, listen_url: str | None) -> None:
         self.dialect = dialect
         self.channel = notify_channel(dialect.tables.prefix)
-        self.pooled: Any = None  # the pooled DB-API connection (SQLAlchemy's wrapper around it)
-        self.lock = threading.Lock()
-        self.heard = False  # drained while a job ran
-
-    def connection(self) -> Any:
-        """The connection, LISTENing (opened again after a failure); the caller holds ``lock``."""
-        if self.pooled is not None and not self.pooled.is_valid:
-            self._drop()
-        if self.pooled is None:
-            pooled = self.dialect.checkout()
-            try:
-                self.dialect.run_on_driver(
-                    lambda cursor, info: cursor.execute(f"LISTEN {self.channel}"), f"LISTEN {self.channel}", pooled
+        self.engine: sa.Engine | None = None
+        if listen_url is not None:
+            if backend_name(listen_url) != "postgresql":
+                raise ConfigurationError(
+                    f"listen_database_url {mask_url(listen_url)!r} is not a PostgreSQL URL: give a direct "
+                    "connection to the same database, e.g. postgresql://user@db-host:5432/app"
                 )
-            except BaseException:
-                if pooled.is_valid:
-                    pooled.invalidate()
-                raise
-            self.pooled = pooled  # what committed before the LISTEN, the acquire about to run sees
-        return self.pooled
+            self.engine = create_engine(listen_url, pool_size=1, max_overflow=0)
+        self.raw: Any = None  # the DB-API connection, LISTENing
+        self.fresh = False  # (re)connected since the last check
+        self.retry_at = 0.0
+        self._connect()
 
-    def wait(self, also: list[int], timeout: float) -> tuple[bool, list[int]]:
-        with self.lock:
-            # Heard during the last acquire, or while a job ran: newer than what the acquire saw.
-            if self.take_news():
-                return True, []
-            news = self._fileno()
-            ready, _, _ = select.select(also + ([news] if news is not None else []), [], [], timeout)
-            heard = news is not None and news in ready and self.take_news()
-        return heard, [fd for fd in ready if fd in also]
-
-    def _fileno(self) -> int | None:
-        return self.pooled.dbapi_connection.fileno() if self.pooled is not None and self.pooled.is_valid else None
-
-    def take_news(self) -> bool:
-        """Whether anything was heard since the last call; the caller holds ``lock``."""
-        heard, self.heard = self.heard, False
-        return self._read() or heard
-
-    def drain(self) -> None:
-        if not self.lock.acquire(blocking=False):
-            return
+    def _connect(self) -> None:
+        self.retry_at = time.monotonic() + self.RECONNECT_SECONDS
+        pooled: Any = None
         try:
-            if self._read():
-                self.heard = True
-        finally:
-            self.lock.release()
-
-    def _read(self) -> bool:
-        """Read what arrived: True for a notification, or for a lost connection (look at once:
-        the next acquire reconnects, or meets the outage). The caller holds ``lock``."""
-        if self.pooled is None or not self.pooled.is_valid:
-            return False
-        try:
-            raw = self.pooled.dbapi_connection
-            raw.poll()
-            heard = bool(raw.notifies)
-            raw.notifies.clear()
-            return heard
+            engine = self.engine or self.dialect.engine
+            pooled = engine.raw_connection()
+            raw = pooled.dbapi_connection
+            raw.autocommit = True
+            with raw.cursor() as cursor:
+                cursor.execute(f"LISTEN {self.channel}")
         except Exception as exc:
-            logger.debug("LISTEN connection lost (%s)", exc)
+            logger.warning("cannot LISTEN for new jobs (%s); polling every max_fetch_interval meanwhile", exc)
+            if pooled is not None:
+                with contextlib.suppress(Exception):
+                    pooled.invalidate()
+            return
+        self.pooled, self.raw, self.fresh = pooled, raw, True
+
+    def fileno(self) -> int | None:
+        if self.raw is None and time.monotonic() >= self.retry_at:
+            self._connect()
+        return self.raw.fileno() if self.raw is not None else None
+
+    def due_in(self, now: float) -> float | None:
+        return None if self.raw is not None else max(0.0, self.retry_at - now)
+
+    def check(self, now: float) -> int:
+        if self.raw is None:
+            self.fileno()  # reconnect when due
+            if self.raw is None:
+                return 0
+        heard, self.fresh = int(self.fresh), False
+        try:
+            self.raw.poll()
+        except Exception as exc:
+            logger.warning("lost the LISTEN connection (%s); listening again", exc)
             self._drop()
-            return True
+            return 1  # look at once: what committed meanwhile would wait for the next poll
+        heard += len(self.raw.notifies)
+        self.raw.notifies.clear()
+        return heard
 
     def _drop(self) -> None:
-        # Closed rather than pooled, as it is still LISTENing (an invalidated one was returned already).
-        if self.pooled is not None and self.pooled.is_valid:
-            with contextlib.suppress(Exception):
-                self.pooled.invalidate()
-        self.pooled = None
+        # Never back into a pool: it is still LISTENing.
+        with contextlib.suppress(Exception):
+            self.pooled.invalidate()
+        self.raw = None
 
     def close(self) -> None:
-        """Stop listening for good: the process is leaving."""
-        self._drop()
-        if self.dialect._listener is self:
-            self.dialect._listener = None
+        if self.raw is not None:
+            self._drop()
+        if self.engine is not None:
+            self.engine.dispose()

@@ -24,7 +24,7 @@ from jobqueue.job import Batch, Message, Outcome, OutcomeKind
 from jobqueue.storage.dialects.base import Dialect
 from jobqueue.storage.dialects.common import ACQUIRED_COLUMNS, BATCH_COLUMNS, AcquireParams, delivery_order, json_text
 from jobqueue.storage.dialects.connector import CONTENTION, OUTAGE
-from jobqueue.storage.dialects.wakeup import PollingWaker, Waker
+from jobqueue.storage.dialects.wakeup import PollingWaker, Waker, Wakers
 from jobqueue.storage.engine import READONLY
 from jobqueue.storage.outcomes import ARCHIVED_COLUMNS, COPIED, archive_row, archived_values, requeue_binds
 
@@ -185,8 +185,11 @@ class SQLiteDialect(Dialect):
     def missing_table(self, exc: sa.exc.DBAPIError) -> bool:
         return "no such table" in str(exc.orig).lower()
 
-    def waker(self, ready: Callable[[], bool], interval: float) -> Waker:
-        return SQLiteWaker(self, interval)
+    def waker(self, ready: Callable[[], bool], interval: float, due_interval: float, listen_url: str | None) -> Waker:
+        if listen_url is not None:
+            return super().waker(ready, interval, due_interval, listen_url)  # which says why not
+        # data_version says that something committed; delayed jobs come due without a commit.
+        return Wakers(SQLiteWaker(self, interval), PollingWaker(ready, due_interval))
 
     def insert_batch(self, connection: sa.Connection, batch: Batch) -> list[int]:
         # One executemany in one write transaction: with AUTOINCREMENT and the write lock held, the

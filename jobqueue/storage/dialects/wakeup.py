@@ -1,24 +1,24 @@
 """How idle workers learn that new work arrived, as each database can tell them.
 
-Two roles, both given by the dialect:
+The supervisor of each host learns it for all its processes, and wakes one idle process per piece
+of news: idle processes themselves send no statement at all, so the idle load of a host does not
+grow with its number of processes, and a new job wakes one process, not all of them. Its **Waker**
+is the dialect's:
 
-- a **Waker** for the supervisor, asked while some of its processes idle: SQLite reads
-  ``PRAGMA data_version`` (it changes whenever another connection commits, and reading it touches
-  no table); MySQL asks one indexed question ("is anything ready?") for the whole pool; on
-  PostgreSQL the processes listen themselves, and the supervisor's waker does nothing.
-- a **Listener** for a worker process, where the database can notify (PostgreSQL's LISTEN): a
-  descriptor that becomes readable on news. The dialect runs that process's acquire on the same
-  connection, so the acquire that follows a notification reaches a server process that is awake.
+- SQLite reads ``PRAGMA data_version`` (it changes whenever another connection commits, and
+  reading it touches no table) every ``idle_poll_interval``;
+- MySQL asks one indexed question ("is anything ready?") every ``idle_poll_interval``;
+- PostgreSQL LISTENs on one connection per supervisor: an insert trigger notifies at COMMIT.
 
-Where the supervisor learns of work, it wakes one idle process per piece of news; processes keep
-their own slow poll (``max_fetch_interval``) as the fallback, and for delayed jobs coming due.
+Where the news is of commits (SQLite, PostgreSQL), the supervisor also asks "is anything ready?"
+every ``max_fetch_interval``: delayed jobs and retries coming due, and leases that expired, make
+no commit.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Protocol
 
 logger = logging.getLogger("jobqueue.supervisor")
 
@@ -42,6 +42,27 @@ class Waker:
         pass
 
 
+class Wakers(Waker):
+    """Several wakers as one: news from any of them."""
+
+    def __init__(self, *wakers: Waker) -> None:
+        self.wakers = wakers
+
+    def fileno(self) -> int | None:
+        return next((fd for fd in (w.fileno() for w in self.wakers) if fd is not None), None)
+
+    def due_in(self, now: float) -> float | None:
+        due = [d for d in (w.due_in(now) for w in self.wakers) if d is not None]
+        return min(due) if due else None
+
+    def check(self, now: float) -> int:
+        return sum(w.check(now) for w in self.wakers)
+
+    def close(self) -> None:
+        for waker in self.wakers:
+            waker.close()
+
+
 class PollingWaker(Waker):
     """Ask ``poll`` every ``interval`` seconds while processes idle."""
 
@@ -62,16 +83,3 @@ class PollingWaker(Waker):
         except Exception as exc:  # an outage: the supervisor's guard reports it elsewhere
             logger.debug("idle poll failed: %s", exc)
             return 0
-
-
-class Listener(Protocol):
-    """A worker process's view of its database's notifications."""
-
-    def wait(self, also: list[int], timeout: float) -> tuple[bool, list[int]]:
-        """Block until news arrives, a descriptor of ``also`` is readable, or ``timeout`` passes;
-        return whether there was news, and which of ``also`` are readable."""
-
-    def drain(self) -> None:
-        """Read what arrived, from another thread, while the main one runs a job."""
-
-    def close(self) -> None: ...
