@@ -225,13 +225,13 @@ def prefetch(url: str, backend: str, runs: int, jobs: int, processes: int, json_
 
 
 def _acquire_count(directory: str, backend: str) -> int:
-    """Acquisitions: PostgreSQL and SQLite acquire with one UPDATE; MySQL with SELECT ... FOR UPDATE + UPDATE."""
+    """Acquisitions: the statements with SKIP LOCKED on PostgreSQL and MySQL; SQLite's are UPDATEs."""
     import pathlib
 
     total = 0
     for path in pathlib.Path(directory).glob("*"):
         words = path.read_text().split()
-        total += words.count("WITH") if backend == "postgresql" else words.count("UPDATE")
+        total += words.count("UPDATE" if backend == "sqlite" else "ACQUIRE")
     return total
 
 

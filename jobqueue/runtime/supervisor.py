@@ -592,6 +592,7 @@ class Supervisor:
             ok, released = self.guard.try_once(self.store.release_expired)
             if released:
                 logger.warning("released %s message(s) whose lease expired (a worker died or stalled)", released)
+                self.unspent = min(self.unspent + released, self.size)  # ready now: our idle processes take them
             stale = max(10 * self.settings.release_stuck_timeout, 300.0)
             self.guard.try_once(lambda: self.store.prune_workers(stale))
             if self.consumers and now >= self.next_topic_collect:
