@@ -20,6 +20,7 @@ from sqlalchemy import event
 def install(directory: str) -> None:
     Path(directory).mkdir(parents=True, exist_ok=True)
 
+    full = bool(os.environ.get("JOBQUEUE_BENCH_COUNT_FULL"))
     prepared: dict[str, str] = {}  # the word a prepared statement is counted as, by its name
 
     def record(statement: str) -> None:
@@ -33,6 +34,8 @@ def install(directory: str) -> None:
             word = prepared.get(words[1].split("(")[0], first)
         else:
             word = "ACQUIRE" if acquire else first
+        if full:  # JOBQUEUE_BENCH_COUNT_FULL=1: the statement's first 200 characters after the word
+            word += " " + " ".join(statement.split())[:200]
         with open(os.path.join(directory, str(os.getpid())), "a") as out:
             out.write(word + "\n")
 
@@ -61,5 +64,5 @@ def counts(directory: str, word: str | None = None) -> dict[int, int]:
     """Statements so far per process id (only those counted as ``word``, if given)."""
     out = {}
     for path in Path(directory).glob("*"):
-        out[int(path.name)] = sum(1 for line in open(path) if word is None or line.strip() == word)
+        out[int(path.name)] = sum(1 for line in open(path) if word is None or line.split(None, 1)[0] == word)
     return out
