@@ -131,12 +131,12 @@ def test_worker_without_an_app_refuses_to_start(db_url: str) -> None:
 
 def test_worker_refuses_a_listen_url_it_cannot_use(db_url: str, backend: str) -> None:
     """Before it touches the database: the option is checked against the database it serves."""
+    given: tuple[str, ...] = ()
+    env: dict[str, str] = {}
     if backend == "postgresql":
         given = ("--listen-database-url", "mysql://someone:hunter2secret@127.0.0.1/test")
-        env = {}
         expected = "not a PostgreSQL URL"
     else:
-        given = ()
         env = {"JOBQUEUE_LISTEN_DATABASE_URL": "postgresql://someone:hunter2secret@127.0.0.1/test"}
         expected = "listen_database_url is for PostgreSQL"
     result = jobqueue("worker", "--burst", *given, check=False, env=env)
