@@ -114,13 +114,20 @@ def _default_signals() -> None:
         signal.signal(signum, signal.SIG_DFL)
 
 
-def runs(path: Path) -> list[tuple[str, int, int]]:
-    """The events the runtime tasks recorded: (event, job id, pid)."""
+def recorded(path: Path) -> list[list[str]]:
+    """The fields of each line a task appended to ``path`` (none if it does not exist yet).
+    Read while tasks append: a line still being written (no newline yet) is left for next time."""
     if not path.exists():
         return []
+    text = path.read_text()
+    return [line.split() for line in text[: text.rfind("\n") + 1].splitlines()]
+
+
+def runs(path: Path) -> list[tuple[str, int, int]]:
+    """The events the runtime tasks recorded: (event, job id, pid)."""
     out = []
-    for line in path.read_text().splitlines():
-        event, job_id, pid = line.split()
+    for line in recorded(path):
+        event, job_id, pid = line
         out.append((event, int(job_id), int(pid)))
     return out
 

@@ -14,7 +14,7 @@ import sqlalchemy as sa
 
 from jobqueue import JobQueue
 from tests.apps import runtime as rt
-from tests.runtime.harness import REPORTS, Worker, start, wait_for
+from tests.runtime.harness import REPORTS, Worker, recorded, start, wait_for
 
 KEYS = 50
 PER_KEY = 100
@@ -22,11 +22,8 @@ PER_KEY = 100
 
 def partition_runs(path: Path) -> list[tuple[str, int, int, int, str, int]]:
     """(event, job id, pid, monotonic ns, key, seq) as rt.ordered recorded them."""
-    if not path.exists():
-        return []
     out = []
-    for line in path.read_text().splitlines():
-        event, job, pid, at, key, seq = line.split()
+    for event, job, pid, at, key, seq in recorded(path):
         out.append((event, int(job), int(pid), int(at), key, int(seq)))
     return out
 

@@ -21,7 +21,7 @@ from jobqueue import JobQueue
 from tests.acceptance.cli import ROOT
 from tests.apps import runtime as rt
 from tests.conftest import only
-from tests.runtime.harness import REPORTS, Worker, freeze, repeated, runs, start, wait_for
+from tests.runtime.harness import REPORTS, Worker, freeze, recorded, repeated, runs, start, wait_for
 
 
 def alive(pid: int) -> bool:
@@ -103,9 +103,7 @@ def test_the_supervisor_survives_an_error_of_its_own_loop(
 
 
 def timed_runs(path: Path) -> list[tuple[str, int, int, int]]:
-    if not path.exists():
-        return []
-    return [(e, int(j), int(p), int(t)) for e, j, p, t in (line.split() for line in path.read_text().splitlines())]
+    return [(e, int(j), int(p), int(t)) for e, j, p, t in recorded(path)]
 
 
 def test_chaos_sigkill_the_supervisor_itself(

@@ -15,7 +15,7 @@ import sqlalchemy as sa
 
 from jobqueue import JobQueue
 from tests.apps import topics as tp
-from tests.runtime.harness import REPORTS, Worker, start, wait_for
+from tests.runtime.harness import REPORTS, Worker, recorded, start, wait_for
 from tests.runtime.test_flow import kill_children_until
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -35,11 +35,8 @@ def app(db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterato
 
 def events(path: Path) -> list[tuple[str, str, str, int, int, int]]:
     """(event, group, key, seq, pid, monotonic ns) as the handlers recorded them."""
-    if not path.exists():
-        return []
     out = []
-    for line in path.read_text().splitlines():
-        event, group, key, seq, pid, at = line.split()
+    for event, group, key, seq, pid, at in recorded(path):
         out.append((event, group, key, int(seq), int(pid), int(at)))
     return out
 
