@@ -26,6 +26,7 @@ from jobqueue.storage.dialects.base import Dialect
 from jobqueue.storage.dialects.common import READY_LITERALS, AcquireParams, LeaseClock, delivery_order
 from jobqueue.storage.dialects.connector import CONTENTION, OUTAGE
 from jobqueue.storage.dialects.flow import FlowAcquirer
+from jobqueue.storage.dialects.postgresql_session import STARTUP_OPTIONS, connect_without_refused_options
 from jobqueue.storage.dialects.postgresql_sql import (
     Prepared,
     acquired_message,
@@ -34,7 +35,7 @@ from jobqueue.storage.dialects.postgresql_sql import (
     outcome_binds,
 )
 from jobqueue.storage.dialects.wakeup import PollingWaker, Waker, Wakers
-from jobqueue.storage.engine import IDLE_IN_TRANSACTION_SECONDS, backend_name, create_engine, mask_url, unless_in_url
+from jobqueue.storage.engine import backend_name, create_engine, mask_url, unless_in_url
 from jobqueue.storage.tables import Tables, notify_channel, postgresql_notify_ddl
 
 logger = logging.getLogger("jobqueue.storage")
@@ -47,17 +48,6 @@ UNDEFINED_TABLE = "42P01"
 # Rounds of locking a flow row and inserting it if missing; two always do unless a sweep deletes
 # a row between them.
 FLOW_HOLD_TRIES = 3
-
-
-# For jobqueue's own connections only. A queue table's statistics are always out of date: a burst
-# can add a million ready rows between two ANALYZE runs. Planning the acquire on stale statistics
-# picks "bitmap-scan every ready row and sort them" over "walk the ordered index, stop after LIMIT",
-# and every fetch then sorts the whole backlog. These settings make that alternative look
-# expensive, so acquire and flush stay index lookups at any backlog size. A plan that must scan
-# anyway (the flow table has no index for every question) then costs billions on paper, which
-# would make the server JIT-compile it: hundreds of milliseconds for a statement that reads a
-# few rows. Our statements are all short, so JIT is off.
-POSTGRES_PLANNER = "-c enable_bitmapscan=off -c enable_sort=off -c enable_seqscan=off -c jit=off"
 
 
 class PostgreSQLDialect(Dialect):
@@ -74,9 +64,8 @@ class PostgreSQLDialect(Dialect):
         # Whatever the server's default: SKIP LOCKED acquires and the unique-key checks rely on
         # each statement seeing the latest commits.
         options["isolation_level"] = "READ COMMITTED"
-        # A dead server or network is noticed (keepalives) instead of hanging a worker forever; a
-        # lock wait that long is a fault, retried as contention; a session frozen inside a
-        # transaction is ended. The planner settings keep every statement on its index.
+        # A dead server or network is noticed (keepalives) instead of hanging a worker forever.
+        # The session settings travel in the startup packet (see postgresql_session).
         options["connect_args"] = unless_in_url(
             url,
             {
@@ -85,11 +74,14 @@ class PostgreSQLDialect(Dialect):
                 "keepalives_idle": 30,
                 "keepalives_interval": 10,
                 "keepalives_count": 3,
-                "options": f"-c lock_timeout=30000 -c idle_in_transaction_session_timeout="
-                f"{IDLE_IN_TRANSACTION_SECONDS * 1000} {POSTGRES_PLANNER}",
+                "options": STARTUP_OPTIONS,
             },
         )
         return url, options
+
+    @classmethod
+    def configure(cls, engine: sa.Engine) -> None:
+        connect_without_refused_options(engine)
 
     _apply_outcomes: Any = None
     _prepared_flush: Prepared | None = None
