@@ -8,6 +8,7 @@ otherwise.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
@@ -25,10 +26,12 @@ from tests.acceptance.test_upgrade import PREFIX as OLD_PREFIX
 from tests.acceptance.test_upgrade import schema_1
 from tests.apps import basic
 from tests.conftest import only
+from tests.runtime.harness import REPORTS, Worker, start
 from tests.servers import PgBouncer
 
 APP = "tests.apps.basic:app"
 REFUSED = "refuses connection options"
+UNPREPARED = "runs its statements unprepared"
 
 
 @pytest.fixture
@@ -145,6 +148,30 @@ def test_the_cli_through_the_pooler(app: JobQueue, db_url: str, tmp_path: Path) 
         with engine.begin() as conn:
             build_tables(OLD_PREFIX).metadata.drop_all(conn, checkfirst=True)
         engine.dispose()
+
+
+@only("postgresql")
+def test_prepared_statements_missing_on_fresh_server_connections(
+    app: JobQueue, db_url: str, pgbouncer: PgBouncer, workers: list[Worker], tmp_path: Path
+) -> None:
+    """The pooler closes its server connections again and again (RECONNECT): statements prepared on
+    one are missing on the next. A miss runs the statement plain; three give up preparing."""
+    handles = basic.sleep.bulk([(0.005,)] * 200)
+    database = sa.make_url(db_url).database
+    worker = start(
+        workers, tmp_path, "--burst", "-c", "1", "--fetch-batch-size", "2", "--listen-database-url", db_url, app=APP
+    )
+    reconnects = 0
+    while worker.process.poll() is None and UNPREPARED not in worker.text():
+        pgbouncer.admin(f"RECONNECT {database}")  # each server connection closes once released
+        reconnects += 1
+        time.sleep(0.03)
+    assert worker.wait(60) == 0
+    log = worker.text()
+    assert log.count(UNPREPARED) == 1, log[-3000:]  # once for every statement of the process
+    assert [h.get(timeout=5) for h in handles] == [0.005] * 200
+    assert set(archived(db_url).values()) == {("COMPLETED", 1, 1)}  # none lost, none run twice
+    REPORTS.append(f"pgbouncer: prepared statements given up after {reconnects} RECONNECTs")
 
 
 @only("postgresql")

@@ -28,6 +28,7 @@ from jobqueue.storage.dialects.connector import CONTENTION, OUTAGE
 from jobqueue.storage.dialects.flow import FlowAcquirer
 from jobqueue.storage.dialects.postgresql_session import STARTUP_OPTIONS, connect_without_refused_options
 from jobqueue.storage.dialects.postgresql_sql import (
+    Misses,
     Prepared,
     acquired_message,
     build_apply_outcomes,
@@ -89,6 +90,7 @@ class PostgreSQLDialect(Dialect):
     def __init__(self, engine: sa.Engine, tables: Tables) -> None:
         super().__init__(engine, tables)
         self._prepared: dict[str, Prepared] = {}
+        self._misses = Misses()  # prepared statements gone missing, for all of them
         self._compiled: dict[Any, Prepared] = {}  # statements run unprepared, compiled once
         f = tables.flow
         self._hold_flow = (
@@ -255,7 +257,7 @@ class PostgreSQLDialect(Dialect):
     def _acquire_prepared(self, cursor: Any, info: dict[str, Any], params: AcquireParams) -> list[Message]:
         prepared = self._prepared.get(params.shape)
         if prepared is None:
-            prepared = self._prepared[params.shape] = Prepared.compile(self.build_acquire(params.shape))
+            prepared = self._prepared[params.shape] = Prepared.compile(self.build_acquire(params.shape), self._misses)
         prepared.run(cursor, params.binds(), info)
         messages = [acquired_message(row) for row in cursor.fetchall()]
         messages.sort(key=delivery_order)  # RETURNING gives no order
@@ -273,7 +275,7 @@ class PostgreSQLDialect(Dialect):
         self, cursor: Any, info: dict[str, Any], outcomes: list[Outcome], now: datetime
     ) -> set[tuple[int, int]]:
         if self._prepared_flush is None:
-            self._prepared_flush = Prepared.compile(self._outcomes_statement())
+            self._prepared_flush = Prepared.compile(self._outcomes_statement(), self._misses)
         self._prepared_flush.run(cursor, outcome_binds(outcomes, now), info)
         return {(row[0], row[1]) for row in cursor.fetchall()}
 
