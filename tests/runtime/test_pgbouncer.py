@@ -8,6 +8,7 @@ otherwise.
 from __future__ import annotations
 
 import json
+import statistics
 import time
 from collections.abc import Iterator
 from datetime import timedelta
@@ -26,7 +27,7 @@ from tests.acceptance.test_upgrade import PREFIX as OLD_PREFIX
 from tests.acceptance.test_upgrade import schema_1
 from tests.apps import basic
 from tests.conftest import only
-from tests.runtime.harness import REPORTS, Worker, start
+from tests.runtime.harness import REPORTS, Worker, start, wait_for
 from tests.servers import PgBouncer
 
 APP = "tests.apps.basic:app"
@@ -172,6 +173,72 @@ def test_prepared_statements_missing_on_fresh_server_connections(
     assert [h.get(timeout=5) for h in handles] == [0.005] * 200
     assert set(archived(db_url).values()) == {("COMPLETED", 1, 1)}  # none lost, none run twice
     REPORTS.append(f"pgbouncer: prepared statements given up after {reconnects} RECONNECTs")
+
+
+def _started_after(db_url: str, job_id: int) -> float:
+    """Seconds from a job's enqueue to its start, both on the database server's clock."""
+    a = build_tables().archive
+    engine = sa.create_engine(db_url)
+    try:
+        with engine.connect() as conn:
+            row = conn.execute(sa.select(a.c.created_at, a.c.first_attempt_at).where(a.c.id == job_id)).one()
+    finally:
+        engine.dispose()
+    return float((row.first_attempt_at - row.created_at).total_seconds())
+
+
+@only("postgresql")
+def test_without_a_listen_url_the_supervisor_polls_and_never_listens_through_the_pooler(
+    app: JobQueue, db_url: str, pgbouncer: PgBouncer, workers: list[Worker], tmp_path: Path
+) -> None:
+    worker = start(workers, tmp_path, "-c", "1", "--max-fetch-interval", "0.3", app=APP)
+    wait_for(lambda: "does not LISTEN there" in worker.text(), 30, "the supervisor to say it polls")
+    handles = []
+    for i in range(3):
+        handles.append(basic.add.delay(i, i))
+        assert handles[-1].get(timeout=10) == 2 * i
+    latencies = [_started_after(db_url, h.id) for h in handles]
+    assert max(latencies) < 5, latencies  # a poll every 0.3 s, on a loaded machine
+    # A LISTEN through the pooler would have left a server connection listening: the notifications
+    # of these enqueues would have reached other clients, or PgBouncer, which logs them.
+    assert "when not linked" not in pgbouncer.log()
+
+
+@only("postgresql")
+def test_with_a_direct_listen_url_an_idle_worker_starts_a_new_job_at_once(
+    app: JobQueue, db_url: str, pgbouncer: PgBouncer, workers: list[Worker], tmp_path: Path
+) -> None:
+    # Polling once a minute: only the notification can start these jobs in time.
+    worker = start(workers, tmp_path, "-c", "2", "--max-fetch-interval", "60", "--listen-database-url", db_url, app=APP)
+    wait_for(lambda: "started worker process 1" in worker.text(), 30, "the worker processes")
+    time.sleep(0.5)  # idle
+    handles = []
+    for i in range(5):
+        handles.append(basic.add.delay(i, i))
+        assert handles[-1].get(timeout=10) == 2 * i
+    latencies = [_started_after(db_url, h.id) for h in handles]
+    median = statistics.median(latencies) * 1000
+    assert max(latencies) < 2, latencies  # about 10 ms; the bound is for a loaded machine
+
+    # The host's connections: through the pooler the supervisor's one and each process's two at
+    # most (a process woken for no job yet holds one), and the one LISTEN connection direct.
+    app.close()  # the test's own, through the pooler
+    database = sa.make_url(db_url).database
+    clients = [c for c in pgbouncer.admin("SHOW CLIENTS") if c["database"] == database]
+    engine = sa.create_engine(db_url)
+    try:
+        with engine.connect() as conn:
+            query = (
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND query LIKE 'LISTEN %%'"
+            )
+            listening = conn.exec_driver_sql(query).scalar()
+    finally:
+        engine.dispose()
+    assert 3 <= len(clients) <= 1 + 2 * 2 and listening == 1, (clients, listening)
+    REPORTS.append(
+        f"pgbouncer: new job to start on an idle worker (LISTEN direct): median {median:.0f} ms; "
+        f"-c 2: {len(clients)} client connections through the pooler, {listening} direct (LISTEN)"
+    )
 
 
 @only("postgresql")

@@ -26,7 +26,11 @@ from jobqueue.storage.dialects.base import Dialect
 from jobqueue.storage.dialects.common import READY_LITERALS, AcquireParams, LeaseClock, delivery_order
 from jobqueue.storage.dialects.connector import CONTENTION, OUTAGE
 from jobqueue.storage.dialects.flow import FlowAcquirer
-from jobqueue.storage.dialects.postgresql_session import STARTUP_OPTIONS, connect_without_refused_options
+from jobqueue.storage.dialects.postgresql_session import (
+    STARTUP_OPTIONS,
+    connect_without_refused_options,
+    refuses_options,
+)
 from jobqueue.storage.dialects.postgresql_sql import (
     Misses,
     Prepared,
@@ -342,8 +346,21 @@ class PostgreSQLDialect(Dialect):
     def waker(self, ready: Callable[[], bool], interval: float, due_interval: float, listen_url: str | None) -> Waker:
         if not self._on_psycopg2:
             return super().waker(ready, interval, due_interval, None)
-        # Notified of new jobs; asked for those coming due, which make no commit.
-        return Wakers(ListeningWaker(self, listen_url), PollingWaker(ready, due_interval))
+        polling = PollingWaker(ready, due_interval)  # for jobs coming due, which make no commit
+        if listen_url is None and refuses_options(self.engine):
+            # A pooler in transaction mode would run LISTEN on a server connection that other
+            # clients then share: they would get the notifications (PgBouncer logs each one it
+            # cannot deliver), the supervisor none. In session mode LISTEN would work: that is
+            # for the user to say.
+            logger.warning(
+                "the database URL goes through a pooler (it refuses connection options): the "
+                "supervisor does not LISTEN there, and looks for new jobs every %s s instead. Give "
+                "listen_database_url (--listen-database-url): a direct connection to the database, "
+                "or this URL if the pooler runs in session mode",
+                due_interval,
+            )
+            return polling
+        return Wakers(ListeningWaker(self, listen_url), polling)
 
 
 class ListeningWaker(Waker):

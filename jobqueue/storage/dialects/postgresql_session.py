@@ -97,3 +97,10 @@ def _report(connection: Any, url: str) -> None:
         url,
         ", ".join(missing),
     )
+
+
+def refuses_options(engine: sa.Engine) -> bool:
+    """True if ``engine``'s server (a pooler) refuses the startup options; connects to find out."""
+    if mask_url(engine.url) not in _refused:
+        engine.connect().close()
+    return mask_url(engine.url) in _refused
