@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import statistics
 import sys
 import time
@@ -20,7 +21,17 @@ ADMIN_URLS = {
     ),
     "mysql": os.environ.get("JOBQUEUE_BENCH_MYSQL_URL", "mysql+mysqldb://jobqueue_test:jobqueue_test@127.0.0.1:3306/"),
 }
-BENCH_DATABASE = "jobqueue_test_bench"  # inside the test login's grant
+
+
+def _bench_database() -> str:
+    """``JOBQUEUE_BENCH_DATABASE``, else one database per checkout (``jobqueue_test_bench_<its
+    folder>``, inside the test login's grant): two checkouts benchmarking at once on one server
+    must not empty each other's tables."""
+    root = os.path.basename(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    return os.environ.get("JOBQUEUE_BENCH_DATABASE") or ("jobqueue_test_bench_" + re.sub(r"\W", "_", root.lower()))[:60]
+
+
+BENCH_DATABASE = _bench_database()
 BACKENDS = ("sqlite", "postgresql", "mysql")
 
 

@@ -1,7 +1,8 @@
 """Count the statements every process of a benchmark worker runs (JOBQUEUE_BENCH_COUNT=directory).
 
-Each statement appends its first word to ``<directory>/<pid>``: fine for an idle worker, which runs
-few; not meant for throughput runs. sqlite3's trace callback sees every statement (the
+Each statement appends its first word to ``<directory>/<pid>`` (``ACQUIRE`` for an acquire, the
+statement with ``SKIP LOCKED``, prepared or not): fine for an idle worker, which runs few; not
+meant for throughput runs. sqlite3's trace callback sees every statement (the
 supervisor's raw ``PRAGMA data_version`` polls included), and so does a cursor class on psycopg2
 (acquire runs on the driver there); on MySQL SQLAlchemy's events do.
 """
@@ -19,10 +20,24 @@ from sqlalchemy import event
 def install(directory: str) -> None:
     Path(directory).mkdir(parents=True, exist_ok=True)
 
+    full = bool(os.environ.get("JOBQUEUE_BENCH_COUNT_FULL"))
+    prepared: dict[str, str] = {}  # the word a prepared statement is counted as, by its name
+
     def record(statement: str) -> None:
-        words = statement.strip().split(None, 1)
+        words = statement.strip().split(None, 2)
+        first = words[0].upper() if words else "?"
+        acquire = "SKIP LOCKED" in statement.upper()
+        if first == "PREPARE" and len(words) > 1:
+            prepared[words[1]] = "ACQUIRE" if acquire else "EXECUTE"
+            word = first
+        elif first == "EXECUTE" and len(words) > 1:
+            word = prepared.get(words[1].split("(")[0], first)
+        else:
+            word = "ACQUIRE" if acquire else first
+        if full:  # JOBQUEUE_BENCH_COUNT_FULL=1: the statement's first 200 characters after the word
+            word += " " + " ".join(statement.split())[:200]
         with open(os.path.join(directory, str(os.getpid())), "a") as out:
-            out.write((words[0].upper() if words else "?") + "\n")
+            out.write(word + "\n")
 
     @event.listens_for(sa.engine.Engine, "connect")
     def on_connect(dbapi_connection: Any, _record: Any) -> None:
@@ -45,9 +60,9 @@ def install(directory: str) -> None:
             record(statement)
 
 
-def counts(directory: str) -> dict[int, int]:
-    """Statements so far per process id."""
+def counts(directory: str, word: str | None = None) -> dict[int, int]:
+    """Statements so far per process id (only those counted as ``word``, if given)."""
     out = {}
     for path in Path(directory).glob("*"):
-        out[int(path.name)] = sum(1 for _ in open(path))
+        out[int(path.name)] = sum(1 for line in open(path) if word is None or line.split(None, 1)[0] == word)
     return out

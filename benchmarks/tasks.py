@@ -14,6 +14,12 @@ if os.environ.get("JOBQUEUE_BENCH_COUNT"):
 
 app = JobQueue()
 
+if os.environ.get("JOBQUEUE_BENCH_PROFILE"):
+    # cProfile in each worker process, written to <directory>/<pid>.prof as it stops.
+    from benchmarks.profiling import install as install_profiler
+
+    install_profiler(os.environ["JOBQUEUE_BENCH_PROFILE"])
+
 
 @app.task(name="bench.noop")
 def noop() -> None:

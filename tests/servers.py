@@ -144,7 +144,9 @@ def _wait_reachable(url: str, timeout: float = 60) -> None:
 class PrivatePostgres:
     """A throwaway PostgreSQL cluster on a free port, that a test may stop and restart."""
 
-    def __init__(self) -> None:
+    def __init__(self, settings: dict[str, str] | None = None) -> None:
+        """``settings``: server settings (``-c name=value``) besides those of a throwaway cluster."""
+        self.settings = settings or {}
         bins = sorted(glob.glob("/usr/lib/postgresql/*/bin"))
         if not bins:
             raise RuntimeError("PostgreSQL server binaries not found under /usr/lib/postgresql (run scripts/test.sh)")
@@ -156,6 +158,7 @@ class PrivatePostgres:
 
     def start(self) -> None:
         options = f"-p {self.port} -k {self.dir} -c listen_addresses=127.0.0.1 -c fsync=off"
+        options += "".join(f" -c {name}={value}" for name, value in self.settings.items())
         _as(
             "postgres",
             [

@@ -179,7 +179,10 @@ class WorkerProcess:
         """How many messages to ask for: what fits, and no more than PREFETCH_WINDOW_SECONDS of work."""
         limit = min(self.settings.fetch_batch_size, self.capacity - len(self.held))
         if self.avg_duration is None:
-            return 1  # nothing known yet: one message tells us how long they take
+            # Nothing known yet: one message tells us how long they take, and asking for a second
+            # tells whether more wait (then a sibling is woken for them; the supervisor takes the
+            # second back for an idle process if the first turns out slow).
+            return min(2, limit)
         return max(1, min(limit, int(PREFETCH_WINDOW_SECONDS / max(self.avg_duration, 1e-6))))
 
     def _fetch(self) -> None:

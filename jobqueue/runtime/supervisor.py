@@ -49,7 +49,7 @@ from jobqueue.runtime.slot import Slot, SlotView
 from jobqueue.runtime.writer import OutcomeWriter, Unwritten
 from jobqueue.settings import resolve_listen_url
 from jobqueue.storage.dialects import WorkerState
-from jobqueue.storage.engine import mask_url
+from jobqueue.storage.engine import check_listen_url, mask_url
 
 if TYPE_CHECKING:
     from jobqueue.app import JobQueue
@@ -125,6 +125,7 @@ class Supervisor:
             raise ConfigurationError(
                 "no tasks are registered: point the worker at your app with --app module:attribute (or JOBQUEUE_APP)"
             )
+        check_listen_url(self.app.database_url, resolve_listen_url(self.settings))  # before any work
         name_process("jobqueue-supervisor")
         self.consumers = topics.served_consumers(self.app.consumers.values(), self.settings.groups)
         if self.settings.queues is not None or self.settings.groups is not None:
@@ -592,6 +593,7 @@ class Supervisor:
             ok, released = self.guard.try_once(self.store.release_expired)
             if released:
                 logger.warning("released %s message(s) whose lease expired (a worker died or stalled)", released)
+                self.unspent = min(self.unspent + released, self.size)  # ready now: our idle processes take them
             stale = max(10 * self.settings.release_stuck_timeout, 300.0)
             self.guard.try_once(lambda: self.store.prune_workers(stale))
             if self.consumers and now >= self.next_topic_collect:

@@ -111,6 +111,23 @@ def create_engine(url: str | sa.URL, **kwargs: Any) -> sa.Engine:
     return engine
 
 
+def check_listen_url(database_url: str | sa.URL, listen_url: str | None) -> None:
+    """Raise ConfigurationError unless ``listen_url`` (where a supervisor LISTENs) can serve
+    ``database_url``: PostgreSQL both."""
+    if listen_url is None:
+        return
+    if backend_name(database_url) != "postgresql":
+        raise ConfigurationError(
+            f"listen_database_url is for PostgreSQL, and this database is {backend_name(database_url)}: "
+            "remove the option (or unset JOBQUEUE_LISTEN_DATABASE_URL)"
+        )
+    if backend_name(listen_url) != "postgresql":
+        raise ConfigurationError(
+            f"listen_database_url {mask_url(listen_url)!r} is not a PostgreSQL URL: give a direct "
+            "connection to the same database, e.g. postgresql://user@db-host:5432/app"
+        )
+
+
 def unless_in_url(url: sa.URL, defaults: dict[str, Any]) -> dict[str, Any]:
     """Connection defaults that the URL's own query parameters override."""
     return {key: value for key, value in defaults.items() if key not in url.query}

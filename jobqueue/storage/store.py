@@ -32,6 +32,7 @@ from jobqueue.storage.dialects.common import (
     first_of_partition,
 )
 from jobqueue.storage.dialects.wakeup import Waker
+from jobqueue.storage.engine import check_listen_url
 from jobqueue.storage.tables import Tables, Timestamp
 
 UNIQUE_RETRIES = 10
@@ -487,6 +488,7 @@ class Store:
         """What tells a supervisor that work arrived for its idle processes (see storage.dialects.wakeup):
         news checked every ``interval``, due work every ``due_interval``; ``listen_url``, where
         PostgreSQL's LISTEN goes if not to the database URL."""
+        check_listen_url(self.engine.url, listen_url)
         return self.dialect.waker(lambda: self.has_ready(queues, utcnow()), interval, due_interval, listen_url)
 
     # -- worker registry ---------------------------------------------------------------------------

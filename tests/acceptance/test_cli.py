@@ -129,6 +129,22 @@ def test_worker_without_an_app_refuses_to_start(db_url: str) -> None:
     assert result.returncode == 1 and "--app" in result.stderr
 
 
+def test_worker_refuses_a_listen_url_it_cannot_use(db_url: str, backend: str) -> None:
+    """Before it touches the database: the option is checked against the database it serves."""
+    given: tuple[str, ...] = ()
+    env: dict[str, str] = {}
+    if backend == "postgresql":
+        given = ("--listen-database-url", "mysql://someone:hunter2secret@127.0.0.1/test")
+        expected = "not a PostgreSQL URL"
+    else:
+        env = {"JOBQUEUE_LISTEN_DATABASE_URL": "postgresql://someone:hunter2secret@127.0.0.1/test"}
+        expected = "listen_database_url is for PostgreSQL"
+    result = jobqueue("worker", "--burst", *given, check=False, env=env)
+    assert result.returncode == 1 and expected in result.stderr, result.stderr
+    assert "hunter2secret" not in result.stderr
+    assert "consumer groups added" not in result.stderr and "schedules" not in result.stderr
+
+
 def test_password_never_reaches_logs(tmp_path) -> None:
     """Passwords in the user part and in query parameters stay out of CLI errors and worker logs;
     a worker whose database is down waits for it, logging, instead of exiting."""

@@ -10,6 +10,7 @@ import signal
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
@@ -281,6 +282,62 @@ def test_an_idle_worker_starts_new_work_at_once_not_at_its_next_poll(
         f"(median {sorted(waits)[len(waits) // 2] * 1000:.0f} ms, polling every 30 s; "
         f"each: {' '.join(f'{w * 1000:.0f}' for w in waits)})"
     )
+
+
+@only("postgresql")
+def test_a_new_job_wakes_one_idle_process_and_an_idle_pool_sends_nothing(
+    app: JobQueue, tmp_path: Path, workers: list[Worker]
+) -> None:
+    """The supervisor LISTENs for the whole pool: idle processes run no statement, and a new job
+    wakes one of them, not every one (seen from the server: which connections ran anything)."""
+    start(
+        workers,
+        tmp_path,
+        "--concurrency",
+        "4",
+        "--max-fetch-interval",
+        "30",
+        "--release-stuck-interval",
+        "60",
+        "--release-stuck-timeout",
+        "120",
+    )
+    wait_for(lambda: len(table_rows(app, "worker", "id")) == 4, 30, "four worker processes")
+    # The test's own connections (enqueue, waiting for results) are told apart by their name.
+    named = sa.make_url(app.database_url).update_query_dict({"application_name": "the-test"})
+    app.configure(database_url=named.render_as_string(hide_password=False))
+    rt.short.delay(0).get(timeout=10)  # every process has fetched once, and idles now
+    time.sleep(1.0)
+
+    def busy_since(moment: Any) -> int:
+        """The worker's connections that ran a statement after ``moment``."""
+        with app.engine.connect() as conn:
+            return int(
+                conn.execute(
+                    sa.text(
+                        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                        "AND application_name <> 'the-test' AND backend_type = 'client backend' AND state_change > :t"
+                    ),
+                    {"t": moment},
+                ).scalar_one()
+            )
+
+    def server_now() -> Any:
+        with app.engine.connect() as conn:
+            return conn.execute(sa.text("SELECT clock_timestamp()")).scalar_one()
+
+    idle_from = server_now()
+    time.sleep(3.0)
+    assert busy_since(idle_from) == 0, "an idle pool ran statements"
+    woken = []
+    for _ in range(5):
+        began = server_now()
+        rt.short.delay(0).get(timeout=10)
+        time.sleep(0.3)  # anything else woken would have acquired by now
+        woken.append(busy_since(began))
+    # The one woken process acquires and writes its outcome on one connection, and may look at
+    # its flow-controlled jobs on another.
+    assert max(woken) <= 2, f"connections that ran statements per new job: {woken}"
 
 
 @only("sqlite")

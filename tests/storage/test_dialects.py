@@ -260,15 +260,15 @@ def test_a_supervisor_hears_of_delayed_jobs_coming_due(app: JobQueue, dialect: D
             waker.close()
 
 
-def test_listen_database_url_is_refused_off_postgresql(app: JobQueue, dialect: Dialect, backend: str) -> None:
+def test_listen_database_url_is_refused_off_postgresql(app: JobQueue, backend: str) -> None:
     if backend == "postgresql":
-        waker = dialect.waker(lambda: False, 1.0, 1.0, app.database_url)
-        waker.close()
-        with pytest.raises(ConfigurationError, match="not a PostgreSQL URL"):
-            dialect.waker(lambda: False, 1.0, 1.0, "mysql://root@127.0.0.1/test")
+        app.store.waker(None, 1.0, 1.0, app.database_url).close()
+        with pytest.raises(ConfigurationError, match="not a PostgreSQL URL") as info:
+            app.store.waker(None, 1.0, 1.0, "mysql://root:secret@127.0.0.1/test")
+        assert "secret" not in str(info.value)
     else:
         with pytest.raises(ConfigurationError, match="listen_database_url is for PostgreSQL"):
-            dialect.waker(lambda: False, 1.0, 1.0, "postgresql://root@127.0.0.1/test")
+            app.store.waker(None, 1.0, 1.0, "postgresql://root@127.0.0.1/test")
 
 
 # -- errors ----------------------------------------------------------------------------------------------

@@ -514,10 +514,6 @@ class Dialect(Connector):
 
     def waker(self, ready: Callable[[], bool], interval: float, due_interval: float, listen_url: str | None) -> Waker:
         """The supervisor's: ``ready()`` (one indexed query, which finds delayed jobs come due as
-        well as new ones) every ``interval`` while processes idle."""
-        if listen_url is not None:
-            raise ConfigurationError(
-                f"listen_database_url is for PostgreSQL, and this database is {self.name}: "
-                "remove the option (or unset JOBQUEUE_LISTEN_DATABASE_URL)"
-            )
+        well as new ones) every ``interval`` while processes idle. ``listen_url`` is PostgreSQL's
+        (checked by storage.engine.check_listen_url)."""
         return PollingWaker(ready, min(interval, due_interval))

@@ -20,7 +20,6 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
 
-from jobqueue.errors import ConfigurationError
 from jobqueue.job import Batch, Message, Outcome
 from jobqueue.storage.dialects.base import Dialect
 from jobqueue.storage.dialects.common import READY_LITERALS, AcquireParams, LeaseClock, delivery_order
@@ -40,7 +39,7 @@ from jobqueue.storage.dialects.postgresql_sql import (
     outcome_binds,
 )
 from jobqueue.storage.dialects.wakeup import PollingWaker, Waker, Wakers
-from jobqueue.storage.engine import backend_name, create_engine, mask_url, unless_in_url
+from jobqueue.storage.engine import create_engine, unless_in_url
 from jobqueue.storage.tables import Tables, notify_channel, postgresql_notify_ddl
 
 logger = logging.getLogger("jobqueue.storage")
@@ -380,11 +379,6 @@ class ListeningWaker(Waker):
         self.channel = notify_channel(dialect.tables.prefix)
         self.engine: sa.Engine | None = None
         if listen_url is not None:
-            if backend_name(listen_url) != "postgresql":
-                raise ConfigurationError(
-                    f"listen_database_url {mask_url(listen_url)!r} is not a PostgreSQL URL: give a direct "
-                    "connection to the same database, e.g. postgresql://user@db-host:5432/app"
-                )
             self.engine = create_engine(listen_url, pool_size=1, max_overflow=0)
         self.raw: Any = None  # the DB-API connection, LISTENing
         self.fresh = False  # (re)connected since the last check

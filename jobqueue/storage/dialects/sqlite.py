@@ -186,8 +186,6 @@ class SQLiteDialect(Dialect):
         return "no such table" in str(exc.orig).lower()
 
     def waker(self, ready: Callable[[], bool], interval: float, due_interval: float, listen_url: str | None) -> Waker:
-        if listen_url is not None:
-            return super().waker(ready, interval, due_interval, listen_url)  # which says why not
         # data_version says that something committed; delayed jobs come due without a commit.
         return Wakers(SQLiteWaker(self, interval), PollingWaker(ready, due_interval))
 
