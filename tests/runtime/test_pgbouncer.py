@@ -162,11 +162,25 @@ def test_prepared_statements_missing_on_fresh_server_connections(
     worker = start(
         workers, tmp_path, "--burst", "-c", "1", "--fetch-batch-size", "2", "--listen-database-url", db_url, app=APP
     )
+    finished = sa.select(sa.func.count()).select_from(app.tables.archive)
+    direct = sa.create_engine(db_url, isolation_level="AUTOCOMMIT")
     reconnects = 0
-    while worker.process.poll() is None and UNPREPARED not in worker.text():
-        pgbouncer.admin(f"RECONNECT {database}")  # each server connection closes once released
-        reconnects += 1
-        time.sleep(0.03)
+    try:
+        with direct.connect() as conn:
+            done = 0
+            while worker.process.poll() is None and UNPREPARED not in worker.text():
+                pgbouncer.admin(f"RECONNECT {database}")  # each server connection closes once released
+                reconnects += 1
+
+                # The worker finishes a batch on the fresh server connections before the next
+                # RECONNECT: closing them faster than the server starts sessions would starve it.
+                def progressed(before: int = done) -> bool:
+                    return worker.process.poll() is not None or conn.execute(finished).scalar_one() > before
+
+                wait_for(progressed, 30, "the worker to finish a batch")
+                done = conn.execute(finished).scalar_one()
+    finally:
+        direct.dispose()
     assert worker.wait(60) == 0
     log = worker.text()
     assert log.count(UNPREPARED) == 1, log[-3000:]  # once for every statement of the process
