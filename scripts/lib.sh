@@ -26,6 +26,14 @@ ensure_debs() {  # ensure_debs PKG...: apt-get install the ones that are missing
   as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 }
 
+ensure_pgbouncer() {  # Debian's pgbouncer, which the tests start themselves, on ports of their own
+  deb_installed pgbouncer && return 0
+  ensure_debs pgbouncer
+  # The package enables a system pgbouncer on port 6432 and starts it where it can: not wanted here.
+  as_root systemctl disable pgbouncer.service >/dev/null 2>&1 || true
+  as_root service pgbouncer stop >/dev/null 2>&1 || true
+}
+
 ensure_java() {  # Java 17 or later, for Spark
   local version
   version=$(java -version 2>&1 | sed -n 's/.* version "\([0-9]*\).*/\1/p' | head -1 || true)

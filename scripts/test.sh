@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite on SQLite, PostgreSQL and MariaDB, from a fresh Debian machine.
-# Installs what is missing (Debian packages, a virtualenv with the Python packages), starts stopped
-# database servers, creates its own login and databases, then runs the checks of CONTRIBUTING.md
-# (ruff, import-linter, mypy) and pytest.
+# Installs what is missing (Debian packages, PgBouncer among them, a virtualenv with the Python
+# packages), starts stopped database servers, creates its own login and databases, then runs the
+# checks of CONTRIBUTING.md (ruff, import-linter, mypy) and pytest.
 # Arguments go to pytest, e.g. scripts/test.sh tests/unit -x
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -11,6 +11,7 @@ cd "$(dirname "$0")/.."
 ensure_debs gcc pkg-config libmariadb-dev postgresql mariadb-server mariadb-client procps
 # the dashboard's browser test drives Debian's Chromium; nothing downloads a browser at test time
 ensure_debs chromium chromium-driver
+ensure_pgbouncer  # the pooler tests start their own, in transaction mode
 ensure_python yes
 ensure_java
 start_postgres

@@ -80,6 +80,26 @@ def app(db_url: str) -> Iterator[JobQueue]:
     queue.close()
 
 
+@pytest.fixture(scope="session")
+def pgbouncer() -> Iterator[servers.PgBouncer]:
+    """PgBouncer in transaction mode in front of the PostgreSQL server, for the whole session.
+
+    Skipped where pgbouncer is not installed, unless JOBQUEUE_TEST_REQUIRE_ALL is set (as
+    scripts/test.sh, which installs it, sets it): then that is a failure.
+    """
+    try:
+        bouncer = servers.PgBouncer()
+    except FileNotFoundError as exc:
+        if os.environ.get("JOBQUEUE_TEST_REQUIRE_ALL"):
+            raise
+        pytest.skip(str(exc))
+    try:
+        bouncer.start()
+        yield bouncer
+    finally:
+        bouncer.close()
+
+
 @pytest.fixture(autouse=True)
 def _no_stray_env(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in ("JOBQUEUE_APP",):

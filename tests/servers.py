@@ -107,6 +107,7 @@ def drop_database(backend: str, url: str) -> None:
 import contextlib  # noqa: E402
 import glob  # noqa: E402
 import shutil  # noqa: E402
+import signal  # noqa: E402
 import socket  # noqa: E402
 import tempfile  # noqa: E402
 from collections.abc import Iterator  # noqa: E402
@@ -248,3 +249,104 @@ def private_server(backend: str) -> Iterator[PrivatePostgres | PrivateMariaDB]:
         yield server
     finally:
         server.close()
+
+
+class PgBouncer:
+    """PgBouncer in transaction mode on a free loopback port, in front of the shared PostgreSQL.
+
+    Every database of that server is reachable through it under its own name, as the same user
+    (jobqueue_test), who is also an admin of its console (database ``pgbouncer``: SHOW, RECONNECT).
+    A small pool per database and user (``POOL_SIZE`` server connections), so that clients share
+    server connections as they do in production.
+    """
+
+    POOL_SIZE = 4
+
+    def __init__(self) -> None:
+        self.binary = shutil.which("pgbouncer") or "/usr/sbin/pgbouncer"
+        if not os.path.exists(self.binary):
+            raise FileNotFoundError("pgbouncer is not installed (run scripts/test.sh)")
+        upstream = sa.make_url(POSTGRES_URL)
+        self.user, password = upstream.username or "postgres", upstream.password or ""
+        self.dir = _private_dir("postgres")
+        self.port = free_port()
+        self.ini = os.path.join(self.dir, "pgbouncer.ini")
+        settings = {
+            "listen_addr": "127.0.0.1",
+            "listen_port": self.port,
+            "unix_socket_dir": "",  # no socket: loopback TCP only
+            "auth_type": "trust",
+            "auth_file": os.path.join(self.dir, "users.txt"),  # trust still needs the user listed
+            "admin_users": self.user,
+            "pool_mode": "transaction",
+            "default_pool_size": self.POOL_SIZE,
+            "max_client_conn": 200,
+            "logfile": os.path.join(self.dir, "pgbouncer.log"),
+            "pidfile": os.path.join(self.dir, "pgbouncer.pid"),
+        }
+        host, port = upstream.host or "127.0.0.1", upstream.port or 5432
+        lines = ["[databases]", f"* = host={host} port={port}", "[pgbouncer]"]
+        lines += [f"{name} = {value}" for name, value in settings.items()]
+        self._write("pgbouncer.ini", "\n".join(lines) + "\n")
+        # The password logs PgBouncer in to the server, should the server ask for one.
+        self._write("users.txt", f'"{self.user}" "{password}"\n')
+
+    def _write(self, name: str, text: str) -> None:
+        path = os.path.join(self.dir, name)
+        with open(path, "w") as out:
+            out.write(text)
+        if os.geteuid() == 0:
+            shutil.chown(path, "postgres", "postgres")
+
+    def url(self, direct: str) -> str:
+        """The URL of the database that ``direct`` names, through the pooler."""
+        return sa.make_url(direct).set(host="127.0.0.1", port=self.port).render_as_string(hide_password=False)
+
+    @property
+    def admin_url(self) -> str:
+        return self.url(POSTGRES_URL.rsplit("/", 1)[0] + "/pgbouncer")
+
+    def admin(self, command: str) -> list[dict[str, object]]:
+        """Run a console command (``SHOW POOLS``, ``RECONNECT db``); rows as dicts."""
+        import psycopg2  # type: ignore[import-untyped]  # the console speaks only simple queries, no transactions
+
+        url = sa.make_url(self.admin_url)
+        connection = psycopg2.connect(
+            host=url.host, port=url.port, user=url.username, password=url.password, dbname="pgbouncer"
+        )
+        connection.autocommit = True
+        try:
+            with connection.cursor() as cursor:
+                cursor.execute(command)
+                if cursor.description is None:
+                    return []
+                names = [column.name for column in cursor.description]
+                return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
+        finally:
+            connection.close()
+
+    def log(self) -> str:
+        try:
+            with open(os.path.join(self.dir, "pgbouncer.log")) as log:
+                return log.read()
+        except OSError:
+            return ""
+
+    def start(self) -> None:
+        try:
+            _as("postgres", [self.binary, "-d", self.ini])  # pgbouncer refuses to run as root
+            _wait_reachable(self.url(POSTGRES_URL), timeout=20)
+        except (subprocess.CalledProcessError, RuntimeError) as exc:
+            output = getattr(exc, "stderr", "") or ""
+            raise RuntimeError(f"pgbouncer did not start: {exc}\n{output}\n{self.log()[-2000:]}") from None
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError, ValueError):
+            with open(os.path.join(self.dir, "pgbouncer.pid")) as pidfile:
+                pid = int(pidfile.read())
+            os.kill(pid, signal.SIGTERM)
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:
+                os.kill(pid, 0)  # raises once it is gone
+                time.sleep(0.05)
+        shutil.rmtree(self.dir, ignore_errors=True)

@@ -107,4 +107,4 @@ def test_prepared_flush_survives_a_server_that_forgets_it(app: JobQueue, add) ->
             own.close()
         applied += app.store.flush([outcome(m) for m in pair]).applied
     assert len(applied) == 8 and rows(app) == []
-    assert app.store.dialect._prepared_flush.misses == 2  # type: ignore[attr-defined]  # every other flush
+    assert app.store.dialect._prepared_flush.misses.count == 2  # type: ignore[attr-defined]  # every other flush

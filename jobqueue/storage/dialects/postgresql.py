@@ -25,7 +25,13 @@ from jobqueue.storage.dialects.base import Dialect
 from jobqueue.storage.dialects.common import READY_LITERALS, AcquireParams, LeaseClock, delivery_order
 from jobqueue.storage.dialects.connector import CONTENTION, OUTAGE
 from jobqueue.storage.dialects.flow import FlowAcquirer
+from jobqueue.storage.dialects.postgresql_session import (
+    STARTUP_OPTIONS,
+    connect_without_refused_options,
+    refuses_options,
+)
 from jobqueue.storage.dialects.postgresql_sql import (
+    Misses,
     Prepared,
     acquired_message,
     build_apply_outcomes,
@@ -33,7 +39,7 @@ from jobqueue.storage.dialects.postgresql_sql import (
     outcome_binds,
 )
 from jobqueue.storage.dialects.wakeup import PollingWaker, Waker, Wakers
-from jobqueue.storage.engine import IDLE_IN_TRANSACTION_SECONDS, create_engine, unless_in_url
+from jobqueue.storage.engine import create_engine, unless_in_url
 from jobqueue.storage.tables import Tables, notify_channel, postgresql_notify_ddl
 
 logger = logging.getLogger("jobqueue.storage")
@@ -46,17 +52,6 @@ UNDEFINED_TABLE = "42P01"
 # Rounds of locking a flow row and inserting it if missing; two always do unless a sweep deletes
 # a row between them.
 FLOW_HOLD_TRIES = 3
-
-
-# For jobqueue's own connections only. A queue table's statistics are always out of date: a burst
-# can add a million ready rows between two ANALYZE runs. Planning the acquire on stale statistics
-# picks "bitmap-scan every ready row and sort them" over "walk the ordered index, stop after LIMIT",
-# and every fetch then sorts the whole backlog. These settings make that alternative look
-# expensive, so acquire and flush stay index lookups at any backlog size. A plan that must scan
-# anyway (the flow table has no index for every question) then costs billions on paper, which
-# would make the server JIT-compile it: hundreds of milliseconds for a statement that reads a
-# few rows. Our statements are all short, so JIT is off.
-POSTGRES_PLANNER = "-c enable_bitmapscan=off -c enable_sort=off -c enable_seqscan=off -c jit=off"
 
 
 class PostgreSQLDialect(Dialect):
@@ -73,9 +68,8 @@ class PostgreSQLDialect(Dialect):
         # Whatever the server's default: SKIP LOCKED acquires and the unique-key checks rely on
         # each statement seeing the latest commits.
         options["isolation_level"] = "READ COMMITTED"
-        # A dead server or network is noticed (keepalives) instead of hanging a worker forever; a
-        # lock wait that long is a fault, retried as contention; a session frozen inside a
-        # transaction is ended. The planner settings keep every statement on its index.
+        # A dead server or network is noticed (keepalives) instead of hanging a worker forever.
+        # The session settings travel in the startup packet (see postgresql_session).
         options["connect_args"] = unless_in_url(
             url,
             {
@@ -84,11 +78,14 @@ class PostgreSQLDialect(Dialect):
                 "keepalives_idle": 30,
                 "keepalives_interval": 10,
                 "keepalives_count": 3,
-                "options": f"-c lock_timeout=30000 -c idle_in_transaction_session_timeout="
-                f"{IDLE_IN_TRANSACTION_SECONDS * 1000} {POSTGRES_PLANNER}",
+                "options": STARTUP_OPTIONS,
             },
         )
         return url, options
+
+    @classmethod
+    def configure(cls, engine: sa.Engine) -> None:
+        connect_without_refused_options(engine)
 
     _apply_outcomes: Any = None
     _prepared_flush: Prepared | None = None
@@ -96,6 +93,7 @@ class PostgreSQLDialect(Dialect):
     def __init__(self, engine: sa.Engine, tables: Tables) -> None:
         super().__init__(engine, tables)
         self._prepared: dict[str, Prepared] = {}
+        self._misses = Misses()  # prepared statements gone missing, for all of them
         self._compiled: dict[Any, Prepared] = {}  # statements run unprepared, compiled once
         f = tables.flow
         self._hold_flow = (
@@ -262,7 +260,7 @@ class PostgreSQLDialect(Dialect):
     def _acquire_prepared(self, cursor: Any, info: dict[str, Any], params: AcquireParams) -> list[Message]:
         prepared = self._prepared.get(params.shape)
         if prepared is None:
-            prepared = self._prepared[params.shape] = Prepared.compile(self.build_acquire(params.shape))
+            prepared = self._prepared[params.shape] = Prepared.compile(self.build_acquire(params.shape), self._misses)
         prepared.run(cursor, params.binds(), info)
         messages = [acquired_message(row) for row in cursor.fetchall()]
         messages.sort(key=delivery_order)  # RETURNING gives no order
@@ -280,7 +278,7 @@ class PostgreSQLDialect(Dialect):
         self, cursor: Any, info: dict[str, Any], outcomes: list[Outcome], now: datetime
     ) -> set[tuple[int, int]]:
         if self._prepared_flush is None:
-            self._prepared_flush = Prepared.compile(self._outcomes_statement())
+            self._prepared_flush = Prepared.compile(self._outcomes_statement(), self._misses)
         self._prepared_flush.run(cursor, outcome_binds(outcomes, now), info)
         return {(row[0], row[1]) for row in cursor.fetchall()}
 
@@ -347,8 +345,21 @@ class PostgreSQLDialect(Dialect):
     def waker(self, ready: Callable[[], bool], interval: float, due_interval: float, listen_url: str | None) -> Waker:
         if not self._on_psycopg2:
             return super().waker(ready, interval, due_interval, None)
-        # Notified of new jobs; asked for those coming due, which make no commit.
-        return Wakers(ListeningWaker(self, listen_url), PollingWaker(ready, due_interval))
+        polling = PollingWaker(ready, due_interval)  # for jobs coming due, which make no commit
+        if listen_url is None and refuses_options(self.engine):
+            # A pooler in transaction mode would run LISTEN on a server connection that other
+            # clients then share: they would get the notifications (PgBouncer logs each one it
+            # cannot deliver), the supervisor none. In session mode LISTEN would work: that is
+            # for the user to say.
+            logger.warning(
+                "the database URL goes through a pooler (it refuses connection options): the "
+                "supervisor does not LISTEN there, and looks for new jobs every %s s instead. Give "
+                "listen_database_url (--listen-database-url): a direct connection to the database, "
+                "or this URL if the pooler runs in session mode",
+                due_interval,
+            )
+            return polling
+        return Wakers(ListeningWaker(self, listen_url), polling)
 
 
 class ListeningWaker(Waker):

@@ -257,21 +257,48 @@ def acquired_message(row: Sequence[Any]) -> Message:
 
 
 # -- acquire: prepared once per connection --------------------------------------------------------
-class Prepared:
-    """A statement PREPAREd once per connection, then EXECUTEd by name: no parse or plan per call.
+class Misses:
+    """The prepared statements found missing on one database's connections.
 
-    Where prepared statements do not last (a pooler in transaction mode hands each transaction
-    another server connection), a missing one costs one failed round trip and the statement runs
-    plain; after ``GIVE_UP_AFTER`` misses in the life of the process this statement always runs plain.
+    A pooler in transaction mode hands each transaction another server connection, where a
+    statement prepared on the last one may be missing. Past ``GIVE_UP_AFTER`` misses in the life
+    of the process, counted over all its statements, every statement runs plain; that is logged
+    once.
     """
 
     GIVE_UP_AFTER = 3
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    @property
+    def given_up(self) -> bool:
+        return self.count >= self.GIVE_UP_AFTER
+
+    def add(self) -> None:
+        self.count += 1
+        if self.count == self.GIVE_UP_AFTER:
+            logger.warning(
+                "prepared statements do not last on this database connection (a pooler "
+                "in transaction mode?): jobqueue runs its statements unprepared from now on"
+            )
+
+
+class Prepared:
+    """A statement PREPAREd once per connection, then EXECUTEd by name: no parse or plan per call.
+
+    Where prepared statements do not last, a missing one costs one failed round trip and the
+    statement runs plain; once ``misses`` gives up, it always runs plain. The name is the hash of
+    the SQL, so a statement another client prepared on a pooled server connection is this one.
+    """
+
     MISSING = "26000"  # invalid_sql_statement_name: not prepared on this server connection
     DUPLICATE = "42P05"  # duplicate_prepared_statement: prepared already (our bookkeeping was lost)
     CHANGED = "0A000"  # feature_not_supported: "cached plan must not change result type"
 
-    def __init__(self, sql: str, defaults: dict[str, Any] | None = None) -> None:
-        """``sql`` with psycopg2's ``%(name)s`` markers; ``run`` takes a dict of values over ``defaults``."""
+    def __init__(self, sql: str, defaults: dict[str, Any] | None = None, misses: Misses | None = None) -> None:
+        """``sql`` with psycopg2's ``%(name)s`` markers; ``run`` takes a dict of values over ``defaults``.
+        ``misses`` is shared by the statements of one database."""
         self.sql = sql
         self.defaults = defaults or {}
         self.names = tuple(dict.fromkeys(re.findall(r"%\((\w+)\)s", sql)))
@@ -279,18 +306,19 @@ class Prepared:
         self.name = "jobqueue_" + hashlib.sha1(sql.encode()).hexdigest()[:16]
         self.prepare = f"PREPARE {self.name} AS {numbered.replace('%%', '%')}"
         self.execute = f"EXECUTE {self.name}" + (f" ({', '.join(['%s'] * len(self.names))})" if self.names else "")
-        self.misses = 0
+        self.misses = misses or Misses()
 
     @classmethod
-    def compile(cls, statement: Any) -> Prepared:
+    def compile(cls, statement: Any, misses: Misses | None = None) -> Prepared:
         """A SQLAlchemy statement as its psycopg2 dialect renders it; literals it binds become defaults."""
         compiled = statement.compile(dialect=postgresql.psycopg2.dialect())  # type: ignore[no-untyped-call]
-        return cls(str(compiled), {k: v for k, v in compiled.params.items() if not compiled.binds[k].required})
+        defaults = {k: v for k, v in compiled.params.items() if not compiled.binds[k].required}
+        return cls(str(compiled), defaults, misses)
 
     def run(self, cursor: Any, params: dict[str, Any], info: dict[str, Any]) -> None:
         """Execute on ``cursor`` (a connection in autocommit); ``info`` lasts as long as the connection."""
         params = {**self.defaults, **params}
-        if self.misses >= self.GIVE_UP_AFTER:
+        if self.misses.given_up:
             cursor.execute(self.sql, params)
             return
         prepared: set[str] = info.setdefault("jobqueue_prepared", set())
@@ -310,12 +338,14 @@ class Prepared:
                 raise
             prepared.discard(self.name)
             if code == self.CHANGED:
-                cursor.execute(f"DEALLOCATE {self.name}")
+                self._deallocate(cursor)
             else:
-                self.misses += 1
-                if self.misses == self.GIVE_UP_AFTER:
-                    logger.warning(
-                        "prepared statements do not last on this database connection (a pooler "
-                        "in transaction mode?): jobqueue runs its statements unprepared from now on"
-                    )
+                self.misses.add()
             cursor.execute(self.sql, params)
+
+    def _deallocate(self, cursor: Any) -> None:
+        try:
+            cursor.execute(f"DEALLOCATE {self.name}")
+        except Exception as exc:  # behind a pooler, on another server connection that never had it
+            if getattr(exc, "pgcode", None) != self.MISSING:
+                raise

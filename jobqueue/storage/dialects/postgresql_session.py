@@ -1,0 +1,106 @@
+"""The settings jobqueue's PostgreSQL sessions start with, and a pooler that refuses to pass them.
+
+They travel in the connection's startup packet (libpq's ``options``), so that they cost no
+statement. PgBouncer refuses that parameter ("unsupported startup parameter"), and in transaction
+mode no session setting could last anyway: each transaction may land on another server
+connection. Where the server refuses them, jobqueue connects without them and says which are not
+in effect there; the cure is to set them where they apply to every server connection (the role
+the workers log in as, or a pooler database entry of their own, see docs/deployment.md).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy import event
+
+from jobqueue.storage.engine import IDLE_IN_TRANSACTION_SECONDS, mask_url
+
+logger = logging.getLogger("jobqueue.storage")
+
+# For jobqueue's own connections only, as pg_settings shows them (milliseconds for the timeouts).
+# A lock wait that long is a fault, retried as contention; a session frozen inside a transaction
+# is ended.
+#
+# A queue table's statistics are always out of date: a burst can add a million ready rows between
+# two ANALYZE runs. Planning the acquire on stale statistics picks "bitmap-scan every ready row and
+# sort them" over "walk the ordered index, stop after LIMIT", and every fetch then sorts the whole
+# backlog. The planner settings make that alternative look expensive, so acquire and flush stay
+# index lookups at any backlog size. A plan that must scan anyway (the flow table has no index for
+# every question) then costs billions on paper, which would make the server JIT-compile it:
+# hundreds of milliseconds for a statement that reads a few rows. Our statements are all short,
+# so JIT is off.
+SESSION_SETTINGS = {
+    "lock_timeout": "30000",
+    "idle_in_transaction_session_timeout": str(IDLE_IN_TRANSACTION_SECONDS * 1000),
+    "enable_bitmapscan": "off",
+    "enable_sort": "off",
+    "enable_seqscan": "off",
+    "jit": "off",
+}
+STARTUP_OPTIONS = " ".join(f"-c {name}={value}" for name, value in SESSION_SETTINGS.items())
+# PgBouncer up to 1.19 refuses ``options`` itself, later ones each setting they do not track.
+REFUSED = "unsupported startup parameter"
+
+_refused: set[str] = set()  # URLs (passwords masked) whose server refused the startup options
+
+
+def connect_without_refused_options(engine: sa.Engine) -> None:
+    """Have ``engine`` connect without the startup options once its server refuses them.
+
+    Only jobqueue's own options are dropped: options written in the URL are the user's to fix.
+    The first refusal is logged, with the settings that are not in effect without them; the
+    later connections of every engine on the same URL (in this process and those it forks) go
+    straight to connecting without them.
+    """
+    url = mask_url(engine.url)
+
+    @event.listens_for(engine, "do_connect")
+    def connect(dialect: Any, _record: Any, cargs: list[Any], cparams: dict[str, Any]) -> Any:
+        if cparams.get("options") != STARTUP_OPTIONS:
+            return None
+        if url not in _refused:
+            try:
+                return dialect.connect(*cargs, **cparams)
+            except dialect.loaded_dbapi.OperationalError as exc:
+                if REFUSED not in str(exc):
+                    raise
+            first = url not in _refused  # not if another thread was refused meanwhile
+            _refused.add(url)
+            del cparams["options"]
+            connection = dialect.connect(*cargs, **cparams)
+            if first:
+                _report(connection, url)
+            return connection
+        del cparams["options"]
+        return None
+
+
+def _report(connection: Any, url: str) -> None:
+    """Log which settings are not in effect on a connection made without the startup options."""
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT name, setting FROM pg_settings WHERE name = ANY(%s)", (list(SESSION_SETTINGS),))
+            found = dict(cursor.fetchall())
+    finally:
+        connection.rollback()
+    missing = [f"{name}={value}" for name, value in SESSION_SETTINGS.items() if found.get(name) != value]
+    if not missing:
+        logger.info("%s refuses connection options; its sessions have jobqueue's settings already", url)
+        return
+    logger.warning(
+        "%s refuses connection options (a pooler such as PgBouncer?): jobqueue connects without them, "
+        "and these settings are not in effect: %s. Set them on the role the workers log in as "
+        "(ALTER ROLE ... SET), see docs/deployment.md",
+        url,
+        ", ".join(missing),
+    )
+
+
+def refuses_options(engine: sa.Engine) -> bool:
+    """True if ``engine``'s server (a pooler) refuses the startup options; connects to find out."""
+    if mask_url(engine.url) not in _refused:
+        engine.connect().close()
+    return mask_url(engine.url) in _refused
