@@ -1,7 +1,7 @@
 """Count the statements every process of a benchmark worker runs (JOBQUEUE_BENCH_COUNT=directory).
 
-Each statement appends its first word to ``<directory>/<pid>`` (``ACQUIRE`` for an acquire, the
-statement with ``SKIP LOCKED``, prepared or not): fine for an idle worker, which runs few; not
+Each statement appends its first word to ``<directory>/<pid>`` (``ACQUIRE`` for an acquire of
+messages, prepared or not): fine for an idle worker, which runs few; not
 meant for throughput runs. sqlite3's trace callback sees every statement (the
 supervisor's raw ``PRAGMA data_version`` polls included), and so does a cursor class on psycopg2
 (acquire runs on the driver there); on MySQL SQLAlchemy's events do.
@@ -26,7 +26,10 @@ def install(directory: str) -> None:
     def record(statement: str) -> None:
         words = statement.strip().split(None, 2)
         first = words[0].upper() if words else "?"
-        acquire = "SKIP LOCKED" in statement.upper()
+        upper = statement.upper()
+        # An acquire takes messages with SKIP LOCKED; the flow step (which keys may start) and the
+        # supervisor's lease renewal lock with it too, and are not acquires.
+        acquire = "SKIP LOCKED" in upper and "FROM JOBQUEUE_FLOW" not in upper and "SET LEASE_EXPIRES_AT" not in upper
         if first == "PREPARE" and len(words) > 1:
             prepared[words[1]] = "ACQUIRE" if acquire else "EXECUTE"
             word = first

@@ -257,3 +257,7 @@ SCENARIOS["flow"] = flow
 from benchmarks.topics import topics  # noqa: E402
 
 SCENARIOS["topics"] = topics
+
+from benchmarks.scale import scale  # noqa: E402
+
+SCENARIOS["scale"] = scale

@@ -262,11 +262,14 @@ class PgBouncer:
 
     POOL_SIZE = 4
 
-    def __init__(self) -> None:
+    def __init__(self, upstream_url: str = POSTGRES_URL, pool_size: int = POOL_SIZE, max_clients: int = 200) -> None:
+        """In front of the server of ``upstream_url`` (the shared one by default), ``pool_size``
+        server connections per database and user, at most ``max_clients`` client connections."""
         self.binary = shutil.which("pgbouncer") or "/usr/sbin/pgbouncer"
         if not os.path.exists(self.binary):
             raise FileNotFoundError("pgbouncer is not installed (run scripts/test.sh)")
-        upstream = sa.make_url(POSTGRES_URL)
+        self.upstream_url = upstream_url
+        upstream = sa.make_url(upstream_url)
         self.user, password = upstream.username or "postgres", upstream.password or ""
         self.dir = _private_dir("postgres")
         self.port = free_port()
@@ -279,8 +282,8 @@ class PgBouncer:
             "auth_file": os.path.join(self.dir, "users.txt"),  # trust still needs the user listed
             "admin_users": self.user,
             "pool_mode": "transaction",
-            "default_pool_size": self.POOL_SIZE,
-            "max_client_conn": 200,
+            "default_pool_size": pool_size,
+            "max_client_conn": max_clients,
             "logfile": os.path.join(self.dir, "pgbouncer.log"),
             "pidfile": os.path.join(self.dir, "pgbouncer.pid"),
         }
@@ -304,7 +307,7 @@ class PgBouncer:
 
     @property
     def admin_url(self) -> str:
-        return self.url(POSTGRES_URL.rsplit("/", 1)[0] + "/pgbouncer")
+        return self.url(self.upstream_url.rsplit("/", 1)[0] + "/pgbouncer")
 
     def admin(self, command: str) -> list[dict[str, object]]:
         """Run a console command (``SHOW POOLS``, ``RECONNECT db``); rows as dicts."""
@@ -335,7 +338,7 @@ class PgBouncer:
     def start(self) -> None:
         try:
             _as("postgres", [self.binary, "-d", self.ini])  # pgbouncer refuses to run as root
-            _wait_reachable(self.url(POSTGRES_URL), timeout=20)
+            _wait_reachable(self.url(self.upstream_url), timeout=20)
         except (subprocess.CalledProcessError, RuntimeError) as exc:
             output = getattr(exc, "stderr", "") or ""
             raise RuntimeError(f"pgbouncer did not start: {exc}\n{output}\n{self.log()[-2000:]}") from None

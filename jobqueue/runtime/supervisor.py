@@ -588,6 +588,14 @@ class Supervisor:
             ok, _ = self.guard.try_once(lambda: self.store.heartbeat(workers, self.settings.release_stuck_timeout))
             if ok:
                 self.next_heartbeat = now + self.settings.heartbeat_interval
+                # Who else serves these queues: news of work is shared out among us.
+                found, peers = self.guard.try_once(
+                    lambda: self.store.supervisor_peers(
+                        self.supervisor_id, self.settings.queues, self.settings.worker_stale_after
+                    )
+                )
+                if found and peers is not None:
+                    self.waker.set_peers(*peers)
         if now >= self.next_release:
             self.next_release = now + RETRY_SOON_SECONDS
             ok, released = self.guard.try_once(self.store.release_expired)

@@ -502,6 +502,26 @@ class Store:
             with self.engine.begin() as conn:
                 conn.execute(sa.delete(w).where(w.c.id.in_(worker_ids)))
 
+    def supervisor_peers(
+        self, supervisor_id: str, queues: tuple[str, ...] | None, stale_seconds: float
+    ) -> tuple[int, int]:
+        """(rank, count) of this supervisor among the live ones serving the same queues, ordered
+        by id; (0, 1) until its processes have registered."""
+        w = self.tables.worker
+        served = ",".join(queues or ()) or None
+        stmt = (
+            sa.select(w.c.supervisor_id)
+            .distinct()
+            .where(
+                w.c.queues.is_(None) if served is None else w.c.queues == served,
+                w.c.heartbeat_at >= self.dialect.clock_plus(),
+            )
+            .order_by(w.c.supervisor_id)
+        )
+        with self.reading() as conn:
+            ids = list(conn.execute(stmt, self._lease_clock(-stale_seconds, None).binds()).scalars())
+        return (ids.index(supervisor_id), len(ids)) if supervisor_id in ids else (0, 1)
+
     def prune_workers(self, stale_seconds: float, now: datetime | None = None) -> int:
         """Delete worker rows whose heartbeat is older than ``stale_seconds`` by the lease clock."""
         w = self.tables.worker

@@ -260,6 +260,36 @@ def test_a_supervisor_hears_of_delayed_jobs_coming_due(app: JobQueue, dialect: D
             waker.close()
 
 
+@only("postgresql")
+def test_supervisors_share_out_notifications(app: JobQueue, dialect: Dialect) -> None:
+    """Two supervisors serving the same queues: each new job is news at once for one of them; the
+    other looks a moment later, and wakes a process only if the job still waits."""
+    wakers = [app.store.waker(None, 0.0, 3600.0) for _ in range(2)]
+    for rank, waker in enumerate(wakers):
+        waker.set_peers(rank, 2)
+    try:
+        for waker in wakers:
+            waker.check(time.monotonic())  # the first reading counts as news
+        for taken_meanwhile in (True, False):
+            dialect.enqueue_one(row())
+            heard = [0, 0]
+            deadline = time.monotonic() + 5
+            while not any(heard):
+                assert time.monotonic() < deadline, "nobody heard the job"
+                time.sleep(0.01)
+                heard = [waker.check(time.monotonic()) for waker in wakers]
+            assert sorted(heard) == [0, 1], heard
+            if taken_meanwhile:
+                assert len(acquire(dialect)) == 1  # the owner's process took it
+            other = heard.index(0)
+            time.sleep(0.05)  # past the other's deferral
+            assert wakers[other].check(time.monotonic()) == (0 if taken_meanwhile else 1)
+            acquire(dialect)
+    finally:
+        for waker in wakers:
+            waker.close()
+
+
 def test_listen_database_url_is_refused_off_postgresql(app: JobQueue, backend: str) -> None:
     if backend == "postgresql":
         app.store.waker(None, 1.0, 1.0, app.database_url).close()

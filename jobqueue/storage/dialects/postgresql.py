@@ -359,7 +359,7 @@ class PostgreSQLDialect(Dialect):
                 due_interval,
             )
             return polling
-        return Wakers(ListeningWaker(self, listen_url), polling)
+        return Wakers(ListeningWaker(self, listen_url, ready), polling)
 
 
 class ListeningWaker(Waker):
@@ -370,12 +370,22 @@ class ListeningWaker(Waker):
     each transaction to any server connection, so LISTEN through it would hear nothing. Lost, it
     is opened again at most every ``RECONNECT_SECONDS``; the first reading after (re)connecting
     counts as news, since a commit may have happened while nothing listened.
+
+    Every supervisor hears every notification. So that a job wakes one process in all, not one
+    per host, each notification has one owner among the supervisors serving the same queues (the
+    notifying server process's id modulo their number, see :meth:`set_peers`): the owner wakes a
+    process at once; the others look ``DEFER_SECONDS`` later, with one cheap query, and wake one
+    only if work is still waiting (the owner's processes were all busy, or it is gone).
     """
 
     RECONNECT_SECONDS = 1.0
+    DEFER_SECONDS = 0.02
 
-    def __init__(self, dialect: PostgreSQLDialect, listen_url: str | None) -> None:
+    def __init__(self, dialect: PostgreSQLDialect, listen_url: str | None, ready: Callable[[], bool]) -> None:
         self.dialect = dialect
+        self.ready = ready
+        self.rank, self.peers = 0, 1  # this supervisor's place among its peers, and their number
+        self.deferred_at: float | None = None  # when to look at news another supervisor owned
         self.channel = notify_channel(dialect.tables.prefix)
         self.engine: sa.Engine | None = None
         if listen_url is not None:
@@ -408,24 +418,46 @@ class ListeningWaker(Waker):
             self._connect()
         return self.raw.fileno() if self.raw is not None else None
 
+    def set_peers(self, rank: int, peers: int) -> None:
+        self.rank, self.peers = rank, max(1, peers)
+
     def due_in(self, now: float) -> float | None:
-        return None if self.raw is not None else max(0.0, self.retry_at - now)
+        due = [self.deferred_at - now] if self.deferred_at is not None else []
+        if self.raw is None:
+            due.append(self.retry_at - now)
+        return max(0.0, min(due)) if due else None
 
     def check(self, now: float) -> int:
+        heard = self._deferred(now)
         if self.raw is None:
             self.fileno()  # reconnect when due
             if self.raw is None:
-                return 0
-        heard, self.fresh = int(self.fresh), False
+                return heard
+        heard, self.fresh = heard + int(self.fresh), False
         try:
             self.raw.poll()
         except Exception as exc:
             logger.warning("lost the LISTEN connection (%s); listening again", exc)
             self._drop()
-            return 1  # look at once: what committed meanwhile would wait for the next poll
-        heard += len(self.raw.notifies)
+            return heard + 1  # look at once: what committed meanwhile would wait for the next poll
+        for notify in self.raw.notifies:
+            if notify.pid % self.peers == self.rank:
+                heard += 1
+            elif self.deferred_at is None:
+                self.deferred_at = now + self.DEFER_SECONDS
         self.raw.notifies.clear()
         return heard
+
+    def _deferred(self, now: float) -> int:
+        """News another supervisor owned, once it had its chance: 1 if work still waits."""
+        if self.deferred_at is None or now < self.deferred_at:
+            return 0
+        self.deferred_at = None
+        try:
+            return int(self.ready())
+        except Exception as exc:  # an outage: the supervisor's guard reports it elsewhere
+            logger.debug("idle poll failed: %s", exc)
+            return 1
 
     def _drop(self) -> None:
         # Never back into a pool: it is still LISTENing.

@@ -38,6 +38,10 @@ class Waker:
         """Consume what arrived; how many pieces of news (0: nothing new)."""
         return 0
 
+    def set_peers(self, rank: int, peers: int) -> None:
+        """This supervisor is number ``rank`` of ``peers`` serving the same queues (for wakers
+        that share out the news among them)."""
+
     def close(self) -> None:
         pass
 
@@ -57,6 +61,10 @@ class Wakers(Waker):
 
     def check(self, now: float) -> int:
         return sum(w.check(now) for w in self.wakers)
+
+    def set_peers(self, rank: int, peers: int) -> None:
+        for waker in self.wakers:
+            waker.set_peers(rank, peers)
 
     def close(self) -> None:
         for waker in self.wakers:
