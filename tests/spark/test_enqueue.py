@@ -129,6 +129,30 @@ def test_archived_keys_are_skipped_and_the_jobs_run(spark: Any, score: Any, app:
     assert sorted(r[1] for r in messages(app)) == sorted(f"user-{i}" for i in range(300, 400))
 
 
+def test_repeated_archived_and_active_keys_are_skipped(spark: Any, score: Any, app: JobQueue) -> None:
+    from jobqueue.spark import enqueue_dataframe
+
+    now = datetime.now(timezone.utc).replace(tzinfo=None)
+    archived = {"queue": "default", "state": "COMPLETED", "payload": b"[[],{}]", "created_at": now, "archived_at": now}
+    with app.engine.begin() as conn:
+        conn.execute(
+            sa.insert(app.tables.archive),
+            [
+                {**archived, "id": 10**9, "task_name": "pipeline.score", "unique_key": "user-3"},
+                {**archived, "id": 10**9 + 1, "task_name": "pipeline.other", "unique_key": "user-4"},
+            ],
+        )
+    score.apply_async((99,), unique_key="user-5")
+    # One partition, each key four times: repeated within a batch of 25 rows and across batches.
+    df = spark.createDataFrame([(i, f"user-{i % 10}") for i in range(40)], "user_id long, key string").coalesce(1)
+    assert enqueue_dataframe(df, score, args=["user_id"], unique_key="key", batch_size=25) == 8
+    rows = {r[1]: loads_call(app.serializer, r[2])[0] for r in messages(app)}
+    assert sorted(rows) == sorted(f"user-{i}" for i in range(10) if i != 3)  # user-3 is archived
+    assert all(rows[f"user-{i}"] == [i] for i in range(10) if i not in (3, 5))  # each key's first row
+    assert rows["user-5"] == [99]  # the active job, untouched
+    assert enqueue_dataframe(df, score, args=["user_id"], unique_key="key", batch_size=25) == 0
+
+
 @only("sqlite")
 def test_bad_input_is_refused_with_the_fix(spark: Any, score: Any, app: JobQueue) -> None:
     from pyspark.sql import functions as F
