@@ -153,6 +153,24 @@ def test_repeated_archived_and_active_keys_are_skipped(spark: Any, score: Any, a
     assert enqueue_dataframe(df, score, args=["user_id"], unique_key="key", batch_size=25) == 0
 
 
+def test_a_relative_sqlite_path_reaches_the_executors(spark: Any, tmp_path: Any, monkeypatch: Any) -> None:
+    """Executors (and a local master's Python workers) do not run in this process's working
+    directory: the path they are given must be absolute."""
+    from jobqueue.spark import enqueue_dataframe, read_archive
+    from tests.spark import archive_data
+
+    monkeypatch.chdir(tmp_path)
+    pipeline.app.configure(database_url="sqlite:///relative.sqlite3")
+    try:
+        pipeline.app.init_schema()
+        archive_data.fill_archive(pipeline.app, 50)
+        assert enqueue_dataframe(users(spark, 200), pipeline.score, args=["user_id"], unique_key="key") == 200
+        assert len(messages(pipeline.app)) == 200
+        assert read_archive(spark, "sqlite:///relative.sqlite3").count() == 50
+    finally:
+        pipeline.app.close()
+
+
 @only("sqlite")
 def test_bad_input_is_refused_with_the_fix(spark: Any, score: Any, app: JobQueue) -> None:
     from pyspark.sql import functions as F
