@@ -26,6 +26,12 @@ def noop() -> None:
     return None
 
 
+@app.task(name="bench.noop_arg")
+def noop_arg(value: object) -> None:
+    """A no-op of one argument, for scenarios that enqueue a value per job."""
+    return None
+
+
 @app.task(name="bench.sleep")
 def sleep(seconds: float) -> int:
     time.sleep(seconds)

@@ -7,6 +7,8 @@ import sys
 
 from pyspark.sql import SparkSession
 
+from jobqueue.errors import ConfigurationError
+
 DEFAULT_MASTER = "local[*]"
 
 
@@ -15,10 +17,19 @@ def get_session(master: str | None = None, app_name: str = "jobqueue") -> SparkS
 
     On a local master, Python workers get this interpreter (``PYSPARK_PYTHON``), or they would
     import from another Python; times are read and shown in UTC, as jobqueue stores them; the web UI stays off.
+
+    Raises:
+        ConfigurationError: a session on another master is active (a process runs one at a time).
     """
     active = SparkSession.getActiveSession()
-    if active is not None and master is None:
-        return active
+    if active is not None:
+        running = active.sparkContext.master
+        if master is None or master == running:
+            return active
+        raise ConfigurationError(
+            f"a SparkSession on {running} is active in this process, and Spark runs one at a time: "
+            f"stop it (spark.stop()) before asking for one on {master}"
+        )
     master = master or DEFAULT_MASTER
     if master.startswith("local"):  # on a cluster the executors' Python is the cluster's business
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)

@@ -213,42 +213,16 @@ class Store:
         """Insert the rows of a keyed batch (one task) whose key no job holds, active or archived.
 
         For pipelines that run again: a key seen before, even that of a job long finished, adds
-        nothing. Returns how many rows were inserted; a key repeated within the batch counts once.
+        nothing. Returns how many rows were inserted; a key repeated within the batch counts once
+        (its first row goes in).
         """
-        m = self.tables.message
-        task = batch.common["task_name"]
-        rows: dict[str, dict[str, Any]] = {}
+        first: dict[str, int] = {}
         for index, key in enumerate(batch.unique_keys):
             if key is None:
                 raise ConfigurationError(f"row {index} of a keyed batch has no unique_key")
-            rows.setdefault(key, batch.row(index))
+            first.setdefault(key, index)
         with self.writing() as conn:
-            seen = self._archived_keys(conn, task, list(rows))
-            # In key order, so that two runs with overlapping keys lock index entries in one order.
-            fresh = [rows[key] for key in sorted(rows) if key not in seen]
-            if not fresh:
-                return 0
-            self.dialect.bulk_holding_flow_key(conn, batch)
-            inserted = self.dialect.insert_new(conn, fresh)
-            # A job holding one of these keys may have been archived between the check and the
-            # insert, letting ours in. Check again (our engines run READ COMMITTED, so this new
-            # statement sees that commit) and drop those rows of ours, still uncommitted.
-            raced = self._archived_keys(conn, task, [key for _, key in inserted])
-            if raced:
-                drop = [row_id for row_id, key in inserted if key in raced]
-                conn.execute(sa.delete(m).where(m.c.id.in_(drop)))
-                return len(inserted) - len(drop)
-        return len(inserted)
-
-    def _archived_keys(self, conn: sa.Connection, task: str, keys: list[str]) -> set[str]:
-        a = self.tables.archive
-        found: set[str] = set()
-        for start in range(0, len(keys), 1000):
-            stmt = sa.select(a.c.unique_key).where(
-                a.c.task_name == task, a.c.unique_key.in_(keys[start : start + 1000])
-            )
-            found.update(conn.execute(stmt).scalars())
-        return found
+            return self.dialect.insert_unseen(conn, batch.take(list(first.values())))
 
     # -- acquire and outcomes ------------------------------------------------------------------------
     def acquire(

@@ -84,10 +84,12 @@ def test_statistics_equal_sql_group_by(spark: Any, app: JobQueue, db_url: str, b
 
 
 @only("sqlite", "postgresql")
-def test_the_report_is_one_offline_file_with_the_sql_numbers(spark: Any, app: JobQueue, tmp_path: Path) -> None:
+def test_the_report_is_one_offline_file_with_the_sql_numbers(
+    spark: Any, master: str, app: JobQueue, tmp_path: Path
+) -> None:
     data.fill_archive(app, 2000)
     out = tmp_path / "report.html"
-    result = run_cli("report", "--since", "all", "--out", str(out))
+    result = run_cli("report", "--since", "all", "--out", str(out), "--master", master)
     assert "wrote" in result.stdout and "2,000 archived job(s)" in result.stdout
     text = out.read_text()
     assert "<script" not in text.lower()
@@ -111,18 +113,31 @@ def test_the_report_is_one_offline_file_with_the_sql_numbers(spark: Any, app: Jo
         assert rate == f"{want['failure_rate'] * 100:.2f}%"
     # --since keeps the window: nothing was archived in the last second... except nothing
     empty = tmp_path / "empty.html"
-    run_cli("report", "--since", "1s", "--out", str(empty))
+    run_cli("report", "--since", "1s", "--out", str(empty), "--master", master)
     assert "No jobs were archived in this window" in empty.read_text()
 
 
-def test_export_then_purge_keeps_every_purged_row_in_parquet(spark: Any, app: JobQueue, tmp_path: Path) -> None:
+def test_export_then_purge_keeps_every_purged_row_in_parquet(
+    spark: Any, master: str, app: JobQueue, tmp_path: Path
+) -> None:
     rows = data.fill_archive(app, 2500)
     target = tmp_path / "archive-parquet"
     cutoff = utcnow() - timedelta(days=1)
     older = data.ids_archived_before(app, cutoff)
     assert 0 < len(older) < len(rows)
     result = run_cli(
-        "archive", "export", "--to", str(target), "--older-than", "1d", "--purge", "--batch-size", "300", "--json"
+        "archive",
+        "export",
+        "--to",
+        str(target),
+        "--older-than",
+        "1d",
+        "--purge",
+        "--batch-size",
+        "300",
+        "--json",
+        "--master",
+        master,
     )
     report = json.loads(result.stdout)
     assert report["exported"] == report["purged"] == len(older)
@@ -138,7 +153,7 @@ def test_export_then_purge_keeps_every_purged_row_in_parquet(spark: Any, app: Jo
     assert first.finished_at.astimezone(timezone.utc).replace(tzinfo=None) == want["finished_at"]  # to the µs
     assert str(first.date) == f"{want['archived_at']:%Y-%m-%d}"
     # A second export appends the rest as another batch; without --purge the archive keeps them.
-    again = json.loads(run_cli("archive", "export", "--to", str(target), "--json").stdout)
+    again = json.loads(run_cli("archive", "export", "--to", str(target), "--json", "--master", master).stdout)
     assert again["exported"] == len(rows) - len(older) and again["purged"] == 0
     assert len(data.archive_ids(app)) == len(rows) - len(older)
     batches = {

@@ -129,6 +129,48 @@ def test_archived_keys_are_skipped_and_the_jobs_run(spark: Any, score: Any, app:
     assert sorted(r[1] for r in messages(app)) == sorted(f"user-{i}" for i in range(300, 400))
 
 
+def test_repeated_archived_and_active_keys_are_skipped(spark: Any, score: Any, app: JobQueue) -> None:
+    from jobqueue.spark import enqueue_dataframe
+
+    now = datetime.now(timezone.utc).replace(tzinfo=None)
+    archived = {"queue": "default", "state": "COMPLETED", "payload": b"[[],{}]", "created_at": now, "archived_at": now}
+    with app.engine.begin() as conn:
+        conn.execute(
+            sa.insert(app.tables.archive),
+            [
+                {**archived, "id": 10**9, "task_name": "pipeline.score", "unique_key": "user-3"},
+                {**archived, "id": 10**9 + 1, "task_name": "pipeline.other", "unique_key": "user-4"},
+            ],
+        )
+    score.apply_async((99,), unique_key="user-5")
+    # One partition, each key four times: repeated within a batch of 25 rows and across batches.
+    df = spark.createDataFrame([(i, f"user-{i % 10}") for i in range(40)], "user_id long, key string").coalesce(1)
+    assert enqueue_dataframe(df, score, args=["user_id"], unique_key="key", batch_size=25) == 8
+    rows = {r[1]: loads_call(app.serializer, r[2])[0] for r in messages(app)}
+    assert sorted(rows) == sorted(f"user-{i}" for i in range(10) if i != 3)  # user-3 is archived
+    assert all(rows[f"user-{i}"] == [i] for i in range(10) if i not in (3, 5))  # each key's first row
+    assert rows["user-5"] == [99]  # the active job, untouched
+    assert enqueue_dataframe(df, score, args=["user_id"], unique_key="key", batch_size=25) == 0
+
+
+def test_a_relative_sqlite_path_reaches_the_executors(spark: Any, tmp_path: Any, monkeypatch: Any) -> None:
+    """Executors (and a local master's Python workers) do not run in this process's working
+    directory: the path they are given must be absolute."""
+    from jobqueue.spark import enqueue_dataframe, read_archive
+    from tests.spark import archive_data
+
+    monkeypatch.chdir(tmp_path)
+    pipeline.app.configure(database_url="sqlite:///relative.sqlite3")
+    try:
+        pipeline.app.init_schema()
+        archive_data.fill_archive(pipeline.app, 50)
+        assert enqueue_dataframe(users(spark, 200), pipeline.score, args=["user_id"], unique_key="key") == 200
+        assert len(messages(pipeline.app)) == 200
+        assert read_archive(spark, "sqlite:///relative.sqlite3").count() == 50
+    finally:
+        pipeline.app.close()
+
+
 @only("sqlite")
 def test_bad_input_is_refused_with_the_fix(spark: Any, score: Any, app: JobQueue) -> None:
     from pyspark.sql import functions as F

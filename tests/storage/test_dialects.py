@@ -7,6 +7,7 @@ them). A new dialect passes this file before anything else.
 
 from __future__ import annotations
 
+import itertools
 import os
 import sqlite3
 import threading
@@ -102,6 +103,68 @@ def test_unique_keys_insert_once_and_new_rows_skip_active_keys(app: JobQueue, di
         inserted = dialect.insert_new(conn, [row(key="k1"), row(key="k2"), row(key="k3")])
     assert sorted(key for _, key in inserted) == ["k2", "k3"]
     assert sorted(r["unique_key"] for r in rows(app)) == ["k1", "k2", "k3"]
+
+
+ARCHIVE_IDS = itertools.count(1_000_000)
+
+
+def archived(app: JobQueue, task: str, *keys: str) -> None:
+    """Archive rows of ``task`` with these unique keys, as if their jobs had finished."""
+    now = utcnow()
+    with app.engine.begin() as conn:
+        conn.execute(
+            sa.insert(app.tables.archive),
+            [{**row(task, key), "id": next(ARCHIVE_IDS), "state": "COMPLETED", "archived_at": now} for key in keys],
+        )
+
+
+def test_a_keyed_batch_adds_only_keys_no_job_holds(app: JobQueue) -> None:
+    archived(app, "t.x", "done")
+    archived(app, "t.other", "theirs")  # another task's key is not ours
+    live = app.store.enqueue([{**row(key="live"), "payload": b"live"}])[0]
+    common = {**row(priority=4), "headers": {"trace": "t1"}, "options": {"retries": 2}}
+    keys = ["b", "done", "live", "b", "tab\there\nnew line\\", "theirs", "ü", "b"]
+    payloads = [b"\x00first", b"x", b"x", b"second", b"\xff", b"t", b"u", b"third"]
+    # b repeats (its first row goes in), done is archived, live is active: 4 of 8 rows go in.
+    assert app.store.enqueue_new(Batch(common, payloads, keys)) == 4
+    found = {r["unique_key"]: r for r in rows(app)}
+    assert sorted(found) == sorted(["b", "live", "tab\there\nnew line\\", "theirs", "ü"])
+    assert found["b"]["payload"] == b"\x00first" and found["tab\there\nnew line\\"]["payload"] == b"\xff"
+    assert found["live"]["id"] == live and found["live"]["payload"] == b"live"  # untouched
+    new = found["theirs"]
+    assert (new["task_name"], new["queue"], new["priority"], new["state"]) == ("t.x", "default", 4, "PENDING")
+    assert (new["headers"], new["options"]) == ({"trace": "t1"}, {"retries": 2})
+    assert new["created_at"] == common["created_at"] and new["next_attempt_at"] == common["next_attempt_at"]
+    assert app.store.enqueue_new(Batch(common, payloads, keys)) == 0  # a re-run adds nothing
+    assert app.store.enqueue_new(Batch(common, [b"n", b"n"], ["done", "new"])) == 1
+
+
+def test_a_key_archived_while_its_batch_is_inserted_is_dropped(app: JobQueue) -> None:
+    """A job holding a key of the batch may be archived between the archive check and the insert:
+    the row that then went in is dropped before the batch commits."""
+    m = app.tables.message
+    raced: list[str] = []
+
+    def archive_b_meanwhile(conn, cursor, statement, parameters, context, executemany) -> None:
+        # Right after the batch's insert, on its own connection: what a commit by another
+        # connection looks like to the statements that follow.
+        if not raced and statement.lstrip().upper().startswith("INSERT") and m.name in statement.split("(")[0]:
+            raced.append(statement)
+            other = conn.connection.dbapi_connection.cursor()
+            other.execute(
+                f"INSERT INTO {app.tables.archive.name} (id, task_name, queue, priority, state, payload, unique_key, "
+                "attempts_count, deliveries_count, created_at, archived_at) VALUES (999, 't.x', 'default', 0, "
+                "'COMPLETED', '', 'b', 1, 1, '2026-01-01 00:00:00', '2026-01-01 00:00:00')"
+            )
+            other.close()
+
+    sa.event.listen(app.engine, "after_cursor_execute", archive_b_meanwhile)
+    try:
+        assert app.store.enqueue_new(Batch(row(), [b"a", b"b", b"c"], ["a", "b", "c"])) == 2
+    finally:
+        sa.event.remove(app.engine, "after_cursor_execute", archive_b_meanwhile)
+    assert raced, "the batch's insert was not seen"
+    assert sorted(r["unique_key"] for r in rows(app)) == ["a", "c"]
 
 
 # -- acquire, flush ----------------------------------------------------------------------------------

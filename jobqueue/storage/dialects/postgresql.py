@@ -33,9 +33,11 @@ from jobqueue.storage.dialects.postgresql_session import (
 from jobqueue.storage.dialects.postgresql_sql import (
     Misses,
     Prepared,
+    UnseenStatements,
     acquired_message,
     build_apply_outcomes,
     copy_batch,
+    copy_unseen,
     outcome_binds,
 )
 from jobqueue.storage.dialects.wakeup import PollingWaker, Waker, Wakers
@@ -88,6 +90,7 @@ class PostgreSQLDialect(Dialect):
         connect_without_refused_options(engine)
 
     _apply_outcomes: Any = None
+    _unseen: UnseenStatements | None = None
     _prepared_flush: Prepared | None = None
 
     def __init__(self, engine: sa.Engine, tables: Tables) -> None:
@@ -336,6 +339,19 @@ class PostgreSQLDialect(Dialect):
         if connection.dialect.driver != "psycopg2":  # COPY is written for psycopg2's copy_expert
             return super().insert_batch(connection, batch)
         return copy_batch(connection, self.message, batch)
+
+    def insert_unseen(self, connection: sa.Connection, batch: Batch) -> int:
+        if connection.dialect.driver != "psycopg2":  # COPY is written for psycopg2's copy_expert
+            return super().insert_unseen(connection, batch)
+        # The archive check is part of the INSERT, so the flow key is held whether or not a row
+        # goes in: it must be before the first one does.
+        self.bulk_holding_flow_key(connection, batch)
+        if self._unseen is None:
+            self._unseen = UnseenStatements(self.message, self.tables.archive)
+        inserted = copy_unseen(connection, self._unseen, batch)
+        if not inserted:
+            return 0
+        return len(inserted) - self.drop_archived(connection, inserted, self._unseen.archived(connection, batch))
 
     # -- wake-ups -------------------------------------------------------------------------------------
     def notify(self) -> None:

@@ -193,10 +193,73 @@ def copy_batch(connection: sa.Connection, table: sa.Table, batch: Batch) -> list
     ]
     shared = "\t".join(_copy_text(batch.common.get(column)) for column in BATCH_COLUMNS)
     lines = (f"{job_id}\t\\\\x{payload.hex()}\t{shared}\n" for job_id, payload in zip(ids, batch.payloads, strict=True))
+    _copy(connection, f"COPY {table.name} (id, payload, {', '.join(BATCH_COLUMNS)}) FROM STDIN", lines)
+    return ids
+
+
+class UnseenStatements:
+    """The statements of copy_unseen, built once per dialect.
+
+    A keyed batch is copied into a temporary table (``staged``: unique_key, payload), which
+    ``insert`` reads: the rows whose key no archived job of the task has, with the columns they
+    all share bound once (as BATCH_COLUMNS), a key an active message holds skipped by ON
+    CONFLICT; it returns (id, unique_key). Rows go in key order, so that two runs with
+    overlapping keys lock index entries in one order. ``archived`` finds, afterwards, the staged
+    keys the archive has by then.
+    """
+
+    def __init__(self, m: sa.Table, a: sa.Table) -> None:
+        self.staged = sa.table(
+            f"{m.name}_staged", sa.column("unique_key", sa.String), sa.column("payload", sa.LargeBinary)
+        )
+        self.create = (
+            f"CREATE TEMPORARY TABLE {self.staged.name} (unique_key text NOT NULL, payload bytea NOT NULL) "
+            "ON COMMIT DROP"
+        )
+        self.copy = f"COPY {self.staged.name} (unique_key, payload) FROM STDIN"
+        shared = {column: sa.bindparam(column, type_=m.c[column].type) for column in BATCH_COLUMNS}
+        # Cast: an untyped parameter in a SELECT list is text, which no JSON or integer column takes.
+        values = [sa.cast(shared[column], m.c[column].type) for column in BATCH_COLUMNS]
+        archived = sa.exists().where(a.c.task_name == shared["task_name"], a.c.unique_key == self.staged.c.unique_key)
+        rows = sa.select(self.staged.c.payload, self.staged.c.unique_key, *values).where(~archived)
+        self.insert = (
+            postgresql.insert(m)
+            .from_select(["payload", "unique_key", *BATCH_COLUMNS], rows.order_by(self.staged.c.unique_key))
+            .on_conflict_do_nothing(
+                index_elements=[m.c.task_name, m.c.unique_key], index_where=m.c.unique_key.isnot(None)
+            )
+            .returning(m.c.id, m.c.unique_key)
+        )
+        self._archived = sa.select(self.staged.c.unique_key).where(archived)
+
+    def archived(self, connection: sa.Connection, batch: Batch) -> set[str]:
+        """The staged keys an archived job of the batch's task has now."""
+        return set(connection.execute(self._archived, {"task_name": batch.common["task_name"]}).scalars())
+
+
+def copy_unseen(connection: sa.Connection, statements: UnseenStatements, batch: Batch) -> list[tuple[int, str]]:
+    """Insert the rows of a keyed ``batch`` (no key twice) whose key no job of the task holds,
+    active or archived, and return the (id, unique_key) of those inserted: COPY into a temporary
+    table, then one INSERT ... SELECT that checks the archive and skips active keys.
+
+    The temporary table goes at COMMIT, so a pooler in transaction mode is no trouble, and this
+    runs once per transaction.
+    """
+    connection.exec_driver_sql(statements.create)
+    lines = (
+        f"{_copy_text(key)}\t\\\\x{payload.hex()}\n"
+        for key, payload in zip(batch.unique_keys, batch.payloads, strict=True)
+    )
+    _copy(connection, statements.copy, lines)
+    shared = {column: batch.common.get(column) for column in BATCH_COLUMNS}
+    return [(row[0], row[1]) for row in connection.execute(statements.insert, shared)]
+
+
+def _copy(connection: sa.Connection, statement: str, lines: Iterator[str]) -> None:
+    """Run ``COPY ... FROM STDIN`` on the connection's driver, fed ``lines`` as they are made."""
     stream = _CopyStream(lines)
     raw = connection.connection.driver_connection
     cursor = raw.cursor()  # type: ignore[union-attr]
-    statement = f"COPY {table.name} (id, payload, {', '.join(BATCH_COLUMNS)}) FROM STDIN"
     try:
         cursor.copy_expert(statement, stream, size=COPY_CHUNK)
     except Exception as exc:
@@ -211,7 +274,6 @@ def copy_batch(connection: sa.Connection, table: sa.Table, batch: Batch) -> list
         raise
     finally:
         cursor.close()
-    return ids
 
 
 COPY_CHUNK = 1 << 16

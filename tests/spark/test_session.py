@@ -1,0 +1,70 @@
+"""get_session and the standalone cluster the Spark tests run on."""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from jobqueue.errors import ConfigurationError
+from tests.spark.cluster import StandaloneCluster
+
+
+def test_get_session_gives_the_running_session_and_refuses_another_master(spark: Any, master: str) -> None:
+    from jobqueue.spark import get_session
+
+    assert get_session() is spark and get_session(master) is spark
+    assert spark.sparkContext.master == master
+    # Spark runs one session per process: a session on another master is not handed out in its place.
+    refused = rf"a SparkSession on {re.escape(master)} is active .* one on local\[1\]"
+    with pytest.raises(ConfigurationError, match=refused):
+        get_session("local[1]")
+
+
+@pytest.mark.parametrize("master", ["cluster"], indirect=True)
+def test_the_cluster_runs_apart_and_listens_on_loopback_only(
+    spark: Any, master: str, spark_cluster: StandaloneCluster
+) -> None:
+    # Tasks run in the cluster's processes (the executor's Python workers).
+    pids = spark.sparkContext.parallelize(range(4), 2).map(lambda _: os.getpid()).collect()
+    processes = set(spark_cluster.members())
+    assert set(pids) <= processes
+    driver = spark.sparkContext._gateway.proc.pid  # this process's JVM, which the executors call back
+    addresses = listening({*processes, driver})
+    assert len(addresses) >= 5, addresses  # master and worker, their web UIs, the executor, the driver
+    assert {address for address, _ in addresses} == {"127.0.0.1"}, addresses
+
+
+def listening(pids: set[int]) -> set[tuple[str, int]]:
+    """The (address, port) of every TCP socket these processes listen on; IPv4-mapped IPv6 addresses as IPv4."""
+    inodes = set()
+    for pid in pids:
+        for fd in Path(f"/proc/{pid}/fd").glob("*"):
+            try:
+                target = os.readlink(fd)
+            except OSError:
+                continue
+            if target.startswith("socket:["):
+                inodes.add(target[8:-1])
+    found = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            local, state, inode = fields[1], fields[3], fields[9]
+            if state == "0A" and inode in inodes:  # LISTEN
+                found.add((_address(local.split(":")[0]), int(local.split(":")[1], 16)))
+    return found
+
+
+def _address(hex_address: str) -> str:
+    """An address of /proc/net/tcp or tcp6 (32-bit words in host byte order) as text."""
+    raw = bytes.fromhex(hex_address)
+    words = b"".join(raw[i : i + 4][::-1] for i in range(0, len(raw), 4))
+    if len(words) == 16 and words[:12] == b"\0" * 10 + b"\xff\xff":
+        words = words[12:]
+    if len(words) == 4:
+        return ".".join(str(b) for b in words)
+    return ":".join(words[i : i + 2].hex() for i in range(0, 16, 2))
