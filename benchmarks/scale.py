@@ -6,8 +6,8 @@ processes each hold more connections than a default server allows) and a PgBounc
 mode in front of it, both on free loopback ports, and stops them at the end. For each route:
 
 - two workers of ``SCALE_PROCESSES`` processes each (64 by default) idle for ``SCALE_SECONDS``
-  (60): statements per second, all processes together, against one worker of 2 processes idling
-  as long in the same run;
+  (60): statements per second, all processes together, against one worker of 2 processes and
+  against two workers of 1 process each, idling as long in the same run;
 - then a trickle of 20 jobs per second for ``SCALE_SECONDS``: acquires per job, enqueue-to-start
   latency p50/p99, and the most server connections seen;
 - ``--jobs`` no-op jobs processed by one worker of ``--processes`` processes (the throughput
@@ -77,6 +77,11 @@ def scale(url: str, backend: str, runs: int, jobs: int, processes: int, json_pat
             )
             for route in routes
         }
+        for route in routes:
+            ratios[f"idle statements/s, 2 workers: {PROCESSES} / 1 process each ({route})"] = (
+                f"{route}: idle statements/s, {2 * PROCESSES} processes",
+                f"{route}: idle statements/s, 2 workers of 1 process",
+            )
         ratios["no-op jobs/s, PgBouncer / direct"] = ("PgBouncer: no-op jobs/s", "direct: no-op jobs/s")
         ratios["I/O-bound / ideal"] = ("I/O-bound jobs/s", "I/O-bound ideal")
         return report(f"{2 * PROCESSES} worker processes", backend, merged, ratios, extra, json_path)
@@ -92,6 +97,9 @@ def _many(direct: str, route: str, url: str, measures: list[Measure]) -> None:
     app = fresh_app(url)
     few = _idle_statements(url, [("--concurrency", "2", *listen)])
     measures.append(Measure(f"{route}: idle statements/s, 2 processes", "statements/s", [few], False))
+    # As many supervisors as below, one process each: what the number of processes alone costs.
+    pair = _idle_statements(url, [("--concurrency", "1", *listen)] * 2)
+    measures.append(Measure(f"{route}: idle statements/s, 2 workers of 1 process", "statements/s", [pair], False))
     directory = tempfile.mkdtemp(prefix="jobqueue-bench-scale-")
     workers = [
         BenchWorker(url, "--concurrency", str(PROCESSES), *listen, env={"JOBQUEUE_BENCH_COUNT": directory})

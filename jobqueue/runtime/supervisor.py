@@ -103,6 +103,7 @@ class Supervisor:
         self.next_release = 0.0
         self.next_flow_sweep = 0.0
         self.next_topic_collect = 0.0
+        self.tidies = True  # the first of its peers (alone until the worker registry says otherwise)
         self.next_checkpoint = 0.0
         self.checkpoints = False  # whether this supervisor writes the database's journal back
         self.next_burst_check = 0.0
@@ -596,22 +597,33 @@ class Supervisor:
                 )
                 if found and peers is not None:
                     self.waker.set_peers(*peers)
+                    # The housekeeping every supervisor of a pool could do is done by the first.
+                    self.tidies = peers[0] == 0
         if now >= self.next_release:
             self.next_release = now + RETRY_SOON_SECONDS
             ok, released = self.guard.try_once(self.store.release_expired)
             if released:
                 logger.warning("released %s message(s) whose lease expired (a worker died or stalled)", released)
                 self.unspent = min(self.unspent + released, self.size)  # ready now: our idle processes take them
-            stale = max(10 * self.settings.release_stuck_timeout, 300.0)
-            self.guard.try_once(lambda: self.store.prune_workers(stale))
-            if self.consumers and now >= self.next_topic_collect:
-                self.next_topic_collect = now + TOPIC_COLLECT_SECONDS
-                self.guard.try_once(self.app.topic_store.collect)
-            if now >= self.next_flow_sweep:
-                self.next_flow_sweep = now + FLOW_SWEEP_SECONDS
-                self.guard.try_once(lambda: self.store.forget_idle_flow_keys(FLOW_IDLE_SECONDS))
+            if self.tidies:
+                self._tidy(now)
             if ok:
                 self.next_release = now + self.settings.release_stuck_interval
+
+    def _tidy(self, now: float) -> None:
+        """Housekeeping that needs doing once, not once per host: forget long-dead worker rows,
+        trim the topic logs, forget idle flow keys. Supervisors serving the same queues leave it
+        to the first of them by id; should that one die, the next takes over once its rows go
+        stale (``worker_stale_after``). Releasing expired leases is not among it: every supervisor
+        does that, so that a dead worker's jobs come back as soon as possible."""
+        stale = max(10 * self.settings.release_stuck_timeout, 300.0)
+        self.guard.try_once(lambda: self.store.prune_workers(stale))
+        if self.consumers and now >= self.next_topic_collect:
+            self.next_topic_collect = now + TOPIC_COLLECT_SECONDS
+            self.guard.try_once(self.app.topic_store.collect)
+        if now >= self.next_flow_sweep:
+            self.next_flow_sweep = now + FLOW_SWEEP_SECONDS
+            self.guard.try_once(lambda: self.store.forget_idle_flow_keys(FLOW_IDLE_SECONDS))
 
     def _checkpoint(self) -> None:
         """Write SQLite's journal back; an error is logged once until it succeeds again (the

@@ -131,6 +131,43 @@ def test_a_stopped_group_keeps_its_messages_and_the_log_shrinks_once_it_catches_
     assert seqs == list(range(200))
 
 
+def test_the_log_is_trimmed_by_one_supervisor_and_by_another_once_it_dies(
+    app: JobQueue, tmp_path: Path, workers: list[Worker]
+) -> None:
+    """Trimming the topic log is housekeeping for one supervisor of a pool, not one per host: the
+    first by id does it. SIGKILLed, it leaves the job to the survivor once its rows go stale."""
+    args = ("--concurrency", "1", "--release-stuck-timeout", "2", "--release-stuck-interval", "0.5")
+    supervisors = [start(workers, tmp_path, *args, "--groups", "billing", name=f"sup{n}", app=APP) for n in range(2)]
+    w = app.tables.worker
+
+    def registered() -> dict[int, str]:
+        """supervisor process id -> supervisor_id, from the registry (each child's parent)."""
+        with app.engine.connect() as conn:
+            rows = conn.execute(sa.select(w.c.pid, w.c.supervisor_id)).all()
+        found = {}
+        for pid, supervisor_id in rows:
+            for supervisor in supervisors:
+                if pid in supervisor.children():
+                    found[supervisor.pid] = supervisor_id
+        return found
+
+    wait_for(lambda: len(set(registered().values())) == 2, 60, "both supervisors to register")
+    tp.orders.publish_many([{"key": "k", "seq": n} for n in range(50)], key=lambda p: p["key"])
+    wait_for(lambda: log_size(app) == 0, 60, "the log to be trimmed while both supervisors run")
+
+    ids = registered()
+    first = next(s for s in supervisors if ids[s.pid] == min(ids.values()))
+    survivor = next(s for s in supervisors if s is not first)
+    first.signal(signal.SIGKILL)
+    assert first.wait(30) == -signal.SIGKILL
+    tp.orders.publish_many([{"key": "k", "seq": n} for n in range(50, 100)], key=lambda p: p["key"])
+    wait_for(lambda: log_size(app) == 0, 60, "the survivor to trim the log")
+    seqs = [seq for event, group, _, seq, _, _ in events(tmp_path / "runs.txt") if event == "end"]
+    assert sorted(set(seqs)) == list(range(100))
+    survivor.signal(signal.SIGTERM)
+    assert survivor.wait(30) == 0, survivor.text()[-3000:]
+
+
 def cli(*args: str) -> str:
     result = subprocess.run(
         [sys.executable, "-m", "jobqueue", "--app", APP, *args], cwd=ROOT, capture_output=True, text=True, timeout=120
