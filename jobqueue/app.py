@@ -137,6 +137,11 @@ class JobQueue:
             return self._framework.commit_watch(used)
         return None
 
+    @property
+    def has_job_scope(self) -> bool:
+        """Whether :meth:`job_scope` does anything (a framework is bound); a worker skips it if not."""
+        return self._framework is not None
+
     @contextmanager
     def job_scope(self) -> Iterator[None]:
         """The framework's per-job scope (Flask's app context, Django's connection hygiene)."""

@@ -167,6 +167,31 @@ def _decode_object(obj: dict[str, Any]) -> Any:
         raise SerializationError(f"corrupt payload: bad {TAG} value {obj!r}") from exc
 
 
+# Made once: json.loads builds a decoder per call whenever it is given an option.
+_PLAIN = json.JSONDecoder()
+_TAGGED = json.JSONDecoder(object_hook=_decode_object)
+_PLAIN_STARTS = (b"[", b"{")
+
+
+def _decode(decoder: json.JSONDecoder, text: str) -> Any:
+    """``decoder.decode(text)``, straight through the C scanner when the text is one JSON value
+    with no surrounding whitespace (what we write); else the decoder's own way, errors included."""
+    try:
+        value, end = decoder.scan_once(text, 0)  # type: ignore[attr-defined]
+    except StopIteration:
+        return decoder.decode(text)
+    return value if end == len(text) else decoder.decode(text)
+
+
+def _as_text(data: bytes | str) -> str:
+    """``data`` as text, as json.loads reads it (any of UTF-8, UTF-16 or UTF-32)."""
+    if isinstance(data, str):
+        return data
+    if not isinstance(data, (bytes, bytearray)):
+        raise TypeError(f"the JSON object must be str, bytes or bytearray, not {type(data).__name__}")
+    return data.decode(json.detect_encoding(data), "surrogatepass")
+
+
 class JSONSerializer:
     """JSON with tagged types; the safe default."""
 
@@ -180,9 +205,13 @@ class JSONSerializer:
 
     def loads(self, data: bytes) -> Any:
         try:
-            if TAG_BYTES not in data:
-                return json.loads(data)  # nothing tagged: the C decoder alone, no Python hook per dict
-            return json.loads(data, object_hook=_decode_object)
+            # Nothing tagged: the C decoder alone, no Python hook per dict.
+            decoder = _PLAIN if TAG_BYTES not in data else _TAGGED
+            if type(data) is bytes and data[:1] in _PLAIN_STARTS and data[1:2] != b"\x00":
+                # What we write: UTF-8 starting with "[" or "{" (json.loads would work that out
+                # byte by byte first, to read UTF-16 and UTF-32 as well).
+                return _decode(decoder, data.decode("utf-8", "surrogatepass"))
+            return decoder.decode(_as_text(data))
         except (ValueError, UnicodeDecodeError, TypeError, RecursionError) as exc:
             raise SerializationError(f"corrupt payload: not valid JSON ({exc})") from exc
 

@@ -8,13 +8,13 @@ argument to ``nack``) ends that job with the real cause recorded, never the work
 
 from __future__ import annotations
 
-import inspect
 import logging
 import signal
 import time
 import traceback
 from collections.abc import Callable
 from datetime import datetime, timedelta
+from inspect import iscoroutine
 from typing import TYPE_CHECKING, Any
 
 from jobqueue import signals
@@ -58,6 +58,22 @@ class StoreDeliveryWriter:
         return self.store.extend_lease(message.id, message.lease_token, seconds)
 
 
+class TaskPlan:
+    """What a worker makes of one task's options, worked out once instead of for every job."""
+
+    __slots__ = ("task", "options", "fn", "bind", "soft_timeout", "policy", "max_deliveries")
+
+    def __init__(self, task: Task, max_deliveries: int) -> None:
+        options = task.options
+        self.task = task
+        self.options = options  # the plan holds while the task keeps these options
+        self.fn = task.fn
+        self.bind = options.bind
+        self.soft_timeout = options.soft_timeout
+        self.policy = options.ack_policy or AckPolicy.NACK_ON_ERROR
+        self.max_deliveries = options.max_deliveries or max_deliveries
+
+
 class Executor:
     """Turns messages into outcomes for one worker process."""
 
@@ -81,6 +97,12 @@ class Executor:
         self.default_strategy = default_strategy()
         self.in_handler = False
         self.coroutines = CoroutineRunner()  # async def tasks run on this process's event loop
+        # Decided once per task rather than once per job: what its options and the settings make of it.
+        self.plans: dict[str, TaskPlan] = {}
+        self.retain = {
+            MessageState.COMPLETED: self.settings.retain_in_archive_on_ack,
+            MessageState.FAILED: self.settings.retain_in_archive_on_reject,
+        }
 
     def close(self) -> None:
         """Release what running jobs needed (the event loop of async tasks)."""
@@ -113,44 +135,48 @@ class Executor:
                 started,
                 CorruptMessage(f"its row could not be read: {message.corrupt}; it is failed without running"),
             )
-        if message.task_name == SCHEDULE_TASK:
+        name = message.task_name
+        if name == SCHEDULE_TASK:
             return self._fire_schedule(message, started)
-        task = self.app.registry.get(message.task_name)
+        task = self.app.registry.get(name)
         if task is None:
             known = ", ".join(sorted(self.app.registry)) or "none"
             return self._refused(
                 message,
                 started,
                 UnknownTaskError(
-                    f"task {message.task_name!r} is not registered in this worker (registered: {known}); "
+                    f"task {name!r} is not registered in this worker (registered: {known}); "
                     "deploy the code that defines it, or cancel the job"
                 ),
             )
-        max_deliveries = task.options.max_deliveries or self.settings.max_deliveries
-        if message.deliveries_count > max_deliveries:
+        plan = self.plans.get(name)
+        if plan is None or plan.task is not task or plan.options is not task.options:
+            plan = self.plans[name] = TaskPlan(task, self.settings.max_deliveries)
+        if message.deliveries_count > plan.max_deliveries:
             return self._refused(
                 message,
                 started,
                 MaxDeliveriesExceeded(
                     f"delivered {message.deliveries_count} times without an outcome, over max_deliveries="
-                    f"{max_deliveries}: an earlier delivery probably killed its worker process (crash, OOM "
-                    "kill, os._exit) or outlived its lease; not run again"
+                    f"{plan.max_deliveries}: an earlier delivery probably killed its worker process (crash, "
+                    "OOM kill, os._exit) or outlived its lease; not run again"
                 ),
             )
         try:
             args, kwargs = loads_call(self.serializer, message.payload)
         except SerializationError as exc:
             return self._refused(message, started, exc)
-        policy = task.options.ack_policy or AckPolicy.NACK_ON_ERROR
+        policy = plan.policy
         if policy is AckPolicy.ACK_FIRST:
             self._ack_first(task, message, args, kwargs, started)
             return None
-        context = JobContext(message, self.serializer, self.writes, max_state_bytes=self.settings.max_payload_bytes)
-        signals.job_started.send(task, job=context)
+        context = JobContext(message, self.serializer, self.writes, self.settings.max_payload_bytes)
+        if signals.job_started.receivers:
+            signals.job_started.send(task, job=context)
         try:
-            result = self._call(task, context, args, kwargs)
+            result = self._call(plan, context, args, kwargs)
         except LeaseLost as exc:
-            logger.warning("job %s %s: %s; its outcome is dropped", message.id, message.task_name, exc)
+            logger.warning("job %s %s: %s; its outcome is dropped", message.id, name, exc)
             return None
         except BaseException as exc:  # SystemExit and KeyboardInterrupt from a job end the job, not the process
             error = ErrorInfo.from_exception(exc, traceback.format_exc())
@@ -158,7 +184,22 @@ class Executor:
             if outcome.exception is None and outcome.error is error:
                 outcome.exception = exc
             return announce(task, context, outcome)
-        return announce(task, context, self._after_return(task, policy, context, message, started, result), result)
+        if result is None and context.decision is None:
+            # A job that returned nothing and decided nothing (most jobs): completed.
+            outcome = Outcome(
+                message,
+                OutcomeKind.ARCHIVE,
+                MessageState.COMPLETED,
+                utcnow(),
+                started,
+                retain=self.retain[MessageState.COMPLETED],
+                checkpoint=context.checkpoint_bytes,
+            )
+            if policy is AckPolicy.MANUAL:
+                logger.warning("job %s %s returned without ack/nack/reject (MANUAL); acked", message.id, name)
+        else:
+            outcome = self._after_return(task, policy, context, message, started, result)
+        return announce(task, context, outcome, result)
 
     def _fire_schedule(self, message: Message, now: datetime) -> Outcome | None:
         """Fire a schedule message: enqueue the job for its fire time and defer it to the next one."""
@@ -184,34 +225,40 @@ class Executor:
         self.wake_at = next_fire
         return None
 
-    def _call(self, task: Task, context: JobContext, args: list[Any], kwargs: dict[str, Any]) -> Any:
+    def _call(self, plan: TaskPlan, context: JobContext, args: list[Any], kwargs: dict[str, Any]) -> Any:
         token = activate(context)
-        soft = task.options.soft_timeout
+        soft = plan.soft_timeout
         if soft:
             previous = signal.signal(signal.SIGALRM, self._on_soft_timeout)
             signal.setitimer(signal.ITIMER_REAL, soft)
-        began = time.monotonic() if soft else 0.0
+            began = time.monotonic()
         self.in_handler = True
         try:
-            with self.app.job_scope():  # a framework's per-job scope: Flask's app context, say
-                if task.options.bind:
-                    result = task.fn(context, *args, **kwargs)
-                else:
-                    result = task.fn(*args, **kwargs)
-                if inspect.iscoroutine(result):  # an async def task: run it on the process's loop
-                    if soft:
-                        # The loop keeps its time limit itself: an alarm raising inside the loop's
-                        # own code would leave the loop broken for the next job.
-                        signal.setitimer(signal.ITIMER_REAL, 0)
-                    left = None if not soft else soft - (time.monotonic() - began)
-                    result = self.coroutines.run(result, left)
-                return result
+            if self.app.has_job_scope:
+                with self.app.job_scope():  # a framework's per-job scope: Flask's app context, say
+                    result = plan.fn(context, *args, **kwargs) if plan.bind else plan.fn(*args, **kwargs)
+                    if result is not None and iscoroutine(result):
+                        result = self._run_coroutine(result, soft, began if soft else 0.0)
+            else:
+                result = plan.fn(context, *args, **kwargs) if plan.bind else plan.fn(*args, **kwargs)
+                if result is not None and iscoroutine(result):
+                    result = self._run_coroutine(result, soft, began if soft else 0.0)
+            return result
         finally:
             self.in_handler = False
             if soft:
                 signal.setitimer(signal.ITIMER_REAL, 0)
                 signal.signal(signal.SIGALRM, previous)
             deactivate(token)
+
+    def _run_coroutine(self, coroutine: Any, soft: float | None, began: float) -> Any:
+        """Run an async def task's coroutine on the process's loop, within its soft time limit."""
+        if soft:
+            # The loop keeps its time limit itself: an alarm raising inside the loop's own code
+            # would leave the loop broken for the next job.
+            signal.setitimer(signal.ITIMER_REAL, 0)
+        left = None if not soft else soft - (time.monotonic() - began)
+        return self.coroutines.run(coroutine, left)
 
     def _ack_first(
         self, task: Task, message: Message, args: list[Any], kwargs: dict[str, Any], started: datetime
@@ -221,7 +268,9 @@ class Executor:
             logger.warning("job %s %s: lease lost before it ran (ACK_FIRST); not run", message.id, task.name)
             return None
         try:
-            self._call(task, JobContext(message, self.serializer, None), args, kwargs)
+            self._call(
+                TaskPlan(task, self.settings.max_deliveries), JobContext(message, self.serializer, None), args, kwargs
+            )
         except BaseException:
             logger.exception("job %s %s raised after it was acked (ACK_FIRST: not retried)", message.id, task.name)
         return None
@@ -364,10 +413,7 @@ class Executor:
         error: ErrorInfo | None = None,
         context: JobContext | None = None,
     ) -> Outcome:
-        retain = {
-            MessageState.COMPLETED: self.settings.retain_in_archive_on_ack,
-            MessageState.FAILED: self.settings.retain_in_archive_on_reject,
-        }.get(state, True)
+        retain = self.retain.get(state, True)
         return Outcome(
             message=message,
             kind=OutcomeKind.ARCHIVE,
@@ -382,6 +428,8 @@ class Executor:
 
 def announce(task: Task | None, context: JobContext, outcome: Outcome, result: Any = None) -> Outcome:
     """Send the signal of ``outcome`` (succeeded, retrying or failed) and return it."""
+    if not (signals.job_succeeded.receivers or signals.job_retrying.receivers or signals.job_failed.receivers):
+        return outcome  # nobody listens: build none of the arguments
     error = outcome.error
     if outcome.kind is OutcomeKind.RETRY:
         signals.job_retrying.send(

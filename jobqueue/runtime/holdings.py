@@ -87,6 +87,8 @@ class Holdings:
 
     def behind_unwritten(self) -> bool:
         """Whether the next message is a partition's whose previous outcome is not written yet."""
+        if not self.unwritten:
+            return False  # no partition waits for an outcome (read without the lock: only the loop adds)
         with self.lock:
             # What start_next would drop first: messages whose batch the supervisor took back.
             while self.buffer and not self.slot.listed(self.buffer[0].lease_token):
@@ -159,12 +161,13 @@ class Holdings:
 
     def _forget(self, messages: list[Message]) -> None:
         self.started.difference_update(m.id for m in messages)
-        for message in messages:
-            key = self.partition_of.pop((message.id, message.lease_token), None)
-            if key is not None:
-                self.unwritten[key] -= 1
-                if not self.unwritten[key]:
-                    del self.unwritten[key]
+        if self.partition_of:  # else no partition's job is started and unwritten
+            for message in messages:
+                key = self.partition_of.pop((message.id, message.lease_token), None)
+                if key is not None:
+                    self.unwritten[key] -= 1
+                    if not self.unwritten[key]:
+                        del self.unwritten[key]
         self.slot.set_started(self.started)
 
     # -- the keeper --------------------------------------------------------------------------------

@@ -354,8 +354,13 @@ class WorkerProcess:
     @staticmethod
     def _report(result: FlushResult, retried: bool) -> None:
         """One line per outcome written; for one dropped by fencing, say that the lease was lost."""
-        for outcome in result.applied:
-            log_outcome(outcome)
+        if logger.isEnabledFor(logging.INFO):
+            for outcome in result.applied:
+                log_outcome(outcome)
+        else:  # only failures and retries have a line then (at ERROR and WARNING)
+            for outcome in result.applied:
+                if outcome.kind is OutcomeKind.RETRY or outcome.state is MessageState.FAILED:
+                    log_outcome(outcome)
         if metrics.active is not None:
             metrics.active.written(result.applied)
             if not retried:  # on a retry, "lost" may be an outcome the first try applied

@@ -157,11 +157,16 @@ class Dialect(Connector):
 
     def acquire_flow(self, params: AcquireParams) -> FlowAcquired:
         """Acquire up to ``params.limit`` messages that have a flow key, within their keys' limits."""
-        acquirer = self._flow_cache.get(params.shape)
-        if acquirer is None:
-            acquirer = self._flow_cache[params.shape] = FlowAcquirer(self, params.shape)
+        acquirer = self.flow_acquirer(params.shape)
         with self.engine.begin() as connection:
             return acquirer.run(connection, params, self.take)
+
+    def flow_acquirer(self, shape: str) -> FlowAcquirer:
+        """The statements of acquire_flow for a worker serving "all" queues, "one" or "many"."""
+        acquirer = self._flow_cache.get(shape)
+        if acquirer is None:
+            acquirer = self._flow_cache[shape] = FlowAcquirer(self, shape)
+        return acquirer
 
     def lateral_candidates(self, acquirer: FlowAcquirer) -> Any:
         """The flow candidates of every key in one statement that takes the keys as arrays (bind

@@ -10,7 +10,7 @@ import json
 import os
 import sqlite3
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -20,10 +20,11 @@ from sqlalchemy.dialects import sqlite
 
 from jobqueue.clock import utcnow
 from jobqueue.errors import ConfigurationError
-from jobqueue.job import Batch, Message, Outcome, OutcomeKind
+from jobqueue.job import Batch, Message, MessageState, Outcome, OutcomeKind
 from jobqueue.storage.dialects.base import Dialect
 from jobqueue.storage.dialects.common import ACQUIRED_COLUMNS, BATCH_COLUMNS, AcquireParams, delivery_order, json_text
 from jobqueue.storage.dialects.connector import CONTENTION, OUTAGE
+from jobqueue.storage.dialects.flow import FlowAcquired
 from jobqueue.storage.dialects.wakeup import PollingWaker, Waker, Wakers
 from jobqueue.storage.engine import READONLY
 from jobqueue.storage.outcomes import ARCHIVED_COLUMNS, COPIED, archive_row, archived_values, requeue_binds
@@ -42,6 +43,11 @@ DATETIME_COLUMNS = {
     "finished_at",
     "archived_at",
 }
+
+
+def _stamp(value: datetime) -> str:
+    # The text SQLAlchemy's DateTime stores (SQLITE_DATETIME), by isoformat's C fast path.
+    return value.isoformat(" ", "microseconds")
 
 
 def sqlite_value(column: str, value: Any) -> Any:
@@ -132,6 +138,7 @@ class SQLiteDialect(Dialect):
     def __init__(self, engine: sa.Engine, tables: Any) -> None:
         super().__init__(engine, tables)
         self.checkpoints_elsewhere = False
+        self._archive_copies: dict[int, str] = {}
 
         @event.listens_for(engine, "connect")
         def leave_checkpoints(dbapi_connection: Any, _record: Any) -> None:
@@ -198,44 +205,92 @@ class SQLiteDialect(Dialect):
         last = connection.exec_driver_sql("SELECT last_insert_rowid()").scalar_one()
         return list(range(last - len(batch) + 1, last + 1))
 
+    def flush(self, outcomes: list[Outcome], now: datetime) -> set[tuple[int, int]]:
+        # The archive rows' values are built before BEGIN IMMEDIATE: other processes wait for the
+        # write lock while it is held.
+        copies = self.archive_copies(outcomes, now)
+        with self.engine.begin() as connection:
+            return self._apply(connection, outcomes, now, copies)
+
     def apply_outcomes(self, connection: sa.Connection, outcomes: list[Outcome], now: datetime) -> set[tuple[int, int]]:
+        return self._apply(connection, outcomes, now, self.archive_copies(outcomes, now))
+
+    @staticmethod
+    def archive_copies(outcomes: list[Outcome], now: datetime) -> dict[tuple[int, int], tuple[Any, ...]]:
+        """The bind values of each archive copy (the message id, then ARCHIVED values), by delivery."""
+        archived_at = _stamp(now)
+        return {
+            (o.message.id, o.message.lease_token): (o.message.id, *archived_values(o, archived_at, _stamp))
+            for o in outcomes
+            if o.kind is OutcomeKind.ARCHIVE and o.retain and o.message.corrupt is None
+        }
+
+    def _apply(
+        self,
+        connection: sa.Connection,
+        outcomes: list[Outcome],
+        now: datetime,
+        copies: dict[tuple[int, int], tuple[Any, ...]],
+    ) -> set[tuple[int, int]]:
         # Inside BEGIN IMMEDIATE: the write lock is ours, so after lock_held's check nothing can
         # change the rows. Archive rows are copied from the message rows by the database (payloads
-        # never travel back), one executemany in SQLite's C loop, then one DELETE.
+        # never travel back), one INSERT ... SELECT for up to COPY_ROWS_MOST of them (a third
+        # cheaper than one execution per row), then one DELETE.
         held = self.lock_held(connection, [(o.message.id, o.message.lease_token) for o in outcomes])
         applied = [o for o in outcomes if (o.message.id, o.message.lease_token) in held]
         finals = [o for o in applied if o.kind is OutcomeKind.ARCHIVE]
         if finals:
-            kept = [o for o in finals if o.retain and o.message.corrupt is None]
-            if kept:
-                connection.exec_driver_sql(
-                    self._archive_copy_sql(),
-                    [
-                        tuple(
-                            self.format_value(c, v)
-                            for c, v in zip(ARCHIVED_COLUMNS, archived_values(o, now), strict=True)
-                        )
-                        + (o.message.id,)
-                        for o in kept
-                    ],
-                )
+            kept = [copy for key, copy in copies.items() if key in held]
+            for start in range(0, len(kept), COPY_ROWS_MOST):
+                chunk = kept[start : start + COPY_ROWS_MOST]
+                size = 1 << (len(chunk) - 1).bit_length()
+                values = [value for copy in chunk for value in copy]
+                values += [None] * ((size - len(chunk)) * (len(ARCHIVED_COLUMNS) + 1))
+                connection.exec_driver_sql(self._archive_copy_sql(size), tuple(values))
             # A corrupt row is archived from the values that could be read (its error message holds
             # the unreadable text), so that the archive never holds text it cannot read back.
             repaired = [archive_row(o, now) for o in finals if o.retain and o.message.corrupt is not None]
             if repaired:
                 connection.execute(sa.insert(self.tables.archive), repaired)
-            connection.execute(self.delete_ids, {"ids": [o.message.id for o in finals]})
+            self.delete_messages(connection, [o.message.id for o in finals])
         updates = [requeue_binds(o, now) for o in applied if o.kind is not OutcomeKind.ARCHIVE]
         if updates:
             connection.execute(self.requeue, updates)
         return held
 
-    def _archive_copy_sql(self) -> str:
-        message, archive = self.message.name, self.tables.archive.name
-        columns = ", ".join(COPIED + ARCHIVED_COLUMNS)
-        copied = ", ".join(COPIED)
-        supplied = ", ".join(["?"] * len(ARCHIVED_COLUMNS))
-        return f"INSERT INTO {archive} ({columns}) SELECT {copied}, {supplied} FROM {message} WHERE id = ?"
+    def lock_held(self, connection: sa.Connection, pairs: list[tuple[int, int]]) -> set[tuple[int, int]]:
+        # The write lock is ours already; by id alone, the token compared here. Plain SQL: the
+        # expanding IN list of the shared statement is compiled anew for every flush.
+        if not pairs:
+            return set()
+        held: set[tuple[int, int]] = set()
+        processing = MessageState.PROCESSING.value
+        sql = f"SELECT id, lease_token FROM {self.message.name} WHERE state = '{processing}' AND id IN "
+        for marks, ids in _id_lists(sorted({pair[0] for pair in pairs})):
+            held.update((row[0], row[1]) for row in connection.exec_driver_sql(sql + marks, ids).fetchall())
+        return held & set(pairs)
+
+    def delete_messages(self, connection: sa.Connection, ids: list[int]) -> None:
+        sql = f"DELETE FROM {self.message.name} WHERE id IN "
+        for marks, chunk in _id_lists(ids):
+            connection.exec_driver_sql(sql + marks, chunk)
+
+    def _archive_copy_sql(self, rows: int) -> str:
+        """Copy ``rows`` messages into the archive, each joined to the values its outcome supplies
+        (its id, then ARCHIVED_COLUMNS); a row of NULLs joins no message and adds nothing."""
+        sql = self._archive_copies.get(rows)
+        if sql is None:
+            message, archive = self.message.name, self.tables.archive.name
+            columns = ", ".join(COPIED + ARCHIVED_COLUMNS)
+            copied = ", ".join(f"m.{column}" for column in COPIED)
+            # SQLite names the columns of a VALUES list column1, column2...
+            supplied = ", ".join(f"v.column{number + 2}" for number in range(len(ARCHIVED_COLUMNS)))
+            row = "(" + ", ".join("?" * (len(ARCHIVED_COLUMNS) + 1)) + ")"
+            sql = self._archive_copies[rows] = (
+                f"INSERT INTO {archive} ({columns}) SELECT {copied}, {supplied} "
+                f"FROM (VALUES {', '.join([row] * rows)}) AS v JOIN {message} AS m ON m.id = v.column1"
+            )
+        return sql
 
     def check_server(self, connection: sa.Connection) -> None:
         self._require(sqlite3.sqlite_version_info, (3, 35), "SQLite")
@@ -253,11 +308,47 @@ class SQLiteDialect(Dialect):
     def read_taken(self, row: Any) -> Message:
         return read_message(row)
 
+    def acquire(self, params: AcquireParams) -> list[Message]:
+        with self.engine.begin() as connection:
+            rows = connection.execute(self.acquire_statement(params), params.binds()).all()
+        # Read once the write lock is released: other processes wait for it meanwhile.
+        messages = [read_message(row) for row in rows]
+        messages.sort(key=delivery_order)
+        return messages
+
+    def acquire_flow(self, params: AcquireParams) -> FlowAcquired:
+        # Most fetches find no key with work (most jobs have none): that is read without the
+        # write lock, which the other processes' fetches and flushes would wait for.
+        if not params.rated:
+            with self.engine.connect() as connection:
+                connection = connection.execution_options(**{READONLY: True})
+                with connection.begin():
+                    acquirer = self.flow_acquirer(params.shape)
+                    if not connection.execute(acquirer.keys, params.binds()).first():
+                        return FlowAcquired()
+        return super().acquire_flow(params)
+
     def acquire_on(self, connection: sa.Connection, params: AcquireParams) -> list[Message]:
         rows = connection.execute(self.acquire_statement(params), params.binds()).all()
         messages = [read_message(row) for row in rows]
         messages.sort(key=delivery_order)
         return messages
+
+
+# Archive copies go in statements of up to this many rows (13 values each), padded with rows of
+# NULLs to a power of two, so that a handful of statements is prepared and cached.
+COPY_ROWS_MOST = 256
+# Ids go in IN lists of up to this many, padded with NULLs (which match nothing) to a power of two,
+# so that a handful of statements is prepared and cached, not one per length.
+ID_LIST_MOST = 512
+
+
+def _id_lists(ids: list[int]) -> Iterator[tuple[str, tuple[int | None, ...]]]:
+    """``ids`` in runs: each the "(?, ?, ...)" of its IN list, and its values."""
+    for start in range(0, len(ids), ID_LIST_MOST):
+        chunk: tuple[int | None, ...] = tuple(ids[start : start + ID_LIST_MOST])
+        size = 1 << (len(chunk) - 1).bit_length()
+        yield "(" + ", ".join("?" * size) + ")", chunk + (None,) * (size - len(chunk))
 
 
 class SQLiteWaker(PollingWaker):
