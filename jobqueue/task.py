@@ -250,6 +250,9 @@ class Task:
         if isinstance(args, (tuple, list)) and isinstance(kwargs, dict):
             self.check_call(args, kwargs)
         row = self._row(args, kwargs, options, utcnow())
+        if connection is None and self.app.framework is None:
+            # Our own transaction, the common case: straight to the store (no context to enter).
+            return JobHandle(self.app, self.app.store.enqueue([row])[0])
         with self.app.enqueue_connection(connection) as conn:
             job_id = self.app.store.enqueue([row], connection=conn)[0]
             return JobHandle(self.app, job_id, self.app.commit_watch(connection, conn))
