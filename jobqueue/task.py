@@ -501,7 +501,7 @@ def _item(index: int | None) -> str:
     return "" if index is None else f"item {index}: "
 
 
-def _item_call(item: Any, index: int) -> tuple[Sequence[Any], dict[str, Any]]:
+def _item_call(item: Any, index: int) -> tuple[tuple[Any, ...] | list[Any], dict[str, Any]]:
     """A bulk item as the call's (args, kwargs)."""
     if isinstance(item, dict):
         return (), item
@@ -529,6 +529,18 @@ class _Payloads(Sequence[bytes]):
         return self.task._bulk_payload(self.items[index], index)
 
     def __iter__(self) -> Iterator[bytes]:
-        bulk_payload = self.task._bulk_payload
+        # _bulk_payload unrolled: per item, only what differs from one item to the next (the
+        # error messages are made when there is an error). For 20,000 items this took a third
+        # of the client's time of a bulk() on PostgreSQL.
+        task = self.task
+        serializer, limit, check = task.app.serializer, task.app.settings.max_payload_bytes, task.check_call
         for index, item in enumerate(self.items):
-            yield bulk_payload(item, index)
+            args, kwargs = _item_call(item, index)
+            check(args, kwargs, index)
+            try:
+                payload = dumps_call(serializer, args, kwargs)
+            except SerializationError:
+                payload = b""
+            if not payload or len(payload) > limit:
+                payload = task._payload(args, kwargs, index)  # raises, saying where and why
+            yield payload
