@@ -250,6 +250,9 @@ class Task:
         if isinstance(args, (tuple, list)) and isinstance(kwargs, dict):
             self.check_call(args, kwargs)
         row = self._row(args, kwargs, options, utcnow())
+        if connection is None and self.app.framework is None:
+            # Our own transaction, the common case: straight to the store (no context to enter).
+            return JobHandle(self.app, self.app.store.enqueue([row])[0])
         with self.app.enqueue_connection(connection) as conn:
             job_id = self.app.store.enqueue([row], connection=conn)[0]
             return JobHandle(self.app, job_id, self.app.commit_watch(connection, conn))
@@ -498,7 +501,7 @@ def _item(index: int | None) -> str:
     return "" if index is None else f"item {index}: "
 
 
-def _item_call(item: Any, index: int) -> tuple[Sequence[Any], dict[str, Any]]:
+def _item_call(item: Any, index: int) -> tuple[tuple[Any, ...] | list[Any], dict[str, Any]]:
     """A bulk item as the call's (args, kwargs)."""
     if isinstance(item, dict):
         return (), item
@@ -526,6 +529,18 @@ class _Payloads(Sequence[bytes]):
         return self.task._bulk_payload(self.items[index], index)
 
     def __iter__(self) -> Iterator[bytes]:
-        bulk_payload = self.task._bulk_payload
+        # _bulk_payload unrolled: per item, only what differs from one item to the next (the
+        # error messages are made when there is an error). For 20,000 items this took a third
+        # of the client's time of a bulk() on PostgreSQL.
+        task = self.task
+        serializer, limit, check = task.app.serializer, task.app.settings.max_payload_bytes, task.check_call
         for index, item in enumerate(self.items):
-            yield bulk_payload(item, index)
+            args, kwargs = _item_call(item, index)
+            check(args, kwargs, index)
+            try:
+                payload = dumps_call(serializer, args, kwargs)
+            except SerializationError:
+                payload = b""
+            if not payload or len(payload) > limit:
+                payload = task._payload(args, kwargs, index)  # raises, saying where and why
+            yield payload

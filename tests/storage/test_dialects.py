@@ -13,6 +13,7 @@ import sqlite3
 import threading
 import time
 from datetime import datetime, timedelta
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
@@ -497,3 +498,36 @@ def test_a_sqlite_supervisor_takes_over_the_checkpoints(app: JobQueue) -> None:
     commits(50)
     # Written back: the journal starts again from its beginning instead of growing.
     assert os.path.getsize(wal) == grown
+
+
+@only("sqlite")
+def test_sqlite_enqueue_one_sends_what_the_generic_path_sends(dialect: Dialect) -> None:
+    from jobqueue.storage.dialects.common import BATCH_COLUMNS
+    from jobqueue.storage.dialects.sqlite import insert_one_params
+
+    full = {
+        **row(key="k"),
+        "headers": {"h": 1},
+        "options": {"retry": {"kind": "fixed"}},
+        "partition_key": "p",
+        "flow_key": "f",
+        "concurrency_limit": 2,
+        "rate_interval_us": 5,
+    }
+    for r in (row(), full):
+        generic = (r["payload"], r["unique_key"], *[dialect.format_value(c, r.get(c)) for c in BATCH_COLUMNS])
+        assert insert_one_params(r) == generic
+
+
+@only("sqlite")
+def test_sqlite_enqueue_one_keeps_its_connection_but_not_across_a_fork(app: JobQueue, dialect: Any) -> None:
+    dialect.enqueue_one(row())
+    (kept,) = dialect._spares
+    dialect.enqueue_one(row())
+    assert dialect._spares == [kept]  # used again, not one per call
+    dialect._spares_pid = -1  # as in a forked child: the parent's connection is left alone
+    dialect.enqueue_one(row())
+    assert dialect._spares != [kept]
+    kept.execute("SELECT 1")  # still open
+    app.close()  # closes them
+    assert len(rows(app)) == 3

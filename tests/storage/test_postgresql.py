@@ -108,3 +108,39 @@ def test_prepared_flush_survives_a_server_that_forgets_it(app: JobQueue, add) ->
         applied += app.store.flush([outcome(m) for m in pair]).applied
     assert len(applied) == 8 and rows(app) == []
     assert app.store.dialect._prepared_flush.misses.count == 2  # type: ignore[attr-defined]  # every other flush
+
+
+@only("postgresql")
+def test_binary_copy_stores_each_kind_of_column_as_an_insert_does(app: JobQueue) -> None:
+    from datetime import datetime, timedelta, timezone
+
+    from jobqueue.job import Batch
+
+    common = {
+        "task_name": "t.é",
+        "queue": "q\ttab",
+        "priority": -3,
+        "state": "PENDING",
+        "headers": {"h": "ü\n"},
+        "partition_key": "p\\x",
+        "flow_key": None,
+        "concurrency_limit": 2,
+        "rate_interval_us": 2**40,
+        "options": {"retry": [1, 2.5]},
+        "attempts_count": 0,
+        "deliveries_count": 0,
+        "created_at": datetime(2026, 1, 2, 3, 4, 5, 678901),
+        # An aware time is stored in UTC, as every other path stores it.
+        "next_attempt_at": datetime(1999, 12, 31, 23, 59, 59, 1, tzinfo=timezone(timedelta(hours=-5))),
+    }
+    dialect = app.store.dialect
+    payloads = [b"\x00\xff\\x", b""]
+    copied = dialect.bulk(Batch(common, payloads, [None, None]), 1000)
+    with app.engine.begin() as conn:  # in a transaction of the caller's: the same COPY
+        copied += dialect.insert_batch(conn, Batch(common, payloads, [None, None]))
+    stored = rows(app)
+    assert [r["id"] for r in stored] == copied
+    assert [r["payload"] for r in stored] == payloads * 2
+    expected = {**common, "next_attempt_at": datetime(2000, 1, 1, 4, 59, 59, 1)}
+    for r in stored:
+        assert {column: r[column] for column in common} == expected

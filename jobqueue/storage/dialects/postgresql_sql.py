@@ -10,11 +10,13 @@ from __future__ import annotations
 import base64
 import hashlib
 import io
+import itertools
 import json
 import logging
 import re
+import struct
 from collections.abc import Callable, Iterator, Sequence
-from datetime import datetime
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import sqlalchemy as sa
@@ -199,7 +201,8 @@ def copy_batch(connection: sa.Connection, table: sa.Table, batch: Batch) -> list
     """Bulk-insert with COPY: ids reserved from the sequence first (one round trip), then the rows.
 
     COPY is parsed as data, not as SQL: several times cheaper on the server than multi-row VALUES.
-    The columns the rows share are formatted once.
+    In its binary format the server reads each value as stored, with no text of timestamps,
+    numbers or hex-encoded payloads to parse. The columns the rows share are encoded once.
     """
     ids = [
         row[0]
@@ -207,10 +210,63 @@ def copy_batch(connection: sa.Connection, table: sa.Table, batch: Batch) -> list
             f"SELECT nextval('{table.name}_id_seq') FROM generate_series(1, {len(batch)})"
         ).all()
     ]
-    shared = "\t".join(_copy_text(batch.common.get(column)) for column in BATCH_COLUMNS)
-    lines = (f"{job_id}\t\\\\x{payload.hex()}\t{shared}\n" for job_id, payload in zip(ids, batch.payloads, strict=True))
-    _copy(connection, f"COPY {table.name} (id, payload, {', '.join(BATCH_COLUMNS)}) FROM STDIN", lines)
+    encoding = _python_encoding(connection)
+    shared = b"".join(
+        _binary_field(table.c[column].type, batch.common.get(column), encoding) for column in BATCH_COLUMNS
+    )
+    # Per row: the field count, the id (8 bytes), the payload's length; then the payload, then the rest.
+    head = struct.Struct(">hiqi").pack
+    fields = 2 + len(BATCH_COLUMNS)
+    rows = (
+        head(fields, 8, job_id, len(payload)) + payload + shared
+        for job_id, payload in zip(ids, batch.payloads, strict=True)
+    )
+    _copy(
+        connection,
+        f"COPY {table.name} (id, payload, {', '.join(BATCH_COLUMNS)}) FROM STDIN WITH (FORMAT binary)",
+        itertools.chain((BINARY_HEADER,), rows, (BINARY_TRAILER,)),
+    )
     return ids
+
+
+# COPY's binary format: a signature, flags and header-extension length (both 0); a row count of -1 ends it.
+BINARY_HEADER = b"PGCOPY\n\xff\r\n\x00" + struct.pack(">ii", 0, 0)
+BINARY_TRAILER = struct.pack(">h", -1)
+_POSTGRES_EPOCH = datetime(2000, 1, 1)
+_MICROSECOND = timedelta(microseconds=1)
+
+
+def _python_encoding(connection: sa.Connection) -> str:
+    """The codec of the connection's client encoding: binary COPY takes text in it, as text COPY does."""
+    from psycopg2.extensions import encodings  # type: ignore[import-untyped]
+
+    raw: Any = connection.connection.driver_connection
+    return str(encodings.get(raw.encoding, "utf-8"))
+
+
+def _binary_field(column_type: Any, value: Any, encoding: str) -> bytes:
+    """One value in COPY's binary format (its length, then its bytes; -1 for NULL) for a column
+    of ``column_type`` (the types of the columns a bulk's rows share)."""
+    if value is None:
+        return _NULL
+    if isinstance(column_type, sa.BigInteger):
+        data = struct.pack(">q", value)
+    elif isinstance(column_type, sa.Integer):
+        data = struct.pack(">i", value)
+    elif isinstance(column_type, sa.DateTime):
+        if value.tzinfo is not None:
+            value = value.astimezone(timezone.utc).replace(tzinfo=None)
+        data = struct.pack(">q", (value - _POSTGRES_EPOCH) // _MICROSECOND)  # timestamp: µs since 2000
+    elif isinstance(column_type, sa.JSON):
+        data = json.dumps(value, separators=(",", ":")).encode(encoding)  # json: its text
+    elif isinstance(column_type, sa.String):
+        data = str(value).encode(encoding)
+    else:
+        raise TypeError(f"no binary COPY format for a {column_type!r} column")
+    return struct.pack(">i", len(data)) + data
+
+
+_NULL = struct.pack(">i", -1)
 
 
 class UnseenStatements:
@@ -271,7 +327,7 @@ def copy_unseen(connection: sa.Connection, statements: UnseenStatements, batch: 
     return [(row[0], row[1]) for row in connection.execute(statements.insert, shared)]
 
 
-def _copy(connection: sa.Connection, statement: str, lines: Iterator[str]) -> None:
+def _copy(connection: sa.Connection, statement: str, lines: Iterator[Any]) -> None:
     """Run ``COPY ... FROM STDIN`` on the connection's driver, fed ``lines`` as they are made."""
     stream = _CopyStream(lines)
     raw = connection.connection.driver_connection
@@ -296,18 +352,20 @@ COPY_CHUNK = 1 << 16
 
 
 class _CopyStream(io.TextIOBase):
-    """COPY's text, made as psycopg2 reads it: the server parses one chunk while the next is built
-    (and, for a streamed bulk(), while its payloads are serialized)."""
+    """COPY's data (text, or bytes for the binary format), made as psycopg2 reads it: the server
+    parses one chunk while the next is built (and, for a streamed bulk(), while its payloads are
+    serialized)."""
 
-    def __init__(self, lines: Iterator[str]) -> None:
+    def __init__(self, lines: Iterator[Any]) -> None:
         self.lines = lines
         self.error: BaseException | None = None
 
     def readable(self) -> bool:
         return True
 
-    def read(self, size: int | None = -1) -> str:
-        parts, length = [], 0
+    def read(self, size: int | None = -1) -> Any:
+        parts: list[Any] = []
+        length = 0
         try:
             for line in self.lines:
                 parts.append(line)
@@ -317,6 +375,8 @@ class _CopyStream(io.TextIOBase):
         except BaseException as exc:  # a payload that cannot be serialized: the COPY is abandoned
             self.error = exc
             raise
+        if parts and isinstance(parts[0], bytes):
+            return b"".join(parts)
         return "".join(parts)
 
 
