@@ -88,6 +88,9 @@ REQUEUED = (
 )
 
 
+NO_ERROR = (None, None, None)  # the error columns of an outcome without one
+
+
 def archived_values(outcome: Outcome, now: Any, stamp: Callable[[datetime], Any] | None = None) -> tuple[Any, ...]:
     """The ARCHIVED values of a COMPLETED or FAILED outcome, in ARCHIVED order.
 
@@ -105,21 +108,7 @@ def archived_values(outcome: Outcome, now: Any, stamp: Callable[[datetime], Any]
         last = None if last is None else stamp(last)
         finished = None if finished is None else stamp(finished)
     error = outcome.error
-    if error is None:
-        return (
-            outcome.state.value,
-            outcome.checkpoint,
-            m.attempts_count,
-            m.deliveries_count,
-            first,
-            last,
-            finished,
-            now,
-            outcome.result,
-            None,
-            None,
-            None,
-        )
+    failure = NO_ERROR if error is None else (error.type, error.message, error.traceback)
     return (
         outcome.state.value,
         outcome.checkpoint,
@@ -130,9 +119,7 @@ def archived_values(outcome: Outcome, now: Any, stamp: Callable[[datetime], Any]
         finished,
         now,
         outcome.result,
-        error.type,
-        error.message,
-        error.traceback,
+        *failure,
     )
 
 
