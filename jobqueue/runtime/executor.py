@@ -184,22 +184,7 @@ class Executor:
             if outcome.exception is None and outcome.error is error:
                 outcome.exception = exc
             return announce(task, context, outcome)
-        if result is None and context.decision is None:
-            # A job that returned nothing and decided nothing (most jobs): completed.
-            outcome = Outcome(
-                message,
-                OutcomeKind.ARCHIVE,
-                MessageState.COMPLETED,
-                utcnow(),
-                started,
-                retain=self.retain[MessageState.COMPLETED],
-                checkpoint=context.checkpoint_bytes,
-            )
-            if policy is AckPolicy.MANUAL:
-                logger.warning("job %s %s returned without ack/nack/reject (MANUAL); acked", message.id, name)
-        else:
-            outcome = self._after_return(task, policy, context, message, started, result)
-        return announce(task, context, outcome, result)
+        return announce(task, context, self._after_return(task, policy, context, message, started, result), result)
 
     def _fire_schedule(self, message: Message, now: datetime) -> Outcome | None:
         """Fire a schedule message: enqueue the job for its fire time and defer it to the next one."""
@@ -236,20 +221,29 @@ class Executor:
         try:
             if self.app.has_job_scope:
                 with self.app.job_scope():  # a framework's per-job scope: Flask's app context, say
-                    result = plan.fn(context, *args, **kwargs) if plan.bind else plan.fn(*args, **kwargs)
-                    if result is not None and iscoroutine(result):
-                        result = self._run_coroutine(result, soft, began if soft else 0.0)
-            else:
-                result = plan.fn(context, *args, **kwargs) if plan.bind else plan.fn(*args, **kwargs)
-                if result is not None and iscoroutine(result):
-                    result = self._run_coroutine(result, soft, began if soft else 0.0)
-            return result
+                    return self._invoke(plan, context, args, kwargs, soft, began if soft else 0.0)
+            return self._invoke(plan, context, args, kwargs, soft, began if soft else 0.0)
         finally:
             self.in_handler = False
             if soft:
                 signal.setitimer(signal.ITIMER_REAL, 0)
                 signal.signal(signal.SIGALRM, previous)
             deactivate(token)
+
+    def _invoke(
+        self,
+        plan: TaskPlan,
+        context: JobContext,
+        args: list[Any],
+        kwargs: dict[str, Any],
+        soft: float | None,
+        began: float,
+    ) -> Any:
+        """The task's function called, and an async def task's coroutine run to its end."""
+        result = plan.fn(context, *args, **kwargs) if plan.bind else plan.fn(*args, **kwargs)
+        if result is not None and iscoroutine(result):
+            result = self._run_coroutine(result, soft, began)
+        return result
 
     def _run_coroutine(self, coroutine: Any, soft: float | None, began: float) -> Any:
         """Run an async def task's coroutine on the process's loop, within its soft time limit."""
@@ -280,6 +274,10 @@ class Executor:
         self, task: Task, policy: AckPolicy, context: JobContext, message: Message, started: datetime, result: Any
     ) -> Outcome:
         decision = context.decision
+        if decision is None and result is None:  # most jobs: nothing returned, nothing decided
+            if policy is AckPolicy.MANUAL:
+                logger.warning("job %s %s returned without ack/nack/reject (MANUAL); acked", message.id, task.name)
+            return self._outcome(message, started, MessageState.COMPLETED, context=context)
         if decision is Decision.DEFER:
             return self._deferred(message, started, context)
         if decision is Decision.NACK:
