@@ -275,8 +275,12 @@ class WorkerProcess:
             or time.monotonic() - self.last_flush >= self.settings.flush_interval
         ):
             self._flush()
-        if limited:
-            self.next_fetch_at = 0.0  # and this process may take the next job of the key
+        if limited or message.partition is not None:
+            # This process may take the key's next job: a slot is free, or the partition's next
+            # job is ready once this outcome is written (when the buffer runs dry, before the next
+            # fetch). Nobody else would say so: the news of that job came when it was enqueued, and
+            # whoever it woke found its partition busy.
+            self.next_fetch_at = 0.0
 
     def _idle_wait(self) -> None:
         timeout = self.next_fetch_at - time.monotonic()

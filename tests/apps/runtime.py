@@ -229,6 +229,12 @@ def ordered(key: str, seq: int) -> None:
     span(key, seq, 0.003)
 
 
+@app.task(name="rt.in_turn")
+def in_turn(key: str, seq: int, seconds: float) -> None:
+    """A partition's job that takes ``seconds``: records "start|end job pid ns key seq"."""
+    span(key, seq, seconds)
+
+
 @app.task(name="rt.limited", concurrency_key="partner", concurrency_limit=2)
 def limited(seq: int, seconds: float = 0.01) -> None:
     """At most two at once across every host: records "start|end job pid ns partner seq"."""

@@ -118,6 +118,27 @@ def most_at_once(runs: list[tuple[int, int, int]]) -> int:
     return peak
 
 
+def test_a_partitions_next_job_starts_when_the_one_before_it_ends(
+    app: JobQueue, backend: str, tmp_path: Path, workers: list[Worker]
+) -> None:
+    """A job enqueued while its partition's previous one runs wakes an idle process, which finds
+    the partition busy: the process that ran the previous one takes it as soon as it ends, not
+    at the next poll (here 60 s away)."""
+    log = tmp_path / "runs.txt"
+    start(workers, tmp_path, "--concurrency", "2", "--max-fetch-interval", "60")
+    first = rt.in_turn.apply_async(("p", 0, 1.0), partition_key="p")
+    wait_for(lambda: any(e[0] == "start" for e in partition_runs(log)), 30, "the first job to start")
+    second = rt.in_turn.apply_async(("p", 1, 0.0), partition_key="p")
+    wait_for(lambda: ends(log) >= 2, 20, "the partition's second job to run")
+    spans = spans_of(log, {})["p"]
+    (_, first_end, _), (second_start, _, _) = sorted(spans, key=lambda s: s[2])
+    assert first.status() == second.status() == "completed"
+    assert first_end <= second_start, "the partition's two jobs overlapped"
+    waited = (second_start - first_end) / 1e9
+    assert waited < 5, f"the partition's next job started {waited:.1f} s after the one before it"
+    REPORTS.append(f"partition turn [{backend}]: the next job started {waited * 1000:.0f} ms after the previous")
+
+
 def test_a_concurrency_limit_is_never_exceeded_under_sigkills_and_no_slot_leaks(
     app: JobQueue, backend: str, tmp_path: Path, workers: list[Worker]
 ) -> None:
