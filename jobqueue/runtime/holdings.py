@@ -10,21 +10,30 @@
   the unstarted ones as if never fetched.
 
 A partition's jobs come in runs, in enqueue order. The next job of a partition starts only once
-the outcome of its previous one is written (``behind_unwritten``): were the process to die, the
+the outcome of its previous one is written (``start_next`` says BEHIND until then): were the process to die, the
 previous one would run again after it. When one does not finish for good (it retries, waits, or
 its lease is lost), the partition's later jobs go back unstarted (``end_run``).
 """
 
 from __future__ import annotations
 
+import enum
 import threading
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Sequence
+from typing import Literal
 
 from jobqueue.clock import utcnow
 from jobqueue.job import Message, MessageState, Outcome, OutcomeKind
 from jobqueue.runtime.slot import Slot
+
+
+class Turn(enum.Enum):
+    BEHIND = "behind"  # the next message waits for its partition's previous outcome to be written
+
+
+BEHIND = Turn.BEHIND
 
 
 def hand_back(message: Message) -> Outcome:
@@ -67,33 +76,28 @@ class Holdings:
             self.slot.add_batch(messages[0].lease_token, len(self.buffer) + len(messages), only=not self.buffer)
             self.buffer.extend(messages)
 
-    def start_next(self) -> Message | None:
-        """Take the next unstarted message and mark it running (None if the buffer is empty).
+    def start_next(self) -> Message | Literal[Turn.BEHIND] | None:
+        """Take the next unstarted message and mark it running: None if the buffer is empty, and
+        BEHIND (nothing taken) if it is a partition's whose previous outcome is not written yet.
 
         Messages whose batch the supervisor took back are dropped here: they are in the queue again.
         """
         with self.lock:
             while self.buffer:
-                message = self.buffer.popleft()
+                message = self.buffer[0]
+                partition = message.partition
+                if partition is not None and self.unwritten[partition]:
+                    return BEHIND
+                self.buffer.popleft()
                 if not self.slot.start(message.id, message.lease_token, self.timeout_of(message), len(self.buffer)):
                     continue
                 self.running, self.running_since = message, time.monotonic()
                 self.started.add(message.id)
-                if message.partition is not None:
-                    self.partition_of[(message.id, message.lease_token)] = message.partition
-                    self.unwritten[message.partition] += 1
+                if partition is not None:
+                    self.partition_of[(message.id, message.lease_token)] = partition
+                    self.unwritten[partition] += 1
                 return message
         return None
-
-    def behind_unwritten(self) -> bool:
-        """Whether the next message is a partition's whose previous outcome is not written yet."""
-        if not self.unwritten:
-            return False  # no partition waits for an outcome (read without the lock: only the loop adds)
-        with self.lock:
-            # What start_next would drop first: messages whose batch the supervisor took back.
-            while self.buffer and not self.slot.listed(self.buffer[0].lease_token):
-                self.buffer.popleft()
-            return bool(self.buffer) and self.unwritten[self.buffer[0].partition or ""] > 0
 
     def finish(self, outcome: Outcome | None, settled: bool = False) -> int:
         """Record the running message's outcome (None: nothing to write; ``settled``: because it

@@ -35,7 +35,7 @@ from jobqueue.clock import utcnow
 from jobqueue.job import Message, MessageState, Outcome, OutcomeKind
 from jobqueue.runtime import metrics
 from jobqueue.runtime.executor import Executor, StoreDeliveryWriter, log_outcome
-from jobqueue.runtime.holdings import Holdings
+from jobqueue.runtime.holdings import BEHIND, Holdings
 from jobqueue.runtime.resilience import DatabaseGuard, GaveUp
 from jobqueue.runtime.slot import Slot
 from jobqueue.runtime.writer import OutcomeWriter, Unwritten
@@ -242,12 +242,13 @@ class WorkerProcess:
         return task.options.timeout if task else None
 
     def _run_next(self) -> None:
-        while self.held.behind_unwritten():
+        waited = False
+        while (message := self.held.start_next()) is BEHIND:
             # Written before the partition's next job starts (the keeper may be writing it).
-            self._flush()
-            if self.held.behind_unwritten():
+            if waited:
                 time.sleep(KEEPER_TICK_SECONDS / 10)
-        message = self.held.start_next()
+            self._flush()
+            waited = True
         if message is None:
             return  # the supervisor took the buffer back meanwhile
         began = time.perf_counter()

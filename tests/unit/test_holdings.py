@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
+import time
 
 import multiprocess
 import pytest
 
 from jobqueue.clock import utcnow
 from jobqueue.job import Message, MessageState, Outcome, OutcomeKind
-from jobqueue.runtime.holdings import Holdings
+from jobqueue.runtime.holdings import BEHIND, Holdings
 from jobqueue.runtime.slot import Slot
 from jobqueue.storage.dialects.flow import in_partition_order
 
@@ -52,16 +53,16 @@ def test_runs_come_in_rounds_each_partition_in_enqueue_order() -> None:
 def test_the_next_job_of_a_partition_waits_for_the_previous_outcome_to_be_written(held: Holdings) -> None:
     held.add_fetched([message(1, "a"), message(2, "b"), message(3, "a")])
     first = held.start_next()
-    assert first is not None and not held.behind_unwritten()  # "b" is next: nothing of it is unwritten
+    assert isinstance(first, Message)
     held.finish(ended(first))
-    second = held.start_next()
-    assert second is not None and second.id == 2
+    second = held.start_next()  # "b" is next: nothing of it is unwritten
+    assert isinstance(second, Message) and second.id == 2
     held.finish(ended(second))
-    assert held.behind_unwritten()  # job 3 of "a" must not start before job 1's outcome is stored
+    assert held.start_next() is BEHIND  # job 3 of "a" must not start before job 1's outcome is stored
+    assert held.start_next() is BEHIND  # nothing was taken: it is still next
     held.written(held.take_pending())
-    assert not held.behind_unwritten()
     third = held.start_next()
-    assert third is not None and third.id == 3
+    assert isinstance(third, Message) and third.id == 3
 
 
 @pytest.mark.parametrize("kind", [OutcomeKind.RETRY, OutcomeKind.DEFER, None])
@@ -70,7 +71,7 @@ def test_a_job_that_does_not_finish_for_good_hands_back_the_rest_of_its_partitio
 ) -> None:
     held.add_fetched([message(1, "a"), message(2, "b"), message(3, "a"), message(4, "a"), message(5)])
     first = held.start_next()
-    assert first is not None
+    assert isinstance(first, Message)
     held.finish(None if kind is None else ended(first, kind))  # None: its lease was lost
     pending = held.take_pending()
     returned = [o.message.id for o in pending if o.kind is OutcomeKind.RETURN]
@@ -81,7 +82,7 @@ def test_a_job_that_does_not_finish_for_good_hands_back_the_rest_of_its_partitio
 def test_a_partition_run_goes_on_after_a_job_that_finished_for_good(held: Holdings) -> None:
     held.add_fetched([message(1, "a"), message(2, "a")])
     first = held.start_next()
-    assert first is not None
+    assert isinstance(first, Message)
     held.finish(ended(first))
     assert [m.id for m in held.buffer] == [2]
     assert not [o for o in held.take_pending() if o.kind is OutcomeKind.RETURN]
@@ -90,13 +91,13 @@ def test_a_partition_run_goes_on_after_a_job_that_finished_for_good(held: Holdin
 def test_an_outcome_the_database_turned_into_a_retry_ends_the_run(held: Holdings) -> None:
     held.add_fetched([message(1, "a"), message(2, "a")])
     first = held.start_next()
-    assert first is not None
+    assert isinstance(first, Message)
     held.finish(ended(first))  # completed: the run goes on...
     taken = held.take_pending()
     # ...but the database refused it, and even a bare failure: the job was requeued to retry.
     requeued = ended(first, OutcomeKind.RETRY)
     held.written([requeued])
-    assert not held.behind_unwritten() and len(held) == 0  # job 2 went back: job 1 holds the key
+    assert held.start_next() is None and len(held) == 0  # job 2 went back: job 1 holds the key
     assert [o.message.id for o in held.take_pending()] == [2]
     assert taken[0].message.id == 1
 
@@ -104,7 +105,7 @@ def test_an_outcome_the_database_turned_into_a_retry_ends_the_run(held: Holdings
 def test_a_lost_outcome_ends_the_run_before_the_next_job_may_start(held: Holdings) -> None:
     held.add_fetched([message(1, "a"), message(2, "a"), message(3, "b")])
     first = held.start_next()
-    assert first is not None
+    assert isinstance(first, Message)
     held.finish(ended(first))
     taken = held.take_pending()
     held.written([], lost=taken)  # its lease had gone: another worker may hold "a" now
@@ -114,27 +115,42 @@ def test_a_lost_outcome_ends_the_run_before_the_next_job_may_start(held: Holding
 def test_an_acked_first_job_keeps_its_run(held: Holdings) -> None:
     held.add_fetched([message(1, "a"), message(2, "a")])
     first = held.start_next()
-    assert first is not None
+    assert isinstance(first, Message)
     held.finish(None, settled=True)  # ACK_FIRST: its outcome was written before it ran
-    assert not held.behind_unwritten()
     second = held.start_next()
-    assert second is not None and second.id == 2
+    assert isinstance(second, Message) and second.id == 2
 
 
 def test_a_delivery_started_twice_is_counted_per_lease(held: Holdings) -> None:
     held.add_fetched([message(1, "a")])
     first = held.start_next()
-    assert first is not None
+    assert isinstance(first, Message)
     held.finish(ended(first))
     # Its lease ran out before the outcome was written; the queue gave it to us again.
     again = dataclasses.replace(first, lease_token=TOKEN + 1)
     held.add_fetched([again])
     held.take_pending()  # the first delivery's outcome is being written
-    started = held.start_next()
-    assert started is not None and started.lease_token == TOKEN + 1
+    assert held.start_next() is BEHIND  # the second delivery waits for it, as a later job would
     held.written([ended(first)])  # the first delivery's write counts down only its own delivery
+    started = held.start_next()
+    assert isinstance(started, Message) and started.lease_token == TOKEN + 1
     held.finish(ended(started))
     held.add_fetched([message(2, "a")])
-    assert held.behind_unwritten()  # the second delivery's outcome is still unwritten
+    assert held.start_next() is BEHIND  # the second delivery's outcome is still unwritten
     held.written(held.take_pending())
-    assert not held.behind_unwritten()
+    after = held.start_next()
+    assert isinstance(after, Message) and after.id == 2
+
+
+def test_a_batch_taken_back_is_never_started_even_once_its_partition_may_go_on(held: Holdings) -> None:
+    held.add_fetched([message(1, "a"), message(2, "a"), message(3, "b")])
+    first = held.start_next()
+    assert isinstance(first, Message)
+    # The job runs long: the supervisor takes the rest of the buffer back (it is queued again).
+    revoked = held.slot.revoke_buffer(slow_since_ns=time.monotonic_ns() + 10**9)
+    assert revoked is not None and revoked.tokens == [TOKEN]
+    held.finish(ended(first))
+    assert held.start_next() is BEHIND  # job 2 of "a" still waits for job 1's outcome...
+    held.written(held.take_pending())
+    assert held.start_next() is None  # ...and then is dropped, as is job 3: both were taken back
+    assert len(held) == 0 and held.running is None
