@@ -185,6 +185,8 @@ class Supervisor:
             self.executor = Executor(self.app)
             self.guard.call(self._sync_schedules, give_up=lambda: self.signals > 0)
             self.guard.call(self._register_groups, give_up=lambda: self.signals > 0)
+            # Before any fork: the worker processes share the statements built here.
+            self.guard.call(lambda: self.store.warm_up(self.settings.queues), give_up=lambda: self.signals > 0)
             self.waker = self.guard.call(
                 lambda: self.store.waker(
                     self.settings.queues,

@@ -283,6 +283,15 @@ class Store:
             # its notification may have come before this process listened.
             return flowed.messages + self.dialect.acquire(dataclasses.replace(params, limit=rest, now=now or utcnow()))
 
+    def warm_up(self, queues: tuple[str, ...] | None) -> None:
+        """Build and compile the statements a worker serving ``queues`` fetches and writes with (see
+        the dialect's warm_up): in a supervisor, before it forks its worker processes."""
+        params = AcquireParams(
+            worker_id="", token=0, queues=queues, limit=1, now=utcnow(), lease=self._lease_clock(1.0, None)
+        )
+        with self.schema_errors():
+            self.dialect.warm_up(params)
+
     def flush(self, outcomes: list[Outcome], now: datetime | None = None) -> FlushResult:
         """Apply outcomes in one transaction; those whose lease was lost are returned as ``lost``."""
         result = FlushResult()

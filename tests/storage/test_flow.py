@@ -309,3 +309,30 @@ def test_a_fetch_passes_over_the_keys_another_worker_holds(app: JobQueue, add) -
     # It takes the keys nobody holds, without waiting for the others.
     assert {m.flow_key for m in got} == set(first) - set(held) and len(got) == 6
     assert {m.flow_key for m in take(app, limit=500)} == set(held)
+
+
+def test_a_fetch_without_rates_finds_keyed_work_past_its_first_look(app: JobQueue, add) -> None:
+    """A worker that serves no rate-limited task first asks, in one statement that locks nothing,
+    whether any key has work: keyed jobs are still taken, and none when every key is busy."""
+
+    @app.task(name="t.api", concurrency_key="partner", concurrency_limit=1)
+    def api(n: int) -> None: ...
+
+    def fetch() -> list[Message]:
+        return app.store.acquire(WORKER, None, 50, 30.0, token=7, flow=True, rated=False)
+
+    assert fetch() == []  # no job at all
+    ordered = [add.apply_async((n, 0), partition_key="acct-1") for n in range(2)]
+    limited = [api.delay(n) for n in range(2)]
+    got = {m.id for m in fetch()}
+    assert got == {ordered[0].id, ordered[1].id, limited[0].id}  # the partition's run, one slot of the key
+    assert fetch() == []  # the partition is held and the key's only slot is taken
+
+
+def test_warming_up_takes_no_job(app: JobQueue, add) -> None:
+    """What a supervisor runs before it forks its processes reads, and changes, nothing."""
+    jobs = [add.apply_async((1, 1), partition_key="acct-1"), add.delay(2, 2)]
+    app.store.warm_up(None)
+    app.store.warm_up(("default", "other"))
+    assert [job.status() for job in jobs] == ["pending", "pending"]
+    assert len(take(app)) == 2

@@ -64,6 +64,12 @@ class Connector:
             if engine is not None:
                 engine.dispose(close=close)
 
+    def close_spare_autocommit(self) -> None:
+        """Close the idle connections of the autocommit pool (what it compiled is kept): a process
+        that used it once, and will not again soon, holds no connection for it."""
+        if self._autocommit_engine is not None:
+            self._autocommit_engine.dispose()
+
     def _autocommit(self) -> sa.Engine:
         if self._autocommit_engine is None:
             # Its own pool, always in autocommit: switching a pooled MySQL connection in and out of

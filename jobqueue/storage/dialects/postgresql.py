@@ -217,6 +217,18 @@ class PostgreSQLDialect(Dialect):
             .add_cte(served)
         )
 
+    def warm_up(self, params: AcquireParams) -> None:
+        super().warm_up(params)
+        if not self._on_psycopg2:
+            return
+        if params.shape not in self._prepared:
+            self._prepared[params.shape] = Prepared.compile(self.build_acquire(params.shape), self._misses)
+        if self._prepared_flush is None:
+            self._prepared_flush = Prepared.compile(self._outcomes_statement(), self._misses)
+        runs = self.flow_acquirer(params.shape).runs
+        if runs is not None and runs not in self._compiled:
+            self._compiled[runs] = Prepared.compile(runs)
+
     def take_runs(self, connection: sa.Connection, runs: Any, binds: dict[str, Any]) -> list[Message]:
         return self._taken_on_driver(connection, runs, binds)
 

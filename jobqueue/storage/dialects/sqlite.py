@@ -400,9 +400,10 @@ class SQLiteDialect(Dialect):
                 connection = connection.execution_options(**{READONLY: True})
                 with connection.begin():
                     acquirer = self.flow_acquirer(params.shape)
-                    if not connection.execute(acquirer.keys, params.binds()).first():
+                    if not connection.execute(acquirer.any_keys, params.binds()).first():
                         return FlowAcquired()
-        return super().acquire_flow(params)
+        with self.engine.begin() as connection:
+            return self.flow_acquirer(params.shape).run(connection, params, self.take)
 
     def acquire_on(self, connection: sa.Connection, params: AcquireParams) -> list[Message]:
         rows = connection.execute(self.acquire_statement(params), params.binds()).all()
