@@ -10,8 +10,8 @@
   the unstarted ones as if never fetched.
 
 A partition's jobs come in runs, in enqueue order. The next job of a partition starts only once
-the outcome of its previous one is written (``start_next`` says BEHIND until then): were the process to die, the
-previous one would run again after it. When one does not finish for good (it retries, waits, or
+the outcome of its previous one is written (``start_next`` says BEHIND until then): were the
+process to die, the previous one would run again after it. When one does not finish for good (it retries, waits, or
 its lease is lost), the partition's later jobs go back unstarted (``end_run``).
 """
 

@@ -157,21 +157,24 @@ class Dialect(Connector):
 
     def acquire_flow(self, params: AcquireParams) -> FlowAcquired:
         """Acquire up to ``params.limit`` messages that have a flow key, within their keys' limits."""
-        acquirer = self.flow_acquirer(params.shape)
-        if not params.rated:  # (with a rate, the fetch also says when a held-back key may start)
-            with self.single_statement() as connection:
-                if connection.execute(acquirer.any_keys, params.binds()).first() is None:
-                    return FlowAcquired()
+        # Most fetches find no key with work (most jobs have none): they say so in one statement
+        # that locks nothing. (With a rate, the fetch also says when a held-back key may start.)
+        if not params.rated and not self.flow_has_work(params):
+            return FlowAcquired()
         with self.engine.begin() as connection:
-            return acquirer.run(connection, params, self.take)
+            return self.flow_acquirer(params.shape).run(connection, params, self.take)
+
+    def flow_has_work(self, params: AcquireParams) -> bool:
+        """Whether any flow key has work it may start now, read outside a transaction."""
+        with self.single_statement() as connection:
+            return connection.execute(self.flow_acquirer(params.shape).any_keys, params.binds()).first() is not None
 
     def warm_up(self, params: AcquireParams) -> None:
         """Build and compile what fetches of ``params.shape`` use, reading nothing but whether a
         flow key has work. A supervisor calls it before it forks its worker processes, which then
         share the result instead of each building its own (a tenth of a second or more of CPU
         each, when a worker of many processes starts)."""
-        with self.single_statement() as connection:
-            connection.execute(self.flow_acquirer(params.shape).any_keys, params.binds()).first()
+        self.flow_has_work(params)
         self.close_spare_autocommit()  # the supervisor's: its processes open their own
 
     def flow_acquirer(self, shape: str) -> FlowAcquirer:

@@ -221,13 +221,11 @@ class PostgreSQLDialect(Dialect):
         super().warm_up(params)
         if not self._on_psycopg2:
             return
-        if params.shape not in self._prepared:
-            self._prepared[params.shape] = Prepared.compile(self.build_acquire(params.shape), self._misses)
-        if self._prepared_flush is None:
-            self._prepared_flush = Prepared.compile(self._outcomes_statement(), self._misses)
+        self._acquire_for(params.shape)
+        self._flush_statement()
         runs = self.flow_acquirer(params.shape).runs
-        if runs is not None and runs not in self._compiled:
-            self._compiled[runs] = Prepared.compile(runs)
+        if runs is not None:
+            self._compiled_once(runs)
 
     def take_runs(self, connection: sa.Connection, runs: Any, binds: dict[str, Any]) -> list[Message]:
         return self._taken_on_driver(connection, runs, binds)
@@ -240,9 +238,7 @@ class PostgreSQLDialect(Dialect):
     def _taken_on_driver(self, connection: sa.Connection, statement: Any, binds: dict[str, Any]) -> list[Message]:
         """Run a statement that takes messages, inside the acquire's transaction (so unprepared:
         a prepared statement gone missing would abort it), compiled once."""
-        compiled = self._compiled.get(statement)
-        if compiled is None:
-            compiled = self._compiled[statement] = Prepared.compile(statement)
+        compiled = self._compiled_once(statement)
         # Rows read as the driver returns them, as the prepared acquire does: SQLAlchemy's row
         # handling of 500 rows took longer than their update.
         result = connection.exec_driver_sql(compiled.sql, {**compiled.defaults, **binds})
@@ -253,6 +249,12 @@ class PostgreSQLDialect(Dialect):
         messages = [acquired_message(row) for row in rows]
         messages.sort(key=delivery_order)
         return messages
+
+    def _compiled_once(self, statement: Any) -> Prepared:
+        compiled = self._compiled.get(statement)
+        if compiled is None:
+            compiled = self._compiled[statement] = Prepared.compile(statement)
+        return compiled
 
     def id_in_list(self) -> Any:
         # One array parameter: a list of 500 ids as 500 parameters took longer to parse and plan
@@ -273,13 +275,16 @@ class PostgreSQLDialect(Dialect):
         return self.run_on_driver(lambda cursor, info: self._acquire_prepared(cursor, info, params), "acquire")
 
     def _acquire_prepared(self, cursor: Any, info: dict[str, Any], params: AcquireParams) -> list[Message]:
-        prepared = self._prepared.get(params.shape)
-        if prepared is None:
-            prepared = self._prepared[params.shape] = Prepared.compile(self.build_acquire(params.shape), self._misses)
-        prepared.run(cursor, params.binds(), info)
+        self._acquire_for(params.shape).run(cursor, params.binds(), info)
         messages = [acquired_message(row) for row in cursor.fetchall()]
         messages.sort(key=delivery_order)  # RETURNING gives no order
         return messages
+
+    def _acquire_for(self, shape: str) -> Prepared:
+        prepared = self._prepared.get(shape)
+        if prepared is None:
+            prepared = self._prepared[shape] = Prepared.compile(self.build_acquire(shape), self._misses)
+        return prepared
 
     # -- outcomes, leases -----------------------------------------------------------------------------
     def flush(self, outcomes: list[Outcome], now: datetime) -> set[tuple[int, int]]:
@@ -292,10 +297,13 @@ class PostgreSQLDialect(Dialect):
     def _flush_prepared(
         self, cursor: Any, info: dict[str, Any], outcomes: list[Outcome], now: datetime
     ) -> set[tuple[int, int]]:
+        self._flush_statement().run(cursor, outcome_binds(outcomes, now), info)
+        return {(row[0], row[1]) for row in cursor.fetchall()}
+
+    def _flush_statement(self) -> Prepared:
         if self._prepared_flush is None:
             self._prepared_flush = Prepared.compile(self._outcomes_statement(), self._misses)
-        self._prepared_flush.run(cursor, outcome_binds(outcomes, now), info)
-        return {(row[0], row[1]) for row in cursor.fetchall()}
+        return self._prepared_flush
 
     def _outcomes_statement(self) -> Any:
         if self._apply_outcomes is None:

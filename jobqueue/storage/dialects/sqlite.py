@@ -24,7 +24,6 @@ from jobqueue.job import Batch, Message, MessageState, Outcome, OutcomeKind
 from jobqueue.storage.dialects.base import Dialect
 from jobqueue.storage.dialects.common import ACQUIRED_COLUMNS, BATCH_COLUMNS, AcquireParams, delivery_order, json_text
 from jobqueue.storage.dialects.connector import CONTENTION, OUTAGE
-from jobqueue.storage.dialects.flow import FlowAcquired
 from jobqueue.storage.dialects.wakeup import PollingWaker, Waker, Wakers
 from jobqueue.storage.engine import READONLY
 from jobqueue.storage.outcomes import ARCHIVED_COLUMNS, COPIED, archive_row, archived_values, requeue_binds
@@ -392,18 +391,13 @@ class SQLiteDialect(Dialect):
         messages.sort(key=delivery_order)
         return messages
 
-    def acquire_flow(self, params: AcquireParams) -> FlowAcquired:
-        # Most fetches find no key with work (most jobs have none): that is read without the
-        # write lock, which the other processes' fetches and flushes would wait for.
-        if not params.rated:
-            with self.engine.connect() as connection:
-                connection = connection.execution_options(**{READONLY: True})
-                with connection.begin():
-                    acquirer = self.flow_acquirer(params.shape)
-                    if not connection.execute(acquirer.any_keys, params.binds()).first():
-                        return FlowAcquired()
-        with self.engine.begin() as connection:
-            return self.flow_acquirer(params.shape).run(connection, params, self.take)
+    def flow_has_work(self, params: AcquireParams) -> bool:
+        # Read without the write lock, which the other processes' fetches and flushes would wait for.
+        with self.engine.connect() as connection:
+            connection = connection.execution_options(**{READONLY: True})
+            with connection.begin():
+                acquirer = self.flow_acquirer(params.shape)
+                return connection.execute(acquirer.any_keys, params.binds()).first() is not None
 
     def acquire_on(self, connection: sa.Connection, params: AcquireParams) -> list[Message]:
         rows = connection.execute(self.acquire_statement(params), params.binds()).all()
