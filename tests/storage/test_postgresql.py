@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from jobqueue import JobQueue
 from jobqueue.clock import utcnow
 from jobqueue.storage.dialects import AcquireParams, LeaseClock
@@ -92,6 +94,10 @@ def test_a_flush_finds_its_rows_by_id_however_many_are_processing(app: JobQueue,
     own.close()
     assert "message_lease" not in plan and "Index Scan using jobqueue_message_pkey" in plan, plan
     assert "rows=20 loops=1" in plan.split("Delete on")[1], plan
+    # Each scan of the primary key reads the flushed rows only, never a walk of the whole table
+    # (which the planner chose, joined by hash, when it thought few rows were PROCESSING).
+    for read, loops in re.findall(r"Index Scan using jobqueue_message_pkey .*?rows=(\d+) loops=(\d+)", plan):
+        assert int(read) * int(loops) <= 20, plan
 
 
 @only("postgresql")
