@@ -148,6 +148,30 @@ def test_acquire_marks_processing_and_counts(app: JobQueue, add) -> None:
     assert app.store.acquire(WORKER, None, 5, LEASE, now=now) == []  # nothing twice
 
 
+def test_a_counter_at_its_largest_value_does_not_fail_the_fetch(app: JobQueue, add) -> None:
+    """A row whose counters were set to the largest 32-bit integer (by hand, by a bad migration)
+    is fetched with the others, its counters kept there, rather than failing every fetch."""
+    largest = 2**31 - 1
+    before = add.delay(1, 1)
+    bad = add.delay(2, 2)
+    keyed = add.apply_async((3, 3), partition_key="acct-1")
+    m = app.tables.message
+    with app.engine.begin() as conn:
+        conn.execute(
+            sa.update(m).where(m.c.id.in_([bad.id, keyed.id])).values(attempts_count=largest, deliveries_count=largest)
+        )
+    taken = {msg.id: msg for msg in app.store.acquire(WORKER, None, 5, LEASE, flow=True)}
+    taken.update({msg.id: msg for msg in app.store.acquire(WORKER, None, 5, LEASE, flow=True)})
+    assert set(taken) == {before.id, bad.id, keyed.id}
+    assert (taken[before.id].attempts_count, taken[before.id].deliveries_count) == (1, 1)
+    for job in (bad, keyed):
+        assert (taken[job.id].attempts_count, taken[job.id].deliveries_count) == (largest, largest)
+    stored = {row["id"]: row for row in rows(app)}
+    assert (stored[bad.id]["attempts_count"], stored[bad.id]["deliveries_count"]) == (largest, largest)
+    app.store.flush([outcome(msg) for msg in taken.values()])
+    assert {row["id"] for row in rows(app, "archive")} == set(taken)
+
+
 def test_acquire_respects_queues_and_limit(app: JobQueue, add) -> None:
     for queue in ("a", "b", "c"):
         add.bulk([(1, 1)] * 3, queue=queue)

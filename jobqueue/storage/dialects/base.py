@@ -29,6 +29,7 @@ from jobqueue.storage.dialects.common import (
     AcquireParams,
     LeaseClock,
     WorkerState,
+    counted,
     delivery_order,
     first_of_partition,
     json_text,
@@ -248,8 +249,8 @@ class Dialect(Connector):
         now = self.clock() if now is None else now
         return {
             "state": PROCESSING,
-            "attempts_count": m.c.attempts_count + 1,
-            "deliveries_count": m.c.deliveries_count + 1,
+            "attempts_count": counted(m.c.attempts_count),
+            "deliveries_count": counted(m.c.deliveries_count),
             "lease_token": sa.bindparam("token", type_=sa.BigInteger),
             "worker_id": sa.bindparam("worker_id", type_=sa.String),
             "acquired_at": now,

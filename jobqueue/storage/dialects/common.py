@@ -17,6 +17,22 @@ READY_LITERALS: list[sa.ColumnClause[Any]] = [sa.literal_column(f"'{state}'") fo
 PROCESSING: sa.ColumnClause[Any] = sa.literal_column("'PROCESSING'")
 
 
+# The counters (attempts, deliveries) are 32-bit integers on PostgreSQL and MySQL. A row whose
+# counter was set to the largest one (by hand, or by a bad migration) stays there when counted:
+# adding one would fail the whole fetch, and every fetch after it, for all the messages it takes.
+COUNTER_MAX = 2**31 - 1
+
+
+def counted(column: Any) -> Any:
+    """``column + 1``, except at COUNTER_MAX, which stays (the job is then failed as poison)."""
+    return sa.case((column < COUNTER_MAX, column + 1), else_=column)
+
+
+def count_up(value: int) -> int:
+    """What :func:`counted` makes of ``value``, in Python."""
+    return value + 1 if value < COUNTER_MAX else value
+
+
 def delivery_order(message: Any) -> tuple[int, datetime, int]:
     """The sort key of delivery order (of a message, or a row with the same columns)."""
     return -message.priority, message.next_attempt_at, message.id

@@ -19,7 +19,14 @@ from sqlalchemy import event
 from jobqueue.errors import ConfigurationError
 from jobqueue.job import Batch, Message, Outcome, OutcomeKind
 from jobqueue.storage.dialects.base import Dialect
-from jobqueue.storage.dialects.common import BATCH_COLUMNS, READY_LITERALS, AcquireParams, LeaseClock, delivery_order
+from jobqueue.storage.dialects.common import (
+    BATCH_COLUMNS,
+    READY_LITERALS,
+    AcquireParams,
+    LeaseClock,
+    count_up,
+    delivery_order,
+)
 from jobqueue.storage.dialects.connector import CONTENTION, OUTAGE
 from jobqueue.storage.engine import IDLE_IN_TRANSACTION_SECONDS, unless_in_url
 from jobqueue.storage.outcomes import ARCHIVED_COLUMNS, COPIED, RELEASED, archived_values, requeue_binds
@@ -262,8 +269,8 @@ class MySQLDialect(Dialect):
         )
         connection.execute(self.mark_acquired, binds)
         for m in messages:  # what the UPDATE just wrote, as RETURNING would have said
-            m.attempts_count += 1
-            m.deliveries_count += 1
+            m.attempts_count = count_up(m.attempts_count)
+            m.deliveries_count = count_up(m.deliveries_count)
             m.lease_token = params.token
             m.acquired_at = now
             m.first_attempt_at = m.first_attempt_at or now
