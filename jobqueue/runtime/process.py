@@ -251,6 +251,11 @@ class WorkerProcess:
             waited = True
         if message is None:
             return  # the supervisor took the buffer back meanwhile
+        if message.deliveries_count > 1:
+            # Delivered before without an outcome: it may be what killed a process. What this
+            # process finished is written first, so that if it dies again those jobs are not run
+            # again (and charged another attempt: a retry lost that way runs again at once).
+            self._flush()
         began = time.perf_counter()
         self.acked_first = None
         outcome = self.executor.execute(message)  # never raises for what the job did
