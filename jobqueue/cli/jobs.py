@@ -121,7 +121,11 @@ def show(state: CliState, /, job_id: int, as_json: bool) -> None:
     if traceback:
         lines.append("traceback:")
         lines.extend("  " + line for line in traceback.rstrip().splitlines())
-    for number, entry in enumerate(row.get("history") or [], 1):
+    history = row.get("history") or []
+    if not isinstance(history, list) or not all(isinstance(entry, dict) for entry in history):
+        lines.append(f"history      <unreadable: {history!r:.200}>")  # edited by hand, say
+        history = []
+    for number, entry in enumerate(history, 1):
         lines.append(
             f"history {number}: {entry.get('state')} after {entry.get('attempts')} attempt(s), archived "
             f"{entry.get('archived_at')}: {entry.get('error_type')}: {entry.get('error_message')}"

@@ -20,6 +20,38 @@ RETRYABLE_FROM_ARCHIVE = (MessageState.FAILED.value, MessageState.CANCELLED.valu
 HISTORY_TRACEBACK_CHARS = 20_000
 
 
+class Unreadable(str):
+    """A stored value that cannot be read as its column's type (a row edited by hand, say),
+    shown as it is stored so that one bad cell never hides the rest of a listing."""
+
+    def __new__(cls, raw: Any) -> Unreadable:
+        return super().__new__(cls, f"<unreadable: {raw!r:.200}>")
+
+
+def readable_rows(conn: sa.Connection, stmt: sa.Select[Any]) -> list[dict[str, Any]]:
+    """The rows of ``stmt`` as dicts; a value its column's type cannot read becomes an
+    :class:`Unreadable` (the statement is then read again, each value converted on its own)."""
+    try:
+        return [dict(row) for row in conn.execute(stmt).mappings()]
+    except (ValueError, TypeError, LookupError):  # a bad time, JSON text, or enum value
+        pass
+    columns = list(stmt.selected_columns)
+    names = [str(column.key) for column in columns]
+    untyped = [sa.type_coerce(c, sa.types.NullType()).label(name) for c, name in zip(columns, names, strict=True)]
+    raw = stmt.with_only_columns(*untyped)
+    readers = [c.type.dialect_impl(conn.dialect).result_processor(conn.dialect, None) for c in columns]
+    found = []
+    for row in conn.execute(raw):
+        values: dict[str, Any] = {}
+        for name, read, value in zip(names, readers, row, strict=True):
+            try:
+                values[name] = read(value) if read is not None and value is not None else value
+            except Exception:
+                values[name] = Unreadable(value)
+        found.append(values)
+    return found
+
+
 def list_jobs(
     store: Store,
     states: Iterable[str] = (),
@@ -64,7 +96,7 @@ def list_jobs(
                 stmt = stmt.where(table.c.queue == queue)
             if before_id is not None:
                 stmt = stmt.where(table.c.id < before_id)
-            found.extend(dict(row) for row in conn.execute(stmt.order_by(table.c.id.desc()).limit(limit)).mappings())
+            found.extend(readable_rows(conn, stmt.order_by(table.c.id.desc()).limit(limit)))
     found.sort(key=lambda row: row["id"], reverse=True)
     for row in found:
         row["state"] = row["state"].lower()
@@ -78,9 +110,9 @@ def job_row(store: Store, job_id: int) -> tuple[str, dict[str, Any]] | None:
     with store.reading() as conn:
         for name in ("message", "archive"):
             table = getattr(store.tables, name)
-            row = conn.execute(sa.select(table).where(table.c.id == job_id)).mappings().first()
-            if row is not None:
-                return name, dict(row)
+            found = readable_rows(conn, sa.select(table).where(table.c.id == job_id))
+            if found:
+                return name, found[0]
     return None
 
 

@@ -147,3 +147,27 @@ def test_list_and_status_say_which_keys_hold_jobs_back_and_why(app: JobQueue) ->
     assert held[1]["reason"] == f"behind job {first.id} (running)"
     text = jobqueue("status").stdout
     assert "jobs held back by their keys" in text and "held by its rate until" in text
+
+
+def test_rows_edited_by_hand_are_listed_and_shown_with_their_bad_values_named(app: JobQueue, backend: str) -> None:
+    """One row that cannot be read as stored (a history that is not a list; on SQLite, where a
+    column takes any text, a time that is not one) must not break the listing or the others."""
+    import sqlalchemy as sa
+
+    good = basic.add.delay(1, 1)
+    edited = basic.add.delay(2, 2)
+    m = app.tables.message
+    values: dict[str, object] = {"history": 5}
+    if backend == "sqlite":
+        values["created_at"] = sa.literal_column("'garbage'")
+    with app.engine.begin() as conn:
+        conn.execute(sa.update(m).where(m.c.id == edited.id).values(**values))
+    listed = {row["id"]: row for row in json.loads(jobqueue("jobs", "list", "--json").stdout)}
+    assert set(listed) == {good.id, edited.id}
+    assert listed[good.id]["created_at"].endswith("+00:00")
+    if backend == "sqlite":
+        assert listed[edited.id]["created_at"] == "<unreadable: 'garbage'>"
+        assert "<unreadable: 'garbage'>" in jobqueue("jobs", "list").stdout
+    shown = jobqueue("jobs", "show", str(edited.id)).stdout
+    assert "history      <unreadable: 5>" in shown and "args         [2, 2]" in shown
+    assert json.loads(jobqueue("jobs", "show", str(good.id), "--json").stdout)["args"] == [1, 1]
