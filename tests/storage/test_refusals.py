@@ -184,10 +184,36 @@ def test_a_result_over_max_allowed_packet_fails_its_job_instead_of_retrying_for_
     assert time.monotonic() - began < 60
     a = app.tables.archive
     with app.engine.connect() as conn:
-        rows = {r.id: (r.state, r.error_type) for r in conn.execute(sa.select(a.c.id, a.c.state, a.c.error_type))}
-    assert rows[held[1].id] == ("FAILED", "jobqueue.errors.OutcomeRefused")
-    assert rows[held[0].id] == rows[held[2].id] == ("COMPLETED", None)
+        rows = {
+            r.id: (r.state, r.error_type, r.error_message)
+            for r in conn.execute(sa.select(a.c.id, a.c.state, a.c.error_type, a.c.error_message))
+        }
+    assert rows[held[1].id][:2] == ("FAILED", "jobqueue.errors.OutcomeRefused")
+    assert f"over this server's max_allowed_packet ({packet:,} bytes)" in rows[held[1].id][2]  # the reason, and the fix
+    assert rows[held[0].id] == rows[held[2].id] == ("COMPLETED", None, None)
     assert len(result.applied) == 3
+    app.close()
+
+
+@only("mysql")
+def test_arguments_over_max_allowed_packet_are_refused_before_they_are_sent(db_url: str, caplog) -> None:
+    """Sent, a statement over the packet is not refused with a reason: the server drops the
+    connection. Refused before, with the fix named, and nothing written."""
+    app = JobQueue(db_url, max_payload_bytes=64 * 1024 * 1024)
+
+    @app.task(name="t.echo")
+    def echo(value: str) -> str:
+        return value
+
+    packet = int(app.engine.connect().exec_driver_sql("SELECT @@max_allowed_packet").scalar())
+    escaped = "'" * (packet // 2 + 1024)  # under the packet as it is, over it once escaped
+    for enqueue in (lambda: echo.delay(escaped), lambda: echo.bulk([("a",), (escaped,)])):
+        with pytest.raises(SerializationError, match="raise max_allowed_packet on the MySQL or MariaDB server"):
+            enqueue()
+    with app.engine.begin() as conn, pytest.raises(SerializationError, match="max_allowed_packet"):
+        echo.apply_async(("x" * (packet + 1),), connection=conn)
+    assert count(app) == 0 and "unavailable" not in caplog.text
+    assert echo.delay("fits").status() == "pending"
     app.close()
 
 

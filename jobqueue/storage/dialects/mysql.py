@@ -11,12 +11,13 @@ import logging
 import time
 from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta
+from functools import partial
 from typing import Any, TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy import event
 
-from jobqueue.errors import ConfigurationError
+from jobqueue.errors import ConfigurationError, SerializationError
 from jobqueue.job import Batch, Message, Outcome, OutcomeKind
 from jobqueue.storage.dialects.base import Dialect
 from jobqueue.storage.dialects.common import (
@@ -64,6 +65,19 @@ def _cursor_runner(cursor: Any) -> Callable[[str, tuple[Any, ...]], Any]:
     return run
 
 
+def _connection_reader(connection: sa.Connection) -> Callable[[str], Any]:
+    """A function that runs a query on ``connection`` and returns its one value."""
+    return lambda sql: connection.exec_driver_sql(sql).scalar()
+
+
+def _cursor_reader(cursor: Any) -> Callable[[str], Any]:
+    def read(sql: str) -> Any:
+        cursor.execute(sql)
+        return cursor.fetchone()[0]
+
+    return read
+
+
 def _outcome_bytes(outcome: Outcome) -> int:
     error = outcome.error
     return (
@@ -71,6 +85,33 @@ def _outcome_bytes(outcome: Outcome) -> int:
         + len(outcome.checkpoint or b"")
         + (len(error.message) + len(error.traceback or "") if error else 0) * 4
     )  # utf8mb4
+
+
+# The bytes the client escapes with a backslash in a statement's text (mysql_real_escape_string).
+_ESCAPED = (b"\0", b"'", b'"', b"\\", b"\n", b"\r", b"\x1a")
+
+
+def _escaped_length(value: bytes | str | None) -> int:
+    """How many bytes ``value`` takes in a statement's text, escaped."""
+    if not value:
+        return 0
+    data = value.encode("utf-8", "surrogatepass") if isinstance(value, str) else value
+    return len(data) + sum(data.count(byte) for byte in _ESCAPED)
+
+
+def _outcome_size(outcome: Outcome) -> int:
+    """The length of an outcome's own values, unescaped and in characters: at most their length
+    in a statement."""
+    error = outcome.error
+    texts = len(error.message) + len(error.traceback or "") if error else 0
+    return len(outcome.result or b"") + len(outcome.checkpoint or b"") + texts
+
+
+def _outcome_length(outcome: Outcome) -> int:
+    """How many bytes an outcome's own values take in the statements of a flush."""
+    error = outcome.error
+    texts = _escaped_length(error.message) + _escaped_length(error.traceback) if error else 0
+    return _escaped_length(outcome.result) + _escaped_length(outcome.checkpoint) + texts
 
 
 class MySQLDialect(Dialect):
@@ -124,6 +165,11 @@ class MySQLDialect(Dialect):
         # After lock_held (SELECT ... FOR UPDATE), one INSERT ... SELECT copies the archive rows
         # from the message rows on the server (payloads never travel back), joined to the outcome
         # fields sent as a UNION ALL derived table, which MySQL and MariaDB both read.
+        read = _connection_reader(connection)
+        for outcome in outcomes:
+            self._check_fits(
+                read, "the job's result and error", partial(_outcome_length, outcome), _outcome_size(outcome)
+            )
         held = self.lock_held(connection, [(o.message.id, o.message.lease_token) for o in outcomes])
         applied = [o for o in outcomes if (o.message.id, o.message.lease_token) in held]
         finals = [o for o in applied if o.kind is OutcomeKind.ARCHIVE]
@@ -145,6 +191,33 @@ class MySQLDialect(Dialect):
 
     _max_packet: int | None = None
 
+    def _packet_limit(self, read: Callable[[str], Any]) -> int:
+        """The server's max_allowed_packet, asked once per process (``read`` runs a query)."""
+        if self._max_packet is None:
+            # Read once per process: changing it on a running server is rare, and a statement over
+            # it anyway is refused on its own (the rest of a flush is still written).
+            self._max_packet = int(read("SELECT @@max_allowed_packet") or 0)
+        return self._max_packet
+
+    def _check_fits(self, read: Callable[[str], Any], what: str, length: Callable[[], int], size: int) -> None:
+        """Refuse, before sending it, a value the server would refuse: a statement over its
+        max_allowed_packet is not an error the server names, it drops the connection. ``size`` is
+        a cheap lower bound of the value's length; ``length()`` its escaped length."""
+        limit = self._packet_limit(read)
+        if not limit or size + PACKET_OVERHEAD_PER_ROW <= limit // 2:
+            return
+        escaped = length() + PACKET_OVERHEAD_PER_ROW
+        if escaped > limit:
+            raise SerializationError(
+                f"{what} take {escaped:,} bytes in the statement that stores them, over this server's "
+                f"max_allowed_packet ({limit:,} bytes): raise max_allowed_packet on the MySQL or MariaDB "
+                "server, or store large data elsewhere and pass a reference"
+            )
+
+    def _check_payloads(self, read: Callable[[str], Any], payloads: list[bytes]) -> None:
+        for payload in payloads:
+            self._check_fits(read, "the job's arguments", partial(_escaped_length, payload), len(payload))
+
     def row_pages(self, connection: sa.Connection, rows: list[dict[str, Any]], most: int = 1000) -> Iterator[list[Any]]:
         for packet in self._packets(connection, rows, lambda row: len(row["payload"])):
             for start in range(0, len(packet), most):
@@ -154,11 +227,7 @@ class MySQLDialect(Dialect):
         """``items`` in runs whose statements stay well under the server's max_allowed_packet."""
         if not items:
             return
-        if self._max_packet is None:
-            # Read once per process: changing it on a running server is rare, and a statement over
-            # it anyway is refused on its own (the rest of a flush is still written).
-            self._max_packet = int(connection.exec_driver_sql("SELECT @@max_allowed_packet").scalar() or 0)
-        budget = max(self._max_packet // 2, 1)  # escaping can double binary data
+        budget = max(self._packet_limit(_connection_reader(connection)) // 2, 1)  # escaping can double binary data
         chunk: list[T] = []
         used = 0
         for item in items:
@@ -379,6 +448,7 @@ class MySQLDialect(Dialect):
         return len(self._move(run, ids, floor)) if ids else 0
 
     def insert_one(self, cursor: Any, row: dict[str, Any]) -> int:
+        self._check_payloads(_cursor_reader(cursor), [row["payload"]])
         params = (
             row["payload"],
             row["unique_key"],
@@ -388,6 +458,7 @@ class MySQLDialect(Dialect):
         return self._checked(_cursor_runner(cursor), [int(cursor.lastrowid)])[0]
 
     def insert_messages(self, connection: sa.Connection, rows: list[dict[str, Any]]) -> list[int]:
+        self._check_payloads(_connection_reader(connection), [row["payload"] for row in rows])
         if connection.dialect.insert_returning:  # MariaDB: INSERT ... RETURNING
             ids = super().insert_messages(connection, rows)
         else:
@@ -410,12 +481,14 @@ class MySQLDialect(Dialect):
             tuple(self.format_value(column, batch.common.get(column)) for column in BATCH_COLUMNS),
         ).one()[-1]
         row = "(%s, " + ", ".join(f"@jobqueue_{column}" for column in BATCH_COLUMNS) + ")"
+        payloads = list(batch.payloads)
+        self._check_payloads(_connection_reader(connection), payloads)
         ids: list[int] = []
-        for payloads in self._packets(connection, list(batch.payloads), len):
+        for packet in self._packets(connection, payloads, len):
             first = connection.exec_driver_sql(
-                self.batch_insert_sql(", ".join([row] * len(payloads))), tuple(payloads)
+                self.batch_insert_sql(", ".join([row] * len(packet))), tuple(packet)
             ).lastrowid
-            ids.extend(range(first, first + len(payloads)))
+            ids.extend(range(first, first + len(packet)))
         return self.fresh_ids(connection, ids, int(floor))
 
     def _consecutive_ids(self, connection: sa.Connection) -> bool:
