@@ -93,7 +93,10 @@ class JobContext:
     def state(self) -> Any:
         """The checkpoint an earlier attempt saved, or None."""
         if not self._state_loaded:
-            self._state_cache = None if self._checkpoint is None else self._serializer.loads(self._checkpoint)
+            try:
+                self._state_cache = None if self._checkpoint is None else self._serializer.loads(self._checkpoint)
+            except SerializationError as exc:  # the loader speaks of payloads: name what was read
+                raise SerializationError(str(exc).replace("corrupt payload", "corrupt checkpoint", 1)) from exc
             self._state_loaded = True
         return self._state_cache
 

@@ -97,6 +97,16 @@ def test_corrupt_payload_is_a_serialization_error(payload: bytes) -> None:
         loads_call(json_ser, payload)
 
 
+def test_a_corrupt_checkpoint_is_named_as_one() -> None:
+    from jobqueue.context import JobContext
+    from jobqueue.job import Message
+
+    now = datetime(2026, 1, 1)
+    message = Message(7, "t", "default", 0, b"[[],{}]", None, 2, 1, 99, now, now, now, now, checkpoint=b"\xff\xfe")
+    with pytest.raises(SerializationError, match="^corrupt checkpoint: not valid JSON"):
+        _ = JobContext(message, json_ser).state
+
+
 def test_pickle_is_opt_in_and_round_trips_objects() -> None:
     pickle_ser = get_serializer("pickle")
     assert isinstance(pickle_ser, PickleSerializer)
