@@ -9,6 +9,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from jobqueue.clock import utcnow
+from jobqueue.errors import CorruptMessage
 from jobqueue.job import SCHEDULE_TASK, MessageState
 from jobqueue.storage.dialects.common import READY_LITERALS
 from jobqueue.storage.store import Store
@@ -38,7 +39,17 @@ def job_state(store: Store, job_id: int) -> MessageState | None:
         state = conn.execute(sa.select(m.c.state).where(m.c.id == job_id)).scalar()
         if state is None:
             state = conn.execute(sa.select(a.c.state).where(a.c.id == job_id)).scalar()
-    return MessageState(state) if state is not None else None
+    return None if state is None else _known_state(job_id, state)
+
+
+def _known_state(job_id: int, state: str) -> MessageState:
+    try:
+        return MessageState(state)
+    except ValueError:
+        raise CorruptMessage(
+            f"job {job_id} has the state {state!r}, which is none of jobqueue's (edited by hand?): set it to "
+            f"PENDING to run it again (the states are {', '.join(s.value for s in MessageState)})"
+        ) from None
 
 
 def archived_job(store: Store, job_id: int) -> ArchivedJob | None:
@@ -49,7 +60,7 @@ def archived_job(store: Store, job_id: int) -> ArchivedJob | None:
     if row is None:
         return None
     return ArchivedJob(
-        row.id, MessageState(row.state), row.result, row.error_type, row.error_message, row.error_traceback
+        row.id, _known_state(row.id, row.state), row.result, row.error_type, row.error_message, row.error_traceback
     )
 
 

@@ -10,6 +10,7 @@ import sqlalchemy as sa
 
 from jobqueue import JobQueue, SerializationError
 from jobqueue.clock import utcnow
+from jobqueue.errors import CorruptMessage
 from jobqueue.job import ErrorInfo, Message, MessageState, Outcome, OutcomeKind
 from jobqueue.storage import jobs
 
@@ -170,6 +171,16 @@ def test_a_counter_at_its_largest_value_does_not_fail_the_fetch(app: JobQueue, a
     assert (stored[bad.id]["attempts_count"], stored[bad.id]["deliveries_count"]) == (largest, largest)
     app.store.flush([outcome(msg) for msg in taken.values()])
     assert {row["id"] for row in rows(app, "archive")} == set(taken)
+
+
+def test_a_state_edited_by_hand_is_named_with_the_fix(app: JobQueue, add) -> None:
+    bad, good = add.delay(1, 1), add.delay(2, 2)
+    m = app.tables.message
+    with app.engine.begin() as conn:
+        conn.execute(sa.update(m).where(m.c.id == bad.id).values(state="BOGUS"))
+    with pytest.raises(CorruptMessage, match=f"job {bad.id} has the state 'BOGUS'.*set it to PENDING"):
+        bad.status()
+    assert good.status() == "pending"
 
 
 def test_acquire_respects_queues_and_limit(app: JobQueue, add) -> None:
