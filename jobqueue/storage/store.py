@@ -94,7 +94,6 @@ class Store:
         self.tables = tables
         self.dialect = dialect_for(engine, tables)
         self._flow_first = False
-        self._no_keyed_work = False  # the last fetch looked for jobs with a flow key and found none
         self.flow_due_in: float | None = None
 
     def dispose(self, close: bool = True) -> None:
@@ -252,10 +251,7 @@ class Store:
         With ``flow``, messages that have a flow key are acquired too, within their keys' limits;
         with ``rated`` as well, ``flow_due_in`` says in how many seconds a key held back by its rate
         may start its next one. Flow and plain messages take turns to go first, so that neither
-        kind starves the other. When the last fetch found no keyed work, a fetch that finds plain
-        messages returns them at once and the next one looks for keyed work: a job enqueued into
-        an idle worker starts after one statement, not two, and keyed work is still looked for
-        at least every other fetch.
+        kind starves the other.
         """
         params = AcquireParams(
             worker_id=worker_id,
@@ -270,22 +266,14 @@ class Store:
             if not flow:
                 return self.dialect.acquire(params)
             self.flow_due_in = None
-            if self._no_keyed_work and not rated:
-                self._flow_first = False  # plain goes first this time, so flow goes first next time
+            self._flow_first = not self._flow_first
+            if not self._flow_first:
                 messages = self.dialect.acquire(params)
-                if messages:
-                    self._no_keyed_work = False  # not looked for this time: the next fetch looks
+                if len(messages) >= limit:
                     return messages
-            else:
-                self._flow_first = not self._flow_first
-                if not self._flow_first:
-                    messages = self.dialect.acquire(params)
-                    if len(messages) >= limit:
-                        return messages
-                    params = dataclasses.replace(params, limit=limit - len(messages), now=now or utcnow())
+                params = dataclasses.replace(params, limit=limit - len(messages), now=now or utcnow())
             flowed = self.dialect.acquire_flow(params)
             self.flow_due_in = flowed.due_in
-            self._no_keyed_work = not flowed.messages
             if not self._flow_first:
                 return messages + flowed.messages
             rest = limit - len(flowed.messages)

@@ -329,37 +329,6 @@ def test_a_fetch_without_rates_finds_keyed_work_past_its_first_look(app: JobQueu
     assert fetch() == []  # the partition is held and the key's only slot is taken
 
 
-def test_keyed_work_is_looked_for_every_other_fetch_once_a_look_found_none(app: JobQueue, add) -> None:
-    """After a look that found no keyed work, a fetch that finds plain jobs returns them without
-    looking (a job enqueued into an idle worker costs one statement, not two); the next fetch
-    looks first, so keyed jobs wait one fetch at most, however many plain ones wait."""
-    flow_table = app.tables.flow.name
-    looks: list[str] = []
-
-    def count(conn, cursor, statement, parameters, context, executemany) -> None:
-        if flow_table in statement:
-            looks.append(statement)
-
-    def fetch(limit: int) -> list[int]:
-        return [m.id for m in app.store.acquire(WORKER, None, limit, 30.0, token=7, flow=True, rated=False)]
-
-    sa.event.listen(sa.Engine, "before_cursor_execute", count)  # every engine: the dialect has its own too
-    try:
-        assert fetch(5) == [] and looks  # looked: no keyed work
-        plain = [add.delay(n, 0).id for n in range(2)]
-        keyed = add.apply_async((9, 9), partition_key="acct-1").id
-        looks.clear()
-        assert fetch(5) == plain and not looks  # fewer than asked for, and no look
-        assert fetch(5) == [keyed] and looks  # this fetch looks
-        # A backlog of plain jobs: keyed work is still looked for every other fetch.
-        backlog = [add.delay(n, 1).id for n in range(8)]
-        later = add.apply_async((8, 8), partition_key="acct-2").id
-        taken = fetch(2) + fetch(2)
-        assert later in taken and set(taken) - {later} <= set(backlog)
-    finally:
-        sa.event.remove(sa.Engine, "before_cursor_execute", count)
-
-
 def test_warming_up_takes_no_job(app: JobQueue, add) -> None:
     """What a supervisor runs before it forks its processes reads, and changes, nothing."""
     jobs = [add.apply_async((1, 1), partition_key="acct-1"), add.delay(2, 2)]
