@@ -30,7 +30,7 @@ from jobqueue.runtime.slot import Slot
 
 
 class Turn(enum.Enum):
-    BEHIND = "behind"  # the next message waits for its partition's previous outcome to be written
+    BEHIND = "behind"  # the next message waits for outcomes to be written (its partition's previous one)
 
 
 BEHIND = Turn.BEHIND
@@ -78,7 +78,9 @@ class Holdings:
 
     def start_next(self) -> Message | Literal[Turn.BEHIND] | None:
         """Take the next unstarted message and mark it running: None if the buffer is empty, and
-        BEHIND (nothing taken) if it is a partition's whose previous outcome is not written yet.
+        BEHIND (nothing taken) if outcomes must be written first: it is a partition's whose
+        previous outcome is not written yet, or one delivered before without an outcome while
+        this process holds unwritten outcomes.
 
         Messages whose batch the supervisor took back are dropped here: they are in the queue again.
         """
@@ -87,6 +89,11 @@ class Holdings:
                 message = self.buffer[0]
                 partition = message.partition
                 if partition is not None and self.unwritten[partition]:
+                    return BEHIND
+                if message.deliveries_count > 1 and self.started:
+                    # Delivered before without an outcome, it may be what killed a process: what
+                    # this one finished is written before it starts, so that if it kills this one
+                    # too, those jobs do not run again (nor count another attempt).
                     return BEHIND
                 self.buffer.popleft()
                 if not self.slot.start(message.id, message.lease_token, self.timeout_of(message), len(self.buffer)):

@@ -244,18 +244,14 @@ class WorkerProcess:
     def _run_next(self) -> None:
         waited = False
         while (message := self.held.start_next()) is BEHIND:
-            # Written before the partition's next job starts (the keeper may be writing it).
+            # Written before the next job starts (the keeper may be writing them): its partition's
+            # previous outcome, or all of them before a job that may have killed a process.
             if waited:
                 time.sleep(KEEPER_TICK_SECONDS / 10)
             self._flush()
             waited = True
         if message is None:
             return  # the supervisor took the buffer back meanwhile
-        if message.deliveries_count > 1:
-            # Delivered before without an outcome: it may be what killed a process. What this
-            # process finished is written first, so that if it dies again those jobs are not run
-            # again (and charged another attempt: a retry lost that way runs again at once).
-            self._flush()
         began = time.perf_counter()
         self.acked_first = None
         outcome = self.executor.execute(message)  # never raises for what the job did

@@ -154,3 +154,26 @@ def test_a_batch_taken_back_is_never_started_even_once_its_partition_may_go_on(h
     held.written(held.take_pending())
     assert held.start_next() is None  # ...and then is dropped, as is job 3: both were taken back
     assert len(held) == 0 and held.running is None
+
+
+def test_a_job_delivered_before_without_an_outcome_waits_for_what_was_finished_to_be_written(
+    held: Holdings,
+) -> None:
+    """It may be what killed a process: what this one finished is written before it starts, and it
+    is not marked running meanwhile (no time limit runs for it while the writes wait)."""
+    suspect = dataclasses.replace(message(2), deliveries_count=2)
+    held.add_fetched([message(1), suspect, dataclasses.replace(message(3), deliveries_count=3)])
+    first = held.start_next()
+    assert isinstance(first, Message) and first.id == 1
+    held.finish(ended(first))
+    assert held.start_next() is BEHIND
+    view = held.slot.read()
+    assert held.running is None and view is not None and (view.running_id, view.deadline_ns) == (0, 0)
+    taken = held.take_pending()
+    assert held.start_next() is BEHIND  # taken, not yet written (the keeper may be writing them)
+    held.written(taken)
+    second = held.start_next()
+    assert isinstance(second, Message) and second.id == 2
+    held.finish(None)  # nothing to write: the next suspect need not wait
+    third = held.start_next()
+    assert isinstance(third, Message) and third.id == 3
