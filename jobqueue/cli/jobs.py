@@ -123,7 +123,8 @@ def show(state: CliState, /, job_id: int, as_json: bool) -> None:
         lines.extend("  " + line for line in traceback.rstrip().splitlines())
     history = row.get("history") or []
     if not isinstance(history, list) or not all(isinstance(entry, dict) for entry in history):
-        lines.append(f"history      <unreadable: {history!r:.200}>")  # edited by hand, say
+        shown = history if isinstance(history, deadletter.Unreadable) else deadletter.Unreadable(history)
+        lines.append(f"history      {shown}")
         history = []
     for number, entry in enumerate(history, 1):
         lines.append(

@@ -35,6 +35,7 @@ from jobqueue.storage.tables import Timestamp
 
 T = TypeVar("T")
 PACKET_OVERHEAD_PER_ROW = 1024  # the SQL text and the fixed columns of one row, generously
+STATEMENT_OVERHEAD = 8192  # the rest of a statement that carries one large value, generously
 DUPLICATE_KEY = 1062
 MISSING_TABLE = 1146
 # Error codes worth retrying: server gone or restarting, too many connections; lock wait timeout and
@@ -99,14 +100,6 @@ def _escaped_length(value: bytes | str | None) -> int:
     return len(data) + sum(data.count(byte) for byte in _ESCAPED)
 
 
-def _outcome_size(outcome: Outcome) -> int:
-    """The length of an outcome's own values, unescaped and in characters: at most their length
-    in a statement."""
-    error = outcome.error
-    texts = len(error.message) + len(error.traceback or "") if error else 0
-    return len(outcome.result or b"") + len(outcome.checkpoint or b"") + texts
-
-
 def _outcome_length(outcome: Outcome) -> int:
     """How many bytes an outcome's own values take in the statements of a flush."""
     error = outcome.error
@@ -165,15 +158,14 @@ class MySQLDialect(Dialect):
         # After lock_held (SELECT ... FOR UPDATE), one INSERT ... SELECT copies the archive rows
         # from the message rows on the server (payloads never travel back), joined to the outcome
         # fields sent as a UNION ALL derived table, which MySQL and MariaDB both read.
-        read = _connection_reader(connection)
-        for outcome in outcomes:
-            self._check_fits(
-                read, "the job's result and error", partial(_outcome_length, outcome), _outcome_size(outcome)
-            )
         held = self.lock_held(connection, [(o.message.id, o.message.lease_token) for o in outcomes])
         applied = [o for o in outcomes if (o.message.id, o.message.lease_token) in held]
         finals = [o for o in applied if o.kind is OutcomeKind.ARCHIVE]
         kept = [o for o in finals if o.retain]
+        read = _connection_reader(connection)
+        for outcome in [*kept, *[o for o in applied if o.kind is not OutcomeKind.ARCHIVE]]:  # what is sent
+            length = partial(_outcome_length, outcome)
+            self._check_fits(read, "the job's outcome takes", length, _outcome_bytes(outcome))
         # Each statement stays under the server's max_allowed_packet: one over it is refused and
         # the server drops the connection (a flush of 22 results of 900 KB was one such statement).
         for chunk in self._packets(connection, kept, _outcome_bytes):
@@ -202,23 +194,25 @@ class MySQLDialect(Dialect):
     def _check_fits(self, read: Callable[[str], Any], what: str, length: Callable[[], int], size: int) -> None:
         """Refuse, before sending it, a value the server would refuse: a statement over its
         max_allowed_packet is not an error the server names, it drops the connection. ``size`` is
-        a cheap lower bound of the value's length; ``length()`` its escaped length."""
+        the value's length in bytes, or more (escaping at most doubles it); ``length()`` its
+        escaped length, worked out only for values that might not fit."""
         limit = self._packet_limit(read)
-        if not limit or size + PACKET_OVERHEAD_PER_ROW <= limit // 2:
+        if not limit or size + STATEMENT_OVERHEAD <= limit // 2:  # escaped, at most twice as long
             return
-        escaped = length() + PACKET_OVERHEAD_PER_ROW
+        escaped = length() + STATEMENT_OVERHEAD
         if escaped > limit:
             raise SerializationError(
-                f"{what} take {escaped:,} bytes in the statement that stores them, over this server's "
+                f"{what} {escaped:,} bytes in the statement that stores them, over this server's "
                 f"max_allowed_packet ({limit:,} bytes): raise max_allowed_packet on the MySQL or MariaDB "
                 "server, or store large data elsewhere and pass a reference"
             )
 
     def _check_payloads(self, read: Callable[[str], Any], payloads: list[bytes]) -> None:
         for payload in payloads:
-            self._check_fits(read, "the job's arguments", partial(_escaped_length, payload), len(payload))
+            self._check_fits(read, "the job's arguments take", partial(_escaped_length, payload), len(payload))
 
     def row_pages(self, connection: sa.Connection, rows: list[dict[str, Any]], most: int = 1000) -> Iterator[list[Any]]:
+        self._check_payloads(_connection_reader(connection), [row["payload"] for row in rows])
         for packet in self._packets(connection, rows, lambda row: len(row["payload"])):
             for start in range(0, len(packet), most):
                 yield packet[start : start + most]
@@ -509,6 +503,7 @@ class MySQLDialect(Dialect):
         return [(job_id, key) for job_id, (_, key) in zip(fresh, inserted, strict=True)]
 
     def _insert_new(self, connection: sa.Connection, rows: list[dict[str, Any]]) -> list[tuple[int, str]]:
+        self._check_payloads(_connection_reader(connection), [row["payload"] for row in rows])
         m = self.message
         insert = sa.insert(m).prefix_with("IGNORE")
         if connection.dialect.insert_returning:
@@ -529,5 +524,6 @@ class MySQLDialect(Dialect):
     def insert_unique(self, connection: sa.Connection, row: dict[str, Any]) -> int | None:
         # IGNORE reports a skipped duplicate as no row (ON DUPLICATE KEY UPDATE could not: with
         # CLIENT_FOUND_ROWS, which SQLAlchemy sets, a no-op update reports one row like an insert).
+        self._check_payloads(_connection_reader(connection), [row["payload"]])
         result = connection.execute(sa.insert(self.message).prefix_with("IGNORE").values(row))
         return self.fresh_ids(connection, [int(result.lastrowid)])[0] if result.rowcount == 1 else None
