@@ -7,6 +7,7 @@ Each field's metadata carries its help text, which the CLI turns into ``jobqueue
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import re
 from dataclasses import dataclass, field
@@ -112,14 +113,15 @@ class Settings:
             "graceful_timeout",
         ):
             value = getattr(self, name)
-            if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0:
-                raise ConfigurationError(f"{name} must be a number of seconds >= 0, got {value!r}")
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value) or value < 0:
+                raise ConfigurationError(f"{name} must be a finite number of seconds >= 0, got {value!r}")
         if self.release_stuck_timeout < 1:
             raise ConfigurationError("release_stuck_timeout must be at least 1 second (heartbeats run every third)")
         if self.min_fetch_interval > self.max_fetch_interval:
             raise ConfigurationError("min_fetch_interval must not exceed max_fetch_interval")
-        if self.overfetch_factor < 1:
-            raise ConfigurationError(f"overfetch_factor must be >= 1, got {self.overfetch_factor!r}")
+        factor = self.overfetch_factor
+        if not isinstance(factor, (int, float)) or isinstance(factor, bool) or not math.isfinite(factor) or factor < 1:
+            raise ConfigurationError(f"overfetch_factor must be a finite number >= 1, got {factor!r}")
         if self.metrics_port is not None and (
             not isinstance(self.metrics_port, int) or not 0 < self.metrics_port < 65536
         ):

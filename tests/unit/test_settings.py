@@ -24,6 +24,13 @@ def test_defaults_follow_the_spec() -> None:
         ({"table_prefix": "Robert'); DROP TABLE x;--"}, "table_prefix"),
         ({"queues": ("ok", "not ok")}, "invalid queue name"),
         ({"concurrency": 0}, "concurrency"),
+        # Not a number, or not a finite one: compared with anything, NaN is never too small.
+        ({"release_stuck_timeout": float("nan")}, "release_stuck_timeout must be a finite number"),
+        ({"release_stuck_timeout": float("inf")}, "release_stuck_timeout must be a finite number"),
+        ({"graceful_timeout": float("nan")}, "graceful_timeout"),
+        ({"flush_interval": float("inf")}, "flush_interval"),
+        ({"overfetch_factor": float("nan")}, "overfetch_factor must be a finite number"),
+        ({"overfetch_factor": float("inf")}, "overfetch_factor"),
     ],
 )
 def test_invalid_settings_name_the_problem(changes: dict, fragment: str) -> None:
