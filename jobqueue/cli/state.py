@@ -59,11 +59,15 @@ def load_app(spec: str | None) -> JobQueue:
         return JobQueue()
     target, _, attribute = spec.partition(":")
     attribute = attribute or "app"
+    if not target:
+        raise ConfigurationError(
+            f"--app/{APP_ENV} {spec!r} names no module: give module:attribute, e.g. myproject.tasks:app"
+        )
     if os.getcwd() not in sys.path and "" not in sys.path:
         sys.path.insert(0, os.getcwd())
     try:
         module = _import(target)
-    except ImportError as exc:
+    except (ImportError, ValueError) as exc:  # ValueError: a relative or empty module name
         raise ConfigurationError(f"cannot import {target!r} named by --app/{APP_ENV}: {exc}") from exc
     app = getattr(module, attribute, None)
     if not isinstance(app, JobQueue):
@@ -114,11 +118,23 @@ class Group(click.Group):
             return super().invoke(ctx)
         except JobQueueError as exc:
             raise click.ClickException(mask_secrets(str(exc), ctx)) from None
-        except sa.exc.OperationalError as exc:
-            state = ctx.find_object(CliState)
-            where = mask_url(state.app.database_url) if state and state._app else "the database"
+        except sa.exc.DBAPIError as exc:
+            # The server or the driver refused the connection (no statement ran), or it broke: say
+            # so in a line. An error of a statement is a bug to report, with its traceback.
+            if not isinstance(exc, sa.exc.OperationalError) and exc.statement is not None:
+                raise
             reason = str(exc.orig).strip().splitlines()[0] if exc.orig else str(exc)
-            raise click.ClickException(mask_secrets(f"cannot use {where}: {reason}", ctx)) from None
+            raise click.ClickException(mask_secrets(f"cannot use {_where(ctx)}: {reason}", ctx)) from None
+        except TypeError as exc:
+            if "argument for connect()" not in str(exc):  # mysqlclient, given an option it does not take
+                raise
+            reason = f"the URL's query has an option the driver does not take ({exc})"
+            raise click.ClickException(mask_secrets(f"cannot use {_where(ctx)}: {reason}", ctx)) from None
+
+
+def _where(ctx: click.Context) -> str:
+    state = ctx.find_object(CliState)
+    return mask_url(state.app.database_url) if state and state._app else "the database"
 
 
 def mask_secrets(message: str, ctx: click.Context) -> str:

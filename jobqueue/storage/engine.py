@@ -53,15 +53,20 @@ def url_secrets(url: str | sa.URL | None) -> list[str]:
 DEFAULT_DRIVERS = {"postgresql": "postgresql+psycopg2", "mysql": "mysql+mysqldb", "mariadb": "mariadb+mysqldb"}
 
 
-def backend_name(url: str | sa.URL) -> str:
-    """Return "sqlite", "postgresql" or "mysql" for a URL, or raise ConfigurationError."""
+def parse_url(url: str | sa.URL) -> sa.URL:
+    """``url`` parsed, or ConfigurationError saying what is wrong with it (its password hidden)."""
     try:
-        name = sa.make_url(url).get_backend_name()
+        return sa.make_url(url)
     except Exception as exc:
         raise ConfigurationError(
             f"cannot parse database URL {mask_url(url)!r} ({exc}); expected for example "
-            "sqlite:///jobqueue.sqlite3, postgresql+psycopg2://user@host/db or mysql+mysqldb://user@host/db"
+            "sqlite:///jobqueue.sqlite3, postgresql+psycopg2://user@host:5432/db or mysql+mysqldb://user@host/db"
         ) from None
+
+
+def backend_name(url: str | sa.URL) -> str:
+    """Return "sqlite", "postgresql" or "mysql" for a URL, or raise ConfigurationError."""
+    name = parse_url(url).get_backend_name()
     name = {"mariadb": "mysql"}.get(name, name)
     if name not in ("sqlite", "postgresql", "mysql"):
         raise ConfigurationError(
@@ -93,7 +98,7 @@ def absolute_url(url: str | sa.URL) -> sa.URL:
 
 def create_engine(url: str | sa.URL, **kwargs: Any) -> sa.Engine:
     """Create an engine configured for jobqueue's access pattern on its database (the dialect's settings)."""
-    parsed = sa.make_url(url)
+    parsed = parse_url(url)
     cls = _dialect_class(parsed)
     if parsed.drivername in DEFAULT_DRIVERS:
         # A URL without a driver gets the one jobqueue installs (SQLAlchemy 2.1 would pick psycopg 3).

@@ -145,6 +145,27 @@ def test_worker_refuses_a_listen_url_it_cannot_use(db_url: str, backend: str) ->
     assert "consumer groups added" not in result.stderr and "schedules" not in result.stderr
 
 
+@pytest.mark.parametrize(
+    "args, fragment",
+    [
+        (("--database-url", "postgresql+psycopg2://u:hunter2secret@127.0.0.1:abc/db"), "cannot parse database URL"),
+        (("--database-url", "postgresql+psycopg2://u:hunter2secret@127.0.0.1:5432/test?bogus=1"), '"bogus"'),
+        (("--database-url", "mysql+mysqldb://u:hunter2secret@127.0.0.1:3306/test?bogus=1"), "does not take"),
+    ],
+)
+def test_a_database_url_the_driver_cannot_use_is_one_line_naming_it(args: tuple[str, ...], fragment: str) -> None:
+    result = jobqueue(*args, "status", check=False)
+    assert result.returncode == 1 and fragment in result.stderr, result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr, result.stderr
+    assert "hunter2secret" not in result.stderr
+
+
+def test_an_app_without_a_module_is_one_line_naming_the_fix() -> None:
+    result = jobqueue("status", app=":app", check=False)
+    assert result.returncode == 1 and "names no module: give module:attribute" in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr
+
+
 def test_password_never_reaches_logs(tmp_path) -> None:
     """Passwords in the user part and in query parameters stay out of CLI errors and worker logs;
     a worker whose database is down waits for it, logging, instead of exiting."""
