@@ -6,6 +6,7 @@ import sqlalchemy as sa
 
 from jobqueue.errors import SchemaError
 from jobqueue.storage.dialects import dialect_for
+from jobqueue.storage.dialects.base import Dialect
 from jobqueue.storage.migrations import installed_version, newer_error, stamp, upgrade_on
 from jobqueue.storage.tables import SCHEMA_VERSION, Tables
 
@@ -21,6 +22,11 @@ def init_schema_on(conn: sa.Connection, tables: Tables) -> str:
     """:func:`init_schema` inside the caller's transaction (a Django migration's, say)."""
     dialect = dialect_for(conn.engine, tables)
     dialect.check_server(conn)
+    with dialect.schema_lock(conn):
+        return _init_locked(conn, tables, dialect)
+
+
+def _init_locked(conn: sa.Connection, tables: Tables, dialect: Dialect) -> str:
     version = installed_version(conn, tables)
     if version is not None and version > SCHEMA_VERSION:
         raise newer_error(conn, tables, version)

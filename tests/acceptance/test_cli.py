@@ -11,8 +11,10 @@ import pytest
 import sqlalchemy as sa
 
 from jobqueue import JobFailed, JobQueue, SerializationError
+from tests import servers
 from tests.acceptance.cli import ROOT, jobqueue
 from tests.apps import basic
+from tests.conftest import only
 from tests.runtime.harness import wait_for
 
 
@@ -28,6 +30,25 @@ def test_db_init_is_idempotent(db_url: str) -> None:
     assert "***" in first.stdout or "sqlite" in first.stdout  # the URL is shown masked
     assert "jobqueue_test:jobqueue_test@" not in first.stdout + again.stdout
     assert jobqueue("db", "check").returncode == 0
+
+
+@only("postgresql", "mysql")
+def test_db_init_run_by_several_processes_at_once_succeeds_in_each(backend: str, tmp_path) -> None:
+    """As every container of a deployment runs it as it starts: they take turns, and the ones
+    after the first find the schema up to date."""
+    url = servers.create_database(backend, str(tmp_path))
+    try:
+        command = [sys.executable, "-m", "jobqueue", "--app", "tests.apps.basic:app", "--database-url", url]
+        command += ["db", "init"]
+        output = {"stdout": subprocess.PIPE, "stderr": subprocess.STDOUT, "text": True}
+        inits = [subprocess.Popen(command, cwd=ROOT, **output) for _ in range(5)]  # type: ignore[call-overload]
+        outputs = [(init.wait(120), init.stdout.read()) for init in inits if init.stdout is not None]
+        assert [code for code, _ in outputs] == [0] * 5, outputs
+        said = [text for _, text in outputs]
+        assert sum("created jobqueue schema" in text for text in said) == 1, said
+        assert sum("is up to date" in text for text in said) == 4, said
+    finally:
+        servers.drop_database(backend, url)
 
 
 def test_1000_jobs_through_delay_and_bulk(app: JobQueue) -> None:

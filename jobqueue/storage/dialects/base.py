@@ -12,6 +12,7 @@ serves every later call.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from datetime import datetime
 from typing import Any
@@ -83,6 +84,13 @@ class Dialect(Connector):
         )
 
     # -- schema and server ---------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def schema_lock(self, connection: sa.Connection) -> Iterator[None]:
+        """Held while `db init` creates or upgrades the tables, so that several at once (every
+        container running it as it starts) take turns, each seeing what the one before did.
+        SQLite needs none: its transaction already holds the database's one write lock."""
+        yield
+
     def after_create(self, connection: sa.Connection) -> None:
         """DDL beyond the tables that `db init` (re)applies: nothing by default."""
 

@@ -7,6 +7,7 @@ INSERT ... RETURNING; MySQL 8 has not, and bulk inserts there read the ids from 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Callable, Iterator
@@ -17,7 +18,7 @@ from typing import Any, TypeVar
 import sqlalchemy as sa
 from sqlalchemy import event
 
-from jobqueue.errors import ConfigurationError, SerializationError
+from jobqueue.errors import ConfigurationError, SchemaError, SerializationError
 from jobqueue.job import Batch, Message, Outcome, OutcomeKind
 from jobqueue.storage.dialects.base import Dialect
 from jobqueue.storage.dialects.common import (
@@ -35,6 +36,7 @@ from jobqueue.storage.tables import Timestamp
 
 T = TypeVar("T")
 PACKET_OVERHEAD_PER_ROW = 1024  # the SQL text and the fixed columns of one row, generously
+SCHEMA_LOCK_SECONDS = 600
 STATEMENT_OVERHEAD = 8192  # the rest of a statement that carries one large value, generously
 DUPLICATE_KEY = 1062
 MISSING_TABLE = 1146
@@ -153,6 +155,25 @@ class MySQLDialect(Dialect):
                 )
             )
         )
+
+    @contextlib.contextmanager
+    def schema_lock(self, connection: sa.Connection) -> Iterator[None]:
+        # A named lock of the session (DDL commits as it goes, so no transaction can hold one),
+        # per database and table prefix; names are at most 64 characters, so hashed.
+        name = sa.func.sha1(sa.func.concat(sa.func.database(), ".", f"{self.tables.prefix}schema"))
+        got = connection.execute(sa.select(sa.func.get_lock(name, SCHEMA_LOCK_SECONDS))).scalar()
+        if got != 1:
+            raise SchemaError(
+                f"another `jobqueue db init` or upgrade of this database has held its lock for "
+                f"{SCHEMA_LOCK_SECONDS} s; let it finish, then run this one again"
+            )
+        try:
+            yield
+            # Committed before the next holder looks: the version row (the DDL has committed
+            # itself, as DDL always does on MySQL, so the transaction was not atomic anyway).
+            connection.exec_driver_sql("COMMIT")
+        finally:
+            connection.execute(sa.select(sa.func.release_lock(name)))
 
     def apply_outcomes(self, connection: sa.Connection, outcomes: list[Outcome], now: datetime) -> set[tuple[int, int]]:
         # After lock_held (SELECT ... FOR UPDATE), one INSERT ... SELECT copies the archive rows

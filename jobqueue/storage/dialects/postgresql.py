@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import datetime
 from typing import Any
 
@@ -111,6 +111,14 @@ class PostgreSQLDialect(Dialect):
         return self.engine.dialect.driver == "psycopg2"
 
     # -- schema, server, errors -----------------------------------------------------------------------
+    @contextlib.contextmanager
+    def schema_lock(self, connection: sa.Connection) -> Iterator[None]:
+        # Released when the transaction ends. The DDL is transactional: the next holder reads the
+        # version the one before recorded, and finds its tables and function there.
+        name = f"{self.tables.prefix}schema"
+        connection.execute(sa.text("SELECT pg_advisory_xact_lock(hashtext(:name))"), {"name": name})
+        yield
+
     def after_create(self, connection: sa.Connection) -> None:
         for statement in postgresql_notify_ddl(self.tables.prefix):
             connection.exec_driver_sql(statement)
