@@ -132,7 +132,7 @@ class TopicStore:
 
         Publishers share the lock and a group being added takes it alone: so a publish sees either
         all of a new group's registration or none of it. The groups are read by a statement after
-        the lock is held, which (in READ COMMITTED) sees a registration that committed meanwhile.
+        the lock is held, which sees a registration that committed meanwhile.
         """
         tp, g = self.tables.topic, self.tables.topic_group
         lock = sa.select(tp.c.name).where(tp.c.name == topic)
@@ -143,9 +143,12 @@ class TopicStore:
                 {"name": topic, "created_at": now, "groups_changed_at": now},
             )
             conn.execute(lock)
-        return list(
-            conn.execute(sa.select(g.c.group_name).where(g.c.topic == topic).order_by(g.c.group_name)).scalars()
-        )
+        groups = sa.select(g.c.group_name).where(g.c.topic == topic).order_by(g.c.group_name)
+        if self.dialect.snapshot_reads:
+            # In a caller's REPEATABLE READ transaction that read before, a plain SELECT would see
+            # the groups of that first read, missing one added since: a locking read sees it.
+            groups = groups.with_for_update(read=True)
+        return list(conn.execute(groups).scalars())
 
     def _deliver(
         self,

@@ -56,6 +56,23 @@ def payloads(app: JobQueue, group: str) -> list[Any]:
     return [loads_call(app.serializer, row["payload"])[0][0] for row in deliveries(app, group)]
 
 
+@only("postgresql", "mysql")
+def test_a_publish_in_a_transaction_that_read_before_a_group_was_added_delivers_to_it(app: JobQueue) -> None:
+    """The caller's transaction, at its database's default isolation (REPEATABLE READ on MariaDB),
+    read before another process added a group: its publish still sees the group."""
+    consumers(app, "billing")
+    register(app)
+    orders = app.topic("orders")
+    engine = sa.create_engine(app.database_url)  # the application's own engine, default isolation
+    with engine.connect() as conn, conn.begin():
+        conn.execute(sa.select(sa.func.count()).select_from(app.tables.message)).scalar()  # a first read
+        app.topic_store.register("orders", "audit", "latest")  # another process, committed meanwhile
+        published = orders.publish({"id": 1}, connection=conn)
+    engine.dispose()
+    assert [int(row["unique_key"]) for row in deliveries(app, "audit")] == [published]
+    assert [int(row["unique_key"]) for row in deliveries(app, "billing")] == [published]
+
+
 def test_every_group_gets_every_message_with_its_key_and_headers(app: JobQueue) -> None:
     consumers(app, "billing", "email")
     register(app)

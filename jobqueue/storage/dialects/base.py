@@ -52,6 +52,9 @@ class Dialect(Connector):
     # SELECT ... FOR UPDATE locks every row it reads before LIMIT applies (MariaDB): one worker's
     # fetch would lock every key with work, and the others would find none.
     lock_flow_keys_as_found = True
+    # A plain SELECT in a caller's transaction reads the snapshot of its first read (REPEATABLE
+    # READ, MySQL's and MariaDB's default), where a locking read sees what has committed since.
+    snapshot_reads = False
     # Whether lease times come from this host's clock (bound by the caller) rather than the
     # server's. True only where the server is this host (SQLite).
     client_clock = True

@@ -113,6 +113,7 @@ class MySQLDialect(Dialect):
     name = "mysql"
     default_port = 3306
     lock_flow_keys_as_found = False  # a sorted SELECT ... FOR UPDATE locks every row it reads
+    snapshot_reads = True
 
     @classmethod
     def engine_options(cls, url: sa.URL) -> tuple[sa.URL, dict[str, Any]]:
