@@ -177,20 +177,28 @@ def upgrade(engine: sa.Engine, tables: Tables, dry_run: bool = False) -> list[st
     upgrade resumes where it stopped.
     """
     done: list[str] = []
+    dialect = dialect_for(engine, tables)
     with engine.connect() as connection:
-        dialect_for(engine, tables).check_server(connection)
+        dialect.check_server(connection)
         steps = pending(connection, tables)
         connection.rollback()
         for migration in steps:
             with connection.begin():
-                statements = migration.statements(connection, tables)
-                done.append(f"-- {migration.version}: {migration.description}")
-                done.extend(f"{statement};" for statement in statements)
                 if dry_run:
+                    statements = migration.statements(connection, tables)
+                    done.append(f"-- {migration.version}: {migration.description}")
+                    done.extend(f"{statement};" for statement in statements)
                     continue
-                for statement in statements:
-                    connection.exec_driver_sql(statement)
-                stamp(connection, tables, migration.version)
+                # Several upgrades at once take turns; one that finds a step done by another skips it.
+                with dialect.schema_lock(connection):
+                    if (installed_version(connection, tables) or 0) >= migration.version:
+                        continue
+                    statements = migration.statements(connection, tables)
+                    done.append(f"-- {migration.version}: {migration.description}")
+                    done.extend(f"{statement};" for statement in statements)
+                    for statement in statements:
+                        connection.exec_driver_sql(statement)
+                    stamp(connection, tables, migration.version)
     return done
 
 

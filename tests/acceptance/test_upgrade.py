@@ -167,6 +167,21 @@ def test_jobs_in_every_state_survive_the_upgrade_and_run_to_their_end(old_databa
     app.close()
 
 
+def test_several_upgrades_at_once_take_turns(old_database: str) -> None:
+    """As when each container of a deployment upgrades as it starts: each step runs once."""
+    command = [sys.executable, "-m", "jobqueue", "--app", APP, "db", "upgrade"]
+    output = {"stdout": subprocess.PIPE, "stderr": subprocess.STDOUT, "text": True}
+    upgrades = [subprocess.Popen(command, cwd=ROOT, **output) for _ in range(4)]  # type: ignore[call-overload]
+    results = [(run.wait(120), run.stdout.read()) for run in upgrades if run.stdout is not None]
+    assert [code for code, _ in results] == [0] * 4, results
+    assert jobqueue("db", "check", app=APP).returncode == 0
+    engine = sa.create_engine(old_database)
+    with engine.connect() as conn:
+        versions = list(conn.execute(sa.text(f"SELECT version FROM {PREFIX}schema_version ORDER BY version")).scalars())
+    engine.dispose()
+    assert versions == list(range(1, SCHEMA_VERSION + 1))
+
+
 def test_a_worker_refuses_a_schema_newer_than_its_release_and_names_the_one_to_install(old_database: str) -> None:
     engine = sa.create_engine(old_database)
     migrations.upgrade(engine, build_tables(PREFIX))
