@@ -113,15 +113,14 @@ class Settings:
             "graceful_timeout",
         ):
             value = getattr(self, name)
-            if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value) or value < 0:
+            if not _finite_number(value) or value < 0:
                 raise ConfigurationError(f"{name} must be a finite number of seconds >= 0, got {value!r}")
         if self.release_stuck_timeout < 1:
             raise ConfigurationError("release_stuck_timeout must be at least 1 second (heartbeats run every third)")
         if self.min_fetch_interval > self.max_fetch_interval:
             raise ConfigurationError("min_fetch_interval must not exceed max_fetch_interval")
-        factor = self.overfetch_factor
-        if not isinstance(factor, (int, float)) or isinstance(factor, bool) or not math.isfinite(factor) or factor < 1:
-            raise ConfigurationError(f"overfetch_factor must be a finite number >= 1, got {factor!r}")
+        if not _finite_number(self.overfetch_factor) or self.overfetch_factor < 1:
+            raise ConfigurationError(f"overfetch_factor must be a finite number >= 1, got {self.overfetch_factor!r}")
         if self.metrics_port is not None and (
             not isinstance(self.metrics_port, int) or not 0 < self.metrics_port < 65536
         ):
@@ -157,6 +156,11 @@ class Settings:
     @property
     def effective_concurrency(self) -> int:
         return self.concurrency or os.cpu_count() or 1
+
+
+def _finite_number(value: Any) -> bool:
+    """An int or float that is neither NaN nor infinite (NaN passes every "at least" check)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def setting_names() -> list[str]:

@@ -10,6 +10,7 @@ applied it, so that an older release can say which one to install.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -183,22 +184,19 @@ def upgrade(engine: sa.Engine, tables: Tables, dry_run: bool = False) -> list[st
         steps = pending(connection, tables)
         connection.rollback()
         for migration in steps:
-            with connection.begin():
-                if dry_run:
-                    statements = migration.statements(connection, tables)
-                    done.append(f"-- {migration.version}: {migration.description}")
-                    done.extend(f"{statement};" for statement in statements)
+            # Several upgrades at once take turns; one that finds a step done by another skips it.
+            lock = contextlib.nullcontext() if dry_run else dialect.schema_lock(connection)
+            with connection.begin(), lock:
+                if not dry_run and (installed_version(connection, tables) or 0) >= migration.version:
                     continue
-                # Several upgrades at once take turns; one that finds a step done by another skips it.
-                with dialect.schema_lock(connection):
-                    if (installed_version(connection, tables) or 0) >= migration.version:
-                        continue
-                    statements = migration.statements(connection, tables)
-                    done.append(f"-- {migration.version}: {migration.description}")
-                    done.extend(f"{statement};" for statement in statements)
-                    for statement in statements:
-                        connection.exec_driver_sql(statement)
-                    stamp(connection, tables, migration.version)
+                statements = migration.statements(connection, tables)
+                done.append(f"-- {migration.version}: {migration.description}")
+                done.extend(f"{statement};" for statement in statements)
+                if dry_run:
+                    continue
+                for statement in statements:
+                    connection.exec_driver_sql(statement)
+                stamp(connection, tables, migration.version)
     return done
 
 

@@ -35,6 +35,7 @@ from jobqueue.storage.outcomes import ARCHIVED_COLUMNS, COPIED, RELEASED, archiv
 from jobqueue.storage.tables import Timestamp
 
 T = TypeVar("T")
+Runner = Callable[[str, tuple[Any, ...]], Any]  # runs a statement with its parameters
 PACKET_OVERHEAD_PER_ROW = 1024  # the SQL text and the fixed columns of one row, generously
 SCHEMA_LOCK_SECONDS = 600
 STATEMENT_OVERHEAD = 8192  # the rest of a statement that carries one large value, generously
@@ -56,29 +57,16 @@ def _mysql_code(exc: BaseException) -> int | None:
     return args[0] if args and isinstance(args[0], int) else None
 
 
-def _connection_runner(connection: sa.Connection) -> Callable[[str, tuple[Any, ...]], Any]:
+def _connection_runner(connection: sa.Connection) -> Runner:
     return lambda sql, params: connection.exec_driver_sql(sql, params)
 
 
-def _cursor_runner(cursor: Any) -> Callable[[str, tuple[Any, ...]], Any]:
+def _cursor_runner(cursor: Any) -> Runner:
     def run(sql: str, params: tuple[Any, ...]) -> Any:
         cursor.execute(sql, params)
         return cursor
 
     return run
-
-
-def _connection_reader(connection: sa.Connection) -> Callable[[str], Any]:
-    """A function that runs a query on ``connection`` and returns its one value."""
-    return lambda sql: connection.exec_driver_sql(sql).scalar()
-
-
-def _cursor_reader(cursor: Any) -> Callable[[str], Any]:
-    def read(sql: str) -> Any:
-        cursor.execute(sql)
-        return cursor.fetchone()[0]
-
-    return read
 
 
 def _outcome_bytes(outcome: Outcome) -> int:
@@ -184,10 +172,11 @@ class MySQLDialect(Dialect):
         applied = [o for o in outcomes if (o.message.id, o.message.lease_token) in held]
         finals = [o for o in applied if o.kind is OutcomeKind.ARCHIVE]
         kept = [o for o in finals if o.retain]
-        read = _connection_reader(connection)
-        for outcome in [*kept, *[o for o in applied if o.kind is not OutcomeKind.ARCHIVE]]:  # what is sent
+        requeued = [o for o in applied if o.kind is not OutcomeKind.ARCHIVE]
+        run = _connection_runner(connection)
+        for outcome in [*kept, *requeued]:  # what is sent
             length = partial(_outcome_length, outcome)
-            self._check_fits(read, "the job's outcome takes", length, _outcome_bytes(outcome))
+            self._check_fits(run, "the job's outcome takes", length, _outcome_bytes(outcome))
         # Each statement stays under the server's max_allowed_packet: one over it is refused and
         # the server drops the connection (a flush of 22 results of 900 KB was one such statement).
         for chunk in self._packets(connection, kept, _outcome_bytes):
@@ -198,27 +187,27 @@ class MySQLDialect(Dialect):
             connection.exec_driver_sql(self._archive_copy_sql(len(chunk)), tuple(params))
         if finals:
             connection.execute(self.delete_ids, {"ids": [o.message.id for o in finals]})
-        updates = [requeue_binds(o, now) for o in applied if o.kind is not OutcomeKind.ARCHIVE]
+        updates = [requeue_binds(o, now) for o in requeued]
         if updates:
             connection.execute(self.requeue, updates)
         return held
 
     _max_packet: int | None = None
 
-    def _packet_limit(self, read: Callable[[str], Any]) -> int:
-        """The server's max_allowed_packet, asked once per process (``read`` runs a query)."""
+    def _packet_limit(self, run: Runner) -> int:
+        """The server's max_allowed_packet, asked once per process."""
         if self._max_packet is None:
             # Read once per process: changing it on a running server is rare, and a statement over
             # it anyway is refused on its own (the rest of a flush is still written).
-            self._max_packet = int(read("SELECT @@max_allowed_packet") or 0)
+            self._max_packet = int(run("SELECT @@max_allowed_packet", ()).fetchone()[0] or 0)
         return self._max_packet
 
-    def _check_fits(self, read: Callable[[str], Any], what: str, length: Callable[[], int], size: int) -> None:
+    def _check_fits(self, run: Runner, what: str, length: Callable[[], int], size: int) -> None:
         """Refuse, before sending it, a value the server would refuse: a statement over its
         max_allowed_packet is not an error the server names, it drops the connection. ``size`` is
         the value's length in bytes, or more (escaping at most doubles it); ``length()`` its
         escaped length, worked out only for values that might not fit."""
-        limit = self._packet_limit(read)
+        limit = self._packet_limit(run)
         if not limit or size + STATEMENT_OVERHEAD <= limit // 2:  # escaped, at most twice as long
             return
         escaped = length() + STATEMENT_OVERHEAD
@@ -229,12 +218,12 @@ class MySQLDialect(Dialect):
                 "server, or store large data elsewhere and pass a reference"
             )
 
-    def _check_payloads(self, read: Callable[[str], Any], payloads: list[bytes]) -> None:
+    def _check_payloads(self, run: Runner, payloads: list[bytes]) -> None:
         for payload in payloads:
-            self._check_fits(read, "the job's arguments take", partial(_escaped_length, payload), len(payload))
+            self._check_fits(run, "the job's arguments take", partial(_escaped_length, payload), len(payload))
 
     def row_pages(self, connection: sa.Connection, rows: list[dict[str, Any]], most: int = 1000) -> Iterator[list[Any]]:
-        self._check_payloads(_connection_reader(connection), [row["payload"] for row in rows])
+        self._check_payloads(_connection_runner(connection), [row["payload"] for row in rows])
         for packet in self._packets(connection, rows, lambda row: len(row["payload"])):
             for start in range(0, len(packet), most):
                 yield packet[start : start + most]
@@ -243,7 +232,7 @@ class MySQLDialect(Dialect):
         """``items`` in runs whose statements stay well under the server's max_allowed_packet."""
         if not items:
             return
-        budget = max(self._packet_limit(_connection_reader(connection)) // 2, 1)  # escaping can double binary data
+        budget = max(self._packet_limit(_connection_runner(connection)) // 2, 1)  # escaping can double binary data
         chunk: list[T] = []
         used = 0
         for item in items:
@@ -464,7 +453,7 @@ class MySQLDialect(Dialect):
         return len(self._move(run, ids, floor)) if ids else 0
 
     def insert_one(self, cursor: Any, row: dict[str, Any]) -> int:
-        self._check_payloads(_cursor_reader(cursor), [row["payload"]])
+        self._check_payloads(_cursor_runner(cursor), [row["payload"]])
         params = (
             row["payload"],
             row["unique_key"],
@@ -474,7 +463,7 @@ class MySQLDialect(Dialect):
         return self._checked(_cursor_runner(cursor), [int(cursor.lastrowid)])[0]
 
     def insert_messages(self, connection: sa.Connection, rows: list[dict[str, Any]]) -> list[int]:
-        self._check_payloads(_connection_reader(connection), [row["payload"] for row in rows])
+        self._check_payloads(_connection_runner(connection), [row["payload"] for row in rows])
         if connection.dialect.insert_returning:  # MariaDB: INSERT ... RETURNING
             ids = super().insert_messages(connection, rows)
         else:
@@ -498,7 +487,7 @@ class MySQLDialect(Dialect):
         ).one()[-1]
         row = "(%s, " + ", ".join(f"@jobqueue_{column}" for column in BATCH_COLUMNS) + ")"
         payloads = list(batch.payloads)
-        self._check_payloads(_connection_reader(connection), payloads)
+        self._check_payloads(_connection_runner(connection), payloads)
         ids: list[int] = []
         for packet in self._packets(connection, payloads, len):
             first = connection.exec_driver_sql(
@@ -525,7 +514,7 @@ class MySQLDialect(Dialect):
         return [(job_id, key) for job_id, (_, key) in zip(fresh, inserted, strict=True)]
 
     def _insert_new(self, connection: sa.Connection, rows: list[dict[str, Any]]) -> list[tuple[int, str]]:
-        self._check_payloads(_connection_reader(connection), [row["payload"] for row in rows])
+        self._check_payloads(_connection_runner(connection), [row["payload"] for row in rows])
         m = self.message
         insert = sa.insert(m).prefix_with("IGNORE")
         if connection.dialect.insert_returning:
@@ -546,6 +535,6 @@ class MySQLDialect(Dialect):
     def insert_unique(self, connection: sa.Connection, row: dict[str, Any]) -> int | None:
         # IGNORE reports a skipped duplicate as no row (ON DUPLICATE KEY UPDATE could not: with
         # CLIENT_FOUND_ROWS, which SQLAlchemy sets, a no-op update reports one row like an insert).
-        self._check_payloads(_connection_reader(connection), [row["payload"]])
+        self._check_payloads(_connection_runner(connection), [row["payload"]])
         result = connection.execute(sa.insert(self.message).prefix_with("IGNORE").values(row))
         return self.fresh_ids(connection, [int(result.lastrowid)])[0] if result.rowcount == 1 else None
