@@ -353,7 +353,10 @@ class Store:
             return conn.execute(stmt, self._lease_clock(seconds, now).binds()).rowcount == 1
 
     def save_checkpoint(self, message_id: int, token: int, checkpoint: bytes | None) -> bool:
-        """Store a running delivery's checkpoint durably now; False if the lease was lost."""
+        """Store a running delivery's checkpoint durably now; False if the lease was lost.
+
+        Raises SerializationError, writing nothing, for a checkpoint too large for one statement
+        (over MySQL's max_allowed_packet)."""
         m = self.tables.message
         stmt = (
             sa.update(m)
@@ -361,6 +364,7 @@ class Store:
             .values(checkpoint=checkpoint)
         )
         with self.engine.begin() as conn:
+            self.dialect.check_checkpoint(conn, checkpoint)
             return conn.execute(stmt).rowcount == 1
 
     # -- leases ------------------------------------------------------------------------------------

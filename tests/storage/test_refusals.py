@@ -20,8 +20,10 @@ import sqlalchemy as sa
 from jobqueue import ConfigurationError, JobQueue, SerializationError
 from jobqueue.clock import utcnow
 from jobqueue.job import ErrorInfo, MessageState, Outcome, OutcomeKind
+from jobqueue.retry import NoRetryStrategy
 from jobqueue.runtime.resilience import DatabaseGuard
 from jobqueue.runtime.writer import OutcomeWriter, Unwritten
+from jobqueue.testing import drain
 from tests.conftest import only
 
 WORKER = "w" * 32
@@ -228,6 +230,54 @@ def test_arguments_over_max_allowed_packet_are_refused_before_they_are_sent(db_u
         echo.apply_async(("x" * (packet + 1),), connection=conn)
     assert count(app) == 0 and "unavailable" not in caplog.text
     assert echo.delay("fits").status() == "pending"
+    app.close()
+
+
+@only("mysql")
+def test_a_checkpoint_over_max_allowed_packet_is_refused_before_it_is_sent(db_url: str, caplog) -> None:
+    """The job's code gets a SerializationError it can catch, naming the fix, instead of a dropped
+    connection; the checkpoint saved before stays, and the job's next writes work."""
+    app = JobQueue(db_url, max_payload_bytes=64 * 1024 * 1024)
+    packet = int(app.engine.connect().exec_driver_sql("SELECT @@max_allowed_packet").scalar())
+    m = app.tables.message
+    seen: list[object] = []
+
+    def stored(job_id: int | None) -> object:
+        with app.engine.connect() as conn:
+            data = conn.execute(sa.select(m.c.checkpoint).where(m.c.id == job_id)).scalar_one()
+        return app.serializer.loads(data)
+
+    @app.task(name="t.resumable", bind=True, retry_strategy=NoRetryStrategy())
+    def resumable(job, catch: bool) -> str:
+        job.checkpoint("small")
+        if not catch:
+            job.checkpoint("x" * (packet + 1024))
+        try:
+            job.checkpoint("'" * (packet // 2 + 1024))  # under the packet as it is, over it once escaped
+        except SerializationError as exc:
+            seen.extend([str(exc), stored(job.id), job.state])
+        job.checkpoint("after")
+        return "done"
+
+    caught, raised = resumable.delay(True), resumable.delay(False)
+    drain(app)
+    assert seen, "the job's code did not get a SerializationError"
+    message, row, state = seen
+    assert "the job's checkpoint takes" in str(message)
+    assert f"over this server's max_allowed_packet ({packet:,} bytes)" in str(message)
+    assert "raise max_allowed_packet on the MySQL or MariaDB server" in str(message)
+    assert (row, state) == ("small", "small")  # nothing was written, and the job still reads its last state
+    assert caught.get(timeout=1) == "done"
+    a = app.tables.archive
+    with app.engine.connect() as conn:
+        columns = (a.c.id, a.c.state, a.c.error_type, a.c.error_message, a.c.checkpoint)
+        rows = {r.id: r for r in conn.execute(sa.select(*columns))}
+    assert app.serializer.loads(rows[caught.id].checkpoint) == "after"
+    failed = rows[raised.id]
+    assert (failed.state, failed.error_type) == ("FAILED", "jobqueue.errors.SerializationError")
+    assert "the job's checkpoint takes" in failed.error_message and "max_allowed_packet" in failed.error_message
+    assert app.serializer.loads(failed.checkpoint) == "small"
+    assert "gone away" not in caplog.text and "Lost connection" not in caplog.text
     app.close()
 
 

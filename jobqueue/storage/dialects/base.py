@@ -304,6 +304,10 @@ class Dialect(Connector):
             connection.execute(self.requeue, updates)
         return held
 
+    def check_checkpoint(self, connection: sa.Connection, checkpoint: bytes | None) -> None:
+        """Raise SerializationError, before anything is sent, for a checkpoint this database would
+        refuse without naming the reason (MySQL drops the connection); the others take any size."""
+
     # -- leases -------------------------------------------------------------------------------------
     def renew(self, workers: list[WorkerState], lease: LeaseClock) -> int:
         """Renew these worker processes' rows (with what each is doing) and the leases of every

@@ -202,25 +202,34 @@ class MySQLDialect(Dialect):
             self._max_packet = int(run("SELECT @@max_allowed_packet", ()).fetchone()[0] or 0)
         return self._max_packet
 
-    def _check_fits(self, run: Runner, what: str, length: Callable[[], int], size: int) -> None:
+    def _check_fits(
+        self, run: Runner, what: str, length: Callable[[], int], size: int, instead: str = "pass a reference"
+    ) -> None:
         """Refuse, before sending it, a value the server would refuse: a statement over its
         max_allowed_packet is not an error the server names, it drops the connection. ``size`` is
         the value's length in bytes, or more (escaping at most doubles it); ``length()`` its
-        escaped length, worked out only for values that might not fit."""
+        escaped length, worked out only for values that might not fit. ``instead``: what the job
+        does with a reference to data stored elsewhere."""
         limit = self._packet_limit(run)
         if not limit or size + STATEMENT_OVERHEAD <= limit // 2:  # escaped, at most twice as long
             return
         escaped = length() + STATEMENT_OVERHEAD
         if escaped > limit:
             raise SerializationError(
-                f"{what} {escaped:,} bytes in the statement that stores them, over this server's "
+                f"{what} {escaped:,} bytes once escaped into a statement, over this server's "
                 f"max_allowed_packet ({limit:,} bytes): raise max_allowed_packet on the MySQL or MariaDB "
-                "server, or store large data elsewhere and pass a reference"
+                f"server, or store large data elsewhere and {instead}"
             )
 
     def _check_payloads(self, run: Runner, payloads: list[bytes]) -> None:
         for payload in payloads:
             self._check_fits(run, "the job's arguments take", partial(_escaped_length, payload), len(payload))
+
+    def check_checkpoint(self, connection: sa.Connection, checkpoint: bytes | None) -> None:
+        if checkpoint:
+            length = partial(_escaped_length, checkpoint)
+            run = _connection_runner(connection)
+            self._check_fits(run, "the job's checkpoint takes", length, len(checkpoint), "save a reference")
 
     def row_pages(self, connection: sa.Connection, rows: list[dict[str, Any]], most: int = 1000) -> Iterator[list[Any]]:
         self._check_payloads(_connection_runner(connection), [row["payload"] for row in rows])
