@@ -43,6 +43,12 @@ def status_data(state: CliState) -> dict[str, Any]:
 def _print_status(data: dict[str, Any]) -> None:
     out = console()
     print_table(data["queues"], QUEUE_COLUMNS, empty="no active messages")
+    unknown = sum(row.get(jobs.UNKNOWN_STATE, 0) for row in data["queues"])
+    if unknown:
+        out.print(
+            f"{unknown} job(s) in a state jobqueue does not know (edited by hand?), which no worker runs: "
+            "`jobqueue jobs list` shows them; set their state to PENDING to run them"
+        )
     if data["held_keys"]:
         out.print("")
         out.print("jobs held back by their keys (the most waiting first):")

@@ -28,6 +28,13 @@ class Unreadable(str):
         return super().__new__(cls, f"<unreadable: {raw!r:.200}>")
 
 
+class UnknownState(str):
+    """A stored state that is none of jobqueue's (a row edited by hand): no worker runs it."""
+
+    def __new__(cls, raw: Any) -> UnknownState:
+        return super().__new__(cls, f"<unknown state: {raw!r:.50}>")
+
+
 def readable_rows(conn: sa.Connection, stmt: sa.Select[Any]) -> list[dict[str, Any]]:
     """The rows of ``stmt`` as dicts; a value its column's type cannot read becomes an
     :class:`Unreadable` (the statement is then read again, each value converted on its own)."""
@@ -65,6 +72,7 @@ def list_jobs(
     ``before_id`` pages on: only jobs with a lower id, so a page stays put while new jobs arrive.
     """
     wanted = {s.upper() for s in states} or ACTIVE | ARCHIVED
+    every = not states  # with no state asked for, rows in a state jobqueue does not know are listed too
     m, a = store.tables.message, store.tables.archive
     found: list[dict[str, Any]] = []
     with store.reading() as conn:
@@ -87,7 +95,8 @@ def list_jobs(
                 table.c.flow_key,
                 table.c.concurrency_limit,
             )
-            stmt = stmt.where(table.c.state.in_(chosen))
+            if not every:
+                stmt = stmt.where(table.c.state.in_(chosen))
             if task:
                 stmt = stmt.where(table.c.task_name == task)
             elif table is m:
@@ -99,7 +108,8 @@ def list_jobs(
             found.extend(readable_rows(conn, stmt.order_by(table.c.id.desc()).limit(limit)))
     found.sort(key=lambda row: row["id"], reverse=True)
     for row in found:
-        row["state"] = row["state"].lower()
+        state = row["state"]
+        row["state"] = state.lower() if state in ACTIVE | ARCHIVED else UnknownState(state)
         if row["error"] and len(row["error"]) > 200:
             row["error"] = row["error"][:199] + "~"
     return found[:limit]

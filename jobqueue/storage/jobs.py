@@ -10,7 +10,7 @@ import sqlalchemy as sa
 
 from jobqueue.clock import utcnow
 from jobqueue.errors import CorruptMessage
-from jobqueue.job import SCHEDULE_TASK, MessageState
+from jobqueue.job import ACTIVE_STATES, SCHEDULE_TASK, MessageState
 from jobqueue.storage.dialects.common import READY_LITERALS
 from jobqueue.storage.store import Store
 from jobqueue.storage.tables import Tables
@@ -89,6 +89,7 @@ def cancel(store: Store, job_id: int, now: datetime | None = None) -> bool:
 
 
 QUEUE_STATES = ("ready", "scheduled", "processing", "retrying", "failed")
+UNKNOWN_STATE = "unknown_state"
 
 
 def queue_counts(store: Store, now: datetime | None = None) -> list[dict[str, Any]]:
@@ -99,13 +100,15 @@ def queue_counts(store: Store, now: datetime | None = None) -> list[dict[str, An
     a worker, *scheduled* ones wait for their time (countdown, eta, a deferral), *retrying* ones wait
     for their next attempt, *processing* ones are running. *failed* counts the queue's failed jobs
     in the archive (the dead letters). Periodic schedules are left out: ``jobqueue periodic list``
-    shows them.
+    shows them. Messages in a state jobqueue does not know (a row edited by hand), which no worker
+    runs, are counted apart, as ``unknown_state``, in the rows of the queues that have any.
     """
     now = now or utcnow()
     m, a = store.tables.message, store.tables.archive
     due = m.c.next_attempt_at <= now
     kind = sa.case(
         (m.c.state == MessageState.PROCESSING.value, "processing"),
+        (m.c.state.not_in([state.value for state in ACTIVE_STATES]), UNKNOWN_STATE),
         (due, "ready"),
         (m.c.state == MessageState.RETRYABLE.value, "retrying"),
         else_="scheduled",
@@ -125,7 +128,7 @@ def queue_counts(store: Store, now: datetime | None = None) -> list[dict[str, An
     with store.reading() as conn:
         for queue, state, count, oldest in conn.execute(active):
             row = entry(queue)
-            row[state] += int(count)
+            row[state] = row.get(state, 0) + int(count)
             if state == "ready" and oldest is not None:
                 row["oldest_ready_seconds"] = max(0.0, (now - oldest).total_seconds())
         for queue, count in conn.execute(failed):

@@ -171,3 +171,23 @@ def test_rows_edited_by_hand_are_listed_and_shown_with_their_bad_values_named(ap
     shown = jobqueue("jobs", "show", str(edited.id)).stdout
     assert "history      <unreadable: 5>" in shown and "args         [2, 2]" in shown
     assert json.loads(jobqueue("jobs", "show", str(good.id), "--json").stdout)["args"] == [1, 1]
+
+
+def test_a_job_whose_state_was_edited_to_an_unknown_one_is_listed_and_counted_apart(app: JobQueue) -> None:
+    """No worker runs a job in a state jobqueue does not know: it must not vanish from the
+    listing, nor be counted as ready in the status."""
+    import sqlalchemy as sa
+
+    good = basic.add.delay(1, 1)
+    edited = basic.add.delay(2, 2)
+    m = app.tables.message
+    with app.engine.begin() as conn:
+        conn.execute(sa.update(m).where(m.c.id == edited.id).values(state="BOGUS"))
+    listed = {row["id"]: row["state"] for row in json.loads(jobqueue("jobs", "list", "--json").stdout)}
+    assert listed == {good.id: "pending", edited.id: "<unknown state: 'BOGUS'>"}
+    assert [row["id"] for row in json.loads(jobqueue("jobs", "list", "--state", "pending", "--json").stdout)] == [
+        good.id
+    ]
+    (queue,) = json.loads(jobqueue("status", "--json").stdout)["queues"]
+    assert (queue["ready"], queue["unknown_state"]) == (1, 1)
+    assert "1 job(s) in a state jobqueue does not know" in jobqueue("status").stdout
