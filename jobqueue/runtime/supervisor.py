@@ -176,6 +176,7 @@ class Supervisor:
             queues,
             ", ".join(sorted(self.app.registry)),
         )
+        self._warn_of_strange_queues()
         try:
             self.guard.call(self.app.check_schema, give_up=lambda: self.signals > 0)
             self.store = self.app.store
@@ -223,6 +224,21 @@ class Supervisor:
             logger.warning(
                 "schedules changed in code but busy being fired: %s; the change applies at the next start",
                 ", ".join(sorted(report.busy)),
+            )
+
+    def _warn_of_strange_queues(self) -> None:
+        """A queue asked for that none of the app's tasks and consumers uses is most likely a typo,
+        which would otherwise idle without a word. It is served all the same: jobs sent there by
+        name (another app's, ``send_task``) run."""
+        known = {task.queue for task in self.app.registry.values()} | {c.queue for c in self.app.consumers.values()}
+        strange = [queue for queue in self.settings.queues or () if queue not in known]
+        if strange:
+            logger.warning(
+                "no task of this app declares the queue(s) %s (its queues: %s): if that is a typo in "
+                "--queues/-Q, this worker waits for jobs that never come; jobs sent there with queue= or by "
+                "name run as usual",
+                ", ".join(repr(queue) for queue in strange),
+                ", ".join(sorted(known)),
             )
 
     def _register_groups(self) -> None:

@@ -138,6 +138,14 @@ def test_status_and_workers(app: JobQueue) -> None:
     assert json.loads(jobqueue("workers", "--json").stdout) == []
 
 
+def test_a_queue_no_task_declares_is_named_at_start_and_still_served(app: JobQueue) -> None:
+    sent = basic.add.apply_async((1, 2), queue="emails")  # a queue given per call is served all the same
+    result = jobqueue("worker", "--burst", "-Q", "emails,defualt")
+    assert "no task of this app declares the queue(s) 'emails', 'defualt' (its queues: " in result.stderr
+    assert sent.get(timeout=5) == 3
+    assert "declares the queue" not in jobqueue("worker", "--burst", "-Q", "default").stderr
+
+
 def test_worker_refuses_a_database_without_tables(tmp_path) -> None:
     url = f"sqlite:///{tmp_path}/empty.sqlite3"
     result = jobqueue("--database-url", url, "worker", "--burst", check=False)
