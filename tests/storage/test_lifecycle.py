@@ -350,6 +350,23 @@ def test_results_and_unserializable_results(app: JobQueue) -> None:
         bad.get(timeout=1)
 
 
+def test_binary_results_and_checkpoints_are_archived_byte_for_byte(db_url: str) -> None:
+    # Pickled values are bytes that are not UTF-8 text: the archive must keep them as they are.
+    app = JobQueue(db_url, serializer="pickle")
+
+    @app.task(bind=True)
+    def give(job) -> Any:
+        job.checkpoint({"done": {1, 2}, "ratio": 0.5})
+        return {"set": {1, 2}, "nan": float("nan"), "error": ValueError("kept")}
+
+    handle = give.delay()
+    run_due(app)
+    result = handle.get(timeout=1)
+    assert result["set"] == {1, 2} and result["nan"] != result["nan"] and result["error"].args == ("kept",)
+    assert app.serializer.loads(row(app, handle.id, "archive")["checkpoint"]) == {"done": {1, 2}, "ratio": 0.5}
+    app.close()
+
+
 def test_retention_flags(db_url: str) -> None:
     app = JobQueue(db_url, retain_in_archive_on_ack=False, retain_in_archive_on_reject=False)
 

@@ -31,7 +31,7 @@ from jobqueue.storage.dialects.common import (
 )
 from jobqueue.storage.dialects.connector import CONTENTION, OUTAGE
 from jobqueue.storage.engine import IDLE_IN_TRANSACTION_SECONDS, unless_in_url
-from jobqueue.storage.outcomes import ARCHIVED_COLUMNS, COPIED, RELEASED, archived_values, requeue_binds
+from jobqueue.storage.outcomes import ARCHIVED, ARCHIVED_COLUMNS, COPIED, RELEASED, archived_values, requeue_binds
 from jobqueue.storage.tables import Timestamp
 
 T = TypeVar("T")
@@ -255,8 +255,12 @@ class MySQLDialect(Dialect):
 
     def _archive_copy_sql(self, rows: int) -> str:
         message, archive = self.message.name, self.tables.archive.name
-        first = "SELECT %s AS id, " + ", ".join(f"%s AS {column}" for column in ARCHIVED_COLUMNS)
-        other = "SELECT " + ", ".join(["%s"] * (len(ARCHIVED_COLUMNS) + 1))
+        # A derived table's column of plain literals is text in the connection's character set,
+        # which turns bytes that are not UTF-8 (a pickled result or checkpoint) into "?": binary
+        # values are cast so that they reach the archive as they are.
+        places = {field.column: "CAST(%s AS BINARY)" if field.kind == "bytes" else "%s" for field in ARCHIVED}
+        first = "SELECT %s AS id, " + ", ".join(f"{places[column]} AS {column}" for column in ARCHIVED_COLUMNS)
+        other = "SELECT %s, " + ", ".join(places[column] for column in ARCHIVED_COLUMNS)
         values = " UNION ALL ".join([first] + [other] * (rows - 1))
         copied = ", ".join(f"m.{column}" for column in COPIED)
         supplied = ", ".join(f"v.{column}" for column in ARCHIVED_COLUMNS)
