@@ -16,10 +16,14 @@ from jobqueue.errors import JobNotFound
 from jobqueue.serialization import decode_row
 from jobqueue.storage import deadletter, waiting
 from jobqueue.storage import jobs as job_queries
+from jobqueue.storage.tables import MAX_ID
 
 STATES = ["pending", "processing", "retryable", "completed", "failed", "cancelled"]
 ARCHIVED_STATES = ["completed", "failed", "cancelled"]
 ACTIVE_STATES = set(STATES) - set(ARCHIVED_STATES)
+
+# Ids of jobs: no job has one out of this range, which some databases cannot even compare.
+JOB_ID = click.IntRange(1, MAX_ID)
 
 
 @click.group(cls=Group)
@@ -73,7 +77,7 @@ def _flow_line(flow: dict[str, Any]) -> str:
 
 
 @jobs.command()
-@click.argument("job_id", type=int)
+@click.argument("job_id", type=JOB_ID)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.pass_obj
 def show(state: CliState, /, job_id: int, as_json: bool) -> None:
@@ -135,7 +139,7 @@ def show(state: CliState, /, job_id: int, as_json: bool) -> None:
 
 
 @jobs.command()
-@click.argument("job_ids", type=int, nargs=-1)
+@click.argument("job_ids", type=JOB_ID, nargs=-1)
 @click.option("--all-failed", is_flag=True, help="Retry every failed job (with --task: of that task).")
 @click.option("--task", help="With --all-failed: only this task's failed jobs.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
@@ -171,7 +175,7 @@ def retry(state: CliState, /, job_ids: tuple[int, ...], all_failed: bool, task: 
 
 
 @jobs.command()
-@click.argument("job_ids", type=int, nargs=-1, required=True)
+@click.argument("job_ids", type=JOB_ID, nargs=-1, required=True)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.pass_obj
 def cancel(state: CliState, /, job_ids: tuple[int, ...], as_json: bool) -> None:

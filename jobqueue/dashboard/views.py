@@ -18,6 +18,7 @@ from jobqueue.dashboard.formatting import CHART_HEIGHT, CHART_WIDTH, chart
 from jobqueue.serialization import decode_row
 from jobqueue.storage import deadletter, history, jobs
 from jobqueue.storage.engine import mask_url
+from jobqueue.storage.tables import MAX_ID
 
 if TYPE_CHECKING:
     from jobqueue.app import JobQueue
@@ -95,6 +96,8 @@ def failed() -> str:
     task = request.args.get("task") or None
     queue = request.args.get("queue") or None
     before = request.args.get("before", type=int)
+    if before is not None and not 0 < before <= MAX_ID:
+        before = None  # no job has an id out of that range (SQLite could not even compare it)
     rows = deadletter.list_jobs(store, ["failed"], task, queue, limit=dashboard.page_size + 1, before_id=before)
     more = len(rows) > dashboard.page_size
     rows = rows[: dashboard.page_size]
@@ -110,7 +113,7 @@ def failed() -> str:
     )
 
 
-@pages.get("/jobs/<int:job_id>")
+@pages.get(f"/jobs/<int(max={MAX_ID}):job_id>")
 def job(job_id: int) -> str:
     queue = _dashboard().queue
     found = deadletter.job_row(queue.store, job_id)
@@ -134,7 +137,7 @@ def job(job_id: int) -> str:
     )
 
 
-@pages.post("/jobs/<int:job_id>/retry")
+@pages.post(f"/jobs/<int(max={MAX_ID}):job_id>/retry")
 def retry(job_id: int) -> Response:
     report = deadletter.retry(_dashboard().queue.store, [job_id])
     if job_id in report.retried:
@@ -144,7 +147,7 @@ def retry(job_id: int) -> Response:
     return _back(job_id)
 
 
-@pages.post("/jobs/<int:job_id>/cancel")
+@pages.post(f"/jobs/<int(max={MAX_ID}):job_id>/cancel")
 def cancel(job_id: int) -> Response:
     if jobs.cancel(_dashboard().queue.store, job_id):
         flash(f"job {job_id} cancelled: archived, it will not run", "ok")

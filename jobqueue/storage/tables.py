@@ -24,6 +24,7 @@ SCHEMA_VERSION = 5
 
 _MYSQL = ("mysql", "mariadb")
 Id = sa.BigInteger().with_variant(sa.Integer(), "sqlite")  # INTEGER PRIMARY KEY is SQLite's rowid
+MAX_ID = 2**63 - 1  # the largest id every database can hold (a signed 64-bit integer); none is above
 Blob = sa.LargeBinary().with_variant(mysql.LONGBLOB(), *_MYSQL)  # BLOB stops at 64 KiB on MySQL
 LongText = sa.Text().with_variant(mysql.MEDIUMTEXT(), *_MYSQL)
 Timestamp = sa.DateTime().with_variant(mysql.DATETIME(fsp=6), *_MYSQL)  # DATETIME drops microseconds

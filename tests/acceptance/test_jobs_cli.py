@@ -93,6 +93,10 @@ def test_purge_with_progress(app: JobQueue) -> None:
         (("jobs", "purge", "--state", "completed", "--older-than", "7x"), "90s, 30m, 24h, 7d or 2w"),
         (("jobs", "purge", "--state", "pending", "--older-than", "1d"), "Invalid value for '--state'"),
         (("jobs", "show", "987654321"), "not found"),
+        # over the largest id a database holds (SQLite's driver cannot even send it)
+        (("jobs", "show", str(2**63)), "is not in the range"),
+        (("jobs", "cancel", str(2**63)), "is not in the range"),
+        (("jobs", "retry", "1", str(2**64)), "is not in the range"),
     ],
 )
 def test_bad_input(app: JobQueue, args: tuple[str, ...], fragment: str) -> None:

@@ -119,6 +119,18 @@ def test_job_page_shows_arguments_error_traceback_and_history(app: JobQueue, tas
     assert page(client, "/jobs/987654321", status=404).count("not found") == 1
 
 
+def test_ids_over_the_largest_a_database_holds_are_not_found(app: JobQueue, tasks: SimpleNamespace, client) -> None:
+    handle = tasks.fail.delay("x")
+    run_due(app)
+    html = page(client, f"/jobs/{handle.id}")
+    too_big = 2**63  # one over a signed 64-bit integer: SQLite's driver cannot even send it
+    page(client, f"/jobs/{too_big}", status=404)
+    for action in ("retry", "cancel"):
+        assert client.post(f"/jobs/{too_big}/{action}", data={"csrf_token": csrf_of(html)}).status_code == 404
+    for before in (too_big, -too_big - 1):
+        assert failed_ids(page(client, f"/failed?before={before}")) == [handle.id]  # the first page
+
+
 def test_retry_and_cancel_through_post_with_the_csrf_token(app: JobQueue, tasks: SimpleNamespace, client) -> None:
     flaky = tasks.flaky.delay()
     run_due(app)
