@@ -32,7 +32,7 @@ from jobqueue.storage.dialects.common import (
     first_of_partition,
 )
 from jobqueue.storage.dialects.wakeup import Waker
-from jobqueue.storage.engine import check_listen_url
+from jobqueue.storage.engine import check_listen_url, mask_url
 from jobqueue.storage.tables import Tables, Timestamp
 
 UNIQUE_RETRIES = 10
@@ -129,9 +129,22 @@ class Store:
                 with self.engine.begin() as conn:
                     yield conn
             elif isinstance(connection, sa.Connection):
+                self._check_same_database(connection.dialect)
                 yield connection
             else:
+                self._check_same_database(_session(connection).get_bind().dialect)
                 yield _session_connection(connection)
+
+    def _check_same_database(self, dialect: sa.Dialect) -> None:
+        """Refuse a caller's connection to another kind of database than the queue's: the job would
+        be written where no worker of this queue looks, with statements meant for another database."""
+        theirs, ours = dialect.name, self.engine.dialect.name
+        if theirs != ours:
+            raise ConfigurationError(
+                f"connection= is a {theirs} connection but this JobQueue's database is {ours} "
+                f"({mask_url(self.engine.url)}): a job is in your transaction only if the jobqueue "
+                "tables are in the database your connection is on; point the JobQueue at that database"
+            )
 
     @contextmanager
     def reading(self) -> Iterator[sa.Connection]:

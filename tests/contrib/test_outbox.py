@@ -123,3 +123,20 @@ def test_connection_must_be_a_connection_or_session(app: JobQueue, add) -> None:
     with pytest.raises(ConfigurationError, match="Connection or Session"):
         add.apply_async((1, 1), connection="postgresql://elsewhere/db")
     assert counts(app) == (0, 0)
+
+
+def test_a_connection_to_another_kind_of_database_is_refused(app: JobQueue, add, backend: str, tmp_path) -> None:
+    # The application's engine on another database server than the queue's: the job could not be
+    # in that transaction, and the statements are the queue's database's own.
+    other = (
+        "postgresql+psycopg2://jobqueue_test@127.0.0.1/none" if backend == "sqlite" else f"sqlite:///{tmp_path}/a.db"
+    )
+    engine = sa.create_engine(other)
+    session = orm.Session(engine)
+    with pytest.raises(ConfigurationError, match=f"is a {engine.dialect.name} connection but this JobQueue's database"):
+        add.apply_async((1, 1), connection=session)
+    with pytest.raises(ConfigurationError, match="point the JobQueue at that database"):
+        add.bulk([(1, 1), (2, 2)], connection=session)
+    session.close()
+    engine.dispose()
+    assert counts(app) == (0, 0)
