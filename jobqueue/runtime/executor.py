@@ -459,6 +459,19 @@ def outcome_fields(outcome: Outcome) -> dict[str, Any]:
     }
 
 
+# How much of a job's error message and traceback one log line carries: a job may fail with a
+# message of megabytes, which the archive keeps whole (``jobqueue jobs show``) but a log pipeline
+# should not have to carry.
+LOGGED_ERROR_CHARS = 2_000
+LOGGED_TRACEBACK_CHARS = 20_000
+
+
+def _clipped(text: str, most: int, job_id: int) -> str:
+    if len(text) <= most:
+        return text
+    return f"{text[:most]}... ({len(text) - most:,} more characters: `jobqueue jobs show {job_id}` has them all)"
+
+
 def log_outcome(outcome: Outcome) -> None:
     """One line per job outcome, once it is written: a success at INFO, a retry at WARNING and a
     final failure at ERROR with the job's traceback (whatever the level of the other lines)."""
@@ -478,14 +491,15 @@ def log_outcome(outcome: Outcome) -> None:
                     m.attempts_count,
                     (outcome.duration_seconds or 0.0) * 1000,
                     error.type if error else "?",
-                    error.message if error else "",
+                    _clipped(error.message, LOGGED_ERROR_CHARS, m.id) if error else "",
                 ),
                 None,
                 extra=outcome_fields(outcome),
             )
             # Formatters append exc_text as they would a traceback of exc_info: the job's own, as the
             # archive keeps it, though the exception itself is gone by the time the outcome is written.
-            record.exc_text = error.traceback.rstrip() if error and error.traceback else None
+            traceback = error.traceback.rstrip() if error and error.traceback else None
+            record.exc_text = _clipped(traceback, LOGGED_TRACEBACK_CHARS, m.id) if traceback else None
             logger.handle(record)
     elif outcome.kind is OutcomeKind.RETRY:
         logger.warning(
@@ -494,7 +508,7 @@ def log_outcome(outcome: Outcome) -> None:
             m.task_name,
             m.attempts_count,
             error.type if error else "nack",
-            error.message if error else "",
+            _clipped(error.message, LOGGED_ERROR_CHARS, m.id) if error else "",
             outcome.next_attempt_at,
             extra=outcome_fields(outcome),
         )

@@ -77,3 +77,27 @@ def test_celery_short_options() -> None:
     names = {opt for param in worker.params for opt in param.opts}
     assert {"-c", "-Q"} <= names
     assert {"-A", "-l"} <= {opt for param in cli.params for opt in param.opts}
+
+
+def test_a_job_failing_with_a_huge_message_logs_a_line_of_bounded_size(caplog: pytest.LogCaptureFixture) -> None:
+    """The archive keeps the whole error; one log line carries its start and where to read the rest."""
+    from jobqueue.clock import utcnow
+    from jobqueue.job import ErrorInfo, Message, MessageState, Outcome, OutcomeKind
+    from jobqueue.runtime.executor import log_outcome
+
+    now = utcnow()
+    message = Message(7, "t", "default", 0, b"", None, 1, 1, 1, now, now, now)
+    huge = "x" * 3_000_000
+    error = ErrorInfo("ValueError", huge, f"Traceback (most recent call last):\nValueError: {huge}")
+    failed = Outcome(message=message, kind=OutcomeKind.ARCHIVE, state=MessageState.FAILED, finished_at=now, error=error)
+    retried = Outcome(
+        message=message, kind=OutcomeKind.RETRY, state=MessageState.RETRYABLE, finished_at=now, error=error
+    )
+    with caplog.at_level(logging.WARNING, logger="jobqueue.worker"):
+        log_outcome(failed)
+        log_outcome(retried)
+    lines = [logging.Formatter().format(entry) for entry in caplog.records]
+    assert len(lines) == 2
+    for line in lines:
+        assert len(line) < 30_000 and "ValueError: xxx" in line
+        assert "more characters: `jobqueue jobs show 7` has them all" in line
