@@ -21,7 +21,6 @@ from jobqueue.storage.tables import MAX_ID
 STATES = ["pending", "processing", "retryable", "completed", "failed", "cancelled"]
 ARCHIVED_STATES = ["completed", "failed", "cancelled"]
 ACTIVE_STATES = set(STATES) - set(ARCHIVED_STATES)
-
 # Ids of jobs: no job has one out of this range, which some databases cannot even compare.
 JOB_ID = click.IntRange(1, MAX_ID)
 

@@ -92,16 +92,20 @@ def test_purge_with_progress(app: JobQueue) -> None:
     [
         (("jobs", "purge", "--state", "completed", "--older-than", "7x"), "90s, 30m, 24h, 7d or 2w"),
         (("jobs", "purge", "--state", "pending", "--older-than", "1d"), "Invalid value for '--state'"),
+        (("jobs", "purge", "--state", "failed", "--older-than", "1000000d"), "give at most 1000 years (365000d)"),
+        (("jobs", "purge", "--state", "failed", "--older-than", "99999999999d"), "give at most 1000 years"),
         (("jobs", "show", "987654321"), "not found"),
         # over the largest id a database holds (SQLite's driver cannot even send it)
         (("jobs", "show", str(2**63)), "is not in the range"),
         (("jobs", "cancel", str(2**63)), "is not in the range"),
         (("jobs", "retry", "1", str(2**64)), "is not in the range"),
+        (("jobs", "retry", "--", "-3"), "is not in the range 1<=x<=9223372036854775807"),
     ],
 )
 def test_bad_input(app: JobQueue, args: tuple[str, ...], fragment: str) -> None:
     result = jobqueue(*args, check=False)
     assert result.returncode != 0 and fragment in result.stderr
+    assert "Traceback" not in result.stderr
 
 
 def test_show_names_the_job_a_partitioned_job_waits_for(app: JobQueue) -> None:
