@@ -10,7 +10,7 @@ import click
 
 from jobqueue.cli.output import echo_json
 from jobqueue.cli.state import CliState
-from jobqueue.errors import ConfigurationError, UnknownTaskError
+from jobqueue.errors import ConfigurationError, JobQueueError, UnknownTaskError
 
 
 def _json_arg(value: str | None, kind: type, name: str) -> Any:
@@ -20,6 +20,8 @@ def _json_arg(value: str | None, kind: type, name: str) -> Any:
         parsed = json.loads(value)
     except ValueError as exc:
         raise click.BadParameter(f"not valid JSON: {exc}", param_hint=name) from None
+    except RecursionError:
+        raise click.BadParameter("nested too deeply to be read as JSON", param_hint=name) from None
     if not isinstance(parsed, kind):
         raise click.BadParameter(f"must be a JSON {'array' if kind is list else 'object'}", param_hint=name)
     return parsed
@@ -68,6 +70,10 @@ def enqueue(
         )
     except TypeError as exc:  # the arguments do not fit the task's signature; nothing was written
         raise click.UsageError(f"{exc} (fix --args/--kwargs)") from None
+    except ValueError as exc:  # e.g. a countdown that is no finite time from now; nothing was written
+        if isinstance(exc, JobQueueError):
+            raise
+        raise click.UsageError(str(exc)) from None
     if as_json:
         echo_json({"id": handle.id, "task": task.name, "status": handle.status()})
     else:
