@@ -16,6 +16,7 @@ from __future__ import annotations
 import base64
 import json
 import logging
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
@@ -66,6 +67,11 @@ class Schedule:
                 "name such as 'UTC' or 'Europe/Paris'"
             ) from None
         if self.cron is not None:
+            if not isinstance(self.cron, str):
+                raise ConfigurationError(
+                    f"schedule {self.name!r}: cron= takes a string such as '*/5 * * * *', "
+                    f"got {type(self.cron).__name__} {self.cron!r}"
+                )
             try:
                 CronSim(self.cron, datetime.now(self.tz))
             except CronSimError as exc:
@@ -73,8 +79,32 @@ class Schedule:
                     f"schedule {self.name!r}: invalid cron expression {self.cron!r} ({exc}); "
                     "five fields: minute hour day-of-month month day-of-week"
                 ) from None
-        elif not self.every_seconds or self.every_seconds <= 0:
-            raise ConfigurationError(f"schedule {self.name!r}: every= must be a positive duration")
+        else:
+            self._check_every()
+
+    def _check_every(self) -> None:
+        every = self.every_seconds
+        if isinstance(every, bool) or not isinstance(every, (int, float)):
+            raise ConfigurationError(
+                f"schedule {self.name!r}: every= takes a timedelta or a number of seconds, "
+                f"got {type(every).__name__} {every!r}"
+            )
+        if not math.isfinite(every) or every <= 0:
+            raise ConfigurationError(f"schedule {self.name!r}: every= must be a positive duration, got {every!r}")
+        # Fire times are stored to the microsecond: a shorter step would fire one time over and over.
+        try:
+            step = timedelta(seconds=every)
+            datetime.now() + step
+        except OverflowError:
+            raise ConfigurationError(
+                f"schedule {self.name!r}: every={every!r} seconds is too long: its first fire would be "
+                "past the year 9999"
+            ) from None
+        if step < timedelta(microseconds=1):
+            raise ConfigurationError(
+                f"schedule {self.name!r}: every={every!r} seconds is shorter than a microsecond, the "
+                "precision of stored fire times; give a longer interval"
+            )
 
     @property
     def expression(self) -> str:

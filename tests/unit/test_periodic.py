@@ -105,6 +105,14 @@ def test_catch_up_after_a_very_long_outage_finds_the_latest_fire(expression: str
         ({"cron": "* * * * *", "every_seconds": 5}, "exactly one"),
         ({}, "exactly one"),
         ({"every_seconds": 0}, "positive"),
+        ({"every_seconds": float("nan")}, "positive duration, got nan"),
+        ({"every_seconds": float("inf")}, "positive duration, got inf"),
+        ({"every_seconds": "5m"}, "takes a timedelta or a number of seconds, got str '5m'"),
+        ({"every_seconds": True}, "takes a timedelta or a number of seconds, got bool"),
+        # Rounded to the stored microsecond, the next fire would be this one again, fired over and over.
+        ({"every_seconds": 1e-7}, "shorter than a microsecond"),
+        ({"every_seconds": 3e11}, "past the year 9999"),
+        ({"cron": 5}, "cron= takes a string"),
     ],
 )
 def test_invalid_schedules(kwargs: dict, fragment: str) -> None:
@@ -139,5 +147,8 @@ def test_decorator(tmp_path) -> None:
         app.periodic(every=60, name="morning")(report)
     with pytest.raises(SerializationError, match="cannot serialize"):
         app.periodic(every=60, name="bad", args=(object(),))(report)
+    # Checked at import, not when a worker starts and computes the first fire.
+    with pytest.raises(ConfigurationError, match="too long"):
+        app.periodic(every=timedelta(days=3_000_000), name="never")(report)
     with pytest.raises(ConfigurationError, match="reserved"):
         app.task(name="jobqueue.schedule")(lambda: None)
