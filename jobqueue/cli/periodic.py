@@ -41,11 +41,14 @@ def list_(state: CliState, /, as_json: bool) -> None:
         if row is None:
             status = "not created yet (a worker creates it when it starts)"
         elif name not in app.schedules and app.schedules:
-            status = "not in this app's code"
+            # Retired by a worker only when that worker knows its task; a renamed or deleted task's
+            # schedule would fire jobs nobody runs until retired by hand.
+            status = f"not in this app's code: if no other app defines it, `jobqueue jobs cancel {row.id}` retires it"
         else:
             status = "firing" if row.state == "PROCESSING" else "scheduled"
         out.append(
             {
+                "id": row.id if row is not None else None,
                 "name": name,
                 "task": schedule.task_name if schedule else None,
                 "expression": schedule.expression if schedule else None,

@@ -83,3 +83,24 @@ def test_periodic_list_and_an_edit_after_restart(db_url: str, tmp_path: Path) ->
     next_fire = datetime.fromisoformat(edited["pd.tick"]["next_fire"]).replace(tzinfo=None)
     assert next_fire.minute % 15 == 0 and next_fire.second == 0
     assert next_fire - utcnow() <= timedelta(minutes=15)
+
+
+def test_a_renamed_tasks_old_schedule_says_how_to_retire_it(db_url: str) -> None:
+    """No worker knows the old task any more, so none retires its schedule (it could be another
+    app's): it keeps firing jobs that fail as unknown. The listing names the command that stops it."""
+    jobqueue("worker", "--burst", "--concurrency", "1", app="tests.apps.periodic:app")
+    run = jobqueue("worker", "--burst", "--concurrency", "1", app="tests.apps.periodic_renamed:app")
+    assert "schedules retired" not in run.stderr
+    listed = {
+        s["name"]: s
+        for s in json.loads(jobqueue("periodic", "list", "--json", app="tests.apps.periodic_renamed:app").stdout)
+    }
+    old = listed["morning-report"]
+    assert old["task"] == "pd.report" and isinstance(old["id"], int)
+    assert f"`jobqueue jobs cancel {old['id']}` retires it" in old["status"]
+    renamed = "tests.apps.periodic_renamed:app"
+    assert f"jobqueue jobs cancel {old['id']}" in jobqueue("periodic", "list", app=renamed).stdout
+    jobqueue("jobs", "cancel", str(old["id"]), app=renamed)
+    after = json.loads(jobqueue("periodic", "list", "--json", app=renamed).stdout)
+    assert {s["name"] for s in after} == {"pd.tick", "morning-report-v2"}
+
