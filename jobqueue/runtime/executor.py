@@ -193,7 +193,11 @@ class Executor:
         except Exception as exc:  # unreadable: fail it; the next worker start creates it anew from code
             return self._refused(message, now, SerializationError(f"unreadable schedule message: {exc}"))
         grace = max(CATCH_UP_GRACE_SECONDS, 2 * self.settings.release_stuck_timeout)
-        when = schedule.to_fire(message.next_attempt_at, now, grace)
+        # Late by both clocks, this host's and the database's (when it acquired the message), or it is
+        # not late: a host whose clock runs ahead finds a schedule overdue that other workers fire on
+        # time, and must not skip fires as if workers had been down.
+        late = min(now, message.acquired_at) if message.acquired_at is not None else now
+        when = schedule.to_fire(message.next_attempt_at, late, grace)
         next_fire = schedule.next_fire(when)
         fired = self.writer(lambda: fire(self.app.store, message, schedule, when, next_fire, now))
         if not fired:

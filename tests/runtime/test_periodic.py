@@ -13,6 +13,7 @@ from jobqueue import JobQueue
 from jobqueue.clock import utcnow
 from tests.acceptance.cli import jobqueue
 from tests.apps import periodic as periodic_app
+from tests.conftest import only
 from tests.runtime.harness import REPORTS, Worker, wait_for
 
 
@@ -104,3 +105,37 @@ def test_a_renamed_tasks_old_schedule_says_how_to_retire_it(db_url: str) -> None
     after = json.loads(jobqueue("periodic", "list", "--json", app=renamed).stdout)
     assert {s["name"] for s in after} == {"pd.tick", "morning-report-v2"}
 
+
+@only("postgresql", "mysql")
+def test_a_host_whose_clock_runs_90_s_ahead_skips_no_fire(db_url: str, tmp_path: Path) -> None:
+    """The schedule is fired on time by a host with the right clock; then a host 90 s ahead (more than
+    the catch-up grace) joins and finds it overdue by its own clock. No worker was ever down: it must
+    fire the next time, not jump to its own idea of now as after an outage."""
+    app = JobQueue(db_url)
+    honest = Worker(tmp_path, "--concurrency", "1", app="tests.apps.periodic:app", name="honest")
+    ahead = None
+    try:
+        wait_for(lambda: len(fire_times(app)) >= 3, 30, "the honest host's first fires")
+        ahead = Worker(
+            tmp_path,
+            "--concurrency",
+            "1",
+            app="tests.apps.periodic_skewed:app",
+            name="ahead",
+            env={"JOBQUEUE_TEST_SKEW_SECONDS": "90"},
+        )
+        wait_for(lambda: "fired pd.tick" in ahead.text(), 30, "the host ahead firing the schedule")
+        count = len(fire_times(app))
+        wait_for(lambda: len(fire_times(app)) >= count + 3, 30, "three more fires")
+        for worker in (honest, ahead):
+            worker.signal(signal.SIGTERM)
+        assert [w.wait(30) for w in (honest, ahead)] == [0, 0]
+    finally:
+        for worker in (honest, ahead):
+            if worker is not None:
+                worker.close()
+    times = fire_times(app)
+    gaps = [(b - a).total_seconds() for a, b in zip(times, times[1:], strict=False)]
+    assert gaps and all(gap == 1.0 for gap in gaps), f"gaps between fire times: {gaps}"
+    assert "missed its fires" not in ahead.text()
+    app.close()

@@ -13,12 +13,14 @@ import sqlite3
 import subprocess
 import sys
 import time
+from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
 
 from jobqueue import JobQueue
+from jobqueue.clock import utcnow
 from tests.acceptance.cli import ROOT
 from tests.apps import runtime as rt
 from tests.conftest import only
@@ -289,6 +291,16 @@ def test_buffered_jobs_reach_an_idle_process_while_a_job_holds_the_gil(
 
 
 # -- the lease clock is the database server's -------------------------------------------------------
+
+
+def test_the_skewed_app_runs_jobqueue_on_a_clock_ahead_by_the_skew() -> None:
+    """What the clock-skew tests stand on: a worker of tests.apps.skewed reads a shifted clock."""
+    probe = "from jobqueue.clock import utcnow; import tests.apps.skewed; print(utcnow().isoformat())"
+    env = dict(os.environ, JOBQUEUE_TEST_SKEW_SECONDS="3600")
+    before = utcnow()
+    out = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, env=env, capture_output=True, text=True, check=True)
+    ahead = datetime.fromisoformat(out.stdout.strip()) - before
+    assert timedelta(minutes=59) < ahead < timedelta(minutes=61), ahead
 
 
 @only("postgresql", "mysql")
