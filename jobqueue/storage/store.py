@@ -36,6 +36,7 @@ from jobqueue.storage.engine import check_listen_url, mask_url
 from jobqueue.storage.tables import Tables, Timestamp
 
 UNIQUE_RETRIES = 10
+SAME_KIND = {"mariadb": "mysql"}  # dialect names of one kind of database
 
 
 def new_lease_token() -> int:
@@ -132,13 +133,14 @@ class Store:
                 self._check_same_database(connection.dialect)
                 yield connection
             else:
-                self._check_same_database(_session(connection).get_bind().dialect)
+                self._check_same_database(_session(connection).get_bind().dialect)  # before it connects
                 yield _session_connection(connection)
 
     def _check_same_database(self, dialect: sa.Dialect) -> None:
         """Refuse a caller's connection to another kind of database than the queue's: the job would
-        be written where no worker of this queue looks, with statements meant for another database."""
-        theirs, ours = dialect.name, self.engine.dialect.name
+        be written where no worker of this queue looks, with statements meant for another database.
+        (SQLAlchemy names MariaDB "mariadb" or "mysql" by the URL's spelling: one kind here.)"""
+        theirs, ours = (SAME_KIND.get(name, name) for name in (dialect.name, self.engine.dialect.name))
         if theirs != ours:
             raise ConfigurationError(
                 f"connection= is a {theirs} connection but this JobQueue's database is {ours} "

@@ -16,6 +16,7 @@ from sqlalchemy import orm
 from jobqueue import JobQueue
 from jobqueue.errors import ConfigurationError
 from tests.acceptance.cli import jobqueue
+from tests.conftest import only
 
 APP_TABLE = sa.Table(
     "outbox_order", sa.MetaData(), sa.Column("id", sa.Integer, primary_key=True), sa.Column("item", sa.String(50))
@@ -140,3 +141,17 @@ def test_a_connection_to_another_kind_of_database_is_refused(app: JobQueue, add,
     session.close()
     engine.dispose()
     assert counts(app) == (0, 0)
+
+
+@only("mysql")
+def test_mariadb_and_mysql_spellings_of_one_database_are_one_kind(app: JobQueue, add) -> None:
+    """SQLAlchemy names the dialect after the URL's spelling (mariadb:// or mysql://): a session on
+    the queue's own database, spelled the other way, is accepted."""
+    url = app.engine.url
+    other = url.set(drivername="mysql+mysqldb" if url.get_backend_name() == "mariadb" else "mariadb+mysqldb")
+    engine = sa.create_engine(other)
+    with orm.Session(engine) as session:
+        handle = add.apply_async((1, 1), connection=session)
+        session.commit()
+    engine.dispose()
+    assert handle.status() == "pending"
