@@ -464,16 +464,20 @@ def outcome_fields(outcome: Outcome) -> dict[str, Any]:
 
 
 # How much of a job's error message and traceback one log line carries: a job may fail with a
-# message of megabytes, which the archive keeps whole (``jobqueue jobs show``) but a log pipeline
-# should not have to carry.
+# message of megabytes, which a log pipeline should not have to carry (the archive keeps more:
+# ``jobqueue jobs show``). A traceback keeps its start and its end, where the error is raised.
 LOGGED_ERROR_CHARS = 2_000
-LOGGED_TRACEBACK_CHARS = 20_000
+LOGGED_TRACEBACK_HEAD_CHARS = 5_000
+LOGGED_TRACEBACK_TAIL_CHARS = 15_000
 
 
-def _clipped(text: str, most: int, job_id: int) -> str:
-    if len(text) <= most:
+def _clipped(text: str, outcome: Outcome, head: int, tail: int = 0) -> str:
+    left_out = len(text) - head - tail
+    if left_out <= 0:
         return text
-    return f"{text[:most]}... ({len(text) - most:,} more characters: `jobqueue jobs show {job_id}` has them all)"
+    where = f": `jobqueue jobs show {outcome.message.id}` has more" if outcome.retain else ""
+    end = text[-tail:] if tail else ""
+    return f"{text[:head]}... ({left_out:,} characters left out{where}) ...{end}"
 
 
 def log_outcome(outcome: Outcome) -> None:
@@ -495,7 +499,7 @@ def log_outcome(outcome: Outcome) -> None:
                     m.attempts_count,
                     (outcome.duration_seconds or 0.0) * 1000,
                     error.type if error else "?",
-                    _clipped(error.message, LOGGED_ERROR_CHARS, m.id) if error else "",
+                    _clipped(error.message, outcome, LOGGED_ERROR_CHARS) if error else "",
                 ),
                 None,
                 extra=outcome_fields(outcome),
@@ -503,7 +507,11 @@ def log_outcome(outcome: Outcome) -> None:
             # Formatters append exc_text as they would a traceback of exc_info: the job's own, as the
             # archive keeps it, though the exception itself is gone by the time the outcome is written.
             traceback = error.traceback.rstrip() if error and error.traceback else None
-            record.exc_text = _clipped(traceback, LOGGED_TRACEBACK_CHARS, m.id) if traceback else None
+            record.exc_text = (
+                _clipped(traceback, outcome, LOGGED_TRACEBACK_HEAD_CHARS, LOGGED_TRACEBACK_TAIL_CHARS)
+                if traceback
+                else None
+            )
             logger.handle(record)
     elif outcome.kind is OutcomeKind.RETRY:
         logger.warning(
@@ -512,7 +520,7 @@ def log_outcome(outcome: Outcome) -> None:
             m.task_name,
             m.attempts_count,
             error.type if error else "nack",
-            _clipped(error.message, LOGGED_ERROR_CHARS, m.id) if error else "",
+            _clipped(error.message, outcome, LOGGED_ERROR_CHARS) if error else "",
             outcome.next_attempt_at,
             extra=outcome_fields(outcome),
         )

@@ -80,7 +80,10 @@ def test_celery_short_options() -> None:
 
 
 def test_a_job_failing_with_a_huge_message_logs_a_line_of_bounded_size(caplog: pytest.LogCaptureFixture) -> None:
-    """The archive keeps the whole error; one log line carries its start and where to read the rest."""
+    """One log line carries the start of the error message, and the start and the end (where the
+    error is raised) of the traceback, saying where to read the rest."""
+    import dataclasses
+
     from jobqueue.clock import utcnow
     from jobqueue.job import ErrorInfo, Message, MessageState, Outcome, OutcomeKind
     from jobqueue.runtime.executor import log_outcome
@@ -88,16 +91,17 @@ def test_a_job_failing_with_a_huge_message_logs_a_line_of_bounded_size(caplog: p
     now = utcnow()
     message = Message(7, "t", "default", 0, b"", None, 1, 1, 1, now, now, now)
     huge = "x" * 3_000_000
-    error = ErrorInfo("ValueError", huge, f"Traceback (most recent call last):\nValueError: {huge}")
-    failed = Outcome(message=message, kind=OutcomeKind.ARCHIVE, state=MessageState.FAILED, finished_at=now, error=error)
-    retried = Outcome(
-        message=message, kind=OutcomeKind.RETRY, state=MessageState.RETRYABLE, finished_at=now, error=error
-    )
+    error = ErrorInfo("ValueError", huge, f"Traceback (most recent call last):\n{huge}\nValueError: the end")
+    failed = Outcome(message, OutcomeKind.ARCHIVE, MessageState.FAILED, finished_at=now, error=error)
+    retried = Outcome(message, OutcomeKind.RETRY, MessageState.RETRYABLE, finished_at=now, error=error)
     with caplog.at_level(logging.WARNING, logger="jobqueue.worker"):
         log_outcome(failed)
         log_outcome(retried)
+        log_outcome(dataclasses.replace(failed, retain=False))  # not archived: nowhere to read the rest
     lines = [logging.Formatter().format(entry) for entry in caplog.records]
-    assert len(lines) == 2
+    assert len(lines) == 3
     for line in lines:
-        assert len(line) < 30_000 and "ValueError: xxx" in line
-        assert "more characters: `jobqueue jobs show 7` has them all" in line
+        assert len(line) < 30_000 and "ValueError: xxx" in line and "characters left out" in line
+    assert lines[0].startswith("job 7 t failed") and lines[0].endswith("ValueError: the end")
+    assert "`jobqueue jobs show 7` has more" in lines[0] and "`jobqueue jobs show 7` has more" in lines[1]
+    assert "jobs show" not in lines[2]
