@@ -75,6 +75,7 @@ def render_overview(
         "overview.html",
         queues=queues,
         queue_columns=QUEUE_COLUMNS,
+        unknown_state=sum(row.get(jobs.UNKNOWN_STATE, 0) for row in queues),
         archive=archive,
         workers=workers,
         bars=bars,

@@ -144,6 +144,8 @@ class QueueCollector:
         for row in self.queues:
             for state in job_queries.QUEUE_STATES:
                 depth.add_metric([row["queue"], state], row[state])
+            if row.get(job_queries.UNKNOWN_STATE):  # rows edited by hand into a state no worker takes
+                depth.add_metric([row["queue"], job_queries.UNKNOWN_STATE], row[job_queries.UNKNOWN_STATE])
             oldest.add_metric([row["queue"]], row["oldest_ready_seconds"] or 0.0)
         workers = GaugeMetricFamily(
             "jobqueue_worker_processes", "This supervisor's worker processes, busy or idle.", labels=["state"]

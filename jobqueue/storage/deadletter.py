@@ -94,6 +94,8 @@ def list_jobs(
                 table.c.partition_key,
                 table.c.flow_key,
                 table.c.concurrency_limit,
+                # Known by the database's own comparison, as workers fetch (MySQL's ignores case).
+                table.c.state.in_(sorted(ACTIVE | ARCHIVED)).label("known_state"),
             )
             if not every:
                 stmt = stmt.where(table.c.state.in_(chosen))
@@ -109,7 +111,7 @@ def list_jobs(
     found.sort(key=lambda row: row["id"], reverse=True)
     for row in found:
         state = row["state"]
-        row["state"] = state.lower() if state in ACTIVE | ARCHIVED else UnknownState(state)
+        row["state"] = state.lower() if row.pop("known_state") else UnknownState(state)
         if row["error"] and len(row["error"]) > 200:
             row["error"] = row["error"][:199] + "~"
     return found[:limit]

@@ -87,6 +87,20 @@ def test_overview_of_an_empty_database(client) -> None:
     assert "0 completed</span>" in html
 
 
+def test_overview_says_when_jobs_are_in_a_state_no_worker_takes(app: JobQueue, tasks: SimpleNamespace, client) -> None:
+    import sqlalchemy as sa
+
+    tasks.add.delay(1, 1)
+    edited = tasks.add.delay(2, 2)
+    assert 'id="unknown-state"' not in page(client, "/")
+    m = app.tables.message
+    with app.engine.begin() as conn:
+        conn.execute(sa.update(m).where(m.c.id == edited.id).values(state="BOGUS"))
+    html = page(client, "/")
+    assert queue_cells(html, "default")["ready"] == "1"
+    assert "1 job(s) in a state jobqueue does not know" in html
+
+
 def test_failed_jobs_newest_first_a_page_at_a_time(app: JobQueue, tasks: SimpleNamespace, client) -> None:
     ids = [tasks.fail.delay(f"n{i}").id for i in range(5)]
     tasks.add.delay(1, 2)
