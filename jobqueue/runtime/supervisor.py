@@ -13,6 +13,7 @@ anyone renewing their leases (they are killed by the kernel if the supervisor di
 
 from __future__ import annotations
 
+import difflib
 import logging
 import os
 import signal
@@ -227,19 +228,19 @@ class Supervisor:
             )
 
     def _warn_of_strange_queues(self) -> None:
-        """A queue asked for that none of the app's tasks and consumers uses is most likely a typo,
-        which would otherwise idle without a word. It is served all the same: jobs sent there by
-        name (another app's, ``send_task``) run."""
+        """A queue asked for that none of the app's tasks and consumers declares, but whose name is
+        close to one they do, is most likely a typo, which would otherwise idle without a word. It
+        is served all the same: jobs sent there with ``queue=`` or by name run."""
         known = {task.queue for task in self.app.registry.values()} | {c.queue for c in self.app.consumers.values()}
-        strange = [queue for queue in self.settings.queues or () if queue not in known]
-        if strange:
-            logger.warning(
-                "no task of this app declares the queue(s) %s (its queues: %s): if that is a typo in "
-                "--queues/-Q, this worker waits for jobs that never come; jobs sent there with queue= or by "
-                "name run as usual",
-                ", ".join(repr(queue) for queue in strange),
-                ", ".join(sorted(known)),
-            )
+        for queue in self.settings.queues or ():
+            close = difflib.get_close_matches(queue, sorted(known - {queue}), n=1, cutoff=0.75)
+            if queue not in known and close:
+                logger.warning(
+                    "no task of this app declares the queue %r: did you mean %r? It is served all the same, "
+                    "for jobs sent there with queue= or by name",
+                    queue,
+                    close[0],
+                )
 
     def _register_groups(self) -> None:
         """Add the consumer groups this worker runs to their topics, those that are new."""
