@@ -89,7 +89,11 @@ class Schedule:
                 f"schedule {self.name!r}: every= takes a timedelta or a number of seconds, "
                 f"got {type(every).__name__} {every!r}"
             )
-        if not math.isfinite(every) or every <= 0:
+        try:
+            finite = math.isfinite(every)  # an integer too large for a float raises
+        except OverflowError:
+            finite = True  # and is too long, said below
+        if not finite or every <= 0:
             raise ConfigurationError(f"schedule {self.name!r}: every= must be a positive duration, got {every!r}")
         # Fire times are stored to the microsecond: a shorter step would fire one time over and over.
         try:

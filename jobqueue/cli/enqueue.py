@@ -10,7 +10,7 @@ import click
 
 from jobqueue.cli.output import echo_json
 from jobqueue.cli.state import CliState
-from jobqueue.errors import ConfigurationError, JobQueueError, UnknownTaskError
+from jobqueue.errors import ConfigurationError, UnknownTaskError
 
 
 def _json_arg(value: str | None, kind: type, name: str) -> Any:
@@ -71,8 +71,6 @@ def enqueue(
     except TypeError as exc:  # the arguments do not fit the task's signature; nothing was written
         raise click.UsageError(f"{exc} (fix --args/--kwargs)") from None
     except ValueError as exc:  # e.g. a countdown that is no finite time from now; nothing was written
-        if isinstance(exc, JobQueueError):
-            raise
         raise click.UsageError(str(exc)) from None
     if as_json:
         echo_json({"id": handle.id, "task": task.name, "status": handle.status()})

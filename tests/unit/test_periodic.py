@@ -112,6 +112,7 @@ def test_catch_up_after_a_very_long_outage_finds_the_latest_fire(expression: str
         # Rounded to the stored microsecond, the next fire would be this one again, fired over and over.
         ({"every_seconds": 1e-7}, "shorter than a microsecond"),
         ({"every_seconds": 3e11}, "past the year 9999"),
+        ({"every_seconds": 10**400}, "past the year 9999"),  # an integer too large for a float
         ({"cron": 5}, "cron= takes a string"),
     ],
 )
