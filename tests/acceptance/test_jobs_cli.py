@@ -199,3 +199,16 @@ def test_a_job_whose_state_was_edited_to_an_unknown_one_is_listed_and_counted_ap
     (queue,) = json.loads(jobqueue("status", "--json").stdout)["queues"]
     assert (queue["ready"], queue["unknown_state"]) == (1, 1)
     assert "1 job(s) in a state jobqueue does not know" in jobqueue("status").stdout
+
+
+def test_a_state_is_known_by_the_databases_own_comparison(app: JobQueue, backend: str) -> None:
+    """MySQL and MariaDB compare states ignoring case, so workers run a job edited to 'pending':
+    it is listed as pending there, and as unknown where the comparison is exact."""
+    import sqlalchemy as sa
+
+    edited = basic.add.delay(2, 2)
+    m = app.tables.message
+    with app.engine.begin() as conn:
+        conn.execute(sa.update(m).where(m.c.id == edited.id).values(state="pending"))
+    (row,) = json.loads(jobqueue("jobs", "list", "--json").stdout)
+    assert row["state"] == ("pending" if backend == "mysql" else "<unknown state: 'pending'>")
