@@ -96,6 +96,16 @@ def finished(message, state=MessageState.COMPLETED, error=None, result=None):
     )
 
 
+def packet_app(db_url: str) -> tuple[JobQueue, int]:
+    """An app on MySQL whose payload limit is far above the server's max_allowed_packet (16 MiB on
+    MariaDB, 64 MiB on MySQL 8), and that packet: values over the packet reach the packet checks."""
+    engine = sa.create_engine(db_url)
+    with engine.connect() as conn:
+        packet = int(conn.exec_driver_sql("SELECT @@max_allowed_packet").scalar_one())
+    engine.dispose()
+    return JobQueue(db_url, max_payload_bytes=4 * packet), packet
+
+
 def writer(app: JobQueue) -> OutcomeWriter:
     return OutcomeWriter(app.store, DatabaseGuard(logging.getLogger("test"), "database (test)", app.store.classify))
 
@@ -172,14 +182,13 @@ def test_a_flush_of_large_results_stays_under_max_allowed_packet(app: JobQueue, 
 
 @only("mysql")
 def test_a_result_over_max_allowed_packet_fails_its_job_instead_of_retrying_for_ever(db_url: str) -> None:
-    app = JobQueue(db_url, max_payload_bytes=64 * 1024 * 1024)
+    app, packet = packet_app(db_url)
 
     @app.task(name="t.big")
     def big() -> None: ...
 
     big.bulk([()] * 3)
     held = app.store.acquire(WORKER, None, 3, 30.0)
-    packet = int(app.engine.connect().exec_driver_sql("SELECT @@max_allowed_packet").scalar())
     outcomes = [finished(m, result=b"1") for m in held]
     outcomes[1] = finished(held[1], result=b"x" * (packet + 1024))
     # Not kept in the archive: the result is never sent, so nothing is refused.
@@ -204,13 +213,12 @@ def test_a_result_over_max_allowed_packet_fails_its_job_instead_of_retrying_for_
 def test_arguments_over_max_allowed_packet_are_refused_before_they_are_sent(db_url: str, caplog) -> None:
     """Sent, a statement over the packet is not refused with a reason: the server drops the
     connection. Refused before, with the fix named, and nothing written."""
-    app = JobQueue(db_url, max_payload_bytes=64 * 1024 * 1024)
+    app, packet = packet_app(db_url)
 
     @app.task(name="t.echo")
     def echo(value: str) -> str:
         return value
 
-    packet = int(app.engine.connect().exec_driver_sql("SELECT @@max_allowed_packet").scalar())
     escaped = "'" * (packet // 2 + 1024)  # under the packet as it is, over it once escaped
     topic = app.topic("t.news")
 
@@ -237,8 +245,7 @@ def test_arguments_over_max_allowed_packet_are_refused_before_they_are_sent(db_u
 def test_a_checkpoint_over_max_allowed_packet_is_refused_before_it_is_sent(db_url: str, caplog) -> None:
     """The job's code gets a SerializationError it can catch, naming the fix, instead of a dropped
     connection; the checkpoint saved before stays, and the job's next writes work."""
-    app = JobQueue(db_url, max_payload_bytes=64 * 1024 * 1024)
-    packet = int(app.engine.connect().exec_driver_sql("SELECT @@max_allowed_packet").scalar())
+    app, packet = packet_app(db_url)
     m = app.tables.message
     seen: list[object] = []
 
