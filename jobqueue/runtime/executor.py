@@ -506,11 +506,9 @@ def log_outcome(outcome: Outcome) -> None:
             )
             # Formatters append exc_text as they would a traceback of exc_info: the job's own, as the
             # archive keeps it, though the exception itself is gone by the time the outcome is written.
-            traceback = error.traceback.rstrip() if error and error.traceback else None
+            traceback = error.traceback.rstrip() if error and error.traceback else ""
             record.exc_text = (
-                _clipped(traceback, outcome, LOGGED_TRACEBACK_HEAD_CHARS, LOGGED_TRACEBACK_TAIL_CHARS)
-                if traceback
-                else None
+                _clipped(traceback, outcome, LOGGED_TRACEBACK_HEAD_CHARS, LOGGED_TRACEBACK_TAIL_CHARS) or None
             )
             logger.handle(record)
     elif outcome.kind is OutcomeKind.RETRY:

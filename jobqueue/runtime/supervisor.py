@@ -233,8 +233,8 @@ class Supervisor:
         is served all the same: jobs sent there with ``queue=`` or by name run."""
         known = {task.queue for task in self.app.registry.values()} | {c.queue for c in self.app.consumers.values()}
         for queue in self.settings.queues or ():
-            close = difflib.get_close_matches(queue, sorted(known - {queue}), n=1, cutoff=0.75)
-            if queue not in known and close:
+            close = [] if queue in known else difflib.get_close_matches(queue, sorted(known), n=1, cutoff=0.75)
+            if close:
                 logger.warning(
                     "no task of this app declares the queue %r: did you mean %r? It is served all the same, "
                     "for jobs sent there with queue= or by name",

@@ -64,10 +64,15 @@ def parse_url(url: str | sa.URL) -> sa.URL:
         ) from None
 
 
+def database_kind(name: str) -> str:
+    """The kind of database a SQLAlchemy backend or dialect name is: MariaDB's is "mysql", which
+    SQLAlchemy also calls it for a mysql:// URL."""
+    return {"mariadb": "mysql"}.get(name, name)
+
+
 def backend_name(url: str | sa.URL) -> str:
     """Return "sqlite", "postgresql" or "mysql" for a URL, or raise ConfigurationError."""
-    name = parse_url(url).get_backend_name()
-    name = {"mariadb": "mysql"}.get(name, name)
+    name = database_kind(parse_url(url).get_backend_name())
     if name not in ("sqlite", "postgresql", "mysql"):
         raise ConfigurationError(
             f"unsupported database {name!r} in {mask_url(url)!r}: jobqueue runs on sqlite, postgresql and mysql/mariadb"

@@ -32,11 +32,10 @@ from jobqueue.storage.dialects.common import (
     first_of_partition,
 )
 from jobqueue.storage.dialects.wakeup import Waker
-from jobqueue.storage.engine import check_listen_url, mask_url
+from jobqueue.storage.engine import check_listen_url, database_kind, mask_url
 from jobqueue.storage.tables import Tables, Timestamp
 
 UNIQUE_RETRIES = 10
-SAME_KIND = {"mariadb": "mysql"}  # dialect names of one kind of database
 
 
 def new_lease_token() -> int:
@@ -138,9 +137,8 @@ class Store:
 
     def _check_same_database(self, dialect: sa.Dialect) -> None:
         """Refuse a caller's connection to another kind of database than the queue's: the job would
-        be written where no worker of this queue looks, with statements meant for another database.
-        (SQLAlchemy names MariaDB "mariadb" or "mysql" by the URL's spelling: one kind here.)"""
-        theirs, ours = (SAME_KIND.get(name, name) for name in (dialect.name, self.engine.dialect.name))
+        be written where no worker of this queue looks, with statements meant for another database."""
+        theirs, ours = database_kind(dialect.name), database_kind(self.engine.dialect.name)
         if theirs != ours:
             raise ConfigurationError(
                 f"connection= is a {theirs} connection but this JobQueue's database is {ours} "
