@@ -232,6 +232,21 @@ def test_flush_applies_every_kind_of_outcome_fenced_by_the_token(app: JobQueue, 
     assert messages[stale.id]["state"] == "PROCESSING"
 
 
+def test_a_large_flush_archives_exactly_the_deliveries_it_still_holds(app: JobQueue, dialect: Dialect) -> None:
+    # More outcomes than one statement copies, with lost leases in several of its parts: the held
+    # ones are archived, the lost ones stay as their current holder left them.
+    dialect.bulk(Batch(row(), [b"[[],{}]"] * 600, [None] * 600), 600)
+    taken = acquire(dialect, limit=600)
+    lost = {taken[n].id for n in (0, 255, 256, 300, 599)}
+    for message in taken:
+        if message.id in lost:
+            message.lease_token = 999
+    applied = dialect.flush([outcome(m) for m in taken], utcnow())
+    assert applied == {(m.id, 7) for m in taken if m.id not in lost}
+    assert {r["id"] for r in rows(app, "archive")} == {m.id for m in taken} - lost
+    assert {r["id"]: r["state"] for r in rows(app)} == dict.fromkeys(lost, "PROCESSING")
+
+
 def test_a_partition_serves_its_oldest_active_message_only(app: JobQueue, dialect: Dialect) -> None:
     keys = ("a", "a", "b", None, "a")
     ids = [dialect.enqueue_one({**row(priority=9 if n == 1 else 0), "partition_key": k}) for n, k in enumerate(keys)]

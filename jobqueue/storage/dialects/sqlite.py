@@ -44,6 +44,9 @@ DATETIME_COLUMNS = {
 }
 
 
+Delivery = tuple[int, int]  # a message id and the lease token of one delivery of it
+
+
 def _stamp(value: datetime) -> str:
     # The text SQLAlchemy's DateTime stores (SQLITE_DATETIME), by isoformat's C fast path.
     return value.isoformat(" ", "microseconds")
@@ -167,6 +170,8 @@ class SQLiteDialect(Dialect):
         super().__init__(engine, tables)
         self.checkpoints_elsewhere = False
         self._archive_copies: dict[int, str] = {}
+        # The acquire statements as the driver takes them, by shape (None: not on the driver).
+        self._driver_acquires: dict[str, tuple[str, tuple[str, ...], tuple[Any, ...], dict[str, Any]] | None] = {}
         # Driver connections of enqueue_one, out of the engine's pool (opened through it, so
         # configured as every other one). Taking one from this list and putting it back costs
         # next to nothing, where a pool checkout and its reset cost a third of the insert.
@@ -292,10 +297,15 @@ class SQLiteDialect(Dialect):
 
     @staticmethod
     def archive_copies(outcomes: list[Outcome], now: datetime) -> dict[tuple[int, int], tuple[Any, ...]]:
-        """The bind values of each archive copy (the message id, then ARCHIVED values), by delivery."""
+        """The bind values of each archive copy (the message id and its lease token, then ARCHIVED
+        values), by delivery."""
         archived_at = _stamp(now)
         return {
-            (o.message.id, o.message.lease_token): (o.message.id, *archived_values(o, archived_at, _stamp))
+            (o.message.id, o.message.lease_token): (
+                o.message.id,
+                o.message.lease_token,
+                *archived_values(o, archived_at, _stamp),
+            )
             for o in outcomes
             if o.kind is OutcomeKind.ARCHIVE and o.retain and o.message.corrupt is None
         }
@@ -307,21 +317,22 @@ class SQLiteDialect(Dialect):
         now: datetime,
         copies: dict[tuple[int, int], tuple[Any, ...]],
     ) -> set[tuple[int, int]]:
-        # Inside BEGIN IMMEDIATE: the write lock is ours, so after lock_held's check nothing can
-        # change the rows. Archive rows are copied from the message rows by the database (payloads
-        # never travel back), one INSERT ... SELECT for up to COPY_ROWS_MOST of them (a third
-        # cheaper than one execution per row), then one DELETE.
-        held = self.lock_held(connection, [(o.message.id, o.message.lease_token) for o in outcomes])
+        # Inside BEGIN IMMEDIATE: the write lock is ours, so nothing can change the rows meanwhile.
+        # Archive rows are copied from the message rows by the database (payloads never travel
+        # back), one INSERT ... SELECT for up to COPY_ROWS_MOST of them (a third cheaper than one
+        # execution per row), then one DELETE. The copy checks its leases itself: it copies a
+        # message only while it is PROCESSING under the outcome's token, and says which it copied;
+        # the other outcomes (requeues, and jobs archived without a copy) are checked by lock_held.
+        pairs = [(o.message.id, o.message.lease_token) for o in outcomes]
+        if len({key[0] for key in copies}) == len(copies):
+            held = self._copy(connection, list(copies.items()))
+            held |= self.lock_held(connection, [pair for pair in pairs if pair not in copies])
+        else:  # two deliveries of one message: a copied id would not say which of them holds it
+            held = self.lock_held(connection, pairs)
+            self._copy(connection, [(key, copy) for key, copy in copies.items() if key in held])
         applied = [o for o in outcomes if (o.message.id, o.message.lease_token) in held]
         finals = [o for o in applied if o.kind is OutcomeKind.ARCHIVE]
         if finals:
-            kept = [copy for key, copy in copies.items() if key in held]
-            for start in range(0, len(kept), COPY_ROWS_MOST):
-                chunk = kept[start : start + COPY_ROWS_MOST]
-                size = 1 << (len(chunk) - 1).bit_length()
-                values = [value for copy in chunk for value in copy]
-                values += [None] * ((size - len(chunk)) * (len(ARCHIVED_COLUMNS) + 1))
-                connection.exec_driver_sql(self._archive_copy_sql(size), tuple(values))
             # A corrupt row is archived from the values that could be read (its error message holds
             # the unreadable text), so that the archive never holds text it cannot read back.
             repaired = [archive_row(o, now) for o in finals if o.retain and o.message.corrupt is not None]
@@ -333,6 +344,26 @@ class SQLiteDialect(Dialect):
             connection.execute(self.requeue, updates)
         return held
 
+    def _copy(
+        self, connection: sa.Connection, copies: list[tuple[tuple[int, int], tuple[Any, ...]]]
+    ) -> set[tuple[int, int]]:
+        """Copy into the archive the messages of ``copies`` whose lease is still held; return
+        those deliveries. When a statement copies fewer rows than it was given (a lease was lost),
+        lock_held says which: the rows it copied are still PROCESSING under their tokens."""
+        held: set[Delivery] = set()
+        width = len(ARCHIVED_COLUMNS) + 2
+        for start in range(0, len(copies), COPY_ROWS_MOST):
+            chunk = copies[start : start + COPY_ROWS_MOST]
+            size = 1 << (len(chunk) - 1).bit_length()
+            values = [value for _key, copy in chunk for value in copy]
+            values += [None] * ((size - len(chunk)) * width)
+            keys = [key for key, _copy in chunk]
+            if execute_on_driver(connection, self._archive_copy_sql(size), tuple(values)).rowcount == len(chunk):
+                held.update(keys)
+            else:
+                held |= self.lock_held(connection, keys)
+        return held
+
     def lock_held(self, connection: sa.Connection, pairs: list[tuple[int, int]]) -> set[tuple[int, int]]:
         # The write lock is ours already; by id alone, the token compared here. Plain SQL: the
         # expanding IN list of the shared statement is compiled anew for every flush.
@@ -342,28 +373,32 @@ class SQLiteDialect(Dialect):
         processing = MessageState.PROCESSING.value
         sql = f"SELECT id, lease_token FROM {self.message.name} WHERE state = '{processing}' AND id IN "
         for marks, ids in _id_lists(sorted({pair[0] for pair in pairs})):
-            held.update((row[0], row[1]) for row in connection.exec_driver_sql(sql + marks, ids).fetchall())
+            held.update((row[0], row[1]) for row in execute_on_driver(connection, sql + marks, ids))
         return held & set(pairs)
 
     def delete_messages(self, connection: sa.Connection, ids: list[int]) -> None:
         sql = f"DELETE FROM {self.message.name} WHERE id IN "
         for marks, chunk in _id_lists(ids):
-            connection.exec_driver_sql(sql + marks, chunk)
+            execute_on_driver(connection, sql + marks, chunk)
 
     def _archive_copy_sql(self, rows: int) -> str:
         """Copy ``rows`` messages into the archive, each joined to the values its outcome supplies
-        (its id, then ARCHIVED_COLUMNS); a row of NULLs joins no message and adds nothing."""
+        (its id and lease token, then ARCHIVED_COLUMNS) while it is PROCESSING under that token; a
+        row of NULLs joins no message and adds nothing. (No RETURNING: it made the copy a quarter
+        slower, where the count of rows copied says whether all were.)"""
         sql = self._archive_copies.get(rows)
         if sql is None:
             message, archive = self.message.name, self.tables.archive.name
             columns = ", ".join(COPIED + ARCHIVED_COLUMNS)
             copied = ", ".join(f"m.{column}" for column in COPIED)
             # SQLite names the columns of a VALUES list column1, column2...
-            supplied = ", ".join(f"v.column{number + 2}" for number in range(len(ARCHIVED_COLUMNS)))
-            row = "(" + ", ".join("?" * (len(ARCHIVED_COLUMNS) + 1)) + ")"
+            supplied = ", ".join(f"v.column{number + 3}" for number in range(len(ARCHIVED_COLUMNS)))
+            row = "(" + ", ".join("?" * (len(ARCHIVED_COLUMNS) + 2)) + ")"
+            processing = MessageState.PROCESSING.value
             sql = self._archive_copies[rows] = (
                 f"INSERT INTO {archive} ({columns}) SELECT {copied}, {supplied} "
-                f"FROM (VALUES {', '.join([row] * rows)}) AS v JOIN {message} AS m ON m.id = v.column1"
+                f"FROM (VALUES {', '.join([row] * rows)}) AS v JOIN {message} AS m "
+                f"ON m.id = v.column1 AND m.lease_token = v.column2 AND m.state = '{processing}'"
             )
         return sql
 
@@ -384,12 +419,48 @@ class SQLiteDialect(Dialect):
         return read_message(row)
 
     def acquire(self, params: AcquireParams) -> list[Message]:
+        driver_sql = self._driver_acquire(params)
         with self.engine.begin() as connection:
-            rows = connection.execute(self.acquire_statement(params), params.binds()).all()
+            if driver_sql is None:
+                rows: Sequence[Any] = connection.execute(self.acquire_statement(params), params.binds()).all()
+            else:
+                rows = execute_on_driver(connection, *driver_sql).fetchall()
         # Read once the write lock is released: other processes wait for it meanwhile.
         messages = [read_message(row) for row in rows]
         messages.sort(key=delivery_order)
         return messages
+
+    def queue_filter(self, one: bool) -> Any:
+        # One queue is an equality, which the driver's acquire can take (an IN list is expanded per call).
+        if one:
+            return self.message.c.queue == sa.bindparam("only_queue", type_=sa.String)
+        return super().queue_filter(one)
+
+    def _driver_acquire(self, params: AcquireParams) -> tuple[str, tuple[Any, ...]] | None:
+        """The acquire as SQL and values for the driver itself, or None where it takes a list of
+        queues (its IN list is expanded per call). Inside the write lock, which the other processes
+        wait for, SQLAlchemy's execution and its result rows cost as much as some of SQLite's work."""
+        if params.shape not in self._driver_acquires:
+            statement = self.acquire_statement(params).compile(dialect=self.engine.dialect)
+            names = tuple(statement.positiontup or ())
+            if any(statement.binds[name].expanding for name in names):
+                self._driver_acquires[params.shape] = None
+            else:
+                dialect = self.engine.dialect
+                processors = tuple(statement.binds[name].type._cached_bind_processor(dialect) for name in names)
+                # Values the statement carries itself (a literal such as the 1 added to a count).
+                carried = {key: value for key, value in statement.params.items() if not statement.binds[key].required}
+                self._driver_acquires[params.shape] = (str(statement), names, processors, carried)
+        compiled = self._driver_acquires[params.shape]
+        if compiled is None:
+            return None
+        sql, names, processors, carried = compiled
+        binds = {**carried, **params.binds()}
+        values = tuple(
+            binds[name] if process is None else process(binds[name])
+            for name, process in zip(names, processors, strict=True)
+        )
+        return sql, values
 
     def flow_has_work(self, params: AcquireParams) -> bool:
         # Read without the write lock, which the other processes' fetches and flushes would wait for.
@@ -412,6 +483,18 @@ COPY_ROWS_MOST = 256
 # Ids go in IN lists of up to this many, padded with NULLs (which match nothing) to a power of two,
 # so that a handful of statements is prepared and cached, not one per length.
 ID_LIST_MOST = 512
+
+
+def execute_on_driver(connection: sa.Connection, sql: str, values: tuple[Any, ...]) -> sqlite3.Cursor:
+    """``sql`` executed on ``connection``'s driver connection, its cursor returned (rows read as the
+    driver gives them); an error is raised as SQLAlchemy raises a statement's, so that it is
+    classified and handled alike. Inside the write lock, which the other processes wait for,
+    SQLAlchemy's own execution and result rows cost as much as some of SQLite's work."""
+    driver: Any = connection.connection.driver_connection
+    try:
+        return driver.execute(sql, values)  # type: ignore[no-any-return]
+    except sqlite3.Error as exc:
+        raise sa.exc.DBAPIError.instance(sql, values, exc, sqlite3.Error) from exc
 
 
 def _id_lists(ids: list[int]) -> Iterator[tuple[str, tuple[int | None, ...]]]:
