@@ -31,7 +31,13 @@ def jobs() -> None:
 
 
 @jobs.command("list")
-@click.option("--state", "states", multiple=True, type=click.Choice(STATES), help="Repeatable; default: all.")
+@click.option(
+    "--state",
+    "states",
+    multiple=True,
+    type=click.Choice([*STATES, "unknown"]),
+    help="Repeatable; default: all. unknown: states jobqueue does not know (edited by hand), which no worker runs.",
+)
 @click.option("--task", help="Only jobs of this task.")
 @click.option("--queue", help="Only jobs in this queue.")
 @click.option("--limit", default=50, show_default=True, type=click.IntRange(1, 100_000))

@@ -47,7 +47,7 @@ def _print_status(data: dict[str, Any]) -> None:
     if unknown:
         out.print(
             f"{unknown} job(s) in a state jobqueue does not know (edited by hand?), which no worker runs: "
-            "`jobqueue jobs list` shows them; set their state to PENDING to run them"
+            "`jobqueue jobs list --state unknown` lists them; set their state to PENDING to run them"
         )
     if data["held_keys"]:
         out.print("")

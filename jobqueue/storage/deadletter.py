@@ -16,6 +16,7 @@ from jobqueue.storage.store import Store
 
 ACTIVE = {s.value for s in ACTIVE_STATES}
 ARCHIVED = {s.value for s in FINAL_STATES}
+UNKNOWN = "UNKNOWN"  # as a state asked for: any state jobqueue does not know
 RETRYABLE_FROM_ARCHIVE = (MessageState.FAILED.value, MessageState.CANCELLED.value)
 HISTORY_TRACEBACK_CHARS = 20_000
 
@@ -69,16 +70,21 @@ def list_jobs(
 ) -> list[dict[str, Any]]:
     """The newest jobs (highest ids first) in the given states, from both tables as needed.
 
-    ``before_id`` pages on: only jobs with a lower id, so a page stays put while new jobs arrive.
+    ``states`` may hold UNKNOWN: the jobs in a state jobqueue does not know (edited by hand), which
+    no worker runs. ``before_id`` pages on: only jobs with a lower id, so a page stays put while
+    new jobs arrive.
     """
-    wanted = {s.upper() for s in states} or ACTIVE | ARCHIVED
+    asked = {s.upper() for s in states}
+    unknown = UNKNOWN in asked
+    wanted = (asked - {UNKNOWN}) or (set() if unknown else ACTIVE | ARCHIVED)
     every = not states  # with no state asked for, rows in a state jobqueue does not know are listed too
+    known = sorted(ACTIVE | ARCHIVED)
     m, a = store.tables.message, store.tables.archive
     found: list[dict[str, Any]] = []
     with store.reading() as conn:
         for table, in_table, when in ((m, ACTIVE, "next_attempt_at"), (a, ARCHIVED, "archived_at")):
             chosen = sorted(wanted & in_table)
-            if not chosen:
+            if not chosen and not unknown:
                 continue
             stmt = sa.select(
                 table.c.id,
@@ -95,10 +101,15 @@ def list_jobs(
                 table.c.flow_key,
                 table.c.concurrency_limit,
                 # Known by the database's own comparison, as workers fetch (MySQL's ignores case).
-                table.c.state.in_(sorted(ACTIVE | ARCHIVED)).label("known_state"),
+                table.c.state.in_(known).label("known_state"),
             )
             if not every:
-                stmt = stmt.where(table.c.state.in_(chosen))
+                stmt = stmt.where(
+                    sa.or_(
+                        table.c.state.in_(chosen) if chosen else sa.false(),
+                        table.c.state.not_in(known) if unknown else sa.false(),
+                    )
+                )
             if task:
                 stmt = stmt.where(table.c.task_name == task)
             elif table is m:

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from jobqueue import JobQueue
+from jobqueue.clock import utcnow
 from tests.acceptance.cli import jobqueue
 from tests.apps import basic
 
@@ -196,9 +197,31 @@ def test_a_job_whose_state_was_edited_to_an_unknown_one_is_listed_and_counted_ap
     assert [row["id"] for row in json.loads(jobqueue("jobs", "list", "--state", "pending", "--json").stdout)] == [
         good.id
     ]
+    # Asked for by themselves, however many newer jobs there are, in either table.
+    basic.add.bulk([(n, n) for n in range(60)])
+    with app.engine.begin() as conn:
+        conn.execute(
+            sa.insert(app.tables.archive).values(
+                id=999_999,
+                task_name="tests.apps.basic.add",
+                queue="default",
+                state="WEIRD",
+                payload=b"[[1, 1], {}]",
+                created_at=utcnow(),
+                archived_at=utcnow(),
+            )
+        )
+    only = json.loads(jobqueue("jobs", "list", "--state", "unknown", "--limit", "5", "--json").stdout)
+    assert [(row["id"], row["state"]) for row in only] == [
+        (999_999, "<unknown state: 'WEIRD'>"),
+        (edited.id, "<unknown state: 'BOGUS'>"),
+    ]
+    both = json.loads(jobqueue("jobs", "list", "--state", "unknown", "--state", "completed", "--json").stdout)
+    assert [row["id"] for row in both] == [999_999, edited.id]
     (queue,) = json.loads(jobqueue("status", "--json").stdout)["queues"]
-    assert (queue["ready"], queue["unknown_state"]) == (1, 1)
-    assert "1 job(s) in a state jobqueue does not know" in jobqueue("status").stdout
+    assert (queue["ready"], queue["unknown_state"]) == (61, 1)
+    status = jobqueue("status").stdout
+    assert "1 job(s) in a state jobqueue does not know" in status and "jobs list --state unknown" in status
 
 
 def test_a_state_is_known_by_the_databases_own_comparison(app: JobQueue, backend: str) -> None:
