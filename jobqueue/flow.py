@@ -35,6 +35,8 @@ NO_FLOW: dict[str, Any] = {"flow_key": None, "concurrency_limit": None, "rate_in
 # The slowest rate a task may have, one start a day: the database remembers a quiet key's last
 # start that long (past that, a new job may start at once whatever the rate).
 RATE_MEMORY_SECONDS = 86_400
+# Each job carries its key's limit in an INTEGER column: PostgreSQL and MySQL hold no more.
+MAX_CONCURRENCY_LIMIT = 2_147_483_647
 
 _RATE = re.compile(r"^\s*(\d+(?:\.\d*)?)\s*/\s*(s|sec|second|m|min|minute|h|hour)\s*$")
 _UNIT_SECONDS = {"s": 1, "sec": 1, "second": 1, "m": 60, "min": 60, "minute": 60, "h": 3600, "hour": 3600}
@@ -70,8 +72,12 @@ class Flow:
     def of(cls, task_name: str, key: Any, limit: Any, rate: Any) -> Flow:
         if key is not None and not callable(key):
             check_flow_key("concurrency_key", key)
-        if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 1):
-            raise ConfigurationError(f"concurrency_limit must be a positive integer or None, got {limit!r}")
+        if limit is not None and (
+            not isinstance(limit, int) or isinstance(limit, bool) or not 1 <= limit <= MAX_CONCURRENCY_LIMIT
+        ):
+            raise ConfigurationError(
+                f"concurrency_limit must be an integer from 1 to {MAX_CONCURRENCY_LIMIT} or None, got {limit!r}"
+            )
         return cls(task_name, key, limit, None if rate is None else rate_interval_us(rate))
 
     @property

@@ -7,6 +7,7 @@ import functools
 import inspect
 import json
 import keyword
+import math
 import os
 import re
 import sys
@@ -31,6 +32,9 @@ if TYPE_CHECKING:
 
 TASK_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.:\-<>]{0,254}$")
 PRIORITY_RANGE = (-32768, 32767)
+# The longest time limit a task may set: a year. The hard limit becomes a deadline in nanoseconds
+# and the soft one an interval timer, and neither holds much more (nor NaN, nor infinity).
+MAX_TIME_LIMIT_SECONDS = 365 * 86400
 BULK_BATCH_SIZE = 1000
 # jobqueue's own tasks, and consumer groups' deliveries ("topic:<topic>:<group>").
 RESERVED_PREFIXES = ("jobqueue.", "topic:")
@@ -79,9 +83,19 @@ def validate_priority(priority: Any) -> int:
 
 def _positive(name: str, value: Any, integer: bool = False) -> None:
     kinds = (int,) if integer else (int, float)
-    if value is not None and (not isinstance(value, kinds) or isinstance(value, bool) or value <= 0):
+    if value is not None and (not isinstance(value, kinds) or isinstance(value, bool) or not value > 0):
         raise ConfigurationError(
             f"task option {name} must be a positive {'integer' if integer else 'number'} or None, got {value!r}"
+        )
+
+
+def _time_limit(name: str, value: Any) -> None:
+    """A hard or soft time limit: a positive number of seconds up to a year, or None for no limit."""
+    _positive(name, value)
+    if value is not None and not (math.isfinite(value) and value <= MAX_TIME_LIMIT_SECONDS):
+        raise ConfigurationError(
+            f"task option {name} must be at most {MAX_TIME_LIMIT_SECONDS} seconds (a year), got {value!r}; "
+            "use None for no limit"
         )
 
 
@@ -126,8 +140,8 @@ def build_options(fn: Callable[..., Any], options: dict[str, Any], reserved_ok: 
         if not all(isinstance(e, type) and issubclass(e, BaseException) for e in retry_on):
             raise ConfigurationError(f"retry_on must be exception classes, got {options['retry_on']!r}")
         values["retry_on"] = retry_on
-    _positive("timeout", values.get("timeout"))
-    _positive("soft_timeout", values.get("soft_timeout"))
+    _time_limit("timeout", values.get("timeout"))
+    _time_limit("soft_timeout", values.get("soft_timeout"))
     _positive("max_deliveries", values.get("max_deliveries"), integer=True)
     policy = values.get("ack_policy")
     if policy is not None and not isinstance(policy, AckPolicy):

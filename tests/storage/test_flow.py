@@ -96,8 +96,9 @@ def test_flow_options_are_checked_when_the_task_is_declared(app: JobQueue) -> No
     for too_slow in ("0/s", "0.04/h", "0.0001/m"):
         with pytest.raises(ConfigurationError, match="at least one start a day"):
             app.task(name="t.bad", rate_limit=too_slow)(lambda: None)
-    with pytest.raises(ConfigurationError, match="concurrency_limit must be a positive integer"):
-        app.task(name="t.bad", concurrency_limit=0)(lambda: None)
+    for bad_limit in (0, 2**31):  # the column holds a 32-bit integer on PostgreSQL and MySQL
+        with pytest.raises(ConfigurationError, match="concurrency_limit must be an integer from 1 to 2147483647"):
+            app.task(name="t.bad", concurrency_limit=bad_limit)(lambda: None)
     with pytest.raises(ConfigurationError, match="concurrency_key must be a string"):
         app.task(name="t.bad", concurrency_key="")(lambda: None)
 

@@ -64,6 +64,13 @@ def test_unknown_option_fails_at_decoration_naming_it(app: JobQueue) -> None:
         ({"priority": 10**6}, "priority must be"),
         ({"priority": "high"}, "priority must be"),
         ({"timeout": -1}, "timeout must be"),
+        # NaN, infinity and huge limits crash-looped every worker process that fetched the job.
+        ({"timeout": float("nan")}, "timeout must be a positive number"),
+        ({"timeout": float("inf")}, "timeout must be at most 31536000 seconds"),
+        ({"timeout": 1e300}, "timeout must be at most"),
+        ({"soft_timeout": float("nan")}, "soft_timeout must be a positive number"),
+        ({"soft_timeout": 10**10}, "soft_timeout must be at most"),
+        ({"concurrency_limit": 2**31}, "concurrency_limit must be an integer from 1 to 2147483647"),
         ({"max_deliveries": 0}, "max_deliveries must be"),
         ({"retry_on": "ValueError"}, "retry_on must be exception classes"),
         ({"retry_strategy": 3}, "retry_strategy must be"),
