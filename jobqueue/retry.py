@@ -8,6 +8,7 @@ returns the time of the next attempt, or ``None`` when the job must be FAILED be
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
@@ -33,6 +34,27 @@ def _check(condition: bool, message: str) -> None:
         raise ConfigurationError(message)
 
 
+def _finite(strategy: RetryStrategy, name: str, minimum: float | None = 0.0, optional: bool = False) -> None:
+    """Check that parameter ``name`` is a finite number (at least ``minimum``).
+
+    NaN passes every "at least" comparison and infinity makes no date, and a per-call strategy is
+    stored as JSON, which holds neither: both are refused here, with wrong types, as the strategy is made.
+    """
+    value = getattr(strategy, name)
+    if optional and value is None:
+        return
+    bound = "" if minimum is None else f" >= {minimum:g}"
+    try:
+        finite = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    except OverflowError:  # an integer too large for a float
+        finite = False
+    _check(
+        finite and (minimum is None or value >= minimum),
+        f"{type(strategy).__name__}: {name} must be a finite number{bound}{' or None' if optional else ''}, "
+        f"got {value!r}",
+    )
+
+
 @dataclass(frozen=True, kw_only=True)
 class RetryStrategy:
     """Base of the strategies; subclasses define :meth:`delay_for`."""
@@ -42,14 +64,12 @@ class RetryStrategy:
     max_total_delay_seconds: float | None = None
 
     def __post_init__(self) -> None:
+        attempts = self.max_attempts
         _check(
-            self.max_attempts is None or self.max_attempts >= 1,
-            f"{type(self).__name__}: max_attempts must be >= 1 or None, got {self.max_attempts!r}",
+            attempts is None or isinstance(attempts, int) and not isinstance(attempts, bool) and attempts >= 1,
+            f"{type(self).__name__}: max_attempts must be an integer >= 1 or None (no limit), got {attempts!r}",
         )
-        _check(
-            self.max_total_delay_seconds is None or self.max_total_delay_seconds >= 0,
-            f"{type(self).__name__}: max_total_delay_seconds must be >= 0 or None",
-        )
+        _finite(self, "max_total_delay_seconds", optional=True)
 
     def delay_for(self, attempt: int) -> float:
         """Return the delay before the attempt after ``attempt``."""
@@ -98,7 +118,7 @@ class ConstantRetryStrategy(RetryStrategy):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        _check(self.delay_seconds >= 0, "ConstantRetryStrategy: delay_seconds must be >= 0")
+        _finite(self, "delay_seconds")
 
     def delay_for(self, attempt: int) -> float:
         return _tenacity_wait(tenacity.wait_fixed(self.delay_seconds), attempt)
@@ -114,7 +134,8 @@ class LinearRetryStrategy(RetryStrategy):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        _check(self.initial_delay_seconds >= 0, "LinearRetryStrategy: initial_delay_seconds must be >= 0")
+        _finite(self, "initial_delay_seconds")
+        _finite(self, "step_seconds", minimum=None)
 
     def delay_for(self, attempt: int) -> float:
         wait = tenacity.wait_incrementing(
@@ -134,8 +155,9 @@ class ExponentialBackoffRetryStrategy(RetryStrategy):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        _check(self.initial_delay_seconds >= 0, f"{type(self).__name__}: initial_delay_seconds must be >= 0")
-        _check(self.multiplier >= 1, f"{type(self).__name__}: multiplier must be >= 1")
+        _finite(self, "initial_delay_seconds")
+        _finite(self, "multiplier", minimum=1)
+        _finite(self, "max_delay_seconds", optional=True)
 
     def delay_for(self, attempt: int) -> float:
         cap = float("inf") if self.max_delay_seconds is None else self.max_delay_seconds
@@ -155,7 +177,7 @@ class ExponentialBackoffWithJitterRetryStrategy(ExponentialBackoffRetryStrategy)
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        _check(self.jitter_factor >= 0, "ExponentialBackoffWithJitterRetryStrategy: jitter_factor must be >= 0")
+        _finite(self, "jitter_factor")
 
     def delay_for(self, attempt: int) -> float:
         delay = super().delay_for(attempt)
@@ -173,10 +195,8 @@ class ConstantWithJitterRetryStrategy(RetryStrategy):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        _check(
-            self.base_delay_seconds >= 0 and self.jitter_seconds >= 0,
-            "ConstantWithJitterRetryStrategy: base_delay_seconds and jitter_seconds must be >= 0",
-        )
+        _finite(self, "base_delay_seconds")
+        _finite(self, "jitter_seconds")
 
     def delay_for(self, attempt: int) -> float:
         base = _tenacity_wait(tenacity.wait_fixed(self.base_delay_seconds), attempt)

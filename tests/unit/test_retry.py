@@ -114,3 +114,44 @@ def test_unknown_stored_kind_is_refused_not_imported() -> None:
 def test_invalid_parameters(make) -> None:
     with pytest.raises(ConfigurationError):
         make()
+
+
+NAN, INF = float("nan"), float("inf")
+
+
+@pytest.mark.parametrize(
+    "make, fragment",
+    [
+        # Wrong types raised a bare TypeError, or were accepted and broke the first retry.
+        (lambda: ConstantRetryStrategy(delay_seconds="5"), "delay_seconds must be a finite number >= 0, got '5'"),  # type: ignore[arg-type]
+        (lambda: ConstantRetryStrategy(delay_seconds=True), "delay_seconds must be a finite number"),
+        (lambda: ConstantRetryStrategy(delay_seconds=1, max_attempts="3"), "max_attempts must be an integer >= 1"),  # type: ignore[arg-type]
+        (lambda: ConstantRetryStrategy(delay_seconds=1, max_attempts=2.5), "max_attempts must be an integer"),  # type: ignore[arg-type]
+        (lambda: ExponentialBackoffRetryStrategy(initial_delay_seconds=1, max_delay_seconds="60"), "max_delay_seconds"),  # type: ignore[arg-type]
+        (lambda: ExponentialBackoffRetryStrategy(initial_delay_seconds=1, max_delay_seconds=-1), "max_delay_seconds"),
+        # Infinity and NaN: no retry could be scheduled, and a per-call strategy holding one could
+        # not be stored on PostgreSQL or MariaDB (JSON has neither).
+        (lambda: ConstantRetryStrategy(delay_seconds=INF), "delay_seconds must be a finite number"),
+        (lambda: ConstantRetryStrategy(delay_seconds=2**2000), "delay_seconds must be a finite number"),
+        (lambda: ConstantRetryStrategy(delay_seconds=1, max_attempts=INF), "max_attempts must be an integer"),  # type: ignore[arg-type]
+        (lambda: ConstantRetryStrategy(delay_seconds=1, max_total_delay_seconds=INF), "max_total_delay_seconds"),
+        (lambda: LinearRetryStrategy(initial_delay_seconds=1, step_seconds=NAN), "step_seconds must be a finite"),
+        (lambda: ExponentialBackoffRetryStrategy(initial_delay_seconds=INF), "initial_delay_seconds"),
+        (lambda: ExponentialBackoffRetryStrategy(initial_delay_seconds=1, multiplier=INF), "multiplier"),
+        (
+            lambda: ExponentialBackoffWithJitterRetryStrategy(initial_delay_seconds=1, jitter_factor=INF),
+            "jitter_factor must be a finite number >= 0",
+        ),
+        (
+            lambda: ConstantWithJitterRetryStrategy(base_delay_seconds=1, jitter_seconds=INF),
+            "jitter_seconds must be a finite number >= 0",
+        ),
+    ],
+)
+def test_parameters_must_be_finite_numbers(make, fragment: str) -> None:
+    with pytest.raises(ConfigurationError, match=fragment):
+        make()
+
+
+def test_a_negative_linear_step_is_allowed_and_floors_at_zero() -> None:
+    assert schedule(LinearRetryStrategy(initial_delay_seconds=2, step_seconds=-1), 3) == [2.0, 1.0, 0.0]

@@ -1,12 +1,13 @@
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 
 import pytest
 import sqlalchemy as sa
 
 from jobqueue import AckPolicy, ConfigurationError, JobQueue, SerializationError
-from jobqueue.retry import ConstantRetryStrategy
+from jobqueue.retry import ConstantRetryStrategy, RetryStrategy
 
 
 @pytest.fixture
@@ -155,6 +156,37 @@ def test_invalid_call_options(app: JobQueue, kwargs: dict, fragment: str) -> Non
 
     with pytest.raises(ConfigurationError, match=fragment):
         f.apply_async((), **kwargs)
+
+
+def test_a_per_call_strategy_must_be_one_the_worker_can_rebuild(app: JobQueue) -> None:
+    @dataclass(frozen=True, kw_only=True)
+    class Mine(ConstantRetryStrategy):
+        """A subclass keeps its parent's kind: a worker would rebuild the parent, silently."""
+
+    @app.task
+    def f() -> None: ...
+
+    # Accepted before, then the job failed in the worker with "unknown retry strategy kind", or
+    # ran with its parent's behaviour; now refused at enqueue, before the database is opened.
+    for strategy in (Mine(delay_seconds=1), _Custom()):
+        with pytest.raises(ConfigurationError, match="per-call retry_strategy must be one of jobqueue.retry"):
+            f.apply_async((), retry_strategy=strategy)
+        with pytest.raises(ConfigurationError, match="per-call retry_strategy"):
+            f.bulk([()], retry_strategy=strategy)
+
+    @app.task(retry_strategy=_Custom())  # on the task itself, a strategy of one's own is fine
+    def g() -> None: ...
+
+    database = sa.make_url(app.database_url).database
+    assert database and not os.path.exists(database), "the database was opened"
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Custom(RetryStrategy):
+    kind = "custom"
+
+    def delay_for(self, attempt: int) -> float:
+        return 1.0
 
 
 def test_unknown_jobqueue_setting_is_named() -> None:
