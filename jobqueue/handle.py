@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -60,8 +61,14 @@ class JobHandle:
         """Wait for the job to end and return its result.
 
         Raises JobFailed (with the remote error type, message and ``traceback``), JobCancelled, or
-        TimeoutError when ``timeout`` seconds pass first. ``None`` waits without limit.
+        TimeoutError when ``timeout`` seconds pass first. ``None`` waits without limit; 0 (or less)
+        reads the job once.
         """
+        if timeout is not None and (
+            isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or math.isnan(timeout)
+        ):
+            # NaN compares false with every deadline: the wait would poll the database for ever.
+            raise ValueError(f"get(timeout=...) takes a number of seconds or None, got {timeout!r}")
         deadline = None if timeout is None else time.monotonic() + timeout
         interval = POLL_FIRST_SECONDS
         store = self.app.store

@@ -7,6 +7,7 @@ import pytest
 import sqlalchemy as sa
 
 from jobqueue import AckPolicy, ConfigurationError, JobQueue, SerializationError
+from jobqueue.handle import JobHandle
 from jobqueue.retry import ConstantRetryStrategy, RetryStrategy
 
 
@@ -192,3 +193,12 @@ class _Custom(RetryStrategy):
 def test_unknown_jobqueue_setting_is_named() -> None:
     with pytest.raises(ConfigurationError, match="fetch_batchsize"):
         JobQueue(fetch_batchsize=5)
+
+
+@pytest.mark.parametrize("timeout", [float("nan"), "5", True])
+def test_get_refuses_a_timeout_that_is_not_a_number_of_seconds(app: JobQueue, timeout: object) -> None:
+    # A NaN timeout compared false with every deadline: get() polled the database for ever.
+    with pytest.raises(ValueError, match=r"get\(timeout=\.\.\.\) takes a number of seconds or None"):
+        JobHandle(app, 1).get(timeout=timeout)  # type: ignore[arg-type]
+    database = sa.make_url(app.database_url).database
+    assert database and not os.path.exists(database), "the database was opened"
