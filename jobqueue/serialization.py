@@ -177,7 +177,8 @@ _DECODERS: dict[str, Callable[[Any], Any]] = {
 
 
 def _hashable(key: Any) -> Any:
-    return tuple(key) if isinstance(key, list) else key
+    """A dict key as it went in: a key holds no list, so each list in it was a tuple, at any depth."""
+    return tuple(_hashable(item) for item in key) if isinstance(key, list) else key
 
 
 def _decode_object(obj: dict[str, Any]) -> Any:

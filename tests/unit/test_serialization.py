@@ -56,6 +56,10 @@ def test_tuples_come_back_as_lists() -> None:
 
 def test_tuple_dict_keys_stay_hashable() -> None:
     assert json_ser.loads(json_ser.dumps({(1, 2): "pair"})) == {(1, 2): "pair"}
+    # A tuple nested in a key was read back as a list, unhashable: a job whose arguments held one
+    # was enqueued, then failed in the worker as a corrupt payload.
+    nested = {((1, 2), (3, ("a", date(2026, 1, 1)))): "deep", (): "empty"}
+    assert json_ser.loads(json_ser.dumps(nested)) == nested
 
 
 class Opaque:
