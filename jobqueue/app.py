@@ -20,7 +20,7 @@ from jobqueue.settings import DATABASE_URL_ENV, Settings, parse_queues, resolve_
 from jobqueue.storage import schema_manager
 from jobqueue.storage.engine import create_engine, mask_url, same_database
 from jobqueue.storage.store import Store, commit_watch
-from jobqueue.storage.tables import Tables, build_tables
+from jobqueue.storage.tables import MAX_ID, Tables, build_tables
 from jobqueue.storage.topics import START_LATEST, TopicStore
 from jobqueue.task import Task, build_options
 from jobqueue.topics import Consumer, Topic, check_consumer, make_consumer, parse_groups
@@ -237,6 +237,11 @@ class JobQueue:
         def register(func: Callable[..., Any]) -> Task:
             if isinstance(func, Task):
                 raise ConfigurationError(f"{func.name} is already a task; apply @app.task once")
+            if not callable(func):
+                raise ConfigurationError(
+                    f"@app.task decorates a function, got {type(func).__name__} {func!r}; "
+                    "give options by name: @app.task(name=...)"
+                )
             task = Task(self, func, build_options(func, options))
             existing = self.registry.get(task.name)
             if existing is not None and existing.fn is not func and _origin(existing.fn) != _origin(func):
@@ -320,9 +325,18 @@ class JobQueue:
             raise UnknownTaskError(f"task {name!r} is not registered in this app (registered: {known})")
         return task
 
-    def job(self, job_id: int) -> JobHandle:
-        """Return a handle on an existing job by id."""
-        return JobHandle(self, job_id)
+    def job(self, job_id: int | str) -> JobHandle:
+        """Return a handle on an existing job by id (an integer, or its digits as a string).
+
+        Raises TypeError or ValueError for what cannot be a job id: a float would have been
+        truncated to another job's id, and SQLite cannot even look up one past 64 bits.
+        """
+        if isinstance(job_id, bool) or not isinstance(job_id, (int, str)):
+            raise TypeError(f"app.job() takes a job id, an integer, got {type(job_id).__name__} {job_id!r}")
+        number = int(job_id)
+        if not 1 <= number <= MAX_ID:
+            raise ValueError(f"job ids run from 1 to {MAX_ID}, got {job_id!r}")
+        return JobHandle(self, number)
 
     # -- worker ------------------------------------------------------------------------------------
     def run_worker(self, **overrides: Any) -> int:

@@ -202,3 +202,19 @@ def test_get_refuses_a_timeout_that_is_not_a_number_of_seconds(app: JobQueue, ti
         JobHandle(app, 1).get(timeout=timeout)  # type: ignore[arg-type]
     database = sa.make_url(app.database_url).database
     assert database and not os.path.exists(database), "the database was opened"
+
+
+def test_app_task_of_something_not_callable_names_the_fix(app: JobQueue) -> None:
+    # An AttributeError ('int' object has no attribute '__module__') before.
+    with pytest.raises(ConfigurationError, match="@app.task decorates a function, got str 'emails.send'"):
+        app.task("emails.send")  # type: ignore[call-overload]
+
+
+@pytest.mark.parametrize(
+    "job_id, error", [(1.5, TypeError), (True, TypeError), (None, TypeError), (0, ValueError), (2**63, ValueError)]
+)
+def test_app_job_refuses_what_cannot_be_a_job_id(app: JobQueue, job_id: object, error: type) -> None:
+    # 1.5 and True gave a handle on job 1; 2**63 raised OverflowError on SQLite, JobNotFound elsewhere.
+    with pytest.raises(error, match="job id"):
+        app.job(job_id)  # type: ignore[arg-type]
+    assert app.job("12").id == app.job(12).id == 12
