@@ -9,7 +9,9 @@ assert handle.get(timeout=0) == 5
 :func:`drain` takes the jobs that are due now, one at a time, through the executor a worker process
 uses: the same ack policies, retry strategies, checkpoints, soft time limits, signals, flow control
 and outcome writes, in the calling process. What it does not do: enforce a task's hard ``timeout``
-(that kills a worker process, here the test itself), or fire periodic schedules.
+(that kills a worker process, here the test itself), or fire periodic schedules. Called from a
+thread other than the main one, sync jobs run without their ``soft_timeout`` (a signal, which only
+the main thread receives).
 """
 
 from __future__ import annotations

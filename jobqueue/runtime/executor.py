@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import signal
+import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -99,6 +100,7 @@ class Executor:
         self.coroutines = CoroutineRunner()  # async def tasks run on this process's event loop
         # Decided once per task rather than once per job: what its options and the settings make of it.
         self.plans: dict[str, TaskPlan] = {}
+        self.unenforced: set[str] = set()  # tasks whose soft time limit was said to go unenforced
         self.retain = {
             MessageState.COMPLETED: self.settings.retain_in_archive_on_ack,
             MessageState.FAILED: self.settings.retain_in_archive_on_reject,
@@ -217,19 +219,31 @@ class Executor:
     def _call(self, plan: TaskPlan, context: JobContext, args: list[Any], kwargs: dict[str, Any]) -> Any:
         token = activate(context)
         soft = plan.soft_timeout
-        if soft:
+        began = time.monotonic() if soft else 0.0
+        # Signals reach the main thread only. A worker runs jobs there; drain() may be called from
+        # another thread, where a sync job runs without its soft limit (an async job keeps it: its
+        # event loop enforces it, with no signal).
+        alarm = bool(soft) and threading.current_thread() is threading.main_thread()
+        if alarm and soft:
             previous = signal.signal(signal.SIGALRM, self._on_soft_timeout)
             signal.setitimer(signal.ITIMER_REAL, soft)
-            began = time.monotonic()
+        elif soft and not plan.task.is_async and plan.task.name not in self.unenforced:
+            self.unenforced.add(plan.task.name)
+            logger.warning(
+                "task %s: soft_timeout=%s s is not enforced outside the main thread (no signal reaches "
+                "this thread); its jobs run here without it",
+                plan.task.name,
+                soft,
+            )
         self.in_handler = True
         try:
             if self.app.has_job_scope:
                 with self.app.job_scope():  # a framework's per-job scope: Flask's app context, say
-                    return self._invoke(plan, context, args, kwargs, soft, began if soft else 0.0)
-            return self._invoke(plan, context, args, kwargs, soft, began if soft else 0.0)
+                    return self._invoke(plan, context, args, kwargs, soft, began, alarm)
+            return self._invoke(plan, context, args, kwargs, soft, began, alarm)
         finally:
             self.in_handler = False
-            if soft:
+            if alarm:
                 signal.setitimer(signal.ITIMER_REAL, 0)
                 signal.signal(signal.SIGALRM, previous)
             deactivate(token)
@@ -242,16 +256,17 @@ class Executor:
         kwargs: dict[str, Any],
         soft: float | None,
         began: float,
+        alarm: bool,
     ) -> Any:
         """The task's function called, and an async def task's coroutine run to its end."""
         result = plan.fn(context, *args, **kwargs) if plan.bind else plan.fn(*args, **kwargs)
         if result is not None and iscoroutine(result):
-            result = self._run_coroutine(result, soft, began)
+            result = self._run_coroutine(result, soft, began, alarm)
         return result
 
-    def _run_coroutine(self, coroutine: Any, soft: float | None, began: float) -> Any:
+    def _run_coroutine(self, coroutine: Any, soft: float | None, began: float, alarm: bool) -> Any:
         """Run an async def task's coroutine on the process's loop, within its soft time limit."""
-        if soft:
+        if alarm:
             # The loop keeps its time limit itself: an alarm raising inside the loop's own code
             # would leave the loop broken for the next job.
             signal.setitimer(signal.ITIMER_REAL, 0)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 
 import pytest
@@ -220,6 +221,26 @@ def test_drain_inside_a_running_event_loop(app: JobQueue) -> None:
         return drain(app)
 
     assert asyncio.run(a_test()) == [handle] and handle.get(timeout=0) == 8
+
+
+def test_drain_from_another_thread_runs_jobs_that_have_a_soft_timeout(app: JobQueue, caplog) -> None:
+    @app.task(name="t.sync_soft", soft_timeout=5, retry_strategy=NoRetryStrategy())
+    def sync_soft() -> str:
+        return "done"
+
+    @app.task(name="t.async_soft", soft_timeout=0.05, retry_strategy=NoRetryStrategy())
+    async def async_soft() -> str:
+        await asyncio.sleep(5)
+        return "not reached"
+
+    quick, slow = sync_soft.delay(), async_soft.delay()
+    # Every such job failed with "signal only works in main thread" before.
+    with ThreadPoolExecutor(1) as pool:
+        assert pool.submit(drain, app).result(timeout=30) == [quick, slow]
+    assert quick.get(timeout=0) == "done"
+    assert "soft_timeout=5 s is not enforced outside the main thread" in caplog.text
+    with pytest.raises(JobFailed, match="SoftTimeLimitExceeded"):  # the event loop still enforces it
+        slow.get(timeout=0)
 
 
 # -- handles of jobs whose transaction has not committed ----------------------------------------------
