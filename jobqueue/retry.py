@@ -79,8 +79,14 @@ class RetryStrategy:
         """Return when attempt ``attempt + 1`` runs, or None if the job must fail now."""
         if self.max_attempts is not None and attempt >= self.max_attempts:
             return None
+        delay = self.delay_for(attempt)
+        if isinstance(delay, bool) or not isinstance(delay, (int, float)) or delay != delay:
+            # A strategy of the user's own: NaN would be read as "now", a string fail deep in a comparison.
+            raise TypeError(
+                f"{type(self).__name__}.delay_for({attempt}) returned {delay!r}; return a number of seconds"
+            )
         try:
-            next_attempt_at = now + timedelta(seconds=max(0.0, self.delay_for(attempt)))
+            next_attempt_at = now + timedelta(seconds=max(0.0, delay))
         except (OverflowError, ValueError):  # a delay past the year 9999: no retry can be scheduled
             return None
         if self.max_total_delay_seconds is not None:

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import random
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 import pytest
@@ -15,6 +16,7 @@ from jobqueue.retry import (
     ExponentialBackoffWithJitterRetryStrategy,
     LinearRetryStrategy,
     NoRetryStrategy,
+    RetryStrategy,
     default_strategy,
     strategy_from_dict,
 )
@@ -155,3 +157,28 @@ def test_parameters_must_be_finite_numbers(make, fragment: str) -> None:
 
 def test_a_negative_linear_step_is_allowed_and_floors_at_zero() -> None:
     assert schedule(LinearRetryStrategy(initial_delay_seconds=2, step_seconds=-1), 3) == [2.0, 1.0, 0.0]
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Returns(RetryStrategy):
+    """A strategy of one's own whose delay_for returns ``value``."""
+
+    kind = "returns"
+    value: object = None
+
+    def delay_for(self, attempt: int) -> float:
+        return self.value  # type: ignore[return-value]
+
+
+@pytest.mark.parametrize("value", [float("nan"), "5", None, True])
+def test_a_delay_that_is_not_a_number_of_seconds_is_named(value: object) -> None:
+    # NaN was read as "retry now"; a string or None failed in a comparison that named nothing.
+    with pytest.raises(TypeError, match=r"_Returns.delay_for\(2\) returned .*; return a number of seconds"):
+        _Returns(value=value).decide(2, T0, T0)
+
+
+def test_a_delay_of_a_strategy_of_ones_own_may_be_an_int_negative_or_past_9999() -> None:
+    assert _Returns(value=3).decide(1, T0, T0) == T0 + timedelta(seconds=3)
+    assert _Returns(value=-3.5).decide(1, T0, T0) == T0
+    assert _Returns(value=float("inf")).decide(1, T0, T0) is None
+    assert _Returns(value=10**30).decide(1, T0, T0) is None
