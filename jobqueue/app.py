@@ -9,6 +9,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, overload
+from zoneinfo import ZoneInfo
 
 import sqlalchemy as sa
 
@@ -263,7 +264,7 @@ class JobQueue:
         *,
         cron: str | None = None,
         every: timedelta | float | None = None,
-        timezone: str = "UTC",
+        timezone: str | ZoneInfo = "UTC",
         name: str | None = None,
         args: tuple[Any, ...] | list[Any] = (),
         kwargs: dict[str, Any] | None = None,

@@ -59,9 +59,11 @@ class Schedule:
     def __post_init__(self) -> None:
         if (self.cron is None) == (self.every_seconds is None):
             raise ConfigurationError(f"schedule {self.name!r}: give cron= or every=, exactly one")
+        if isinstance(self.timezone, ZoneInfo) and self.timezone.key:
+            object.__setattr__(self, "timezone", self.timezone.key)  # stored by its name
         try:
             object.__setattr__(self, "tz", ZoneInfo(self.timezone))
-        except (ZoneInfoNotFoundError, ValueError):
+        except (ZoneInfoNotFoundError, ValueError, TypeError):  # TypeError: None, a number
             raise ConfigurationError(
                 f"schedule {self.name!r}: unknown timezone {self.timezone!r}; use an IANA "
                 "name such as 'UTC' or 'Europe/Paris'"
@@ -224,7 +226,7 @@ def make_schedule(
     task: Task,
     cron: str | None,
     every: timedelta | float | None,
-    timezone_name: str,
+    timezone_name: str | ZoneInfo,
     name: str | None,
     args: tuple[Any, ...] | list[Any],
     kwargs: dict[str, Any] | None,
@@ -247,7 +249,7 @@ def make_schedule(
         task_name=task.name,
         cron=cron,
         every_seconds=seconds,
-        timezone=timezone_name,
+        timezone=timezone_name,  # type: ignore[arg-type]  # a ZoneInfo is stored by its name
         queue=task.queue,
         priority=task.options.priority,
         payload=payload,

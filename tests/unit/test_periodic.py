@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime, timedelta
+from zoneinfo import ZoneInfo
 
 import pytest
 from freezegun import freeze_time
@@ -102,6 +103,8 @@ def test_catch_up_after_a_very_long_outage_finds_the_latest_fire(expression: str
         ({"cron": "61 * * * *"}, "invalid cron expression"),
         ({"cron": "* * *"}, "invalid cron expression"),
         ({"cron": "* * * * *", "timezone": "Mars/Olympus"}, "unknown timezone"),
+        ({"cron": "* * * * *", "timezone": None}, "unknown timezone None"),  # a bare TypeError before
+        ({"cron": "* * * * *", "timezone": 2}, "unknown timezone 2"),
         ({"cron": "* * * * *", "every_seconds": 5}, "exactly one"),
         ({}, "exactly one"),
         ({"every_seconds": 0}, "positive"),
@@ -119,6 +122,13 @@ def test_catch_up_after_a_very_long_outage_finds_the_latest_fire(expression: str
 def test_invalid_schedules(kwargs: dict, fragment: str) -> None:
     with pytest.raises(ConfigurationError, match=fragment):
         Schedule(name="s", task_name="t", **kwargs)
+
+
+def test_a_zoneinfo_is_taken_by_its_name() -> None:
+    # ZoneInfo("Europe/Paris") itself was refused with "expected str, bytes or os.PathLike object".
+    schedule = Schedule(name="s", task_name="t", cron="0 9 * * *", timezone=ZoneInfo("Europe/Paris"))  # type: ignore[arg-type]
+    assert schedule.timezone == "Europe/Paris"
+    assert Schedule.decode(schedule.encode()) == schedule
 
 
 def test_stored_definition_round_trips() -> None:
