@@ -101,7 +101,9 @@ def _time_limit(name: str, value: Any) -> None:
 
 def default_task_name(fn: Callable[..., Any]) -> str:
     """``module.qualname``; a script run as __main__ is named after its file, as it is when imported."""
-    module = fn.__module__
+    qualname, module = getattr(fn, "__qualname__", None), getattr(fn, "__module__", None)
+    if not isinstance(qualname, str) or not isinstance(module, str):  # functools.partial, a callable object
+        raise ConfigurationError(f"{fn!r} has no name of its own to register as a task; give one: @app.task(name=...)")
     if module == "__main__":
         spec = getattr(sys.modules["__main__"], "__spec__", None)
         main_file = getattr(sys.modules["__main__"], "__file__", None)
@@ -109,7 +111,7 @@ def default_task_name(fn: Callable[..., Any]) -> str:
             module = spec.name
         elif main_file:
             module = os.path.splitext(os.path.basename(main_file))[0]
-    return f"{module}.{fn.__qualname__}"
+    return f"{module}.{qualname}"
 
 
 def build_options(fn: Callable[..., Any], options: dict[str, Any], reserved_ok: bool = False) -> TaskOptions:

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass
 
@@ -218,3 +219,13 @@ def test_app_job_refuses_what_cannot_be_a_job_id(app: JobQueue, job_id: object, 
     with pytest.raises(error, match="job id"):
         app.job(job_id)  # type: ignore[arg-type]
     assert app.job("12").id == app.job(12).id == 12
+
+
+def test_a_callable_without_a_name_must_be_given_one(app: JobQueue) -> None:
+    def add(x: int, y: int) -> int:
+        return x + y
+
+    # An AttributeError about __qualname__ before.
+    with pytest.raises(ConfigurationError, match=r"has no name of its own.*@app.task\(name=\.\.\.\)"):
+        app.task(functools.partial(add, 1))
+    assert app.task(name="add_one")(functools.partial(add, 1))(2) == 3
