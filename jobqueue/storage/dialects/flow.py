@@ -158,10 +158,14 @@ class FlowAcquirer:
                 .with_for_update(skip_locked=True, key_share=True)
             )
             self.lock = mariadb_hint(lock, f, "FORCE INDEX (PRIMARY)")
+        # Counted per key as the flow row spells it: MariaDB's collation holds keys that differ
+        # only in case or trailing spaces ('Acme', 'acme ') equal, so they share one row and its
+        # limit, and their running jobs must be counted under the spelling that was locked.
         self.running = (
-            sa.select(m.c.flow_key, sa.func.count())
-            .where(m.c.flow_key.in_(sa.bindparam("keys", expanding=True)), m.c.state == PROCESSING)
-            .group_by(m.c.flow_key)
+            sa.select(f.c.flow_key, sa.func.count())
+            .select_from(f.join(m, m.c.flow_key == f.c.flow_key))
+            .where(f.c.flow_key.in_(sa.bindparam("keys", expanding=True)), m.c.state == PROCESSING)
+            .group_by(f.c.flow_key)
         )
         self.due = sa.select(sa.func.min(f.c.next_start_at), clock).where(f.c.next_start_at > clock, has_ready)
         self.served = (
