@@ -128,6 +128,12 @@ def check_flow_key(label: str, key: Any) -> None:
             f"{label} must be a string of 1 to 255 characters without NUL, or a function of the "
             f"task's arguments returning one, got {key!r}"
         )
+    try:
+        key.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ConfigurationError(
+            f"{label} is not valid Unicode (it holds an unpaired surrogate), got {key!r}"
+        ) from None
     if looks_like_partition(key):
         raise ConfigurationError(
             f"{label} must not begin with {PARTITION_KEY_PREFIX!r}, in any case or with accents "

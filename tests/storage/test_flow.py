@@ -96,18 +96,32 @@ def test_flow_options_are_checked_when_the_task_is_declared(app: JobQueue) -> No
     for too_slow in ("0/s", "0.04/h", "0.0001/m"):
         with pytest.raises(ConfigurationError, match="at least one start a day"):
             app.task(name="t.bad", rate_limit=too_slow)(lambda: None)
-    for bad_limit in (0, 2**31):  # the column holds a 32-bit integer on PostgreSQL and MySQL
+    for bad_limit in (0, True, 2**31):  # the column holds a 32-bit integer on PostgreSQL and MySQL
         with pytest.raises(ConfigurationError, match="concurrency_limit must be an integer from 1 to 2147483647"):
             app.task(name="t.bad", concurrency_limit=bad_limit)(lambda: None)
     with pytest.raises(ConfigurationError, match="concurrency_key must be a string"):
         app.task(name="t.bad", concurrency_key="")(lambda: None)
+    # Text no database can store fails at the declaration (or the enqueue), not inside the driver.
+    with pytest.raises(ConfigurationError, match="concurrency_key is not valid Unicode"):
+        app.task(name="t.bad", concurrency_key="\ud800")(lambda: None)
+
+    @app.task(name="t.surrogate", concurrency_key=lambda n: "\udc00" * n)
+    def surrogate(n: int) -> None: ...
+
+    with pytest.raises(ConfigurationError, match="concurrency_key of task t.surrogate is not valid Unicode"):
+        surrogate.delay(1)
+
+    @app.task(name="t.widest", concurrency_limit=2**31 - 1)
+    def widest() -> None: ...
+
+    widest.delay()
 
     @app.task(name="t.keyed", concurrency_key=lambda n: None if n < 0 else n)
     def keyed(n: int) -> None: ...
 
     keyed.delay(7)  # an int key is stored as text
     keyed.delay(-1)  # None: no key, no flow control
-    assert sorted((r["flow_key"] or "") for r in rows(app)) == ["", "7"]
+    assert sorted((r["flow_key"] or "") for r in rows(app)) == ["", "7", "task:t.widest"]
 
 
 def test_a_retried_dead_letter_keeps_its_key_and_limits(app: JobQueue) -> None:
