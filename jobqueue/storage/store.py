@@ -465,9 +465,22 @@ class Store:
             return int(conn.execute(gone, binds).rowcount)
 
     def has_work(self, queues: tuple[str, ...] | None, horizon: datetime) -> bool:
-        """True while the queues hold a message PROCESSING or due before ``horizon`` (for --burst)."""
-        m = self.tables.message
-        due = sa.and_(m.c.state.in_(READY_LITERALS), m.c.next_attempt_at <= sa.bindparam("h", type_=Timestamp))
+        """True while the queues hold a message PROCESSING or due before ``horizon`` (for --burst).
+
+        A message its key holds back is not due: one behind the oldest job of its partition (which
+        is not due either, or it would count), or one whose key's rate allows no start before
+        ``horizon``. Counting them kept --burst running for as long as a partition's head waited to
+        retry (an hour, say) or a "1/h" rate spaced the key's jobs.
+        """
+        m, f = self.tables.message, self.tables.flow
+        until = sa.bindparam("h", type_=Timestamp)
+        rate_held = sa.exists().where(f.c.flow_key == m.c.flow_key, f.c.next_start_at > until)
+        due = sa.and_(
+            m.c.state.in_(READY_LITERALS),
+            m.c.next_attempt_at <= until,
+            first_of_partition(m),
+            sa.or_(m.c.flow_key.is_(None), ~rate_held),
+        )
         # Schedule messages never end: they do not count as work waiting.
         stmt = sa.select(m.c.id).where(sa.or_(m.c.state == PROCESSING, due), m.c.task_name != SCHEDULE_TASK).limit(1)
         if queues:

@@ -190,6 +190,19 @@ def test_a_rate_limit_holds_across_two_supervisors(
     REPORTS.append(f"rate limit [{backend}]: {in_ten} starts in 10 s under rate_limit='20/s', 2 supervisors")
 
 
+def test_a_burst_ends_while_a_partition_waits_behind_a_retrying_job(
+    app: JobQueue, tmp_path: Path, workers: list[Worker]
+) -> None:
+    """The partition's head fails and retries in a minute: the jobs behind it are not due, and
+    --burst exits instead of waiting for them."""
+    head = rt.fail_after.apply_async((0,), partition_key="acct")
+    behind = rt.ordered.apply_async(("acct", 1), partition_key="acct")
+    other = rt.ordered.apply_async(("other", 1), partition_key="other")
+    worker = start(workers, tmp_path, "--burst", "--concurrency", "1")
+    assert worker.wait(30) == 0, worker.text()[-3000:]
+    assert (head.status(), behind.status(), other.status()) == ("retryable", "pending", "completed")
+
+
 def test_a_flooded_key_does_not_starve_the_others(
     app: JobQueue, backend: str, tmp_path: Path, workers: list[Worker]
 ) -> None:

@@ -321,6 +321,28 @@ def test_concurrency_keys_the_database_holds_equal_share_one_limit(app: JobQueue
     assert take(app) == []
 
 
+def test_jobs_their_key_holds_back_are_not_work_for_a_burst(app: JobQueue, add) -> None:
+    """--burst stops when nothing is running or due soon: a job behind a partition's head that
+    retries in an hour, or one whose key's rate allows its next start in an hour, is not due."""
+
+    @app.task(name="t.hourly", rate_limit="1/h")
+    def hourly(n: int) -> None: ...
+
+    now = utcnow()
+    head = add.apply_async((1, 1), partition_key="acct", eta=now + timedelta(hours=1))
+    add.apply_async((2, 2), partition_key="acct")  # ready, but behind the head
+    assert not app.store.has_work(None, now + timedelta(seconds=5))
+    assert app.store.has_work(None, now + timedelta(hours=2))  # the head's time comes
+    for n in range(3):
+        hourly.delay(n)
+    assert app.store.has_work(None, now + timedelta(seconds=5))
+    started = take(app)
+    assert len(started) == 2  # one start and the rate's slack; the third waits an hour
+    app.store.flush([outcome(message) for message in started])
+    assert not app.store.has_work(None, now + timedelta(seconds=5))
+    assert head.status() == "pending"
+
+
 @only("postgresql", "mysql")
 def test_a_fetch_passes_over_the_keys_another_worker_holds(app: JobQueue, add) -> None:
     from jobqueue.storage.dialects.flow import KEYS_PER_ACQUIRE
