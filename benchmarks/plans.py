@@ -86,10 +86,18 @@ def main() -> None:
                 {**binds, **two},
             )
             if flow.lateral is None
-            else (flow.lateral, {**binds, "partition_keys": ["partition:p7"], "other_keys": ["k8"], "share": 50}),
+            else (
+                flow.lateral,
+                {**binds, "partition_keys": ["partition:p7"], "other_keys": ["k8"], "share": 50, "partition_share": 51},
+            ),
         }
         if flow.runs is not None:
-            runs = {"partition_keys": ["partition:p7", "partition:p8"], "share": 50, "served": utcnow()}
+            runs = {
+                "partition_keys": ["partition:p7", "partition:p8"],
+                "share": 50,
+                "partition_share": 51,
+                "served": utcnow(),
+            }
             statements["flow acquire: the runs of two partitions, chosen and taken"] = (flow.runs, {**binds, **runs})
         print(f"\n# {backend}, {options.jobs:,} jobs of each kind")
         for title, (statement, values) in statements.items():

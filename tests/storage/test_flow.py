@@ -284,6 +284,52 @@ def test_a_partition_run_stops_at_a_job_that_is_not_ready_or_not_its_own(app: Jo
     assert second.status() == "pending"
 
 
+@pytest.mark.parametrize("share", [1, 50])
+@pytest.mark.parametrize("mixed", [False, True], ids=["partitions", "mixed"])
+def test_a_retried_dead_letter_waits_for_the_running_job_of_its_partition(
+    app: JobQueue, add, share: int, mixed: bool
+) -> None:
+    """A dead letter retried while a later job of its key runs comes back ahead of the key's
+    waiting jobs, and starts only once the running one has ended: one job of a key at a time.
+    (With a concurrency key's jobs about, PostgreSQL reads the candidates another way.)"""
+
+    @app.task(name="t.api", concurrency_key="partner")
+    def api() -> None: ...
+
+    def fetch() -> list[Message]:
+        if mixed:
+            api.delay()
+        return [m for m in take(app, limit=share + mixed) if m.task_name == "t.add"]
+
+    dead = add.apply_async((1, 0), partition_key="acct")
+    (message,) = take(app)
+    app.store.flush([outcome(message, OutcomeKind.ARCHIVE, MessageState.FAILED)])
+    later = [add.apply_async((n, 0), partition_key="acct") for n in (2, 3)]
+    running = fetch()
+    assert [m.id for m in running] == [h.id for h in later][:share]
+    assert deadletter.retry(app.store, [dead.id]).retried == [dead.id]
+    assert fetch() == []
+    app.store.flush([outcome(m) for m in running])
+    assert [m.id for m in fetch()][:1] == [dead.id]
+
+
+@only("postgresql")
+def test_a_job_whose_enqueue_commits_after_a_later_one_ran_waits_for_it(app: JobQueue, add) -> None:
+    """Two producers of one key in overlapping transactions: the later insert commits first and
+    runs; the earlier one, committed meanwhile, waits for it to end (then runs before the rest)."""
+    add.apply_async((0, 0), partition_key="acct")  # the key's row exists: enqueues need not wait to add it
+    app.store.flush([outcome(m) for m in take(app)])
+    with app.engine.connect() as producer:
+        with producer.begin():
+            early = add.apply_async((1, 0), partition_key="acct", connection=producer)
+            late = add.apply_async((2, 0), partition_key="acct")
+            (running,) = take(app)
+        assert running.id == late.id
+    assert take(app) == []
+    app.store.flush([outcome(running)])
+    assert [m.id for m in take(app)] == [early.id]
+
+
 def test_keys_that_mimic_a_partition_are_refused(app: JobQueue) -> None:
     # Also as SQLite's LIKE and MariaDB's default collation see it: regardless of case or accents.
     for number, key in enumerate(["partition:x", "Partition:x", "PARTITION:", "pártition:x"]):

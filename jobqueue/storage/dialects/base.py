@@ -198,7 +198,8 @@ class Dialect(Connector):
 
     def lateral_candidates(self, acquirer: FlowAcquirer) -> Any:
         """The flow candidates of every key in one statement that takes the keys as arrays (bind
-        ``partition_keys``, ``other_keys`` and ``share``), or None to read them with one part per key."""
+        ``partition_keys``, ``other_keys``, ``share`` and ``partition_share``, one more than the
+        share), or None to read them with one part per key."""
         return None
 
     def take_over_checkpoints(self) -> bool:
@@ -217,7 +218,7 @@ class Dialect(Connector):
 
     def take_runs(self, connection: sa.Connection, runs: Any, binds: dict[str, Any]) -> list[Message]:
         """Take with ``runs`` (from :meth:`partition_runs`): bind ``partition_keys``, ``share``,
-        ``limit`` and ``served`` besides the acquire's binds."""
+        ``partition_share`` (one more), ``limit`` and ``served`` besides the acquire's binds."""
         raise NotImplementedError
 
     def take(self, connection: sa.Connection, ids: list[int], params: AcquireParams) -> list[Message]:

@@ -91,6 +91,20 @@ def in_partition_order(messages: list[Message]) -> list[Message]:
     return sorted(messages, key=lambda m: (turn.get(m.id, 0), place[m.id]))
 
 
+def partition_run(candidates: list[Any], share: int) -> list[Any]:
+    """The jobs of a partition that may be taken, from its candidates in id order (``share`` + 1
+    of them at most): the run of its oldest jobs that are ready, up to ``share`` of them, and none
+    while a job of the partition runs. A running job is normally the oldest; an older one comes
+    back while it runs when a dead letter of the key is retried, or when an enqueue of the key
+    commits after a later one of the key was taken (overlapping transactions on PostgreSQL). The
+    older one waits for it to end: one job of a key at a time. (A run of older ones longer than
+    the share is not seen to wait; it takes a retry of more dead letters of one key than a fetch
+    takes of it.)"""
+    if any(row.running for row in candidates):
+        return []
+    return list(itertools.takewhile(lambda row: row.takeable, candidates))[:share]
+
+
 def mariadb_hint(select: Any, table: Any, hint: str) -> Any:
     """``select`` with an index ``hint`` for ``table`` on MariaDB and MySQL (SQLAlchemy names the
     dialect either way); the other databases do not see it."""
@@ -218,7 +232,9 @@ class FlowAcquirer:
 
     def part(self, number: Any, key: Any, share: Any, partition: bool) -> Any:
         """The candidates of one key: ``number`` labels its rows (``part``), ``key`` and ``share``
-        are SQL expressions. Each row says whether it may be taken (``takeable``)."""
+        are SQL expressions. Each row says whether it may be taken (``takeable``) and, of a
+        partition, whether it is running (``running``): a partition reads one row past its share
+        (see :func:`partition_run`)."""
         m = self.dialect.message
         columns = [
             number.label("part"),
@@ -232,15 +248,16 @@ class FlowAcquirer:
             # The partition's active jobs from its oldest, whatever their state or flow key: the
             # run that may be taken ends at the first one that is not ready and of this key.
             takeable = sa.case((sa.and_(m.c.flow_key == key, *self.head_ready), 1), else_=0)
+            running = sa.case((m.c.state == PROCESSING, 1), else_=0)
             part = (
-                sa.select(*columns, takeable.label("takeable"))
+                sa.select(*columns, takeable.label("takeable"), running.label("running"))
                 .where(m.c.partition_key == self._partition_of(key))
                 .order_by(m.c.id)
             )
             part = self._using(part, m, "partition")
         else:
             part = (
-                sa.select(*columns, sa.literal_column("1").label("takeable"))
+                sa.select(*columns, sa.literal_column("1").label("takeable"), sa.literal_column("0").label("running"))
                 .where(m.c.flow_key == key, *self.ready_of_key)
                 .order_by(m.c.priority.desc(), m.c.next_attempt_at, m.c.id)
             )
@@ -272,7 +289,12 @@ class FlowAcquirer:
         """The candidate rows of each of ``keys`` (partition keys first), ``share`` at most each."""
         partitions = sum(1 for key in keys if is_partition(key))
         if self.lateral is not None:
-            values = {"partition_keys": keys[:partitions], "other_keys": keys[partitions:], "share": share}
+            values = {
+                "partition_keys": keys[:partitions],
+                "other_keys": keys[partitions:],
+                "share": share,
+                "partition_share": share + 1,
+            }
             read, listed = connection.execute(self.lateral, {**binds, **values}).all(), keys
         else:
             # Padded with keys that match nothing and read nothing (a share of 0).
@@ -280,7 +302,9 @@ class FlowAcquirer:
             listed = [*keys[:partitions], *[""] * (padded[0] - partitions), *keys[partitions:]]
             listed += [""] * (sum(padded) - len(listed))
             numbered = {f"key{number}": key for number, key in enumerate(listed)}
-            shares = {f"share{number}": share if key else 0 for number, key in enumerate(listed)}
+            shares = {
+                f"share{number}": (share + (number < padded[0])) if key else 0 for number, key in enumerate(listed)
+            }
             read = connection.execute(self.candidates(*padded), {**binds, **numbered, **shares}).all()
         rows: dict[str, list[Any]] = {key: [] for key in keys}
         for row in read:
@@ -330,7 +354,12 @@ class FlowAcquirer:
         share = max(1, math.ceil(params.limit / len(keys)))
         if self.runs is not None and is_partition(keys[-1]):
             # Only partitions: their runs need no limit or rate of a key, so the database chooses.
-            values = {"partition_keys": [row.flow_key for row in locked], "share": share, "served": now}
+            values = {
+                "partition_keys": [row.flow_key for row in locked],
+                "share": share,
+                "partition_share": share + 1,
+                "served": now,
+            }
             messages = self.dialect.take_runs(connection, self.runs, {**binds, **values})
             for message in messages:
                 message.run_key = message.flow_key  # taken under its own flow key (compared exactly)
@@ -350,7 +379,7 @@ class FlowAcquirer:
             candidates = rows[lock.flow_key]
             partition = is_partition(lock.flow_key)
             if partition:
-                candidates = list(itertools.takewhile(lambda row: row.takeable, candidates))
+                candidates = partition_run(candidates, share)
             allowed = min(len(candidates), params.limit - len(chosen))
             next_start = lock.next_start_at
             if candidates:

@@ -183,16 +183,19 @@ class PostgreSQLDialect(Dialect):
             .render_derived(name=f"{name}_list")
         )
         number = listed.c.ordinality - 1 if offset is None else listed.c.ordinality - 1 + offset
-        part = acquirer.part(number, listed.c.key, sa.bindparam("share", type_=sa.Integer), partition)
+        share = sa.bindparam("partition_share" if partition else "share", type_=sa.Integer)
+        part = acquirer.part(number, listed.c.key, share, partition)
         part = part.lateral(f"{name}_rows")
         return sa.select(*[part.c[column] for column in part.c.keys()]).select_from(listed).join(part, sa.true())
 
     def partition_runs(self, acquirer: FlowAcquirer) -> Any:
         """One statement that takes the runs of the locked partition keys ``partition_keys`` and
-        marks them served (bind ``share``, ``limit`` and ``served`` besides the acquire's binds).
+        marks them served (bind ``share``, ``partition_share`` (one more), ``limit`` and ``served``
+        besides the acquire's binds).
 
         A run is a partition's oldest jobs up to the first that may not be taken (running,
-        retrying, waiting, or of another flow key), at most ``share`` of them; the keys' runs are
+        retrying, waiting, or of another flow key), at most ``share`` of them, and none while one
+        of its jobs runs; the keys' runs are
         taken in the order of the keys, ``limit`` jobs in all. The keys are locked already (by an
         earlier statement), so what this one reads cannot change under it.
         """
@@ -201,13 +204,18 @@ class PostgreSQLDialect(Dialect):
         m, f = self.message, self.tables.flow
         keys = sa.bindparam("partition_keys", type_=postgresql.ARRAY(sa.String))
         candidates = self._lateral_part(acquirer, keys, "partition_keys", True).subquery("candidates")
-        run = sa.func.bool_and(candidates.c.takeable == 1).over(
-            partition_by=candidates.c.part, order_by=candidates.c.id
-        )
-        runs = sa.select(candidates.c.part, candidates.c.id, run.label("in_run")).subquery("runs")
+        # As partition_run: a partition's candidates go one past its share, and none is taken
+        # while one of them runs.
+        window = {"partition_by": candidates.c.part, "order_by": candidates.c.id}
+        run = sa.func.bool_and(candidates.c.takeable == 1).over(**window)
+        place = sa.func.row_number().over(**window)
+        running = sa.func.bool_or(candidates.c.running == 1).over(partition_by=candidates.c.part)
+        runs = sa.select(
+            candidates.c.part, candidates.c.id, run.label("in_run"), place.label("place"), running.label("running")
+        ).subquery("runs")
         chosen = (
             sa.select(runs.c.id)
-            .where(runs.c.in_run)
+            .where(runs.c.in_run, ~runs.c.running, runs.c.place <= sa.bindparam("share", type_=sa.Integer))
             .order_by(runs.c.part, runs.c.id)
             .limit(sa.bindparam("limit", type_=sa.Integer))
         )
