@@ -24,6 +24,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from jobqueue.clock import utcnow
+from jobqueue.errors import ConfigurationError
 from jobqueue.flow import NO_FLOW, partition_flow
 from jobqueue.job import MessageState
 from jobqueue.storage.dialects.common import READY_LITERALS
@@ -93,6 +94,22 @@ def _delivery_rows(topic: str, groups: Sequence[str], logged: Iterable[Any], now
     return rows
 
 
+def _spelled_otherwise(kind: str, name: str, stored: str) -> str:
+    return (
+        f"{kind} {name!r} is the {kind} {stored!r} on this database, which compares names regardless of "
+        "case (MariaDB's default collation): give it a name that differs in more than case"
+    )
+
+
+def _registered(topic: str, group: str, row: Any) -> bool:
+    """False: the group is registered already, under this spelling (an error under another)."""
+    if row.topic != topic:
+        raise ConfigurationError(_spelled_otherwise("topic", topic, row.topic))
+    if row.group_name != group:
+        raise ConfigurationError(_spelled_otherwise(f"topic {topic!r}: group", group, row.group_name))
+    return False
+
+
 @dataclass(frozen=True)
 class _Logged:
     id: int
@@ -137,12 +154,15 @@ class TopicStore:
         tp, g = self.tables.topic, self.tables.topic_group
         lock = sa.select(tp.c.name).where(tp.c.name == topic)
         lock = lock.with_for_update() if exclusive else lock.with_for_update(read=True, key_share=True)
-        if conn.execute(lock).first() is None:
+        row = conn.execute(lock).first()
+        if row is None:
             conn.execute(
                 self.dialect.insert_ignoring(tp, [tp.c.name]),
                 {"name": topic, "created_at": now, "groups_changed_at": now},
             )
-            conn.execute(lock)
+            row = conn.execute(lock).first()
+        if row is not None and row.name != topic:
+            raise ConfigurationError(_spelled_otherwise("topic", topic, row.name))
         groups = sa.select(g.c.group_name).where(g.c.topic == topic).order_by(g.c.group_name)
         if self.dialect.snapshot_reads:
             # In a caller's REPEATABLE READ transaction that read before, a plain SELECT would see
@@ -179,15 +199,18 @@ class TopicStore:
         message the log still holds, delivered here in the same transaction.
         """
         g, t = self.tables.topic_group, self.tables.topic_message
+        stored = sa.select(g.c.topic, g.c.group_name).where(g.c.topic == topic, g.c.group_name == group)
         with self.store.reading() as conn:
-            exists = conn.execute(sa.select(g.c.group_name).where(g.c.topic == topic, g.c.group_name == group)).first()
+            exists = conn.execute(stored).first()
         if exists is not None:
-            return False
+            return _registered(topic, group, exists)
         now = utcnow()
         with self.store.writing() as conn:
             # Waits for publishes in progress; publishes that begin now wait for this to commit.
-            if group in self._groups_locked(conn, topic, now, exclusive=True):
-                return False
+            self._groups_locked(conn, topic, now, exclusive=True)
+            exists = conn.execute(stored).first()
+            if exists is not None:
+                return _registered(topic, group, exists)
             tp = self.tables.topic
             conn.execute(sa.update(tp).where(tp.c.name == topic).values(groups_changed_at=now))
             newest = conn.execute(sa.select(sa.func.max(t.c.id)).where(t.c.topic == topic)).scalar()

@@ -256,3 +256,29 @@ def test_big_payloads_are_published_in_statements_the_server_accepts(app: JobQue
     ids = app.topic("orders").publish_many([{"n": n, "blob": big} for n in range(20)])
     assert len(ids) == 20 and log_size(app) == 20
     assert [p["n"] for p in payloads(app, "email")] == list(range(20))
+
+
+def test_names_the_database_holds_equal_are_refused_not_merged(app: JobQueue, backend: str) -> None:
+    """MariaDB's collation holds 'Billing' equal to 'billing': a second group so named would
+    have shared the first one's deliveries (each group getting some of the messages), and a
+    publish to 'Orders' would have gone to the groups of 'orders'. Elsewhere they are apart."""
+    consumers(app, "billing")
+    app.consumer("Orders", group="audit")(lambda payload: None)
+    app.consumer("orders", group="Billing")(lambda payload: None)
+    app.topic_store.register("orders", "billing", "latest")
+    if backend != "mysql":
+        register(app)
+        app.topic("Orders").publish({"id": 1})
+        assert [len(deliveries(app, group)) for group in ("billing", "Billing")] == [0, 0]
+        return
+    with pytest.raises(ConfigurationError, match="group 'Billing' is the topic 'orders': group 'billing'"):
+        app.topic_store.register("orders", "Billing", "latest")
+    with pytest.raises(ConfigurationError, match="topic 'Orders' is the topic 'orders' on this database"):
+        app.topic_store.register("Orders", "audit", "latest")
+    with pytest.raises(ConfigurationError, match="differs in more than case"):
+        app.topic("Orders").publish({"id": 1})
+    assert not app.topic_store.register("orders", "billing", "latest")  # the group as it was
+    app.topic("orders").publish({"id": 2})
+    m = app.tables.message
+    with app.engine.connect() as conn:
+        assert conn.execute(sa.select(m.c.task_name)).scalars().all() == ["topic:orders:billing"]
