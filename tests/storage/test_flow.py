@@ -313,6 +313,27 @@ def test_a_retried_dead_letter_waits_for_the_running_job_of_its_partition(
     assert [m.id for m in fetch()][:1] == [dead.id]
 
 
+def test_a_retried_dead_letter_of_a_concurrency_key_waits_for_the_running_job_of_its_partition(
+    app: JobQueue,
+) -> None:
+    """The same for jobs of a concurrency key and a partition, which are taken as the key's."""
+
+    @app.task(name="t.api", concurrency_key="partner", concurrency_limit=5)
+    def api(n: int) -> None: ...
+
+    dead = api.apply_async((1,), partition_key="acct")
+    (message,) = take(app)
+    app.store.flush([outcome(message, OutcomeKind.ARCHIVE, MessageState.FAILED)])
+    later = [api.apply_async((n,), partition_key="acct") for n in (2, 3)]
+    other = api.apply_async((4,), partition_key="other")
+    running = take(app)
+    assert {m.id for m in running} == {later[0].id, other.id}
+    assert deadletter.retry(app.store, [dead.id]).retried == [dead.id]
+    assert take(app) == []
+    app.store.flush([outcome(m) for m in running])
+    assert [m.id for m in take(app)] == [dead.id]
+
+
 @only("postgresql")
 def test_a_job_whose_enqueue_commits_after_a_later_one_ran_waits_for_it(app: JobQueue, add) -> None:
     """Two producers of one key in overlapping transactions: the later insert commits first and

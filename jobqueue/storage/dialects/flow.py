@@ -181,6 +181,16 @@ class FlowAcquirer:
             .where(f.c.flow_key.in_(sa.bindparam("keys", expanding=True)), m.c.state == PROCESSING)
             .group_by(f.c.flow_key)
         )
+        # Of the candidates ``ids`` (the oldest jobs of their partitions), those whose partition
+        # has a job running: an older job came back while a later one runs (see partition_run).
+        # Read on the few running rows; asked only of a concurrency key's jobs with a partition.
+        busy = m.alias("busy")
+        self.partition_busy = (
+            sa.select(m.c.id)
+            .join(busy, busy.c.partition_key == m.c.partition_key)
+            .where(m.c.id.in_(sa.bindparam("ids", expanding=True)), busy.c.state == PROCESSING)
+            .distinct()
+        )
         self.due = sa.select(sa.func.min(f.c.next_start_at), clock).where(f.c.next_start_at > clock, has_ready)
         self.served = (
             sa.update(f)
@@ -243,6 +253,7 @@ class FlowAcquirer:
             m.c.next_attempt_at,
             m.c.concurrency_limit,
             m.c.rate_interval_us,
+            m.c.partition_key,
         ]
         if partition:
             # The partition's active jobs from its oldest, whatever their state or flow key: the
@@ -367,6 +378,13 @@ class FlowAcquirer:
         rows = self.read_candidates(connection, binds, keys, share)
         for key, found in rows.items():
             found.sort(key=_by_id if is_partition(key) else delivery_order)
+        # A concurrency key's job with a partition is its partition's oldest; it waits while a
+        # later job of the partition runs, as a partition's run does.
+        heads = [row.id for key, found in rows.items() if not is_partition(key) for row in found if row.partition_key]
+        if heads:
+            busy = set(connection.execute(self.partition_busy, {"ids": heads}).scalars())
+            if busy:
+                rows = {key: [row for row in found if row.id not in busy] for key, found in rows.items()}
         limited = [key for key, found in rows.items() if found and found[0].concurrency_limit is not None]
         running: dict[str, int] = {}
         if limited:
