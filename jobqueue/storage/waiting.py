@@ -51,10 +51,18 @@ def explain(store: Store, rows: Iterable[dict[str, Any]]) -> dict[int, Wait]:
                 .group_by(m.c.partition_key)
                 .scalar_subquery()
             )
-            head_rows = conn.execute(
-                sa.select(m.c.id, m.c.partition_key, m.c.state, m.c.next_attempt_at).where(m.c.id.in_(oldest))
+            # A running job holds its key even when an older one came back meanwhile (a retried
+            # dead letter): the acquire waits for it, and so the older one waits behind it.
+            running_first = (
+                sa.select(sa.func.min(m.c.id))
+                .where(m.c.partition_key.in_(partition_keys), m.c.state == PROCESSING)
+                .group_by(m.c.partition_key)
+                .scalar_subquery()
             )
-            heads = {head.partition_key: head for head in head_rows}
+            columns = (m.c.id, m.c.partition_key, m.c.state, m.c.next_attempt_at)
+            heads = {head.partition_key: head for head in conn.execute(sa.select(*columns).where(m.c.id.in_(oldest)))}
+            for runner in conn.execute(sa.select(*columns).where(m.c.id.in_(running_first))):
+                heads[runner.partition_key] = runner
         if flow_keys:
             running = dict(
                 conn.execute(
@@ -74,9 +82,9 @@ def explain(store: Store, rows: Iterable[dict[str, Any]]) -> dict[int, Wait]:
     for row in rows:
         head = heads.get(row.get("partition_key") or "")
         if head is not None and head.id != row["id"]:
+            which = "the oldest unfinished job" if head.id < row["id"] else "the running job"
             found[row["id"]] = Wait(
-                f"behind job {head.id} ({_state_of(head, now)}), the oldest unfinished job of partition key "
-                f"{row['partition_key']!r}",
+                f"behind job {head.id} ({_state_of(head, now)}), {which} of partition key {row['partition_key']!r}",
                 holder=head.id,
             )
             continue
@@ -144,20 +152,31 @@ def blocked_keys(store: Store, most: int = STATUS_KEYS) -> list[dict[str, Any]]:
             .order_by(count_due.desc(), m.c.flow_key)
         ).all()
         heads: dict[int, Any] = {}
+        held: list[tuple[str, int, int]] = []
         if partitions:
-            ids = [oldest for _, oldest, _ in partitions]
+            # A partition is held by its running job, which is its oldest unless an older one came
+            # back meanwhile (a retried dead letter).
+            runners = dict(
+                conn.execute(
+                    sa.select(m.c.partition_key, sa.func.min(m.c.id))
+                    .where(m.c.partition_key.in_([key for key, _, _ in partitions]), m.c.state == PROCESSING)
+                    .group_by(m.c.partition_key)
+                ).all()
+            )
+            held = [(key, runners.get(key, oldest), waiting) for key, oldest, waiting in partitions]
+            ids = [holder for _, holder, _ in held]
             heads = {
                 head.id: head
                 for head in conn.execute(sa.select(m.c.id, m.c.state, m.c.next_attempt_at).where(m.c.id.in_(ids)))
             }
-    found = [
+    found: list[dict[str, Any]] = [
         {
             "kind": "partition",
             "key": key,
             "waiting": int(waiting),
             "reason": f"behind job {oldest} ({_state_of(heads[oldest], now)})",
         }
-        for key, oldest, waiting in partitions
+        for key, oldest, waiting in held
         if oldest in heads
     ]
     for key, ready, running, limit, next_start_at in flows:

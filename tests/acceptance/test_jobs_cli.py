@@ -120,6 +120,23 @@ def test_show_names_the_job_a_partitioned_job_waits_for(app: JobQueue) -> None:
     assert (first.get(timeout=5), second.get(timeout=5)) == (3, 7)
 
 
+def test_a_retried_dead_letter_is_shown_waiting_for_the_running_job_of_its_key(app: JobQueue) -> None:
+    """Retried while a later job of its partition key runs, it waits for that one, and says so."""
+    dead = basic.fail.apply_async(args=("boom",), partition_key="acct-7")
+    jobqueue("worker", "--burst", "--concurrency", "1")
+    later = [basic.add.apply_async(args=(n, 0), partition_key="acct-7") for n in (1, 2)]
+    (running,) = app.store.acquire("w" * 32, None, 1, 30.0, flow=True, token=5)
+    assert running.id == later[0].id
+    jobqueue("jobs", "retry", str(dead.id))
+    shown = jobqueue("jobs", "show", str(dead.id)).stdout
+    assert f"behind job {running.id} (running), the running job of partition key 'acct-7'" in shown
+    listed = {row["id"]: row["waiting"] for row in json.loads(jobqueue("jobs", "list", "--json").stdout)}
+    assert listed[later[1].id].startswith(f"behind job {running.id} (running)")
+    held = json.loads(jobqueue("status", "--json").stdout)["held_keys"]
+    reasons = [(k["key"], k["waiting"], k["reason"]) for k in held]
+    assert reasons == [("acct-7", 2, f"behind job {running.id} (running)")]
+
+
 def test_show_says_what_limits_a_keyed_job_and_shows_a_plain_pending_one(app: JobQueue) -> None:
     plain = basic.add.delay(1, 2)
     assert "next try" in jobqueue("jobs", "show", str(plain.id)).stdout  # pending: nothing finished yet
