@@ -26,6 +26,7 @@ from typing import Any
 from jobqueue.errors import ConfigurationError
 
 TASK_KEY_PREFIX = "task:"
+FLOW_KEY_LENGTH = 255  # the flow key column's size
 # A job with a partition key and no concurrency key has the flow key ``partition:<key>``: keys take
 # turns, and a partition's jobs are acquired as a run from its oldest, whatever its queue's length.
 PARTITION_KEY_PREFIX = "partition:"
@@ -78,7 +79,15 @@ class Flow:
             raise ConfigurationError(
                 f"concurrency_limit must be an integer from 1 to {MAX_CONCURRENCY_LIMIT} or None, got {limit!r}"
             )
-        return cls(task_name, key, limit, None if rate is None else rate_interval_us(rate))
+        interval = None if rate is None else rate_interval_us(rate)
+        limited = limit is not None or interval is not None
+        if limited and not isinstance(key, str) and len(TASK_KEY_PREFIX + task_name) > FLOW_KEY_LENGTH:
+            raise ConfigurationError(
+                f"task {task_name[:40]}...: its limits, without a concurrency_key, are kept under the key "
+                f"{TASK_KEY_PREFIX!r} + its name, which must fit in {FLOW_KEY_LENGTH} characters; give the "
+                f"task a name of at most {FLOW_KEY_LENGTH - len(TASK_KEY_PREFIX)} characters, or a concurrency_key"
+            )
+        return cls(task_name, key, limit, interval)
 
     @property
     def enabled(self) -> bool:
@@ -117,13 +126,13 @@ class Flow:
 def partition_flow(partition_key: str) -> dict[str, Any]:
     """The flow columns of a job that has a partition key and no concurrency key."""
     key = PARTITION_KEY_PREFIX + partition_key
-    if len(key) > 255:  # the column's size; the partition's rows are found by their partition key
+    if len(key) > FLOW_KEY_LENGTH:  # the partition's rows are found by their partition key
         key = PARTITION_KEY_PREFIX + hashlib.sha256(partition_key.encode()).hexdigest()
     return {"flow_key": key, "concurrency_limit": None, "rate_interval_us": None}
 
 
 def check_flow_key(label: str, key: Any) -> None:
-    if not isinstance(key, str) or not 0 < len(key) <= 255 or "\x00" in key:
+    if not isinstance(key, str) or not 0 < len(key) <= FLOW_KEY_LENGTH or "\x00" in key:
         raise ConfigurationError(
             f"{label} must be a string of 1 to 255 characters without NUL, or a function of the "
             f"task's arguments returning one, got {key!r}"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import threading
 from datetime import timedelta
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
@@ -111,7 +112,18 @@ def test_flow_options_are_checked_when_the_task_is_declared(app: JobQueue) -> No
     with pytest.raises(ConfigurationError, match="concurrency_key of task t.surrogate is not valid Unicode"):
         surrogate.delay(1)
 
-    @app.task(name="t.widest", concurrency_limit=2**31 - 1)
+    # Limits without a key are the task's, under "task:<name>": a flow key of 255 characters at most.
+    keyless: list[dict[str, Any]] = [
+        {"concurrency_limit": 1},
+        {"rate_limit": "5/s"},
+        {"concurrency_key": lambda: None, "rate_limit": "5/s"},  # a key function may return None
+    ]
+    for options in keyless:
+        with pytest.raises(ConfigurationError, match="give the task a name of at most 250 characters"):
+            app.task(name="t" * 251, **options)(lambda: None)
+    app.task(name="t" * 251, concurrency_key="partner", rate_limit="5/s")(lambda: None)
+
+    @app.task(name="t." + "w" * 248, concurrency_limit=2**31 - 1)
     def widest() -> None: ...
 
     widest.delay()
@@ -121,7 +133,7 @@ def test_flow_options_are_checked_when_the_task_is_declared(app: JobQueue) -> No
 
     keyed.delay(7)  # an int key is stored as text
     keyed.delay(-1)  # None: no key, no flow control
-    assert sorted((r["flow_key"] or "") for r in rows(app)) == ["", "7", "task:t.widest"]
+    assert sorted((r["flow_key"] or "") for r in rows(app)) == ["", "7", "task:t." + "w" * 248]
 
 
 def test_a_retried_dead_letter_keeps_its_key_and_limits(app: JobQueue) -> None:
