@@ -37,47 +37,41 @@ def explain(store: Store, rows: Iterable[dict[str, Any]]) -> dict[int, Wait]:
     if not rows:
         return {}
     m, f = store.tables.message, store.tables.flow
-    partition_keys = {row["partition_key"] for row in rows if row.get("partition_key") is not None}
-    flow_keys = {row["flow_key"] for row in rows if row.get("flow_key") is not None}
+    partition_keys = sorted({row["partition_key"] for row in rows if row.get("partition_key") is not None})
+    flow_keys = sorted({row["flow_key"] for row in rows if row.get("flow_key") is not None})
     heads: dict[str, Any] = {}
     running: dict[str, int] = {}
     next_start: dict[str, datetime] = {}
     with store.reading() as conn:
         now = store.database_now(conn)
         if partition_keys:
-            oldest = (
-                sa.select(sa.func.min(m.c.id))
-                .where(m.c.partition_key.in_(partition_keys))
-                .group_by(m.c.partition_key)
-                .scalar_subquery()
-            )
+            spelled = _spellings(partition_keys)
+            on_key = m.c.partition_key == spelled.c.key
             # A running job holds its key even when an older one came back meanwhile (a retried
             # dead letter): the acquire waits for it, and so the older one waits behind it.
-            running_first = (
-                sa.select(sa.func.min(m.c.id))
-                .where(m.c.partition_key.in_(partition_keys), m.c.state == PROCESSING)
-                .group_by(m.c.partition_key)
-                .scalar_subquery()
-            )
-            columns = (m.c.id, m.c.partition_key, m.c.state, m.c.next_attempt_at)
-            heads = {head.partition_key: head for head in conn.execute(sa.select(*columns).where(m.c.id.in_(oldest)))}
-            for runner in conn.execute(sa.select(*columns).where(m.c.id.in_(running_first))):
-                heads[runner.partition_key] = runner
+            holders = {
+                **dict(conn.execute(_first(spelled, m, on_key)).all()),
+                **dict(conn.execute(_first(spelled, m, on_key, m.c.state == PROCESSING)).all()),
+            }
+            columns = (m.c.id, m.c.state, m.c.next_attempt_at)
+            read = conn.execute(sa.select(*columns).where(m.c.id.in_(holders.values())))
+            by_id = {head.id: head for head in read}
+            heads = {partition_keys[n]: by_id[i] for n, i in holders.items() if i in by_id}
         if flow_keys:
-            running = dict(
-                conn.execute(
-                    sa.select(m.c.flow_key, sa.func.count())
-                    .where(m.c.flow_key.in_(flow_keys), m.c.state == PROCESSING)
-                    .group_by(m.c.flow_key)
-                ).all()
+            spelled = _spellings(flow_keys)
+            counted = (
+                sa.select(spelled.c.n, sa.func.count())
+                .join(m, m.c.flow_key == spelled.c.key)
+                .where(m.c.state == PROCESSING)
+                .group_by(spelled.c.n)
             )
-            next_start = dict(
-                conn.execute(
-                    sa.select(f.c.flow_key, f.c.next_start_at).where(
-                        f.c.flow_key.in_(flow_keys), f.c.next_start_at > now
-                    )
-                ).all()
+            running = {flow_keys[n]: count for n, count in conn.execute(counted).all()}
+            starts = (
+                sa.select(spelled.c.n, f.c.next_start_at)
+                .join(f, f.c.flow_key == spelled.c.key)
+                .where(f.c.next_start_at > now)
             )
+            next_start = {flow_keys[n]: at for n, at in conn.execute(starts).all()}
     found: dict[int, Wait] = {}
     for row in rows:
         head = heads.get(row.get("partition_key") or "")
@@ -100,6 +94,20 @@ def explain(store: Store, rows: Iterable[dict[str, Any]]) -> dict[int, Wait]:
         reason = _flow_reason(flow) if row["state"].upper() in READY_STATES else None
         found[row["id"]] = Wait(f"key {key!r} is {reason}" if reason else None, flow=flow)
     return found
+
+
+def _spellings(keys: list[str]) -> Any:
+    """``keys`` as a table of (n, key): rows looked up through it are found as the database
+    compares text and told apart by ``n``, as the caller spelled them. (MariaDB's collation holds
+    'Acct' equal to 'acct': grouped or mapped by the spelling a row has, a job of 'acct' behind
+    one of 'Acct' would be missed.)"""
+    parts = [sa.select(sa.literal(n).label("n"), sa.literal(key, sa.String).label("key")) for n, key in enumerate(keys)]
+    return (parts[0] if len(parts) == 1 else sa.union_all(*parts)).subquery("spelled")
+
+
+def _first(spelled: Any, m: Any, on_key: Any, *where: Any) -> Any:
+    """Per spelled key (n), the smallest id of the matching messages."""
+    return sa.select(spelled.c.n, sa.func.min(m.c.id)).join(m, on_key).where(*where).group_by(spelled.c.n)
 
 
 def _state_of(head: Any, now: datetime) -> str:

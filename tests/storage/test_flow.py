@@ -15,7 +15,7 @@ from jobqueue.clock import utcnow
 from jobqueue.errors import ConfigurationError
 from jobqueue.job import Message, MessageState, OutcomeKind
 from jobqueue.runtime.holdings import hand_back
-from jobqueue.storage import deadletter
+from jobqueue.storage import deadletter, waiting
 from tests.conftest import only
 from tests.storage.test_store import outcome, rows
 
@@ -420,6 +420,28 @@ def test_jobs_their_key_holds_back_are_not_work_for_a_burst(app: JobQueue, add) 
     app.store.flush([outcome(message) for message in started])
     assert not app.store.has_work(None, now + timedelta(seconds=5))
     assert head.status() == "pending"
+
+
+def test_what_holds_a_job_is_found_as_the_database_compares_keys(app: JobQueue, add, backend: str) -> None:
+    """On MariaDB a job of 'acct' waits behind one of 'Acct', and a job of 'partner' for the slot
+    of a running 'Partner': jobs show and jobs list say so (they said nothing)."""
+
+    @app.task(name="t.api", concurrency_key=lambda key: key, concurrency_limit=1)
+    def api(key: str) -> None: ...
+
+    jobs = [add.apply_async((1, 0), partition_key="Acct"), add.apply_async((2, 0), partition_key="acct")]
+    jobs += [api.delay("Partner"), api.delay("partner")]
+    take(app)
+    reasons = {number: waiting.explain(app.store, rows(app))[job.id].reason for number, job in enumerate(jobs)}
+    if backend != "mysql":  # four keys, each running its job
+        assert reasons == {0: None, 1: None, 2: None, 3: None}
+        return
+    assert reasons == {
+        0: None,
+        1: f"behind job {jobs[0].id} (running), the oldest unfinished job of partition key 'acct'",
+        2: None,
+        3: "key 'partner' is at its concurrency limit (1 of 1 running)",
+    }
 
 
 @only("postgresql", "mysql")
