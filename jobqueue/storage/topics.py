@@ -144,8 +144,11 @@ class TopicStore:
                 self._deliver(conn, topic, groups, logged, now)
         return ids
 
-    def _groups_locked(self, conn: sa.Connection, topic: str, now: datetime, exclusive: bool) -> list[str]:
-        """Lock the topic's row (creating it if new) and return its groups.
+    def _groups_locked(
+        self, conn: sa.Connection, topic: str, now: datetime, exclusive: bool, create: bool = True
+    ) -> list[str] | None:
+        """Lock the topic's row (creating it if new, or returning None unless ``create``) and
+        return its groups.
 
         Publishers share the lock and a group being added takes it alone: so a publish sees either
         all of a new group's registration or none of it. The groups are read by a statement after
@@ -155,6 +158,8 @@ class TopicStore:
         lock = sa.select(tp.c.name).where(tp.c.name == topic)
         lock = lock.with_for_update() if exclusive else lock.with_for_update(read=True, key_share=True)
         row = conn.execute(lock).first()
+        if row is None and not create:
+            return None
         if row is None:
             conn.execute(
                 self.dialect.insert_ignoring(tp, [tp.c.name]),
@@ -244,7 +249,9 @@ class TopicStore:
         g, m = self.tables.topic_group, self.tables.message
         task = delivery_task(topic, group)
         with self.store.writing() as conn:
-            self._groups_locked(conn, topic, utcnow(), exclusive=True)
+            # A topic nobody published to or consumed is not made by a mistyped drop.
+            if self._groups_locked(conn, topic, utcnow(), exclusive=True, create=False) is None:
+                return -1
             gone = conn.execute(sa.delete(g).where(g.c.topic == topic, g.c.group_name == group)).rowcount
             if not gone:
                 return -1

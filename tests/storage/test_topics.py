@@ -179,6 +179,9 @@ def test_dropping_a_group_frees_the_log(app: JobQueue) -> None:
     assert app.topic_store.drop("orders", "gone") == -1
     app.topic_store.collect()
     assert log_size(app) == 0
+    # A drop of a topic that does not exist (a typo, say) does not make it.
+    assert app.topic_store.drop("ordres", "billing") == -1
+    assert {row["topic"] for row in app.topic_store.stats()} == {"orders"}
 
 
 def test_bad_input_is_refused_and_writes_nothing(app: JobQueue) -> None:
