@@ -369,7 +369,12 @@ class Executor:
     ) -> Outcome:
         now = utcnow()
         strategy = self.strategy_for(task, message)
-        next_at = strategy.decide(message.attempts_count, message.first_attempt_at or started, now)
+        try:
+            next_at = strategy.decide(message.attempts_count, message.first_attempt_at or started, now)
+        except Exception as exc:
+            # The job is failed, and its own error stays the one archived: the strategy's fault is
+            # added to it, not put in its place.
+            return self._failed(message, started, strategy_fault(strategy, exc, error), context)
         if next_at is None:
             error = error or ErrorInfo(
                 "Nacked", f"nacked by the handler with no retry left after attempt {message.attempts_count}"
@@ -441,6 +446,18 @@ class Executor:
             retain=retain,
             checkpoint=context.checkpoint_bytes if context is not None else message.checkpoint,
         )
+
+
+def strategy_fault(strategy: RetryStrategy, exc: Exception, error: ErrorInfo | None) -> ErrorInfo:
+    """The error of a job not retried because its retry strategy raised: the job's own error (if
+    it raised one) with the strategy's fault added to its message and traceback."""
+    fault = ErrorInfo.from_exception(exc)
+    note = f"not retried: its retry strategy {type(strategy).__name__} raised {fault.type}: {fault.message}"
+    trace = traceback.format_exc()
+    if error is None:
+        return ErrorInfo(fault.type, note, trace)
+    both = f"{error.traceback or ''}\nThen, deciding its retry:\n{trace}"
+    return ErrorInfo(error.type, f"{error.message} ({note})", both)
 
 
 def announce(task: Task | None, context: JobContext, outcome: Outcome, result: Any = None) -> Outcome:

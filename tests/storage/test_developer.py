@@ -168,6 +168,30 @@ def test_drain_stops_at_retries_not_yet_due_and_honours_queues_and_max_jobs(app:
         drain(app, max_jobs=-1)
 
 
+class _BrokenStrategy(ConstantRetryStrategy):
+    """A retry strategy of one's own with a bug."""
+
+    def delay_for(self, attempt: int) -> float:
+        raise ZeroDivisionError("division by zero in delay_for")
+
+
+def test_a_job_whose_retry_strategy_raises_is_failed_with_its_own_error_kept(app: JobQueue) -> None:
+    @app.task(name="t.unlucky", retry_strategy=_BrokenStrategy(delay_seconds=1, max_attempts=3))
+    def unlucky() -> None:
+        raise LookupError("the job's own error")
+
+    handle = unlucky.delay()
+    assert drain(app) == [handle]
+    with pytest.raises(JobFailed) as failed:
+        handle.get(timeout=0)
+    # What the job raised stays the error it is listed and searched by; the strategy's fault is added.
+    assert failed.value.error_type == "LookupError"
+    assert "the job's own error (not retried: its retry strategy _BrokenStrategy raised ZeroDivisionError" in str(
+        failed.value
+    )
+    assert "raise LookupError" in failed.value.traceback and "division by zero in delay_for" in failed.value.traceback
+
+
 def test_drain_resumes_from_a_checkpoint_and_keeps_partition_order(app: JobQueue) -> None:
     order: list[str] = []
 
