@@ -296,8 +296,8 @@ class Task:
         stream in one COPY and a bad item aborts it (nothing is committed). ``unique_key`` is a
         function of the item or a list with one key per item (None: no key for that item).
         """
-        if batch_size < 1:
-            raise ConfigurationError("batch_size must be >= 1")
+        if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
+            raise ConfigurationError(f"batch_size must be an integer of at least 1, got {batch_size!r}")
         if isinstance(unique_key, str):
             raise ConfigurationError(
                 "one unique_key for a whole bulk() would make every item the same job; pass "

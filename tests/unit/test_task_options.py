@@ -140,6 +140,9 @@ def test_bad_bulk_item_names_the_fix(app: JobQueue) -> None:
 
     with pytest.raises(SerializationError, match=r"\(value,\)"):
         f.bulk([1, 2])  # type: ignore[list-item]
+    for batch_size in ("5", True, 0, 2.5):  # a string was a bare TypeError, True was taken as 1
+        with pytest.raises(ConfigurationError, match="batch_size must be an integer of at least 1"):
+            f.bulk([(1,)], batch_size=batch_size)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(
