@@ -39,7 +39,7 @@ RATE_MEMORY_SECONDS = 86_400
 # Each job carries its key's limit in an INTEGER column: PostgreSQL and MySQL hold no more.
 MAX_CONCURRENCY_LIMIT = 2_147_483_647
 
-_RATE = re.compile(r"^\s*(\d+(?:\.\d*)?)\s*/\s*(s|sec|second|m|min|minute|h|hour)\s*$")
+_RATE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*/\s*(s|sec|second|m|min|minute|h|hour)\s*$")
 _UNIT_SECONDS = {"s": 1, "sec": 1, "second": 1, "m": 60, "min": 60, "minute": 60, "h": 3600, "hour": 3600}
 
 

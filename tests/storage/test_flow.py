@@ -97,6 +97,8 @@ def test_flow_options_are_checked_when_the_task_is_declared(app: JobQueue) -> No
     for too_slow in ("0/s", "0.04/h", "0.0001/m"):
         with pytest.raises(ConfigurationError, match="at least one start a day"):
             app.task(name="t.bad", rate_limit=too_slow)(lambda: None)
+    for half in (".5/s", "0.5/s", "0.5 / sec"):  # ".5/s" was refused as unreadable
+        assert app.task(name="t.half", rate_limit=half)(lambda: None).flow.interval_us == 2_000_000
     for bad_limit in (0, True, 2**31):  # the column holds a 32-bit integer on PostgreSQL and MySQL
         with pytest.raises(ConfigurationError, match="concurrency_limit must be an integer from 1 to 2147483647"):
             app.task(name="t.bad", concurrency_limit=bad_limit)(lambda: None)
