@@ -104,10 +104,8 @@ def archived_values(outcome: Outcome, now: Any, stamp: Callable[[datetime], Any]
     last = started or m.acquired_at
     finished = outcome.finished_at
     if stamp is not None:
-        # A first attempt started when it was first attempted: one conversion for both.
-        same = first is last
         first = None if first is None else stamp(first)
-        last = first if same else None if last is None else stamp(last)
+        last = None if last is None else stamp(last)
         finished = None if finished is None else stamp(finished)
     error = outcome.error
     failure = NO_ERROR if error is None else (error.type, error.message, error.traceback)
