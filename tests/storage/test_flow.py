@@ -494,3 +494,23 @@ def test_warming_up_takes_no_job(app: JobQueue, add) -> None:
     app.store.warm_up(("default", "other"))
     assert [job.status() for job in jobs] == ["pending", "pending"]
     assert len(take(app)) == 2
+
+
+@pytest.mark.parametrize("older", [2, 3])
+def test_more_older_jobs_come_back_than_a_fetch_reads_of_their_partition(app: JobQueue, add, older: int) -> None:
+    # Dead letters of a key retried while a later job of the key runs: however many come back,
+    # more than a fetch's share of the key included, none starts before the running one ends.
+    dead = []
+    for n in range(older):
+        handle = add.apply_async((n, 0), partition_key="acct")
+        (message,) = take(app)
+        app.store.flush([outcome(message, OutcomeKind.ARCHIVE, MessageState.FAILED)])
+        dead.append(handle.id)
+    later = add.apply_async((9, 0), partition_key="acct")
+    (running,) = take(app, limit=1)
+    assert running.id == later.id
+    assert deadletter.retry(app.store, dead).retried == dead
+    for limit in (1, older - 1, 50):
+        assert take(app, limit=limit) == []
+    app.store.flush([outcome(running)])
+    assert [m.id for m in take(app)] == dead  # then the older ones, as one run in their order

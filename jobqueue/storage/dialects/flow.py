@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any
 import sqlalchemy as sa
 from sqlalchemy.sql.util import ClauseAdapter
 
-from jobqueue.flow import HASHED_PARTITION_LENGTH, PARTITION_KEY_PREFIX
+from jobqueue.flow import HASHED_PARTITION_LENGTH, PARTITION_KEY_PREFIX, partition_flow
 from jobqueue.job import Message
 from jobqueue.storage.dialects.common import (
     PROCESSING,
@@ -103,6 +103,14 @@ def partition_run(candidates: list[Any], share: int) -> list[Any]:
     if any(row.running for row in candidates):
         return []
     return list(itertools.takewhile(lambda row: row.takeable, candidates))[:share]
+
+
+def _not_busy(key: str, found: list[Any], busy: set[int]) -> list[Any]:
+    """The candidates of ``key`` that may run, ``busy`` being those whose partition has a job
+    running: none of a partition whose first candidate is busy, else those not busy."""
+    if is_partition(key) and found and found[0].id in busy:
+        return []
+    return [row for row in found if row.id not in busy]
 
 
 def mariadb_hint(select: Any, table: Any, hint: str) -> Any:
@@ -181,16 +189,20 @@ class FlowAcquirer:
             .where(f.c.flow_key.in_(sa.bindparam("keys", expanding=True)), m.c.state == PROCESSING)
             .group_by(f.c.flow_key)
         )
-        # Of the candidates ``ids`` (the oldest jobs of their partitions), those whose partition
-        # has a job running: an older job came back while a later one runs (see partition_run).
-        # Read on the few running rows; asked only of a concurrency key's jobs with a partition.
-        busy = m.alias("busy")
-        self.partition_busy = (
-            sa.select(m.c.id)
-            .join(busy, busy.c.partition_key == m.c.partition_key)
-            .where(m.c.id.in_(sa.bindparam("ids", expanding=True)), busy.c.state == PROCESSING)
-            .distinct()
+        # Which partitions have a job running (an older job of one may have come back while a later
+        # one runs: see partition_run): their keys, read once per fetch on the running rows' index
+        # (a few hundred rows), then which of the candidates ``ids`` belong to one of them, by id
+        # and compared by the database (MariaDB's comparison ignores case). A join of the two read
+        # every running row once per candidate on SQLite.
+        self.running_partitions = (
+            sa.select(m.c.partition_key).where(m.c.state == PROCESSING, m.c.partition_key.isnot(None)).distinct()
         )
+        of_partitions = sa.select(m.c.id).where(
+            m.c.id.in_(sa.bindparam("ids", expanding=True)),
+            m.c.partition_key.in_(sa.bindparam("partitions", expanding=True)),
+        )
+        # By id, forced: MariaDB read every entry of the running partitions' index ranges instead.
+        self.of_partitions = mariadb_hint(of_partitions, m, "FORCE INDEX (PRIMARY)")
         self.due = sa.select(sa.func.min(f.c.next_start_at), clock).where(f.c.next_start_at > clock, has_ready)
         self.served = (
             sa.update(f)
@@ -364,9 +376,16 @@ class FlowAcquirer:
         keys = sorted((row.flow_key for row in locked), key=lambda key: not is_partition(key))
         share = max(1, math.ceil(params.limit / len(keys)))
         if self.runs is not None and is_partition(keys[-1]):
-            # Only partitions: their runs need no limit or rate of a key, so the database chooses.
+            # Only partitions: their runs need no limit or rate of a key, so the database chooses,
+            # leaving out the partitions with a job running (see partition_run). Compared exactly:
+            # this statement serves PostgreSQL, which compares text so.
+            running_partitions = connection.execute(self.running_partitions).scalars()
+            busy_keys = {partition_flow(partition)["flow_key"] for partition in running_partitions}
+            free = [row.flow_key for row in locked if row.flow_key not in busy_keys]
+            if not free:
+                return []
             values = {
-                "partition_keys": [row.flow_key for row in locked],
+                "partition_keys": free,
                 "share": share,
                 "partition_share": share + 1,
                 "served": now,
@@ -378,13 +397,20 @@ class FlowAcquirer:
         rows = self.read_candidates(connection, binds, keys, share)
         for key, found in rows.items():
             found.sort(key=_by_id if is_partition(key) else delivery_order)
-        # A concurrency key's job with a partition is its partition's oldest; it waits while a
-        # later job of the partition runs, as a partition's run does.
-        heads = [row.id for key, found in rows.items() if not is_partition(key) for row in found if row.partition_key]
-        if heads:
-            busy = set(connection.execute(self.partition_busy, {"ids": heads}).scalars())
+        # A partition's run, and a concurrency key's job with a partition (its partition's
+        # oldest), wait while a job of the partition runs: asked of each partition's first
+        # candidate, and of each such job (see partition_run).
+        heads = [
+            row.id
+            for key, found in rows.items()
+            for row in (found[:1] if is_partition(key) else found)
+            if row.partition_key
+        ]
+        partitions = list(connection.execute(self.running_partitions).scalars()) if heads else []
+        if partitions:
+            busy = set(connection.execute(self.of_partitions, {"ids": heads, "partitions": partitions}).scalars())
             if busy:
-                rows = {key: [row for row in found if row.id not in busy] for key, found in rows.items()}
+                rows = {key: _not_busy(key, found, busy) for key, found in rows.items()}
         limited = [key for key, found in rows.items() if found and found[0].concurrency_limit is not None]
         running: dict[str, int] = {}
         if limited:
