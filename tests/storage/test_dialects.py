@@ -189,6 +189,19 @@ def test_acquire_serves_one_or_many_queues(app: JobQueue, dialect: Dialect) -> N
     assert sorted(m.queue for m in acquire(dialect, queues=("b", "c"))) == ["b", "c"]
 
 
+@only("sqlite")
+def test_sqlite_acquires_on_the_driver_for_all_queues_and_for_one(app: JobQueue, dialect: Dialect) -> None:
+    # Inside the write lock SQLAlchemy's own execution cost as much as some of SQLite's work: a
+    # worker serving every queue or one queue acquires with a statement compiled once, on the driver.
+    statements = []
+    for queues in (None, ("a",), ("a", "b")):
+        params = AcquireParams("w", 7, queues, 10, utcnow(), LeaseClock(None, 60))
+        statements.append(dialect._driver_acquire(params))  # type: ignore[attr-defined]
+    assert statements[0] is not None and statements[1] is not None
+    assert statements[2] is None  # a list of queues is expanded per call: SQLAlchemy runs it
+    assert "queue = ?" in statements[1][0] and statements[1][1].count("a") == 1
+
+
 def test_concurrent_acquires_never_share_a_message(app: JobQueue, dialect: Dialect) -> None:
     dialect.bulk(Batch(row(), [b"[[],{}]"] * 400, [None] * 400), 400)
     seen: list[int] = []

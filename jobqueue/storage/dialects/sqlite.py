@@ -409,7 +409,7 @@ class SQLiteDialect(Dialect):
         # Columns come back as stored, undecoded: a hand-edited row with text that is not JSON or
         # not a timestamp must fail alone (see read_message), not the whole acquire in every process.
         m = self.message
-        ready = self.ready_select([m.c.id], queues != "all").scalar_subquery()
+        ready = self.ready_select([m.c.id], queues != "all", one=queues == "one").scalar_subquery()
         return sa.update(m).where(m.c.id.in_(ready)).values(self.acquired_values()).returning(*self.taken_columns())
 
     def taken_columns(self) -> list[Any]:
