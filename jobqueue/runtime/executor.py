@@ -348,7 +348,7 @@ class Executor:
         retry_on = task.options.retry_on
         if decision is None and retry_on is not None and not isinstance(exc, retry_on):
             return self._failed(message, started, error, context)
-        return self._nacked(task, message, started, context, error)
+        return self._nacked(task, message, started, context, error, exc)
 
     def strategy_for(self, task: Task | None, message: Message) -> RetryStrategy:
         """The per-call override stored with the message, else the task's, else the default."""
@@ -366,15 +366,20 @@ class Executor:
         started: datetime,
         context: JobContext | None,
         error: ErrorInfo | None,
+        exception: BaseException | None = None,
     ) -> Outcome:
         now = utcnow()
-        strategy = self.strategy_for(task, message)
+        strategy: RetryStrategy | None = None
         try:
+            # A strategy stored with the job may not be rebuilt (written by an older release).
+            strategy = self.strategy_for(task, message)
             next_at = strategy.decide(message.attempts_count, message.first_attempt_at or started, now)
         except Exception as exc:
             # The job is failed, and its own error stays the one archived: the strategy's fault is
             # added to it, not put in its place.
-            return self._failed(message, started, strategy_fault(strategy, exc, error), context)
+            outcome = self._failed(message, started, strategy_fault(strategy, exc, error), context)
+            outcome.exception = exception
+            return outcome
         if next_at is None:
             error = error or ErrorInfo(
                 "Nacked", f"nacked by the handler with no retry left after attempt {message.attempts_count}"
@@ -398,7 +403,7 @@ class Executor:
         error = ErrorInfo.from_exception(exc)
         context = JobContext(message, self.serializer)
         if task is None:
-            outcome = self._nacked(None, message, started, None, error)
+            outcome = self._nacked(None, message, started, None, error, exc)
         else:
             policy = task.options.ack_policy or AckPolicy.NACK_ON_ERROR
             outcome = self._after_error(task, policy, context, message, started, exc, error)
@@ -448,11 +453,13 @@ class Executor:
         )
 
 
-def strategy_fault(strategy: RetryStrategy, exc: Exception, error: ErrorInfo | None) -> ErrorInfo:
-    """The error of a job not retried because its retry strategy raised: the job's own error (if
-    it raised one) with the strategy's fault added to its message and traceback."""
+def strategy_fault(strategy: RetryStrategy | None, exc: Exception, error: ErrorInfo | None) -> ErrorInfo:
+    """The error of a job not retried because its retry strategy raised (or, None, could not be
+    rebuilt from what the job stored): the job's own error (if it raised one) with the strategy's
+    fault added to its message and traceback."""
     fault = ErrorInfo.from_exception(exc)
-    note = f"not retried: its retry strategy {type(strategy).__name__} raised {fault.type}: {fault.message}"
+    which = "the retry strategy stored with it" if strategy is None else f"its retry strategy {type(strategy).__name__}"
+    note = f"not retried: {which} raised {fault.type}: {fault.message}"
     trace = traceback.format_exc()
     if error is None:
         return ErrorInfo(fault.type, note, trace)

@@ -16,6 +16,7 @@ from jobqueue import ConfigurationError, JobFailed, JobNotCommitted, JobNotFound
 from jobqueue.clock import utcnow
 from jobqueue.periodic import sync
 from jobqueue.retry import ConstantRetryStrategy, NoRetryStrategy
+from jobqueue.signals import job_failed
 from jobqueue.testing import drain
 
 
@@ -190,6 +191,35 @@ def test_a_job_whose_retry_strategy_raises_is_failed_with_its_own_error_kept(app
         failed.value
     )
     assert "raise LookupError" in failed.value.traceback and "division by zero in delay_for" in failed.value.traceback
+
+
+def test_a_job_whose_stored_retry_strategy_cannot_be_rebuilt_keeps_its_own_error(app: JobQueue) -> None:
+    # A strategy stored by an older release that this one refuses (a fractional max_attempts).
+    seen: list[object] = []
+
+    @app.task(name="t.unlucky")
+    def unlucky() -> None:
+        raise LookupError("the job's own error")
+
+    def record(sender: object, job: object, exception: object, traceback: object) -> None:
+        seen.append(exception)
+
+    handle = unlucky.apply_async((), retry_strategy=ConstantRetryStrategy(delay_seconds=1, max_attempts=3))
+    m = app.tables.message
+    with app.engine.begin() as conn:
+        options = conn.execute(sa.select(m.c.options).where(m.c.id == handle.id)).scalar_one()
+        options["retry"]["max_attempts"] = 2.5
+        conn.execute(sa.update(m).where(m.c.id == handle.id).values(options=options))
+    job_failed.connect(record)
+    try:
+        assert drain(app) == [handle]
+    finally:
+        job_failed.disconnect(record)
+    with pytest.raises(JobFailed) as failed:
+        handle.get(timeout=0)
+    assert failed.value.error_type == "LookupError"
+    assert "(not retried: the retry strategy stored with it raised" in str(failed.value)
+    assert [type(exception) for exception in seen] == [LookupError]  # the signal carries the job's own
 
 
 def test_drain_resumes_from_a_checkpoint_and_keeps_partition_order(app: JobQueue) -> None:
