@@ -97,9 +97,9 @@ def partition_run(candidates: list[Any], share: int) -> list[Any]:
     while a job of the partition runs. A running job is normally the oldest; an older one comes
     back while it runs when a dead letter of the key is retried, or when an enqueue of the key
     commits after a later one of the key was taken (overlapping transactions on PostgreSQL). The
-    older one waits for it to end: one job of a key at a time. (A run of older ones longer than
-    the share is not seen to wait; it takes a retry of more dead letters of one key than a fetch
-    takes of it.)"""
+    older one waits for it to end: one job of a key at a time. (A running job past these
+    candidates, behind more older ones than the share, is found by the fetch's look at the
+    partitions with a job running: see FlowAcquirer._take.)"""
     if any(row.running for row in candidates):
         return []
     return list(itertools.takewhile(lambda row: row.takeable, candidates))[:share]
