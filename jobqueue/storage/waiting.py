@@ -44,8 +44,8 @@ def explain(store: Store, rows: Iterable[dict[str, Any]]) -> dict[int, Wait]:
     next_start: dict[str, datetime] = {}
     with store.reading() as conn:
         now = store.database_now(conn)
-        if partition_keys:
-            spelled = _spellings(partition_keys)
+        for chunk in _chunks(partition_keys):
+            spelled = _spellings(chunk)
             on_key = m.c.partition_key == spelled.c.key
             # A running job holds its key even when an older one came back meanwhile (a retried
             # dead letter): the acquire waits for it, and so the older one waits behind it.
@@ -56,22 +56,22 @@ def explain(store: Store, rows: Iterable[dict[str, Any]]) -> dict[int, Wait]:
             columns = (m.c.id, m.c.state, m.c.next_attempt_at)
             read = conn.execute(sa.select(*columns).where(m.c.id.in_(holders.values())))
             by_id = {head.id: head for head in read}
-            heads = {partition_keys[n]: by_id[i] for n, i in holders.items() if i in by_id}
-        if flow_keys:
-            spelled = _spellings(flow_keys)
+            heads.update({chunk[n]: by_id[i] for n, i in holders.items() if i in by_id})
+        for chunk in _chunks(flow_keys):
+            spelled = _spellings(chunk)
             counted = (
                 sa.select(spelled.c.n, sa.func.count())
                 .join(m, m.c.flow_key == spelled.c.key)
                 .where(m.c.state == PROCESSING)
                 .group_by(spelled.c.n)
             )
-            running = {flow_keys[n]: count for n, count in conn.execute(counted).all()}
+            running.update({chunk[n]: count for n, count in conn.execute(counted).all()})
             starts = (
                 sa.select(spelled.c.n, f.c.next_start_at)
                 .join(f, f.c.flow_key == spelled.c.key)
                 .where(f.c.next_start_at > now)
             )
-            next_start = {flow_keys[n]: at for n, at in conn.execute(starts).all()}
+            next_start.update({chunk[n]: at for n, at in conn.execute(starts).all()})
     found: dict[int, Wait] = {}
     for row in rows:
         head = heads.get(row.get("partition_key") or "")
@@ -94,6 +94,14 @@ def explain(store: Store, rows: Iterable[dict[str, Any]]) -> dict[int, Wait]:
         reason = _flow_reason(flow) if row["state"].upper() in READY_STATES else None
         found[row["id"]] = Wait(f"key {key!r} is {reason}" if reason else None, flow=flow)
     return found
+
+
+# Keys looked up per statement: SQLite allows a compound SELECT of 500 parts (see _spellings).
+SPELLED_KEYS_MOST = 400
+
+
+def _chunks(keys: list[str]) -> list[list[str]]:
+    return [keys[start : start + SPELLED_KEYS_MOST] for start in range(0, len(keys), SPELLED_KEYS_MOST)]
 
 
 def _spellings(keys: list[str]) -> Any:

@@ -514,3 +514,16 @@ def test_more_older_jobs_come_back_than_a_fetch_reads_of_their_partition(app: Jo
         assert take(app, limit=limit) == []
     app.store.flush([outcome(running)])
     assert [m.id for m in take(app)] == dead  # then the older ones, as one run in their order
+
+
+def test_a_page_of_jobs_with_more_keys_than_one_statement_may_list_is_explained(app: JobQueue, add) -> None:
+    # SQLite allows 500 parts in one compound SELECT: a `jobs list --limit 1000` page of jobs with
+    # 600 keys failed with "too many terms in compound SELECT".
+    add.bulk([(n, 0) for n in range(600)], partition_key="k-a")  # one long partition...
+    for n in range(600):
+        add.apply_async((n, 1), partition_key=f"k{n}")  # ...and 600 partitions of one job each
+    page = deadletter.list_jobs(app.store, limit=1200)
+    found = waiting.explain(app.store, page)
+    first = min(row["id"] for row in page if row["partition_key"] == "k-a")
+    held = {job_id: wait.holder for job_id, wait in found.items() if wait.holder is not None}
+    assert set(held.values()) == {first} and len(held) == 599  # the long partition's later jobs wait
