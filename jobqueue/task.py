@@ -92,7 +92,8 @@ def _positive(name: str, value: Any, integer: bool = False) -> None:
 def _time_limit(name: str, value: Any) -> None:
     """A hard or soft time limit: a positive number of seconds up to a year, or None for no limit."""
     _positive(name, value)
-    if value is not None and not (math.isfinite(value) and value <= MAX_TIME_LIMIT_SECONDS):
+    # Compared before isfinite, which cannot take an integer past a float's range (10**400).
+    if value is not None and not (value <= MAX_TIME_LIMIT_SECONDS and math.isfinite(value)):
         raise ConfigurationError(
             f"task option {name} must be at most {MAX_TIME_LIMIT_SECONDS} seconds (a year), got {value!r}; "
             "use None for no limit"

@@ -73,6 +73,7 @@ def test_unknown_option_fails_at_decoration_naming_it(app: JobQueue) -> None:
         ({"timeout": 1e300}, "timeout must be at most"),
         ({"soft_timeout": float("nan")}, "soft_timeout must be a positive number"),
         ({"soft_timeout": 10**10}, "soft_timeout must be at most"),
+        ({"timeout": 10**400}, "timeout must be at most"),  # was a bare OverflowError
         ({"concurrency_limit": 2**31}, "concurrency_limit must be an integer from 1 to 2147483647"),
         ({"max_deliveries": 0}, "max_deliveries must be"),
         ({"retry_on": "ValueError"}, "retry_on must be exception classes"),
