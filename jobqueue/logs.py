@@ -8,8 +8,10 @@ default under Django, whose ``LOGGING`` setting is kept). The formatters work in
 
 from __future__ import annotations
 
+import io
 import json
 import logging
+import os
 import sys
 from datetime import datetime, timezone
 from typing import Any, TextIO
@@ -65,10 +67,15 @@ class JsonFormatter(logging.Formatter):
 
 
 class StderrHandler(logging.StreamHandler):
-    """A stream handler whose lines do not run into the worker's progress line on a terminal."""
+    """A stream handler whose lines do not run into the worker's progress line on a terminal.
+
+    It writes to a copy of stderr's file descriptor of its own: a job that closes ``sys.stderr``
+    (as daemonizing code does) or file descriptor 2 neither silences the worker's log nor makes
+    its next line raise inside the worker process.
+    """
 
     def __init__(self, stream: TextIO | None = None) -> None:
-        super().__init__(stream or sys.stderr)
+        super().__init__(stream or private_copy(sys.stderr))
 
     def emit(self, record: logging.LogRecord) -> None:
         if progress_on_terminal:
@@ -78,6 +85,30 @@ class StderrHandler(logging.StreamHandler):
                 pass
         super().emit(record)
 
+    def close(self) -> None:
+        try:
+            if self.stream is not sys.stderr and self.stream is not sys.__stderr__:
+                self.stream.close()
+        except Exception:
+            pass
+        super().close()
+
+
+def private_copy(stream: TextIO) -> TextIO:
+    """A line-buffered text stream on a duplicate of ``stream``'s file descriptor; ``stream``
+    itself when it has none (a test's captured stderr)."""
+    try:
+        fd = os.dup(stream.fileno())
+    except (AttributeError, OSError, ValueError, io.UnsupportedOperation):
+        return stream
+    return open(
+        fd,
+        "w",
+        encoding=getattr(stream, "encoding", None) or "utf-8",
+        errors=getattr(stream, "errors", None) or "backslashreplace",
+        buffering=1,  # line by line
+    )
+
 
 def configure(level: str | int = "INFO", json_lines: bool = False) -> logging.Handler:
     """Send every log record at ``level`` or above to stderr, as text or JSON; replaces the root
@@ -85,6 +116,9 @@ def configure(level: str | int = "INFO", json_lines: bool = False) -> logging.Ha
     handler = StderrHandler()
     handler.setFormatter(JsonFormatter() if json_lines else TextFormatter())
     root = logging.getLogger()
+    for old in root.handlers:
+        if isinstance(old, StderrHandler):
+            old.close()  # its copy of stderr's descriptor with it
     root.handlers[:] = [handler]
     root.setLevel(level.upper() if isinstance(level, str) else level)
     return handler

@@ -107,6 +107,10 @@ class WorkerProcess:
     def main(self) -> int:
         watch_supervisor(self.spec.supervisor_pid)
         self._install_signals()
+        # A log line that cannot be written is dropped, not raised: a job may close the stream a
+        # handler writes to (sys.stderr, closed by daemonizing code), and the next line would then
+        # raise inside this process's loop and end it. jobqueue's own handler has its own copy.
+        logging.raiseExceptions = False
         name = name_process(f"jobqueue-worker-{self.spec.index}")
         self.app.after_fork()
         signals.worker_process_init.send(self.app, app=self.app, process_name=name)

@@ -169,6 +169,26 @@ def interrupt() -> None:
     raise KeyboardInterrupt
 
 
+class Halt(BaseException):
+    """Derives from BaseException, not Exception, as SystemExit and KeyboardInterrupt do."""
+
+
+@app.task(name="rt.halts", retry_strategy=NO_RETRY)
+def halts() -> None:
+    raise Halt("a BaseException of its own")
+
+
+@app.task(name="rt.close_stdio", retry_strategy=NO_RETRY)
+def close_stdio(fail: bool) -> str:
+    """Closes the process's sys.stdout and sys.stderr, as daemonizing code does."""
+    record("run")
+    sys.stdout.close()
+    sys.stderr.close()
+    if fail:
+        raise RuntimeError("failed with stdout and stderr closed")
+    return "closed"
+
+
 @app.task(name="rt.nul", retry_strategy=NO_RETRY)
 def nul() -> None:
     raise ValueError("a NUL \x00 inside")

@@ -224,6 +224,7 @@ def test_jobs_that_raise_anything_or_return_the_unstorable_end_alone(
         "bad_nack": rt.bad_nack.delay(),
         "exits": rt.exits.delay(),
         "interrupt": rt.interrupt.delay(),
+        "halts": rt.halts.delay(),
         "nul": rt.nul.delay(),
         "checkpoint": rt.big_state.delay("checkpoint"),
         "defer": rt.big_state.delay("defer"),
@@ -245,9 +246,34 @@ def test_jobs_that_raise_anything_or_return_the_unstorable_end_alone(
     assert got["bad_nack"][1] == "TypeError" and "delay_seconds" in (got["bad_nack"][2] or "")
     assert got["exits"][1:] == ("SystemExit", "3")
     assert got["interrupt"][1] == "KeyboardInterrupt"
+    assert got["halts"][1:] == ("tests.apps.runtime.Halt", "a BaseException of its own")
     assert got["nul"][1] == "ValueError" and got["nul"][2] == "a NUL \\x00 inside"
     for name in ("checkpoint", "defer"):
         assert got[name][1] == "jobqueue.errors.SerializationError" and "max_payload_bytes" in (got[name][2] or "")
+
+
+@pytest.mark.parametrize("logging_by", ["jobqueue", "application"])
+def test_a_job_that_closes_stdout_and_stderr_ends_alone_and_the_log_goes_on(
+    app: JobQueue, tmp_path: Path, workers: list[Worker], logging_by: str
+) -> None:
+    """The command's log lines go to its own copy of stderr: a job closing sys.stderr (or
+    sys.stdout) neither silences the worker nor makes its next log line end the process. Where
+    the application's handlers write to the closed stream, their lines are lost, not the process."""
+    closing = [rt.close_stdio.delay(False), rt.close_stdio.delay(True)]
+    after = rt.short.bulk([(0,)] * 3)
+    own = logging_by == "application"
+    target = "tests.apps.own_logging:app" if own else "tests.apps.runtime:app"
+    worker = start(workers, tmp_path, "--burst", "--concurrency", "1", app=target)
+    assert worker.wait(60) == 0, worker.text()[-3000:]
+    log = worker.text()
+    assert "exited with" not in log and "crashed" not in log, log[-3000:]
+    states = archived(app)
+    assert states[closing[0].id] == ("COMPLETED", None, None)
+    assert states[closing[1].id] == ("FAILED", "RuntimeError", "failed with stdout and stderr closed")
+    assert {states[h.id][0] for h in after} == {"COMPLETED"}
+    assert not repeated(runs(tmp_path / "runs.txt"), "run"), "a job ran twice: its process died"
+    for handle in [] if own else [*closing, *after]:
+        assert f"job {handle.id} " in log, f"no log line for job {handle.id}:\n{log[-3000:]}"
 
 
 @pytest.mark.parametrize("until", ["tomorrow", "1e12", "nan"])
