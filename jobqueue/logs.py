@@ -75,7 +75,9 @@ class StderrHandler(logging.StreamHandler):
     """
 
     def __init__(self, stream: TextIO | None = None) -> None:
-        super().__init__(stream or private_copy(sys.stderr))
+        own = private_copy(sys.stderr) if stream is None else None
+        super().__init__(stream or own or sys.stderr)
+        self.own_stream = own  # closed with the handler; a stream given to it is the caller's
 
     def emit(self, record: logging.LogRecord) -> None:
         if progress_on_terminal:
@@ -86,21 +88,21 @@ class StderrHandler(logging.StreamHandler):
         super().emit(record)
 
     def close(self) -> None:
-        try:
-            if self.stream is not sys.stderr and self.stream is not sys.__stderr__:
-                self.stream.close()
-        except Exception:
-            pass
+        if self.own_stream is not None:
+            try:
+                self.own_stream.close()
+            except Exception:
+                pass
         super().close()
 
 
-def private_copy(stream: TextIO) -> TextIO:
-    """A line-buffered text stream on a duplicate of ``stream``'s file descriptor; ``stream``
-    itself when it has none (a test's captured stderr)."""
+def private_copy(stream: TextIO) -> TextIO | None:
+    """A line-buffered text stream on a duplicate of ``stream``'s file descriptor; None when it
+    has none (a test's captured stderr)."""
     try:
         fd = os.dup(stream.fileno())
     except (AttributeError, OSError, ValueError, io.UnsupportedOperation):
-        return stream
+        return None
     return open(
         fd,
         "w",
