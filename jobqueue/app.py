@@ -357,5 +357,16 @@ class JobQueue:
 INSTANCES: weakref.WeakSet[JobQueue] = weakref.WeakSet()  # every JobQueue made, for integrations to find
 
 
+def _forget_parent_connections() -> None:
+    """In a process just forked (a job's multiprocessing pool, a pre-forking web server): the
+    pooled connections are the parent's, and two processes talking down one socket read each
+    other's replies. The child opens its own when it first needs one."""
+    for app in list(INSTANCES):
+        app.after_fork()
+
+
+os.register_at_fork(after_in_child=_forget_parent_connections)
+
+
 def _origin(fn: Callable[..., Any]) -> str:
     return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
