@@ -9,14 +9,16 @@ argument to ``nack``) ends that job with the real cause recorded, never the work
 from __future__ import annotations
 
 import logging
+import os
 import signal
+import sys
 import threading
 import time
 import traceback
 from collections.abc import Callable
 from datetime import datetime, timedelta
 from inspect import iscoroutine
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from jobqueue import signals
 from jobqueue.ack import AckPolicy
@@ -259,9 +261,17 @@ class Executor:
         alarm: bool,
     ) -> Any:
         """The task's function called, and an async def task's coroutine run to its end."""
-        result = plan.fn(context, *args, **kwargs) if plan.bind else plan.fn(*args, **kwargs)
-        if result is not None and iscoroutine(result):
-            result = self._run_coroutine(result, soft, began, alarm)
+        owner = os.getpid()
+        try:
+            result = plan.fn(context, *args, **kwargs) if plan.bind else plan.fn(*args, **kwargs)
+            if result is not None and iscoroutine(result):
+                result = self._run_coroutine(result, soft, began, alarm)
+        except BaseException as exc:
+            if os.getpid() != owner:
+                leave_forked_child(exc)
+            raise
+        if os.getpid() != owner:
+            leave_forked_child(None)
         return result
 
     def _run_coroutine(self, coroutine: Any, soft: float | None, began: float, alarm: bool) -> Any:
@@ -576,3 +586,30 @@ def log_outcome(outcome: Outcome) -> None:
             (outcome.duration_seconds or 0.0) * 1000,
             extra=outcome_fields(outcome),
         )
+
+
+def leave_forked_child(exc: BaseException | None) -> NoReturn:
+    """End a process the job forked that left the job function (returned, raised, or called
+    sys.exit) instead of calling os._exit, as a Python program would end: exit status 0, the
+    SystemExit's code, or 1 with the traceback on stderr.
+
+    That process is a copy of the worker process: going on would run the jobs buffered behind
+    this one a second time, write outcomes over the real ones and share the worker's database
+    connections and its slot with the supervisor. Its exit runs nothing of the worker's.
+    """
+    code = 0
+    if isinstance(exc, SystemExit):
+        if isinstance(exc.code, int):
+            code = exc.code
+        elif exc.code is not None:
+            print(exc.code, file=sys.stderr)
+            code = 1
+    elif exc is not None:
+        traceback.print_exception(exc)
+        code = 1
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:
+            pass
+    os._exit(code)

@@ -155,6 +155,7 @@ class WorkerProcess:
         # Ctrl-C reaches the whole process group; the supervisor decides, and tells us with SIGTERM.
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.set_wakeup_fd(self.spec.wake_w, warn_on_full_buffer=False)
+        os.register_at_fork(after_in_child=forked_by_a_job)
         # The supervisor blocked these around fork so that none is lost before this point.
         signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
 
@@ -440,6 +441,16 @@ class WorkerProcess:
             logger.error(
                 "worker process %s: could not write its outcomes before exiting; those jobs will run again", os.getpid()
             )
+
+
+def forked_by_a_job() -> None:
+    """In a process a job forks (a multiprocessing pool's, a daemon): SIGTERM ends it again, as
+    in any Python program, instead of only telling a worker loop it does not run to stop (so
+    ``Pool.terminate()``, which stops its processes with SIGTERM, does not wait forever), and its
+    signals no longer wake the worker process. SIGINT stays ignored, as in the worker: Ctrl-C
+    reaches the whole process group, and the supervisor decides what it means."""
+    signal.set_wakeup_fd(-1)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def serves_rated(app: JobQueue, queues: tuple[str, ...] | None) -> bool:

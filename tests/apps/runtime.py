@@ -189,6 +189,62 @@ def close_stdio(fail: bool) -> str:
     return "closed"
 
 
+@app.task(name="rt.forks", retry_strategy=NO_RETRY)
+def forks(how: str) -> object:
+    """Forks a child that leaves the job as ``how`` says (returns, sys.exit(3), raises) instead of
+    with os._exit: the child must end there. Returns the child's exit status, or "still running"
+    (then killed) if it went on, running the worker's loop."""
+    record("run")
+    pid = os.fork()
+    if pid == 0:
+        if how == "exit":
+            sys.exit(3)
+        if how == "raise":
+            raise RuntimeError("raised in the forked child")
+        return "returned in the forked child"
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return os.waitstatus_to_exitcode(status)
+        time.sleep(0.01)
+    os.kill(pid, 9)
+    os.waitpid(pid, 0)
+    return "still running"
+
+
+def _enqueue_from_a_fork(count: int) -> list[int]:
+    return [noop.delay().id for _ in range(count)]
+
+
+@app.task(name="rt.terminates", retry_strategy=NO_RETRY)
+def terminates() -> object:
+    """Starts a forked multiprocessing Process and stops it with terminate() (SIGTERM), as a
+    multiprocessing pool does on leaving its with block: its exit code, or "ignored SIGTERM"."""
+    import multiprocessing
+
+    process = multiprocessing.get_context("fork").Process(target=time.sleep, args=(30,))
+    process.start()
+    time.sleep(0.2)
+    process.terminate()
+    process.join(5)
+    if process.exitcode is None:
+        process.kill()
+        process.join()
+        return "ignored SIGTERM"
+    return process.exitcode
+
+
+@app.task(name="rt.fork_pool", retry_strategy=NO_RETRY)
+def fork_pool(processes: int, count: int) -> int:
+    """Enqueues from a pool of forked processes, as a job that fans out with multiprocessing does."""
+    import multiprocessing
+
+    with multiprocessing.get_context("fork").Pool(processes) as pool:
+        result = pool.map_async(_enqueue_from_a_fork, [count] * processes)
+        return sum(len(ids) for ids in result.get(timeout=20))
+
+
 @app.task(name="rt.nul", retry_strategy=NO_RETRY)
 def nul() -> None:
     raise ValueError("a NUL \x00 inside")

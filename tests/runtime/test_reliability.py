@@ -276,6 +276,43 @@ def test_a_job_that_closes_stdout_and_stderr_ends_alone_and_the_log_goes_on(
         assert f"job {handle.id} " in log, f"no log line for job {handle.id}:\n{log[-3000:]}"
 
 
+@pytest.mark.parametrize(("how", "status"), [("return", 0), ("exit", 3), ("raise", 1)])
+def test_a_child_a_job_forks_ends_where_it_leaves_the_job(
+    app: JobQueue, tmp_path: Path, workers: list[Worker], how: str, status: int
+) -> None:
+    """A job forks and its child leaves the job function (returns, sys.exit, raises) instead of
+    calling os._exit: the child is a copy of the worker process, and must exit there rather than
+    go on with the worker's loop, running the buffered jobs again with nobody renewing their leases."""
+    rt.noop.bulk([()] * 30)  # warm-up: the process then fetches the forking job with others behind it
+    job = rt.forks.delay(how)
+    behind = rt.short.bulk([(0,)] * 10)
+    worker = start(workers, tmp_path, "--burst", "--concurrency", "1")
+    assert worker.wait(60) == 0, worker.text()[-3000:]
+    assert job.get(timeout=5) == status
+    assert {h.status() for h in behind} == {"completed"}
+    assert not repeated(runs(tmp_path / "runs.txt"), "run"), "the forked child ran jobs again"
+    log = worker.text()
+    assert "lease lost" not in log and "exited with" not in log, log[-3000:]
+
+
+def test_processes_a_job_forks_stop_on_sigterm_and_open_their_own_connections(
+    app: JobQueue, tmp_path: Path, workers: list[Worker]
+) -> None:
+    """A job's forked processes are not worker processes: SIGTERM ends them (the worker's own
+    handler only notes it, so a multiprocessing pool's exit waited for ever), and they enqueue
+    through connections of their own, not the worker's pooled ones that they inherited and would
+    share with each other and with the worker (replies read by the wrong process, a hang)."""
+    rt.noop.delay()  # the worker's pool holds a connection when the job forks
+    stopped = rt.terminates.delay()
+    fans = [rt.fork_pool.delay(4, 30) for _ in range(2)]
+    worker = start(workers, tmp_path, "--burst", "--concurrency", "1")
+    assert worker.wait(60) == 0, worker.text()[-3000:]
+    assert stopped.get(timeout=5) == -signal.SIGTERM
+    assert [h.get(timeout=5) for h in fans] == [120, 120]
+    assert archived(app) and {state for state, _, _ in archived(app).values()} == {"COMPLETED"}
+    assert len(archived(app)) == 1 + 1 + 2 + 240
+
+
 @pytest.mark.parametrize("until", ["tomorrow", "1e12", "nan"])
 def test_a_defer_that_cannot_be_honoured_fails_the_job(
     app: JobQueue, tmp_path: Path, workers: list[Worker], until: str
