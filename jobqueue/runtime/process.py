@@ -19,9 +19,11 @@ process left running without a supervisor would run jobs whose leases nobody ren
 
 from __future__ import annotations
 
+import errno
 import logging
 import math
 import os
+import resource
 import select
 import signal
 import threading
@@ -56,6 +58,8 @@ KEEPER_JOIN_SECONDS = 30.0
 FLUSH_BACKOFF_MAX_SECONDS = 30.0
 STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT}
 PR_SET_PDEATHSIG = 1
+# A process with fewer free file descriptors than this (or a tenth of its limit) is replaced.
+DESCRIPTORS_SPARE = 16
 
 
 @dataclass
@@ -319,6 +323,16 @@ class WorkerProcess:
                 "worker process %s recycled at %s KiB RSS (max_memory_per_child=%s)", os.getpid(), rss_kib(), memory
             )
             return True
+        used = descriptors_used_up(self.spec.wake_r)
+        if used is not None:
+            # A job leaked them: every job after it that opens a file or a connection would fail here.
+            logger.warning(
+                "worker process %s recycled: at least %s of the %s file descriptors it may open are in use "
+                "(a job leaks them)",
+                os.getpid(),
+                *used,
+            )
+            return True
         return False
 
     # -- writing outcomes --------------------------------------------------------------------------
@@ -441,6 +455,21 @@ class WorkerProcess:
             logger.error(
                 "worker process %s: could not write its outcomes before exiting; those jobs will run again", os.getpid()
             )
+
+
+def descriptors_used_up(own_fd: int) -> tuple[int, int] | None:
+    """(in use, limit) when this process has used up nearly every file descriptor it may open,
+    else None. Cheap enough for every job: the lowest free descriptor (a dup of ``own_fd``) has
+    every one below it in use."""
+    limit, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    try:
+        lowest_free = os.dup(own_fd)
+    except OSError as exc:
+        return (limit, limit) if exc.errno == errno.EMFILE else None
+    os.close(lowest_free)
+    if limit == resource.RLIM_INFINITY or lowest_free < limit - max(DESCRIPTORS_SPARE, limit // 10):
+        return None
+    return lowest_free, limit
 
 
 def forked_by_a_job() -> None:

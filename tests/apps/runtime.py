@@ -245,6 +245,34 @@ def fork_pool(processes: int, count: int) -> int:
         return sum(len(ids) for ids in result.get(timeout=20))
 
 
+@app.task(name="rt.leak_fds", retry_strategy=NO_RETRY)
+def leak_fds() -> int:
+    """Leaks file descriptors until its process has none left (its limit lowered to 256 first)."""
+    import resource
+
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))
+    leaked = 0
+    try:
+        while True:
+            _leaked_fds.append(os.open(os.devnull, os.O_RDONLY))
+            leaked += 1
+    except OSError:
+        return leaked
+
+
+_leaked_fds: list[int] = []
+
+
+@app.task(name="rt.opens", retry_strategy=NO_RETRY)
+def opens(count: int) -> int:
+    """Opens ``count`` files at once and closes them, as a job writing a few files does."""
+    fds = [os.open(os.devnull, os.O_RDONLY) for _ in range(count)]
+    for fd in fds:
+        os.close(fd)
+    return count
+
+
 @app.task(name="rt.nul", retry_strategy=NO_RETRY)
 def nul() -> None:
     raise ValueError("a NUL \x00 inside")

@@ -313,6 +313,20 @@ def test_processes_a_job_forks_stop_on_sigterm_and_open_their_own_connections(
     assert len(archived(app)) == 1 + 1 + 2 + 240
 
 
+def test_a_process_a_job_left_without_file_descriptors_is_replaced(
+    app: JobQueue, tmp_path: Path, workers: list[Worker]
+) -> None:
+    """A job leaks every file descriptor its process may open: the jobs after it, which need a few,
+    run in a fresh process instead of failing one after another in the exhausted one."""
+    leaking = rt.leak_fds.delay()
+    after = rt.opens.bulk([(20,)] * 3)
+    worker = start(workers, tmp_path, "--burst", "--concurrency", "1")
+    assert worker.wait(60) == 0, worker.text()[-3000:]
+    assert leaking.get(timeout=5) > 0
+    assert [h.get(timeout=5) for h in after] == [20, 20, 20]
+    assert "recycled" in worker.text() and "file descriptors" in worker.text()
+
+
 @pytest.mark.parametrize("until", ["tomorrow", "1e12", "nan"])
 def test_a_defer_that_cannot_be_honoured_fails_the_job(
     app: JobQueue, tmp_path: Path, workers: list[Worker], until: str
