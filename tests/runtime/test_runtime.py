@@ -5,6 +5,7 @@ Every test runs the real CLI in a subprocess against SQLite, PostgreSQL and Mari
 
 from __future__ import annotations
 
+import os
 import random
 import signal
 import threading
@@ -198,6 +199,36 @@ def test_expired_lease_is_redelivered_and_the_late_ack_is_fenced(
     first.signal(signal.SIGTERM)
     assert first.wait(30) == 0
     assert len(table_rows(app, "archive", "id")) == 1  # its late ack never archived the job again
+
+
+def test_a_child_frozen_past_its_lease_finishes_and_is_fenced_out(
+    app: JobQueue, tmp_path: Path, workers: list[Worker]
+) -> None:
+    """The running child itself is frozen (SIGSTOP), then its supervisor, past the lease; another
+    worker runs the job again and archives it. Continued, the frozen child finishes its run and
+    tries to write its outcome: fencing refuses it, and the archive keeps the second delivery's."""
+    job = rt.slow.delay(1.5)
+    lease = ("--release-stuck-timeout", "1", "--release-stuck-interval", "0.2", "--max-fetch-interval", "0.2")
+    first = start(workers, tmp_path, "--concurrency", "1", *lease, name="first")
+    wait_for(lambda: runs(tmp_path / "runs.txt"), 30, "the job to start")
+    (child,) = first.children()
+    os.kill(child, signal.SIGSTOP)  # inside the job's sleep: no transaction open
+    freeze(first, app.engine)
+    try:
+        second = start(workers, tmp_path, "--concurrency", "1", "--burst", *lease, name="second")
+        assert second.wait(60) == 0, second.text()[-3000:]
+    finally:
+        first.signal(signal.SIGCONT)
+        os.kill(child, signal.SIGCONT)
+    starts = [pid for event, _, pid in runs(tmp_path / "runs.txt") if event == "start"]
+    assert starts[0] == child and len(starts) == 2
+    assert job.get(timeout=5) == starts[1]
+    wait_for(lambda: ("end", job.id, child) in runs(tmp_path / "runs.txt"), 10, "the frozen child to finish its run")
+    wait_for(lambda: "lease lost" in first.text(), 10, "the frozen child's outcome to be fenced out")
+    first.signal(signal.SIGTERM)
+    assert first.wait(30) == 0
+    assert job.get(timeout=5) == starts[1]
+    assert table_rows(app, "archive", "id", "state", "attempts_count") == [(job.id, "COMPLETED", 2)]
 
 
 def test_second_signal_stops_at_once_and_returns_the_messages(
