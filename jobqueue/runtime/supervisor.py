@@ -403,7 +403,9 @@ class Supervisor:
             del self.children[index]
             view = child.spec.slot.read_raw()
             self.done_by_dead += view.done
-            if code != 0 and child.timed_out is None:
+            # A process leaves with status 0 only between jobs (recycled, stopping): one that ends
+            # mid-job (a job calling os._exit(0)) died as surely as one killed by a signal.
+            if (code != 0 or view.running_id) and child.timed_out is None:
                 how = f"signal {-code}" if code < 0 else f"code {code}"
                 running = f" while running job {view.running_id}" if view.running_id else ""
                 logger.error(
@@ -417,8 +419,7 @@ class Supervisor:
             os.close(child.spec.wake_w)
             if not self.stopping:
                 if self.metrics is not None:
-                    cause = "timeout" if child.timed_out else "killed" if code < 0 else "exited" if code else "recycled"
-                    self.metrics.process_died(child.process.pid, cause)
+                    self.metrics.process_died(child.process.pid, _death_cause(child, code, view.running_id))
                 self._schedule_respawn(index, child)
 
     def _release(self, child: Child) -> None:
@@ -743,6 +744,15 @@ def _child_main(app: JobQueue, spec: ChildSpec) -> None:
     finally:
         logging.shutdown()
     sys.exit(code)
+
+
+def _death_cause(child: Child, code: int, running_id: int) -> str:
+    """Why a worker process ended, for the metrics: a status of 0 mid-job is a death too."""
+    if child.timed_out:
+        return "timeout"
+    if code < 0:
+        return "killed"
+    return "exited" if code or running_id else "recycled"
 
 
 def _pipe() -> tuple[int, int]:

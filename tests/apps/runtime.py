@@ -54,9 +54,9 @@ def slow(seconds: float) -> int:
 
 
 @app.task(name="rt.crash", max_deliveries=2)
-def crash() -> None:
+def crash(code: int = 1) -> None:
     record("start")
-    os._exit(1)
+    os._exit(code)
 
 
 @app.task(name="rt.hang", timeout=1, retry_strategy=ConstantRetryStrategy(delay_seconds=0.1, max_attempts=2))

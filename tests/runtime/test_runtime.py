@@ -102,10 +102,11 @@ def test_sigterm_lets_running_jobs_finish_and_hands_back_the_rest(
     assert not repeated(runs(tmp_path / "runs.txt"), "start"), "a job ran twice"
 
 
+@pytest.mark.parametrize("code", [1, 0])
 def test_a_job_that_kills_its_process_is_failed_after_max_deliveries(
-    app: JobQueue, tmp_path: Path, workers: list[Worker]
+    app: JobQueue, tmp_path: Path, workers: list[Worker], code: int
 ) -> None:
-    poison = rt.crash.delay()
+    poison = rt.crash.delay(code)  # os._exit(0) too: a process that ends mid-job died, whatever its status
     others = rt.short.bulk([()] * 50)
     began = time.monotonic()
     worker = start(workers, tmp_path, "--burst", "--concurrency", "2")
@@ -117,7 +118,7 @@ def test_a_job_that_kills_its_process_is_failed_after_max_deliveries(
     assert {h.status() for h in others} == {"completed"}
     assert len([e for e in runs(tmp_path / "runs.txt") if e[0] == "start"]) == 2  # ran twice, then refused
     log = worker.text()
-    assert log.count("exited with code 1") == 2
+    assert log.count(f"exited with code {code} while running job {poison.id}") == 2
     assert log.count("started worker process") == 4  # the pool kept its size: two replacements
 
 
