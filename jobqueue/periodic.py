@@ -328,7 +328,7 @@ class SyncReport:
     created: list[str]
     updated: list[str]
     retired: list[str]
-    busy: list[str]  # being fired right now: their change applies at the next start
+    busy: list[str]  # held by a delivery (being fired, or by a dead worker until its lease runs out)
 
 
 def sync(store: Store, schedules: dict[str, Schedule], registered_tasks: set[str], now: datetime) -> SyncReport:

@@ -110,6 +110,7 @@ class Supervisor:
         self.next_burst_check = 0.0
         self.next_pending_retry = 0.0
         self.failing: set[str] = set()  # database work that failed for a reason retrying may not fix
+        self.busy_schedules: set[str] = set()  # changed in code, held by a delivery when we started
         self.respawn_at: dict[int, float] = {}
         self.quick_deaths: dict[int, int] = {}
         self.done_by_dead = 0
@@ -222,10 +223,21 @@ class Supervisor:
             if names:
                 logger.info("schedules %s: %s", kind, ", ".join(sorted(names)))
         if report.busy:
+            # Held longer than a fire takes: most likely by a worker that died while firing it, whose
+            # lease has yet to run out. The change is applied once it is free (see _sync_busy_schedules).
             logger.warning(
-                "schedules changed in code but busy being fired: %s; the change applies at the next start",
+                "schedules changed in code but busy being fired: %s; the change applies once they are free",
                 ", ".join(sorted(report.busy)),
             )
+        self.busy_schedules = set(report.busy)
+
+    def _sync_busy_schedules(self) -> None:
+        """Apply the changes that found their schedule held at start, now that leases may have run out."""
+        busy = {name: s for name, s in self.app.schedules.items() if name in self.busy_schedules}
+        report = periodic.sync(self.store, busy, set(), utcnow())
+        self.busy_schedules = set(report.busy)
+        if report.updated:
+            logger.info("schedules updated: %s", ", ".join(sorted(report.updated)))
 
     def _warn_of_strange_queues(self) -> None:
         """A queue asked for that none of the app's tasks and consumers declares, but whose name is
@@ -627,6 +639,8 @@ class Supervisor:
                 self.unspent = min(self.unspent + released, self.size)  # ready now: our idle processes take them
             if self.tidies:
                 self._tidy(now)
+            if self.busy_schedules:
+                self.guard.try_once(self._sync_busy_schedules)
             if ok:
                 self.next_release = now + self.settings.release_stuck_interval
 
