@@ -214,9 +214,11 @@ class Supervisor:
             if not report.busy:
                 break
             time.sleep(0.2)  # a schedule being fired right now: its change waits a moment
-            busy = {name: s for name, s in self.app.schedules.items() if name in report.busy}
-            again = periodic.sync(self.store, busy, set(), utcnow())
+            # The whole sync again (what matches the code is left alone): a removal waits too.
+            again = periodic.sync(self.store, self.app.schedules, set(self.app.registry), utcnow())
+            report.created += again.created
             report.updated += again.updated
+            report.retired += again.retired
             report.busy = again.busy
         for kind in ("created", "updated", "retired"):
             names = getattr(report, kind)
@@ -232,12 +234,14 @@ class Supervisor:
         self.busy_schedules = set(report.busy)
 
     def _sync_busy_schedules(self) -> None:
-        """Apply the changes that found their schedule held at start, now that leases may have run out."""
-        busy = {name: s for name, s in self.app.schedules.items() if name in self.busy_schedules}
-        report = periodic.sync(self.store, busy, set(), utcnow())
+        """Apply the changes (edits and removals) that found their schedule held at start, now that
+        leases may have run out: the whole sync again, which leaves alone what matches the code."""
+        report = periodic.sync(self.store, self.app.schedules, set(self.app.registry), utcnow())
         self.busy_schedules = set(report.busy)
-        if report.updated:
-            logger.info("schedules updated: %s", ", ".join(sorted(report.updated)))
+        for kind in ("created", "updated", "retired"):
+            names = getattr(report, kind)
+            if names:
+                logger.info("schedules %s: %s", kind, ", ".join(sorted(names)))
 
     def _warn_of_strange_queues(self) -> None:
         """A queue asked for that none of the app's tasks and consumers declares, but whose name is

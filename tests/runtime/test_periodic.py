@@ -212,13 +212,13 @@ def test_supervisors_sigkilled_around_fire_times_skip_none_and_fire_none_twice(
     app.close()
 
 
-def test_a_schedule_edited_while_a_dead_worker_held_it_changes_once_its_lease_runs_out(
+def test_schedules_edited_while_a_dead_worker_held_them_change_once_its_lease_runs_out(
     db_url: str, tmp_path: Path
 ) -> None:
-    """A supervisor was killed while firing a schedule, and the new code changes that schedule: the
-    message is held by the dead delivery until its lease runs out, so the new worker cannot update
-    it at start. It must apply the change once the message is free, not fire the old schedule on
-    until some later restart."""
+    """A supervisor was killed while firing schedules, and the new code changes one and removes the
+    other: their messages are held by the dead deliveries until their leases run out, so the new
+    worker can neither update nor retire them at start. It must do so once they are free, not fire
+    the old schedules on until some later restart."""
     app = JobQueue(db_url)
     jobqueue("worker", "--burst", "--concurrency", "1", app="tests.apps.periodic:app")
     m = app.tables.message
@@ -226,7 +226,7 @@ def test_a_schedule_edited_while_a_dead_worker_held_it_changes_once_its_lease_ru
     with app.engine.begin() as conn:  # what the killed supervisor left: held, its lease running out
         conn.execute(
             sa.update(m)
-            .where(m.c.task_name == periodic.SCHEDULE_TASK, m.c.unique_key == "pd.tick")
+            .where(m.c.task_name == periodic.SCHEDULE_TASK, m.c.unique_key.in_(["pd.tick", "morning-report"]))
             .values(
                 state="PROCESSING",
                 worker_id="killed",
@@ -239,14 +239,17 @@ def test_a_schedule_edited_while_a_dead_worker_held_it_changes_once_its_lease_ru
     lease = ("--concurrency", "1", "--release-stuck-timeout", "1", "--release-stuck-interval", "0.2")
     worker = Worker(tmp_path, *lease, app=edited, name="edited")
     try:
-        wait_for(lambda: "busy being fired: pd.tick" in worker.text(), 30, "the new worker to find the schedule held")
+        wait_for(
+            lambda: "busy being fired: morning-report, pd.tick" in worker.text(), 30, "the new worker to find both held"
+        )
         wait_for(lambda: "schedules updated: pd.tick" in worker.text(), 20, "the change once the lease ran out")
+        wait_for(lambda: "schedules retired: morning-report" in worker.text(), 5, "the removal, never busy")
         worker.signal(signal.SIGTERM)
         assert worker.wait(30) == 0, worker.text()[-3000:]
     finally:
         worker.close()
     listed = {s["name"]: s for s in json.loads(jobqueue("periodic", "list", "--json", app=edited).stdout)}
-    assert listed["pd.tick"]["expression"] == "*/15 * * * *"
+    assert set(listed) == {"pd.tick"} and listed["pd.tick"]["expression"] == "*/15 * * * *"
     next_fire = datetime.fromisoformat(listed["pd.tick"]["next_fire"]).replace(tzinfo=None)
     assert next_fire.minute % 15 == 0 and next_fire.second == 0
     app.close()
