@@ -74,6 +74,50 @@ def test_chaos_sigkill_a_random_child_every_half_second(
     )
 
 
+def test_chaos_sigstop_and_sigcont_the_supervisor_and_its_children(
+    app: JobQueue, backend: str, tmp_path: Path, workers: list[Worker]
+) -> None:
+    """Freeze the supervisor or a child for up to 0.3 s at a time, again and again, well inside the
+    lease, while they fetch, run and flush: nothing is lost and, since no lease runs out and no
+    process dies, no job runs twice (a frozen child's buffer is taken back, uncounted)."""
+    handles = rt.short.bulk([(0.005,)] * 1000)
+    worker = start(workers, tmp_path, "--burst", "--concurrency", "2", "--release-stuck-timeout", "5")
+    freezes = 0
+    stop = threading.Event()
+
+    def freezer() -> None:
+        nonlocal freezes
+        while not stop.wait(random.uniform(0.02, 0.1)):
+            pid = random.choice([worker.pid, *worker.children()])
+            try:
+                os.kill(pid, signal.SIGSTOP)
+                time.sleep(random.uniform(0.01, 0.3))
+                os.kill(pid, signal.SIGCONT)
+                freezes += 1
+            except ProcessLookupError:
+                pass
+
+    thread = threading.Thread(target=freezer)
+    thread.start()
+    try:
+        code = worker.wait(240)
+    finally:
+        stop.set()
+        thread.join()
+        for pid in [worker.pid, *worker.children()]:
+            try:
+                os.kill(pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+    assert code == 0, worker.text()[-3000:]
+    states = archived_states(app)
+    assert {h.id for h in handles} == set(states) and set(states.values()) == {"COMPLETED"}
+    assert not repeated(runs(tmp_path / "runs.txt"), "run")
+    assert "exited with" not in worker.text() and "lease lost" not in worker.text()
+    assert freezes >= 10, "the run ended before the chaos had any effect"
+    REPORTS.append(f"freeze chaos[{backend}]: 1000 jobs, {freezes} SIGSTOP/SIGCONT, 0 lost, 0 ran twice")
+
+
 def test_sigterm_lets_running_jobs_finish_and_hands_back_the_rest(
     app: JobQueue, tmp_path: Path, workers: list[Worker]
 ) -> None:
