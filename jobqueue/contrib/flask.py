@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from jobqueue.contrib import Framework
 from jobqueue.errors import ConfigurationError
+from jobqueue.storage.engine import mask_url, same_database
 
 if TYPE_CHECKING:
     from jobqueue.app import JobQueue
@@ -49,8 +50,26 @@ class FlaskIntegration(Framework):
         owner = current_app._get_current_object() if has_app_context() else None  # type: ignore[attr-defined]
         if owner is self.flask_app:
             yield self.db.session
+        elif owner is not None and owner.extensions.get("jobqueue") is self.flask_app.extensions.get("jobqueue"):
+            yield self._session_of(owner)
         else:
             yield None
+
+    def _session_of(self, other: Any) -> Any:
+        """The session of another app this JobQueue was bound to by an app factory that ran again
+        (the last app is the bound one): its request's transaction, if it is on the same database.
+        On another database its job would be committed at once, outside that transaction, on the
+        bound app's database: that is refused."""
+        db = other.extensions.get("sqlalchemy")
+        url = db.engine.url.render_as_string(hide_password=False) if db is not None else None
+        if url is None or not same_database(url, self.database_url()):
+            raise ConfigurationError(
+                f"this JobQueue is bound to the Flask app made last, on {mask_url(self.database_url())}, "
+                f"and this app context is another app's, on another database ({mask_url(url or 'none')}): "
+                "its job could not be part of that app's transaction. Give each app its own JobQueue, "
+                "or the same database"
+            )
+        return db.session
 
     @contextmanager
     def job_scope(self) -> Iterator[None]:

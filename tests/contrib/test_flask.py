@@ -83,6 +83,38 @@ def test_declined_payment_rolls_back_the_order_and_its_job(shop) -> None:
     assert jobs(module) == (0, 0)
 
 
+def test_an_app_the_factory_made_before_the_last_keeps_its_jobs_in_its_transaction(shop, db_url: str) -> None:
+    """The factory runs again (a second test app, a CLI) and binds jq to the new app: a request of
+    the first app still writes its job through that app's db.session, so a rollback takes it along."""
+    module, first = shop
+    second = module.create_app(db_url)
+    response = first.test_client().post("/orders", json={"item": "yacht", "quantity": 500})
+    assert response.status_code == 402, response.text
+    assert jobs(module) == (0, 0)
+    placed = first.test_client().post("/orders", json={"item": "book", "quantity": 1})
+    assert placed.status_code == 201 and jobs(module) == (1, 0)
+    with second.app_context():
+        module.confirm_order.delay(placed.json["id"])  # and the last app's requests, as before
+    assert jobs(module) == (1, 0)
+
+
+def test_an_earlier_app_on_another_database_cannot_enqueue_outside_its_transaction(
+    shop, db_url: str, tmp_path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An app of the factory on another database than the one jq is bound to (the last app's)
+    refuses to enqueue: its job would be committed at once, on the other database, whatever its
+    request then did."""
+    module, bound = shop
+    monkeypatch.delenv("JOBQUEUE_DATABASE_URL")  # the apps name their databases
+    other = module.create_app(f"sqlite:///{tmp_path / 'other.sqlite3'}")
+    module.create_app(db_url)  # the factory again: jq is bound to this app, on the test database
+    with other.app_context():
+        with pytest.raises(ConfigurationError, match="another database"):
+            module.confirm_order.delay(1)
+    assert jobs(module) == (0, 0)
+    del bound
+
+
 def test_a_placed_order_is_confirmed_once_by_the_worker(shop, db_url: str) -> None:
     module, flask_app = shop
     client = flask_app.test_client()
