@@ -478,8 +478,11 @@ def forked_by_a_job() -> None:
     ``Pool.terminate()``, which stops its processes with SIGTERM, does not wait forever), and its
     signals no longer wake the worker process. SIGINT stays ignored, as in the worker: Ctrl-C
     reaches the whole process group, and the supervisor decides what it means."""
-    signal.set_wakeup_fd(-1)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    try:
+        signal.set_wakeup_fd(-1)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    except (ValueError, OSError):  # forked from a thread Python does not take for the main one
+        pass
 
 
 def serves_rated(app: JobQueue, queues: tuple[str, ...] | None) -> bool:
