@@ -101,6 +101,8 @@ class WorkerProcess:
         self.keeper_writer = OutcomeWriter(app.store, DatabaseGuard(logger, "database (keeper)", self._classify))
         self.wake_at: float | None = None  # monotonic time a deferred message of ours comes due
         self.acked_first: int | None = None  # the running job, once its ACK_FIRST outcome is written
+        # File descriptors in use once connected (see descriptors_used_up); None: none were left.
+        self.descriptors_at_start: int | None = None
         self.idle = False  # what the slot says: the supervisor wakes idle processes on news
         # Jobs with a flow key are acquired key by key, besides the others: any task's job may have
         # one, since a partition key is one. Whether a task this process serves has a rate limit
@@ -133,6 +135,7 @@ class WorkerProcess:
         keeper = threading.Thread(target=self._keeper, name="jobqueue-keeper", daemon=True)
         try:
             self.guard.call(lambda: self.store.register_worker(row), give_up=lambda: self.stopping)
+            self.descriptors_at_start = lowest_free_descriptor(self.spec.wake_r)
             keeper.start()
             self._loop()
         except GaveUp:
@@ -323,7 +326,11 @@ class WorkerProcess:
                 "worker process %s recycled at %s KiB RSS (max_memory_per_child=%s)", os.getpid(), rss_kib(), memory
             )
             return True
-        used = descriptors_used_up(self.spec.wake_r)
+        used = (
+            None
+            if self.descriptors_at_start is None
+            else descriptors_used_up(self.spec.wake_r, self.descriptors_at_start)
+        )
         if used is not None:
             # A job leaked them: every job after it that opens a file or a connection would fail here.
             logger.warning(
@@ -457,19 +464,33 @@ class WorkerProcess:
             )
 
 
-def descriptors_used_up(own_fd: int) -> tuple[int, int] | None:
-    """(in use, limit) when this process has used up nearly every file descriptor it may open,
-    else None. Cheap enough for every job: the lowest free descriptor (a dup of ``own_fd``) has
-    every one below it in use."""
-    limit, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+def lowest_free_descriptor(own_fd: int) -> int | None:
+    """The lowest file descriptor this process could open next (every one below it is in use),
+    from a dup of ``own_fd``; None when it can open none."""
     try:
-        lowest_free = os.dup(own_fd)
+        fd = os.dup(own_fd)
     except OSError as exc:
-        return (limit, limit) if exc.errno == errno.EMFILE else None
-    os.close(lowest_free)
-    if limit == resource.RLIM_INFINITY or lowest_free < limit - max(DESCRIPTORS_SPARE, limit // 10):
+        if exc.errno == errno.EMFILE:
+            return None
+        raise
+    os.close(fd)
+    return fd
+
+
+def descriptors_used_up(own_fd: int, baseline: int) -> tuple[int, int] | None:
+    """(in use, limit) when this process has used up nearly every file descriptor it may open and
+    a job took them (they grew by the spare margin since the process started, ``baseline``: a
+    process that inherits that many from its supervisor is not recycled for them, as a fresh one
+    would have them too); else None. Cheap enough for every job: one dup."""
+    limit, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if limit == resource.RLIM_INFINITY:
         return None
-    return lowest_free, limit
+    spare = max(DESCRIPTORS_SPARE, limit // 10)
+    lowest_free = lowest_free_descriptor(own_fd)
+    in_use = limit if lowest_free is None else lowest_free
+    if in_use < limit - spare or in_use - baseline < spare:
+        return None
+    return in_use, limit
 
 
 def forked_by_a_job() -> None:

@@ -1,0 +1,48 @@
+"""When a worker process counts its file descriptors as used up (then it is replaced)."""
+
+from __future__ import annotations
+
+import os
+import resource
+from collections.abc import Iterator
+
+import pytest
+
+from jobqueue.runtime import process
+
+
+@pytest.fixture
+def limit_64(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A limit of 64 descriptors, seen by the check only (spare: 16, so 48 in use is the line)."""
+    monkeypatch.setattr(resource, "getrlimit", lambda which: (64, resource.RLIM_INFINITY))
+
+
+@pytest.fixture
+def opened() -> Iterator[list[int]]:
+    fds: list[int] = []
+    yield fds
+    for fd in fds:
+        os.close(fd)
+
+
+def open_until(fds: list[int], lowest_free: int) -> None:
+    while (process.lowest_free_descriptor(0) or 0) < lowest_free:
+        fds.append(os.open(os.devnull, os.O_RDONLY))
+
+
+def test_descriptors_a_job_took_up_to_the_limit_count_as_used_up(limit_64: None, opened: list[int]) -> None:
+    start = process.lowest_free_descriptor(0) or 0
+    assert process.descriptors_used_up(0, start) is None
+    open_until(opened, 50)
+    assert process.descriptors_used_up(0, start) == (50, 64)
+
+
+def test_descriptors_the_process_started_with_do_not(limit_64: None, opened: list[int]) -> None:
+    """A process that inherits nearly all of them from its supervisor is not replaced for that:
+    a fresh one would have them too."""
+    open_until(opened, 45)
+    start = process.lowest_free_descriptor(0) or 0
+    open_until(opened, 52)  # a few more, as its own connections would add
+    assert process.descriptors_used_up(0, start) is None
+    open_until(opened, start + 16)
+    assert process.descriptors_used_up(0, start) == (start + 16, 64)
