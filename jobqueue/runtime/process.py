@@ -26,6 +26,7 @@ import os
 import resource
 import select
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -103,6 +104,7 @@ class WorkerProcess:
         self.acked_first: int | None = None  # the running job, once its ACK_FIRST outcome is written
         # File descriptors in use once connected (see descriptors_used_up); None: none were left.
         self.descriptors_at_start: int | None = None
+        self.descriptors_floor = 0  # fewer in use than this: the check stops at its dup
         self.idle = False  # what the slot says: the supervisor wakes idle processes on news
         # Jobs with a flow key are acquired key by key, besides the others: any task's job may have
         # one, since a partition key is one. Whether a task this process serves has a rate limit
@@ -136,6 +138,7 @@ class WorkerProcess:
         try:
             self.guard.call(lambda: self.store.register_worker(row), give_up=lambda: self.stopping)
             self.descriptors_at_start = lowest_free_descriptor(self.spec.wake_r)
+            self.descriptors_floor = descriptors_floor()
             keeper.start()
             self._loop()
         except GaveUp:
@@ -329,7 +332,7 @@ class WorkerProcess:
         used = (
             None
             if self.descriptors_at_start is None
-            else descriptors_used_up(self.spec.wake_r, self.descriptors_at_start)
+            else descriptors_used_up(self.spec.wake_r, self.descriptors_at_start, self.descriptors_floor)
         )
         if used is not None:
             # A job leaked them: every job after it that opens a file or a connection would fail here.
@@ -477,20 +480,32 @@ def lowest_free_descriptor(own_fd: int) -> int | None:
     return fd
 
 
-def descriptors_used_up(own_fd: int, baseline: int) -> tuple[int, int] | None:
+def descriptors_used_up(own_fd: int, baseline: int, floor: int = 0) -> tuple[int, int] | None:
     """(in use, limit) when this process has used up nearly every file descriptor it may open and
     a job took them (they grew by the spare margin since the process started, ``baseline``: a
     process that inherits that many from its supervisor is not recycled for them, as a fresh one
-    would have them too); else None. Cheap enough for every job: one dup."""
+    would have them too); else None. Cheap enough for every job: one dup, and below ``floor``
+    (see descriptors_floor) nothing more."""
+    lowest_free = lowest_free_descriptor(own_fd)
+    if lowest_free is not None and lowest_free < floor:
+        return None
     limit, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
     if limit == resource.RLIM_INFINITY:
         return None
     spare = max(DESCRIPTORS_SPARE, limit // 10)
-    lowest_free = lowest_free_descriptor(own_fd)
     in_use = limit if lowest_free is None else lowest_free
     if in_use < limit - spare or in_use - baseline < spare:
         return None
     return in_use, limit
+
+
+def descriptors_floor() -> int:
+    """Below this many descriptors in use, no limit is near: the limit as it is now less its spare
+    margin (a job that lowers the limit is seen once no descriptor is left)."""
+    limit, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if limit == resource.RLIM_INFINITY:
+        return sys.maxsize
+    return limit - max(DESCRIPTORS_SPARE, limit // 10)
 
 
 def forked_by_a_job() -> None:

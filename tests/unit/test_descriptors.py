@@ -46,3 +46,12 @@ def test_descriptors_the_process_started_with_do_not(limit_64: None, opened: lis
     assert process.descriptors_used_up(0, start) is None
     open_until(opened, start + 16)
     assert process.descriptors_used_up(0, start) == (start + 16, 64)
+
+
+def test_below_the_floor_the_check_stops_at_its_dup(limit_64: None, opened: list[int]) -> None:
+    floor = process.descriptors_floor()
+    assert floor == 48  # 64 less the spare margin of 16
+    start = process.lowest_free_descriptor(0) or 0
+    assert process.descriptors_used_up(0, start, floor) is None
+    open_until(opened, 50)
+    assert process.descriptors_used_up(0, start, floor) == (50, 64)  # past the floor: the whole check
