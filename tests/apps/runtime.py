@@ -237,12 +237,18 @@ def terminates() -> object:
 
 @app.task(name="rt.fork_pool", retry_strategy=NO_RETRY)
 def fork_pool(processes: int, count: int) -> int:
-    """Enqueues from a pool of forked processes, as a job that fans out with multiprocessing does."""
+    """Enqueues from a pool of forked processes, as a job that fans out with multiprocessing does,
+    and from the worker process itself before and after (the pool's processes must leave its
+    connections alone, even when they free what they inherited)."""
+    import gc
     import multiprocessing
 
-    with multiprocessing.get_context("fork").Pool(processes) as pool:
+    noop.delay()
+    with multiprocessing.get_context("fork").Pool(processes, initializer=gc.collect) as pool:
         result = pool.map_async(_enqueue_from_a_fork, [count] * processes)
-        return sum(len(ids) for ids in result.get(timeout=20))
+        total = sum(len(ids) for ids in result.get(timeout=20))
+    noop.delay()
+    return total
 
 
 @app.task(name="rt.leak_fds", retry_strategy=NO_RETRY)

@@ -310,7 +310,7 @@ def test_processes_a_job_forks_stop_on_sigterm_and_open_their_own_connections(
     assert stopped.get(timeout=5) == -signal.SIGTERM
     assert [h.get(timeout=5) for h in fans] == [120, 120]
     assert archived(app) and {state for state, _, _ in archived(app).values()} == {"COMPLETED"}
-    assert len(archived(app)) == 1 + 1 + 2 + 240
+    assert len(archived(app)) == 1 + 1 + 2 + 240 + 2 * 2
 
 
 def test_a_process_a_job_left_without_file_descriptors_is_replaced(

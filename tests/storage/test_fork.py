@@ -46,3 +46,14 @@ def test_a_forked_child_opens_its_own_connections(app: JobQueue, add: Task) -> N
     assert enqueued.isdigit(), enqueued
     # The parent's connection still works, and both jobs are there.
     assert {before.status(), app.job(int(enqueued)).status()} == {"pending"}
+
+
+def test_a_forked_child_leaves_the_parents_sessions_open(app: JobQueue, add: Task) -> None:
+    """mysqlclient ends a connection's session when the connection is garbage collected, in
+    whichever process: a child must never collect the pools it inherited."""
+    import gc
+
+    with app.engine.connect() as conn:  # pooled, idle, when the child is forked
+        conn.exec_driver_sql("SELECT 1")
+    assert in_a_fork(lambda: f"collected {gc.collect() >= 0}") == "collected True"
+    assert add.delay(1, 1).status() == "pending"  # on the parent's pooled connection

@@ -25,6 +25,10 @@ OUTAGE = "outage"  # a lost connection, a server down or restarting: retried wit
 LOCAL_HOSTS = {None, "", "localhost", "127.0.0.1", "::1"}
 
 
+# Pools a forked child inherited: never collected there (see Connector.dispose).
+PARENT_POOLS: list[Any] = []
+
+
 class Connector:
     """The connections of one dialect: its engine's pool, and an autocommit pool where it pays."""
 
@@ -62,6 +66,10 @@ class Connector:
         """Drop every pooled connection; ``close=False`` in a forked child, whose parent still uses them."""
         for engine in (self.engine, self._autocommit_engine):
             if engine is not None:
+                if not close:
+                    # Kept alive for good: a driver that closes a connection when it is garbage
+                    # collected (mysqlclient sends COM_QUIT) would end the parent's session.
+                    PARENT_POOLS.append(engine.pool)
                 engine.dispose(close=close)
 
     def close_spare_autocommit(self) -> None:
