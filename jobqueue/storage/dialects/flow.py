@@ -191,9 +191,10 @@ class FlowAcquirer:
         )
         # Which partitions have a job running (an older job of one may have come back while a later
         # one runs: see partition_run): their keys, read once per fetch on the running rows' index
-        # (a few hundred rows), then which of the candidates ``ids`` belong to one of them, by id
-        # and compared by the database (MariaDB's comparison ignores case). A join of the two read
-        # every running row once per candidate on SQLite.
+        # (one row per running or buffered job: up to fetch_batch_size per process), then which of
+        # the candidates ``ids`` belong to one of them, by id and compared by the database
+        # (MariaDB's comparison ignores case). A join of the two read every running row once per
+        # candidate on SQLite.
         self.running_partitions = (
             sa.select(m.c.partition_key).where(m.c.state == PROCESSING, m.c.partition_key.isnot(None)).distinct()
         )
