@@ -131,18 +131,23 @@ def partition_flow(partition_key: str) -> dict[str, Any]:
     return {"flow_key": key, "concurrency_limit": None, "rate_interval_us": None}
 
 
-def check_flow_key(label: str, key: Any) -> None:
-    if not isinstance(key, str) or not 0 < len(key) <= FLOW_KEY_LENGTH or "\x00" in key:
-        raise ConfigurationError(
-            f"{label} must be a string of 1 to 255 characters without NUL, or a function of the "
-            f"task's arguments returning one, got {key!r}"
-        )
+def check_encodable(label: str, key: str) -> None:
+    """Refuse text no database can store: an unpaired surrogate has no UTF-8 form."""
     try:
         key.encode("utf-8")
     except UnicodeEncodeError:
         raise ConfigurationError(
             f"{label} is not valid Unicode (it holds an unpaired surrogate), got {key!r}"
         ) from None
+
+
+def check_flow_key(label: str, key: Any) -> None:
+    if not isinstance(key, str) or not 0 < len(key) <= FLOW_KEY_LENGTH or "\x00" in key:
+        raise ConfigurationError(
+            f"{label} must be a string of 1 to 255 characters without NUL, or a function of the "
+            f"task's arguments returning one, got {key!r}"
+        )
+    check_encodable(label, key)
     if looks_like_partition(key):
         raise ConfigurationError(
             f"{label} must not begin with {PARTITION_KEY_PREFIX!r}, in any case or with accents "

@@ -20,7 +20,7 @@ from jobqueue.ack import AckPolicy
 from jobqueue.clock import to_naive_utc, utcnow
 from jobqueue.context import JobContext, activate, deactivate, from_now
 from jobqueue.errors import ConfigurationError, SerializationError
-from jobqueue.flow import NO_FLOW, Flow
+from jobqueue.flow import NO_FLOW, Flow, check_encodable
 from jobqueue.handle import JobHandle
 from jobqueue.job import Batch, MessageState
 from jobqueue.retry import STRATEGIES, RetryStrategy
@@ -496,12 +496,7 @@ def check_key(label: str, key: Any) -> str:
         raise ConfigurationError(f"{label} must be a string of 1 to 255 characters, got {key!r}")
     if "\x00" in key:
         raise ConfigurationError(f"{label} must not contain NUL characters (PostgreSQL cannot store them), got {key!r}")
-    try:
-        key.encode("utf-8")
-    except UnicodeEncodeError:
-        raise ConfigurationError(
-            f"{label} is not valid Unicode (it holds an unpaired surrogate), got {key!r}"
-        ) from None
+    check_encodable(label, key)
     return key
 
 
