@@ -222,6 +222,12 @@ STRATEGIES: dict[str, type[RetryStrategy]] = {
 }
 
 
+def storable(strategy: object) -> bool:
+    """Whether a worker can rebuild ``strategy`` from what a job stores of it: one of the built-in
+    strategies itself, not a subclass (a per-call strategy is stored as its kind and parameters)."""
+    return isinstance(strategy, RetryStrategy) and STRATEGIES.get(strategy.kind) is type(strategy)
+
+
 def strategy_from_dict(data: dict[str, Any]) -> RetryStrategy:
     """Rebuild a strategy stored by :meth:`RetryStrategy.to_dict` (built-in kinds only)."""
     params = dict(data)

@@ -23,7 +23,7 @@ from jobqueue.errors import ConfigurationError, SerializationError
 from jobqueue.flow import NO_FLOW, Flow, check_encodable
 from jobqueue.handle import JobHandle
 from jobqueue.job import Batch, MessageState
-from jobqueue.retry import STRATEGIES, RetryStrategy
+from jobqueue.retry import RetryStrategy, storable
 from jobqueue.serialization import dumps_call
 from jobqueue.settings import validate_queue_name
 
@@ -411,7 +411,7 @@ class Task:
                 check_key(label, key)
         if retry_strategy is not None and not isinstance(retry_strategy, RetryStrategy):
             raise ConfigurationError("retry_strategy must be a strategy from jobqueue.retry")
-        if retry_strategy is not None and STRATEGIES.get(retry_strategy.kind) is not type(retry_strategy):
+        if retry_strategy is not None and not storable(retry_strategy):
             # A per-call strategy travels with the job as data, and a worker rebuilds only its own
             # kinds (it never imports a class named in the database).
             raise ConfigurationError(

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from jobqueue.contrib.django.integration import MISSING_TASK_API, configured_app
 from jobqueue.errors import ConfigurationError, JobQueueError
-from jobqueue.retry import STRATEGIES, RetryStrategy
+from jobqueue.retry import RetryStrategy, storable
 
 try:  # Django 6.0+
     from django.tasks import TaskContext, TaskResult, TaskResultStatus
@@ -82,9 +82,7 @@ class JobQueueBackend(BaseTaskBackend):
             )
         strategy = self.options.get("RETRY_STRATEGY")
         # Given with every call, so stored with each job: one of the kinds a worker rebuilds.
-        if strategy is not None and (
-            not isinstance(strategy, RetryStrategy) or STRATEGIES.get(strategy.kind) is not type(strategy)
-        ):
+        if strategy is not None and (not storable(strategy)):
             raise ConfigurationError(
                 f"TASKS[{alias!r}]['OPTIONS']['RETRY_STRATEGY'] must be a strategy "
                 "from jobqueue.retry, such as NoRetryStrategy()"
