@@ -18,6 +18,7 @@ its lease is lost), the partition's later jobs go back unstarted (``end_run``).
 from __future__ import annotations
 
 import enum
+import math
 import threading
 import time
 from collections import Counter, deque
@@ -48,11 +49,23 @@ def hand_back(message: Message) -> Outcome:
 
 
 class Holdings:
-    def __init__(self, slot: Slot, timeout_of: Callable[[Message], float | None]) -> None:
+    def __init__(
+        self, slot: Slot, timeout_of: Callable[[Message], float | None], start_window: float = math.inf
+    ) -> None:
         self.lock = threading.Lock()
         self.slot = slot
         self.timeout_of = timeout_of
+        self.start_window_ns = start_window * 1e9
         self.buffer: deque[Message] = deque()
+        # When each buffered batch's acquire was sent (time.monotonic_ns()), by lease token: its
+        # lease runs from then at least.
+        self.taken_ns: dict[int, int] = {}
+        # Until when the message at the head of the buffer may start (monotonic ns): its lease
+        # was taken or renewed less than the start window before (0: not worked out yet).
+        self.fresh_from_ns, self.fresh_until_ns = 0, 0.0
+        # The running message's lease was taken or renewed no earlier than this (monotonic ns).
+        self.running_renewed_ns = 0
+        self.stale: list[Message] = []  # handed back since the last look: their lease had aged
         self.outcomes: list[Outcome] = []
         self.returns: list[Outcome] = []
         self.started: set[int] = set()
@@ -68,12 +81,18 @@ class Holdings:
         """False while every batch entry of the slot is in use."""
         return not self.slot.batches_full()
 
-    def add_fetched(self, messages: list[Message]) -> None:
+    def add_fetched(self, messages: list[Message], sent_ns: int = 0) -> None:
+        """Buffer a fetched batch; ``sent_ns``: time.monotonic_ns() when its acquire was sent."""
         if not messages:
             return
         with self.lock:
             # One acquisition, one lease token.
-            self.slot.add_batch(messages[0].lease_token, len(self.buffer) + len(messages), only=not self.buffer)
+            token = messages[0].lease_token
+            if not self.buffer:
+                self.taken_ns.clear()  # earlier batches are done
+                self.fresh_until_ns = 0.0  # worked out again from this batch
+            self.taken_ns[token] = sent_ns or time.monotonic_ns()
+            self.slot.add_batch(token, len(self.buffer) + len(messages), only=not self.buffer)
             self.buffer.extend(messages)
 
     def start_next(self) -> Message | Literal[Turn.BEHIND] | None:
@@ -95,16 +114,58 @@ class Holdings:
                     # this one finished is written before it starts, so that if it kills this one
                     # too, those jobs do not run again (nor count another attempt).
                     return BEHIND
+                if time.monotonic_ns() > self.fresh_until_ns and not self._fresh(message):
+                    self._hand_back_stale(message)
+                    continue
                 self.buffer.popleft()
                 if not self.slot.start(message.id, message.lease_token, self.timeout_of(message), len(self.buffer)):
                     continue
                 self.running, self.running_since = message, time.monotonic()
+                self.running_renewed_ns = self.fresh_from_ns
                 self.started.add(message.id)
                 if partition is not None:
                     self.partition_of[(message.id, message.lease_token)] = partition
                     self.unwritten[partition] += 1
                 return message
         return None
+
+    def _fresh(self, message: Message) -> bool:
+        """Whether ``message``'s lease was taken or renewed within the start window; if so, the
+        messages after it in the buffer (of the same batch or later ones) are fresh until then too."""
+        renewed_ns = max(self.taken_ns.get(message.lease_token, 0), self.slot.renewed_ns())
+        if time.monotonic_ns() - renewed_ns > self.start_window_ns:
+            return False
+        self.fresh_from_ns, self.fresh_until_ns = renewed_ns, renewed_ns + self.start_window_ns
+        return True
+
+    def _hand_back_stale(self, message: Message) -> None:
+        """``message``'s lease has aged past the start window (the supervisor renews nothing): back
+        to the queue unstarted, and with it the rest of its partition's run in the buffer."""
+        self.buffer.popleft()
+        if self.slot.listed(message.lease_token):
+            self.returns.append(hand_back(message))
+            self.stale.append(message)
+        if message.partition is not None:
+            self._end_run(message.partition)
+
+    def take_stale(self) -> list[Message]:
+        """The messages handed back for an aged lease since the last call (to say so in the log)."""
+        with self.lock:
+            stale, self.stale = self.stale, []
+            return stale
+
+    def running_lease(self) -> tuple[Message, int] | None:
+        """The running message and when its lease was last taken or renewed (monotonic ns), if any."""
+        with self.lock:
+            if self.running is None:
+                return None
+            return self.running, max(self.running_renewed_ns, self.slot.renewed_ns())
+
+    def lease_extended(self, message: Message, sent_ns: int) -> None:
+        """The running job's lease was renewed by a statement sent at ``sent_ns``."""
+        with self.lock:
+            if self.running is message:
+                self.running_renewed_ns = max(self.running_renewed_ns, sent_ns)
 
     def finish(self, outcome: Outcome | None, settled: bool = False) -> int:
         """Record the running message's outcome (None: nothing to write; ``settled``: because it

@@ -85,7 +85,10 @@ class WorkerProcess:
         self.spec = spec
         self.stopping = False
         self.capacity = capacity_of(self.settings.fetch_batch_size, self.settings.overfetch_factor)
-        self.held = Holdings(spec.slot, self._timeout_of)
+        # A buffered message starts only while its lease has at least a heartbeat's worth left.
+        self.lease_window = self.settings.release_stuck_timeout - self.settings.heartbeat_interval
+        self.held = Holdings(spec.slot, self._timeout_of, start_window=self.lease_window)
+        self.silent_since: float | None = None  # when the supervisor's silence was first noticed
         self.next_fetch_at = 0.0
         self.last_flush = time.monotonic()
         self.avg_duration: float | None = None
@@ -100,6 +103,7 @@ class WorkerProcess:
         self.writer = OutcomeWriter(app.store, self.guard)
         # The keeper thread writes through its own guard: a guard's bookkeeping belongs to one thread.
         self.keeper_writer = OutcomeWriter(app.store, DatabaseGuard(logger, "database (keeper)", self._classify))
+        self.keeper_renewals = DatabaseGuard(logger, "database (keeper's lease renewal)", self._classify)
         self.wake_at: float | None = None  # monotonic time a deferred message of ours comes due
         self.acked_first: int | None = None  # the running job, once its ACK_FIRST outcome is written
         # File descriptors in use once connected (see descriptors_used_up); None: none were left.
@@ -172,7 +176,7 @@ class WorkerProcess:
     # -- the loop ----------------------------------------------------------------------------------
     def _loop(self) -> None:
         while not self.stopping:
-            if self._fetch_due():
+            if self._fetch_due() and self._supervisor_renewing():
                 self._fetch()
             if len(self.held):
                 self._run_next()
@@ -180,7 +184,43 @@ class WorkerProcess:
                     return
             else:
                 self._flush()
-                self._idle_wait()
+                if self.silent_since is None:
+                    self._idle_wait()
+                else:
+                    self._wait_for_supervisor()
+
+    def _supervisor_renewing(self) -> bool:
+        """False while the supervisor has renewed nothing for longer than the start window: it is
+        stopped (SIGSTOP, a debugger) or stuck, and a job taken now could outlive its lease with
+        nobody to renew it, and run again elsewhere at the same time. No new work is taken then."""
+        silent = time.monotonic_ns() - self.spec.slot.renewed_ns() > self.lease_window * 1e9
+        if not silent:
+            if self.silent_since is not None:
+                logger.warning(
+                    "worker process %s: the supervisor renews leases again after %.1f s; taking work again",
+                    os.getpid(),
+                    time.monotonic() - self.silent_since,
+                )
+                self.silent_since = None
+            return True
+        if self.silent_since is None:
+            self.silent_since = time.monotonic()
+            logger.warning(
+                "worker process %s: the supervisor (pid %s) has renewed no lease for over %.1f s (it is "
+                "stopped or stuck); this process takes no new job until it does",
+                os.getpid(),
+                self.spec.supervisor_pid,
+                self.lease_window,
+            )
+        return False
+
+    def _wait_for_supervisor(self) -> None:
+        """Nothing to run and the supervisor silent: look again a tick later (or when woken)."""
+        self._set_idle(True)
+        ready, _, _ = select.select([self.spec.wake_r], [], [], KEEPER_TICK_SECONDS)
+        if ready:
+            _drain(self.spec.wake_r)
+        self.next_fetch_at = 0.0
 
     def _fetch_due(self) -> bool:
         if time.monotonic() < self.next_fetch_at:
@@ -203,10 +243,14 @@ class WorkerProcess:
     def _fetch(self) -> None:
         limit = self.fetch_limit()
 
+        sent_ns = 0
+
         def acquire() -> list[Message]:
+            nonlocal sent_ns
             # The token is ours before the statement runs, so an acquisition whose COMMIT reply was
             # lost (connection dropped) can be found and undone before we try again.
             self.pending_token = new_lease_token()
+            sent_ns = time.monotonic_ns()  # the lease runs from no earlier than this
             messages = self.store.acquire(
                 self.spec.worker_id,
                 self.settings.queues,
@@ -220,7 +264,7 @@ class WorkerProcess:
             return messages
 
         messages = self.guard.call(acquire, give_up=lambda: self.stopping, on_retry=self._undo_lost_acquire)
-        self.held.add_fetched(messages)
+        self.held.add_fetched(messages, sent_ns)
         now = time.monotonic()
         if len(messages) >= limit:
             # A full batch: more may be waiting, so the supervisor wakes a sibling, and this
@@ -265,6 +309,8 @@ class WorkerProcess:
                 time.sleep(KEEPER_TICK_SECONDS / 10)
             self._flush()
             waited = True
+        if self.held.stale:
+            self._report_stale()
         if message is None:
             return  # the supervisor took the buffer back meanwhile
         began = time.perf_counter()
@@ -298,6 +344,19 @@ class WorkerProcess:
             # fetch). Nobody else would say so: the news of that job came when it was enqueued, and
             # whoever it woke found its partition busy.
             self.next_fetch_at = 0.0
+
+    def _report_stale(self) -> None:
+        stale = self.held.take_stale()
+        if stale:
+            logger.warning(
+                "worker process %s: %s buffered message(s) returned to the queue unstarted (job ids %s): their "
+                "lease was last renewed over %.1f s ago, the supervisor (pid %s) renewing nothing",
+                os.getpid(),
+                len(stale),
+                ", ".join(str(m.id) for m in stale[:10]) + (", ..." if len(stale) > 10 else ""),
+                self.lease_window,
+                self.spec.supervisor_pid,
+            )
 
     def _idle_wait(self) -> None:
         timeout = self.next_fetch_at - time.monotonic()
@@ -432,10 +491,15 @@ class WorkerProcess:
         return acked
 
     def _keeper(self) -> None:
-        """Keeper thread: leave with the supervisor; while a job runs, write overdue outcomes."""
+        """Keeper thread: leave with the supervisor; while a job runs, write overdue outcomes, and
+        renew its lease while the supervisor does not."""
         while not self.keeper_stop.wait(KEEPER_TICK_SECONDS):
             if orphaned(self.spec.supervisor_pid):
                 die_with_supervisor()
+            try:
+                self._keep_running_lease()
+            except Exception as exc:  # tried again next tick; the supervisor may be back by then
+                logger.debug("keeper could not renew the running job's lease: %s", exc)
             taken = self.held.take_overdue(self.settings.flush_interval)
             if not taken:
                 continue
@@ -451,6 +515,38 @@ class WorkerProcess:
                 self.held.restore(taken)
                 continue
             self._written(result)
+
+    def _keep_running_lease(self) -> None:
+        """While the supervisor misses its renewals (stopped or stuck), renew the running job's
+        lease from here, as the supervisor would have: the job is alive and running, and letting
+        its lease run out would have another worker run it at the same time. Not past the job's
+        hard time limit, which only the supervisor enforces."""
+        lease = self.held.running_lease()
+        if lease is None:
+            return
+        message, renewed_ns = lease
+        now_ns = time.monotonic_ns()
+        interval = self.settings.heartbeat_interval
+        if now_ns - renewed_ns <= 1.5 * interval * 1e9:
+            return  # the supervisor renews it (every interval)
+        deadline = self._timeout_of(message)
+        if deadline is not None and self.held.running_since is not None:
+            if time.monotonic() - self.held.running_since > deadline:
+                return
+        ok, kept = self.keeper_renewals.try_once(
+            lambda: self.store.extend_lease(message.id, message.lease_token, self.settings.release_stuck_timeout)
+        )
+        if ok and kept:
+            self.held.lease_extended(message, now_ns)
+            logger.warning(
+                "worker process %s: job %s %s: its lease renewed by the worker process itself (the "
+                "supervisor, pid %s, has renewed nothing for %.1f s)",
+                os.getpid(),
+                message.id,
+                message.task_name,
+                self.spec.supervisor_pid,
+                (now_ns - self.spec.slot.renewed_ns()) / 1e9,
+            )
 
     def _shutdown(self) -> None:
         # Hand back what we hold but never started, uncounted, then write everything out, trying

@@ -11,6 +11,10 @@ supervisor removes the batches' tokens here, under the lock, before it returns t
 the queue, and the child starts a buffered message only if its token is still listed, checked under
 the same lock. So a message the supervisor returned can never also be started by the child.
 
+The supervisor also writes when it last renewed the leases of what the child holds (the monotonic
+clock every process of the host shares): a child whose supervisor is stopped or stuck sees its
+leases age, and stops taking work whose lease nobody would renew.
+
 The lock is created anew for each child: one killed while holding it takes it to the grave, not its
 replacement.
 """
@@ -21,10 +25,20 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-(RUNNING_ID, TOKEN, DEADLINE_NS, DONE, IDLE, STARTED_COUNT, RUNNING_SINCE_NS, TOKEN_COUNT, BUFFERED, REVOKES) = range(
-    10
-)
-SIZE = 10
+(
+    RUNNING_ID,
+    TOKEN,
+    DEADLINE_NS,
+    DONE,
+    IDLE,
+    STARTED_COUNT,
+    RUNNING_SINCE_NS,
+    TOKEN_COUNT,
+    BUFFERED,
+    REVOKES,
+    RENEWED_NS,
+) = range(11)
+SIZE = 11
 UNKNOWN = -1  # more started ids than the list holds: only the running one is known
 MAX_BATCHES = 16  # buffered batches a child may hold (it stops fetching when they are all in use)
 LOCK_TIMEOUT_SECONDS = 0.05
@@ -61,12 +75,14 @@ class Slot:
     def create(cls, context: Any, capacity: int) -> Slot:
         # Started-but-unwritten ids: the running one, pending outcomes (flushed at ``capacity``) and
         # up to two flushes in flight (the loop's and the keeper's).
-        return cls(
+        slot = cls(
             context.Array("q", SIZE, lock=False),
             context.Array("q", 4 * capacity + 16, lock=False),
             context.Array("q", MAX_BATCHES, lock=False),
             context.Lock(),
         )
+        slot.renewed(time.monotonic_ns())  # a new child's supervisor is alive: it just forked it
+        return slot
 
     # -- the child's side --------------------------------------------------------------------------
     def start(self, message_id: int, token: int, timeout_seconds: float | None, buffered: int) -> bool:
@@ -132,6 +148,11 @@ class Slot:
             a[RUNNING_ID] = a[TOKEN] = a[DEADLINE_NS] = a[RUNNING_SINCE_NS] = 0
             a[DONE] += 1
 
+    def renewed_ns(self) -> int:
+        """When the supervisor last renewed this child's leases (time.monotonic_ns() as it sent
+        the renewal); read without the lock: one aligned 64-bit word."""
+        return int(self.array[RENEWED_NS])
+
     def set_idle(self, idle: bool) -> None:
         with self.lock:
             self.array[IDLE] = int(idle)
@@ -173,6 +194,11 @@ class Slot:
             return Revoked(tokens, self.started_ids())
         finally:
             self.lock.release()
+
+    def renewed(self, sent_ns: int) -> None:
+        """Say that the leases of everything the child held at ``sent_ns`` were renewed (written
+        without the lock: one aligned 64-bit word, and only the supervisor writes it)."""
+        self.array[RENEWED_NS] = sent_ns
 
     def started_ids(self) -> list[int] | None:
         """The ids the child started whose outcome it never wrote; None if it lost count."""

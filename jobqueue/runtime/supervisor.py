@@ -621,9 +621,15 @@ class Supervisor:
         if now >= self.next_heartbeat:
             # Set first: an error below must not make every tick try again.
             self.next_heartbeat = now + RETRY_SOON_SECONDS
-            workers = [self._worker_state(child) for child in self.children.values()]
+            children = list(self.children.values())
+            workers = [self._worker_state(child) for child in children]
+            sent_ns = time.monotonic_ns()
             ok, _ = self.guard.try_once(lambda: self.store.heartbeat(workers, self.settings.release_stuck_timeout))
             if ok:
+                # Each child starts buffered work only while its leases are fresh, and renews its
+                # running job's lease itself when these renewals stop (this process stopped or stuck).
+                for child in children:
+                    child.spec.slot.renewed(sent_ns)
                 self.next_heartbeat = now + self.settings.heartbeat_interval
                 # Who else serves these queues: news of work is shared out among us.
                 found, peers = self.guard.try_once(

@@ -539,6 +539,8 @@ def test_a_stale_delivery_says_its_lease_was_lost_not_that_the_job_failed(
         name="stale",
     )
     wait_for(lambda: runs(tmp_path / "runs.txt"), 30, "the job to start")
+    for pid in stale.children():
+        os.kill(pid, signal.SIGSTOP)  # inside the job's sleep: no transaction open
     freeze(stale, app.engine)  # the whole tree stops: nobody renews the lease
     other = start(
         workers,

@@ -222,28 +222,45 @@ def test_a_slow_job_does_not_hoard_its_batch(app: JobQueue, tmp_path: Path, work
     REPORTS.append(f"prefetch: 8 one-second jobs after quick ones took {elapsed:.1f} s on 2 processes")
 
 
-def test_expired_lease_is_redelivered_and_the_late_ack_is_fenced(
+def test_a_frozen_supervisors_child_keeps_its_running_job_and_starts_no_aged_lease(
     app: JobQueue, tmp_path: Path, workers: list[Worker]
 ) -> None:
-    job = rt.slow.delay(4.0)
-    lease = ("--release-stuck-timeout", "2", "--release-stuck-interval", "0.5", "--max-fetch-interval", "0.2")
+    """The supervisor alone is frozen (SIGSTOP) while its child runs a job longer than the lease,
+    with quick jobs buffered behind it (a frozen supervisor cannot take that buffer back). The
+    child renews its running job's lease itself, so no other worker runs that job meanwhile; the
+    buffered jobs' leases age unrenewed and run out, another worker runs them, and the child hands
+    them back instead of starting them. Every job runs exactly once."""
+    lease = ("--release-stuck-timeout", "6", "--release-stuck-interval", "0.2", "--max-fetch-interval", "0.2")
+    rt.short.bulk([(0.01,)] * 50)  # quick jobs: the child fetches them in batches of about ten
     first = start(workers, tmp_path, "--concurrency", "1", *lease, name="first")
-    wait_for(lambda: runs(tmp_path / "runs.txt"), 30, "the job to start")
-    freeze(first, app.engine)  # its supervisor stops renewing the lease; the job runs on
+    wait_for(lambda: len(runs(tmp_path / "runs.txt")) >= 10, 30, "the first jobs to run")
+    freeze(first, app.engine)  # the supervisor renews nothing from now on; its child runs on
     try:
-        second = start(workers, tmp_path, "--concurrency", "1", "--burst", *lease, name="second")
-        assert second.wait(60) == 0, second.text()[-3000:]
+        long = rt.slow.delay(8.0)
+        behind = rt.short.bulk([(0.01,)] * 20)
+        (child,) = first.children()
+        wait_for(lambda: ("start", long.id, child) in runs(tmp_path / "runs.txt"), 30, "the long job to start")
+        # The jobs fetched with it wait in the child's buffer, their leases running out in 6 s.
+        second = start(workers, tmp_path, "--concurrency", "1", *lease, name="second")
+        wait_for(lambda: len(table_rows(app, "archive", "id")) == 71, 60, "every job to be archived", interval=0.2)
     finally:
         first.signal(signal.SIGCONT)
-    starts = [(job_id, pid) for event, job_id, pid in runs(tmp_path / "runs.txt") if event == "start"]
-    assert [j for j, _ in starts] == [job.id, job.id]  # delivered twice
-    second_pid = starts[1][1]
-    assert job.get(timeout=5) == second_pid  # the archive holds the second delivery's result
-    wait_for(lambda: "lease lost" in first.text(), 10, "the first delivery to report its lost lease")
-    assert len(table_rows(app, "archive", "id")) == 1
-    first.signal(signal.SIGTERM)
-    assert first.wait(30) == 0
-    assert len(table_rows(app, "archive", "id")) == 1  # its late ack never archived the job again
+    events = runs(tmp_path / "runs.txt")
+    assert not repeated(events, "run") and not repeated(events, "start"), "a job ran twice"
+    assert [pid for event, job_id, pid in events if job_id == long.id] == [child, child]  # start, end: once
+    assert long.get(timeout=5) == child
+    assert {h.status() for h in behind} == {"completed"}
+    ran_behind = {pid for event, job_id, pid in events if job_id in {h.id for h in behind}}
+    assert second.children()[0] in ran_behind  # their leases ran out; the second worker took them
+    log = first.text()
+    assert f"job {long.id} rt.slow: its lease renewed by the worker process itself" in log
+    assert "returned to the queue unstarted" in log, log[-3000:]
+    assert "takes no new job until it does" in log
+    for worker in (first, second):
+        worker.signal(signal.SIGTERM)
+        assert worker.wait(30) == 0
+    assert {state for _, state in archived_states(app).items()} == {"COMPLETED"}
+    assert len(archived_states(app)) == 71
 
 
 def test_a_child_frozen_past_its_lease_finishes_and_is_fenced_out(

@@ -177,3 +177,72 @@ def test_a_job_delivered_before_without_an_outcome_waits_for_what_was_finished_t
     held.finish(None)  # nothing to write: the next suspect need not wait
     third = held.start_next()
     assert isinstance(third, Message) and third.id == 3
+
+
+def aged(seconds: float) -> int:
+    """A time.monotonic_ns() reading ``seconds`` ago."""
+    return time.monotonic_ns() - int(seconds * 1e9)
+
+
+def windowed(window: float) -> Holdings:
+    return Holdings(Slot.create(multiprocess.get_context("fork"), 100), lambda m: None, start_window=window)
+
+
+def test_a_buffered_message_whose_lease_aged_past_the_window_goes_back_unstarted() -> None:
+    # The supervisor renewed nothing since the batch was taken 25 s ago, past a 20 s window: the
+    # message's lease may run out while it runs (another worker would then run it too).
+    held = windowed(20.0)
+    held.slot.renewed(aged(25.0))
+    held.add_fetched([message(1), message(2, "a"), message(3, "a")], sent_ns=aged(25.0))
+    assert held.start_next() is None
+    pending = held.take_pending()
+    assert sorted(o.message.id for o in pending) == [1, 2, 3]  # back, uncounted (partition "a" with them)
+    assert all(o.kind is OutcomeKind.RETURN for o in pending)
+    assert [m.id for m in held.take_stale()] == [1, 2]  # 3 went back with its partition's run
+    assert held.slot.read_raw().running_id == 0  # nothing marked running
+
+
+def test_a_renewal_after_the_fetch_keeps_an_old_batch_startable() -> None:
+    held = windowed(20.0)
+    held.add_fetched([message(1)], sent_ns=aged(25.0))
+    held.slot.renewed(aged(5.0))  # the supervisor renewed what the process held, 5 s ago
+    started = held.start_next()
+    assert isinstance(started, Message) and started.id == 1
+    running = held.running_lease()
+    assert running is not None and running[0] is started
+    assert time.monotonic_ns() - running[1] < 6e9  # the renewal, not the fetch, dates its lease
+
+
+def test_a_renewal_before_the_fetch_does_not_cover_it() -> None:
+    # Renewed 30 s ago, then fetched 25 s ago: the batch's lease dates from its fetch.
+    held = windowed(20.0)
+    held.slot.renewed(aged(30.0))
+    held.add_fetched([message(1)], sent_ns=aged(25.0))
+    assert held.start_next() is None
+    assert [o.message.id for o in held.take_pending()] == [1]
+
+
+def test_a_fresh_batch_starts_even_when_the_supervisor_is_silent() -> None:
+    # Its own fetch gave it a whole lease a moment ago.
+    held = windowed(20.0)
+    held.slot.renewed(aged(60.0))
+    held.add_fetched([message(1)], sent_ns=aged(0.5))
+    started = held.start_next()
+    assert isinstance(started, Message) and started.id == 1
+    assert held.take_stale() == []
+
+
+def test_the_running_lease_dates_from_the_latest_renewal() -> None:
+    held = windowed(20.0)
+    held.slot.renewed(aged(60.0))
+    held.add_fetched([message(1), message(2)], sent_ns=aged(15.0))
+    started = held.start_next()
+    assert isinstance(started, Message)
+    before = held.running_lease()
+    assert before is not None and 14e9 < time.monotonic_ns() - before[1] < 16e9
+    held.lease_extended(started, aged(1.0))  # the keeper renewed it
+    after = held.running_lease()
+    assert after is not None and time.monotonic_ns() - after[1] < 2e9
+    held.lease_extended(message(2), time.monotonic_ns())  # not the running one: ignored
+    held.finish(ended(started))
+    assert held.running_lease() is None
