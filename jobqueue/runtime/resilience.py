@@ -16,7 +16,7 @@ from typing import TypeVar
 import sqlalchemy as sa
 import tenacity
 
-from jobqueue.storage.dialects.connector import CONTENTION, OUTAGE
+from jobqueue.storage.dialects.connector import CONTENTION, FULL, OUTAGE
 
 T = TypeVar("T")
 
@@ -29,7 +29,8 @@ BACKOFF_MAX_SECONDS = 5.0
 REFUSED_AFTER_FAILURES = 3
 
 # What a database error means: CONTENTION (a deadlock, a lock timeout, a busy file), OUTAGE (a lost
-# connection, a server down or restarting) or None (retrying cannot fix it). The store's dialect
+# connection, a server down or restarting), FULL (no room left to write: retried like an outage, and
+# never taken for a refusal of one operation) or None (retrying cannot fix it). The store's dialect
 # knows its driver's codes: Store.classify.
 Classify = Callable[[BaseException], "str | None"]
 
@@ -87,10 +88,14 @@ class DatabaseGuard:
             self.outage_started = time.monotonic()
             reason = str(getattr(exc, "orig", None) or exc).strip().splitlines()
             self.logger.warning(
-                "%s unavailable (%s: %s); retrying with backoff",
+                "%s unavailable (%s: %s)%s; retrying with backoff",
                 self.what,
                 type(exc).__name__,
                 reason[0] if reason else "",
+                ": it has no room left to write; free disk space (or raise its table space's limit), and "
+                "nothing is lost meanwhile"
+                if self.classify(exc) == FULL
+                else "",
             )
         else:
             self.logger.debug("%s still unavailable: %s", self.what, exc)

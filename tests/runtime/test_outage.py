@@ -6,7 +6,12 @@ disturbs nothing else.
 
 from __future__ import annotations
 
+import errno
+import os
+import signal
+import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -106,3 +111,82 @@ def test_an_idle_worker_hears_new_work_again_after_a_server_restart(
             f"restart[{backend}], idle worker: a job enqueued after the restart completed in {waited:.1f} s "
             "(fallback poll: 30 s)"
         )
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 32 MiB file system of the test's own (a tmpfs: mounting needs root, as the test command
+    runs), so that filling it disturbs nothing else."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=32M", "tmpfs", str(disk)], capture_output=True, text=True
+    )
+    if done.returncode != 0:
+        reason = f"cannot mount a small file system to fill: {done.stderr.strip()}"
+        if os.environ.get("JOBQUEUE_TEST_REQUIRE_ALL"):
+            pytest.fail(reason)
+        pytest.skip(reason)
+    try:
+        yield disk
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=False)
+
+
+def fill(disk: Path) -> Path:
+    """Take every free byte of ``disk`` with a file; return it (delete it to give the room back)."""
+    ballast = disk / "ballast"
+    with open(ballast, "wb") as f:
+        try:
+            while True:
+                f.write(b"\0" * 65536)
+                f.flush()
+        except OSError as exc:
+            assert exc.errno == errno.ENOSPC, exc
+    return ballast
+
+
+@only("sqlite")
+def test_a_full_disk_keeps_the_outcomes_until_there_is_room(
+    backend: str, small_disk: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The disk under a SQLite database fills up while a worker runs: every write fails, reads do
+    not. The worker keeps its outcomes and writes them once there is room, says in the log what
+    to do, and no job is failed, retried or run twice for it."""
+    url = f"sqlite:///{small_disk}/queue.sqlite3"
+    monkeypatch.setenv("JOBQUEUE_DATABASE_URL", url)
+    monkeypatch.setenv("JOBQUEUE_TEST_RUNS", str(tmp_path / "runs.txt"))
+    rt.app.configure(database_url=url)
+    rt.app.init_schema()
+    handles = rt.short.bulk([(0.005,)] * 1500)
+    worker = Worker(tmp_path, "--concurrency", "2")
+    try:
+        wait_for(lambda: len(runs(tmp_path / "runs.txt")) >= 100, 60, "the first jobs to run")
+        ballast = fill(small_disk)
+        wait_for(lambda: "no room left to write" in worker.text(), 30, "the worker to say the disk is full")
+        time.sleep(3.0)  # the disk stays full for a while: writes fail again and again
+        stalled = len(runs(tmp_path / "runs.txt"))
+        ballast.unlink()
+        freed = time.monotonic()
+        wait_for(lambda: all(h.status() == "completed" for h in handles), 120, "every job to complete", interval=0.2)
+        recovered = time.monotonic() - freed
+        worker.signal(signal.SIGTERM)
+        assert worker.wait(60) == 0
+    finally:
+        worker.close()
+        rt.app.close()
+    events = runs(tmp_path / "runs.txt")
+    assert not repeated(events, "run"), "a job ran twice"
+    assert len(events) == 1500
+    log = worker.text()
+    assert "refuses to store" not in log and "OutcomeRefused" not in log, log[-3000:]
+    assert "available again" in log
+    engine = sa.create_engine(url, poolclass=sa.pool.NullPool)
+    with engine.connect() as conn:
+        states = conn.execute(sa.text("SELECT state, error_type, count(*) FROM jobqueue_archive GROUP BY 1, 2")).all()
+    engine.dispose()
+    assert states == [("COMPLETED", None, 1500)]
+    REPORTS.append(
+        f"full disk[sqlite]: {stalled} of 1500 jobs run when it filled; all completed once, "
+        f"{recovered:.1f} s after room was made"
+    )

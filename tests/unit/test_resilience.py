@@ -140,6 +140,11 @@ class FakePostgresError(Exception):
         (SQLITE, FakeSQLiteError("attempt to write a readonly database"), None),
         (POSTGRES, FakePostgresError("40P01"), "contention"),
         (POSTGRES, FakePostgresError("25006"), "outage"),  # read-only: a failover in progress
+        # No room left to write: retried until there is, never taken for a refused operation.
+        (SQLITE, FakeSQLiteError("database or disk is full"), "full"),
+        (MYSQL, FakeMySQLError(1114, "The table 'jobqueue_archive' is full"), "full"),
+        (MYSQL, FakeMySQLError(1021, "Disk full (/tmp/x); waiting for someone to free some space..."), "full"),
+        (POSTGRES, FakePostgresError("53100"), "full"),
     ],
 )
 def test_driver_errors_are_classified_by_what_they_mean(who, orig: Exception, expected: str | None) -> None:
@@ -161,3 +166,24 @@ def test_contention_is_retried_without_an_outage_warning(caplog: pytest.LogCaptu
     with caplog.at_level(logging.INFO, "test.guard"):
         assert guard_.call(deadlock_once) == "done"
     assert caplog.records == []
+
+
+def test_a_full_database_is_retried_until_there_is_room_never_refused(caplog: pytest.LogCaptureFixture) -> None:
+    # The server answers the probe (reads work) while every write fails for want of room: that is
+    # not a refusal of this operation (which would fail the jobs whose outcomes it writes), and the
+    # warning says what to do.
+    guard_ = DatabaseGuard(logging.getLogger("test.guard"), "db", SQLITE.classify)
+    failures = iter([sa.exc.OperationalError("x", {}, FakeSQLiteError("database or disk is full"))] * 6)
+    probes = []
+
+    def write() -> str:
+        error = next(failures, None)
+        if error is not None:
+            raise error
+        return "written"
+
+    with caplog.at_level(logging.WARNING, "test.guard"):
+        assert guard_.call(write, probe=lambda: probes.append(1)) == "written"
+    assert probes == []
+    assert "no room left to write; free disk space" in caplog.records[0].getMessage()
+    assert "available again" in caplog.records[-1].getMessage()

@@ -20,6 +20,10 @@ T = TypeVar("T")
 # What a driver error means to the runtime (see Connector.classify).
 CONTENTION = "contention"  # a deadlock, a lock timeout, a busy file: retried quietly
 OUTAGE = "outage"  # a lost connection, a server down or restarting: retried with backoff, logged once
+# The database has no room left (a full disk, a table space at its limit): retried with backoff and
+# logged once like an outage, but never taken for a refusal of the one operation (the server still
+# answers reads), so outcomes are kept until there is room again instead of failing their jobs.
+FULL = "full"
 
 
 LOCAL_HOSTS = {None, "", "localhost", "127.0.0.1", "::1"}

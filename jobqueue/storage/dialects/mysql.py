@@ -29,7 +29,7 @@ from jobqueue.storage.dialects.common import (
     count_up,
     delivery_order,
 )
-from jobqueue.storage.dialects.connector import CONTENTION, OUTAGE
+from jobqueue.storage.dialects.connector import CONTENTION, FULL, OUTAGE
 from jobqueue.storage.engine import IDLE_IN_TRANSACTION_SECONDS, unless_in_url
 from jobqueue.storage.outcomes import ARCHIVED, ARCHIVED_COLUMNS, COPIED, RELEASED, archived_values, requeue_binds
 from jobqueue.storage.tables import Timestamp
@@ -46,6 +46,7 @@ MISSING_TABLE = 1146
 # OperationalError, so the code decides, not the class.
 MYSQL_DISCONNECTS = {1040, 1053, 1152, 1927, 2002, 2003, 2006, 2013, 2055, 4031}
 MYSQL_CONTENTION = {1205, 1213}
+MYSQL_FULL = {1021, 1114}  # disk full; the table is full (its table space at its limit)
 FRESH_ID_TRIES = 10
 FLOOR_MAX_AGE_SECONDS = 1.0
 logger = logging.getLogger("jobqueue.storage")
@@ -275,6 +276,8 @@ class MySQLDialect(Dialect):
         code = _mysql_code(exc)
         if code in MYSQL_CONTENTION:
             return CONTENTION
+        if code in MYSQL_FULL:
+            return FULL
         return OUTAGE if code in MYSQL_DISCONNECTS else None
 
     def missing_table(self, exc: sa.exc.DBAPIError) -> bool:

@@ -23,7 +23,7 @@ from sqlalchemy.dialects import postgresql
 from jobqueue.job import Batch, Message, Outcome
 from jobqueue.storage.dialects.base import Dialect
 from jobqueue.storage.dialects.common import READY_LITERALS, AcquireParams, LeaseClock, delivery_order
-from jobqueue.storage.dialects.connector import CONTENTION, OUTAGE
+from jobqueue.storage.dialects.connector import CONTENTION, FULL, OUTAGE
 from jobqueue.storage.dialects.flow import FlowAcquirer
 from jobqueue.storage.dialects.postgresql_session import (
     STARTUP_OPTIONS,
@@ -46,6 +46,7 @@ from jobqueue.storage.tables import Tables, notify_channel, postgresql_notify_dd
 
 logger = logging.getLogger("jobqueue.storage")
 
+DISK_FULL = "53100"
 CONTENTION_CODES = {"40001", "40P01", "55P03"}  # serialization failure, deadlock, lock not available
 # A server that turned read-only (a standby after failover, or one shutting down) and a session the
 # server ended (idle in transaction too long, administrator): wait for the new primary.
@@ -133,6 +134,8 @@ class PostgreSQLDialect(Dialect):
         code = getattr(exc.orig, "pgcode", None)
         if code in CONTENTION_CODES:
             return CONTENTION
+        if code == DISK_FULL:
+            return FULL
         if code in OUTAGE_CODES or isinstance(exc, (sa.exc.OperationalError, sa.exc.InterfaceError)):
             return OUTAGE
         return None

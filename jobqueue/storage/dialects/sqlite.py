@@ -23,7 +23,7 @@ from jobqueue.errors import ConfigurationError
 from jobqueue.job import Batch, Message, MessageState, Outcome, OutcomeKind
 from jobqueue.storage.dialects.base import Dialect
 from jobqueue.storage.dialects.common import ACQUIRED_COLUMNS, BATCH_COLUMNS, AcquireParams, delivery_order, json_text
-from jobqueue.storage.dialects.connector import CONTENTION, OUTAGE
+from jobqueue.storage.dialects.connector import CONTENTION, FULL, OUTAGE
 from jobqueue.storage.dialects.wakeup import PollingWaker, Waker, Wakers
 from jobqueue.storage.engine import READONLY
 from jobqueue.storage.outcomes import ARCHIVED_COLUMNS, COPIED, archive_row, archived_values, requeue_binds
@@ -32,6 +32,7 @@ SQLITE_DATETIME = "%Y-%m-%d %H:%M:%S.%f"  # what SQLAlchemy's DateTime stores on
 BUSY_TIMEOUT_SECONDS = 30.0
 SQLITE_CONTENTION = ("database is locked", "database table is locked", "database is busy")
 SQLITE_OUTAGE = ("disk i/o error", "unable to open database file")
+SQLITE_FULL = ("database or disk is full",)
 
 
 DATETIME_COLUMNS = {
@@ -267,6 +268,8 @@ class SQLiteDialect(Dialect):
         text = str(exc.orig).lower()
         if any(part in text for part in SQLITE_CONTENTION):
             return CONTENTION
+        if any(part in text for part in SQLITE_FULL):
+            return FULL
         return OUTAGE if any(part in text for part in SQLITE_OUTAGE) else None
 
     def missing_table(self, exc: sa.exc.DBAPIError) -> bool:
