@@ -1,0 +1,108 @@
+"""A Django site on real databases, for the scenarios of tests/contrib/test_django_sites.py.
+
+``python django_site.py <scenario>``, with ``SITE_DATABASES`` a JSON object of Django database
+aliases and SQLAlchemy URLs (``{"default": "postgresql://..."}``) and ``SITE_QUEUE_ALIAS`` the
+alias jobqueue uses. It migrates every alias, runs the scenario (a function below) and prints "ok".
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import django
+import sqlalchemy as sa
+from django.conf import settings
+
+ENGINES = {
+    "sqlite": "django.db.backends.sqlite3",
+    "postgresql": "django.db.backends.postgresql",
+    "mysql": "django.db.backends.mysql",
+}
+
+
+def django_database(url: str) -> dict[str, object]:
+    parsed = sa.make_url(url)
+    engine = ENGINES[parsed.get_backend_name()]
+    if engine.endswith("sqlite3"):
+        return {"ENGINE": engine, "NAME": parsed.database}
+    return {
+        "ENGINE": engine,
+        "NAME": parsed.database,
+        "USER": parsed.username or "",
+        "PASSWORD": parsed.password or "",
+        "HOST": parsed.host or "",
+        "PORT": str(parsed.port or ""),
+    }
+
+
+QUEUE_ALIAS = os.environ.get("SITE_QUEUE_ALIAS", "default")
+settings.configure(
+    INSTALLED_APPS=["django.contrib.contenttypes", "django.contrib.auth", "jobqueue.contrib.django"],
+    DATABASES={alias: django_database(url) for alias, url in json.loads(os.environ["SITE_DATABASES"]).items()},
+    JOBQUEUE={"APP": "__main__:app", "DATABASE": QUEUE_ALIAS},
+    USE_TZ=True,
+    SECRET_KEY="test-only",
+)
+django.setup()
+
+from django.core.management import call_command  # noqa: E402
+from django.db import connections  # noqa: E402
+
+from jobqueue import JobQueue  # noqa: E402
+from jobqueue.contrib.django.integration import DjangoIntegration  # noqa: E402
+
+app = JobQueue()
+
+
+@app.task(name="site.noop")
+def noop(n: int) -> int:
+    return n
+
+
+def jobs() -> int:
+    """How many jobs the message table holds, read on jobqueue's own connection."""
+    with app.store.reading() as conn:
+        return int(conn.execute(sa.select(sa.func.count()).select_from(app.tables.message)).scalar_one())
+
+
+# -- scenarios -------------------------------------------------------------------------------------
+
+
+def bulk_outside_atomic_is_all_or_nothing() -> None:
+    # The connection breaks after the first batch went in: outside transaction.atomic() Django
+    # would have committed that batch on its own, leaving half a bulk that raised.
+    integration = app.framework
+    assert isinstance(integration, DjangoIntegration)
+    engine = integration.engine()
+    statements: list[str] = []
+
+    @sa.event.listens_for(engine, "before_cursor_execute")
+    def break_on_second_batch(conn, cursor, statement, parameters, context, executemany):
+        if "jobqueue_message" in statement:
+            statements.append(statement)
+            if len(statements) == 2:
+                raise ConnectionError("connection lost")
+
+    try:
+        noop.bulk([(i,) for i in range(4)], batch_size=2)
+    except ConnectionError:
+        pass
+    else:
+        raise AssertionError("the bulk should have failed")
+    assert len(statements) == 2, statements
+    assert jobs() == 0, f"{jobs()} jobs of a bulk that raised"
+
+    sa.event.remove(engine, "before_cursor_execute", break_on_second_batch)
+    handles = noop.bulk([(i,) for i in range(5)], batch_size=2)
+    assert connections[QUEUE_ALIAS].get_autocommit() and not connections[QUEUE_ALIAS].in_atomic_block
+    assert [handle.status() for handle in handles] == ["pending"] * 5  # committed, seen by another connection
+    assert jobs() == 5
+
+
+if __name__ == "__main__":
+    for alias in settings.DATABASES:
+        call_command("migrate", database=alias, verbosity=0)
+    globals()[sys.argv[1]]()
+    print("ok")

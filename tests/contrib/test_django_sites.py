@@ -1,0 +1,44 @@
+"""Django sites on each database, each scenario in a process of its own (Django is configured once
+per process): tests/contrib/django_site.py runs it on fresh databases and prints "ok"."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from tests import servers
+from tests.acceptance.cli import ROOT
+
+SITE = Path(__file__).resolve().parent / "django_site.py"
+
+
+def run_site(scenario: str, backend: str, tmp_path: Path, aliases: tuple[str, ...] = ("default",)) -> None:
+    """Run ``scenario`` on a fresh database of ``backend`` for each alias; jobqueue uses the last."""
+    urls: dict[str, str] = {}
+    try:
+        for alias in aliases:
+            folder = tmp_path / alias
+            folder.mkdir()
+            urls[alias] = servers.create_database(backend, str(folder))
+        env = dict(os.environ, PYTHONPATH=str(ROOT), SITE_DATABASES=json.dumps(urls), SITE_QUEUE_ALIAS=aliases[-1])
+        for name in ("JOBQUEUE_DATABASE_URL", "DJANGO_SETTINGS_MODULE"):
+            env.pop(name, None)
+        result = subprocess.run(
+            [sys.executable, str(SITE), scenario],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+    finally:
+        for url in urls.values():
+            servers.drop_database(backend, url)
+    assert result.returncode == 0 and result.stdout.strip() == "ok", f"{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+
+
+def test_a_bulk_outside_atomic_commits_all_its_batches_or_none(backend: str, tmp_path: Path) -> None:
+    run_site("bulk_outside_atomic_is_all_or_nothing", backend, tmp_path)
