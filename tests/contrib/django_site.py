@@ -2,7 +2,8 @@
 
 ``python django_site.py <scenario>``, with ``SITE_DATABASES`` a JSON object of Django database
 aliases and SQLAlchemy URLs (``{"default": "postgresql://..."}``) and ``SITE_QUEUE_ALIAS`` the
-alias jobqueue uses. It migrates every alias, runs the scenario (a function below) and prints "ok".
+alias jobqueue uses (``SITE_SQLITE_AS_URI=1``: SQLite names are given to Django as ``file:`` URIs).
+It migrates every alias, runs the scenario (a function below) and prints "ok".
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from collections.abc import Callable
 
 import django
 import sqlalchemy as sa
@@ -26,7 +28,8 @@ def django_database(url: str) -> dict[str, object]:
     parsed = sa.make_url(url)
     engine = ENGINES[parsed.get_backend_name()]
     if engine.endswith("sqlite3"):
-        return {"ENGINE": engine, "NAME": parsed.database}
+        as_uri = os.environ.get("SITE_SQLITE_AS_URI")
+        return {"ENGINE": engine, "NAME": f"file:{parsed.database}?mode=rwc" if as_uri else parsed.database}
     return {
         "ENGINE": engine,
         "NAME": parsed.database,
@@ -48,10 +51,12 @@ settings.configure(
 django.setup()
 
 from django.core.management import call_command  # noqa: E402
-from django.db import connections  # noqa: E402
+from django.db import connections, transaction  # noqa: E402
 
 from jobqueue import JobQueue  # noqa: E402
 from jobqueue.contrib.django.integration import DjangoIntegration  # noqa: E402
+from jobqueue.errors import ConfigurationError  # noqa: E402
+from jobqueue.testing import drain  # noqa: E402
 
 app = JobQueue()
 
@@ -99,6 +104,40 @@ def bulk_outside_atomic_is_all_or_nothing() -> None:
     assert connections[QUEUE_ALIAS].get_autocommit() and not connections[QUEUE_ALIAS].in_atomic_block
     assert [handle.status() for handle in handles] == ["pending"] * 5  # committed, seen by another connection
     assert jobs() == 5
+
+
+def sqlite_names_are_uris() -> None:
+    # Django opens every SQLite name as a URI: jobqueue's own connections must open the same file.
+    name = settings.DATABASES[QUEUE_ALIAS]["NAME"]
+    assert name.startswith("file:/") and name.endswith("?mode=rwc"), name
+    handle = noop.delay(1)  # through Django's connection
+    assert jobs() == 1  # through jobqueue's own
+    assert [done.id for done in drain(app)] == [handle.id] and handle.status() == "completed"
+    assert not [entry for entry in os.listdir(".") if entry.startswith("file:")]
+
+
+def in_memory_test_database() -> None:
+    # What Django's test runner does to an SQLite database without a TEST NAME.
+    connection = connections[QUEUE_ALIAS]
+    connection.creation.create_test_db(verbosity=0, autoclobber=True)
+    assert connection.is_in_memory_db()
+    with transaction.atomic():  # as in a TestCase: the job is written through Django's connection
+        handle = noop.delay(1)
+        refused(handle.status)
+        transaction.set_rollback(True)
+    noop.delay(2)  # as in a TransactionTestCase
+    refused(lambda: drain(app))
+    assert not [entry for entry in os.listdir(".") if entry.startswith("file:")]  # no file of that name
+
+
+def refused(read: Callable[[], object]) -> None:
+    """``read`` (on jobqueue's own connections) is refused, naming the fix."""
+    try:
+        read()
+    except ConfigurationError as exc:
+        assert "in-memory SQLite database" in str(exc) and "['TEST']['NAME']" in str(exc), exc
+    else:
+        raise AssertionError(f"{read} read an in-memory database of its own")
 
 
 if __name__ == "__main__":

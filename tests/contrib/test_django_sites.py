@@ -15,21 +15,22 @@ from tests.acceptance.cli import ROOT
 SITE = Path(__file__).resolve().parent / "django_site.py"
 
 
-def run_site(scenario: str, backend: str, tmp_path: Path, aliases: tuple[str, ...] = ("default",)) -> None:
-    """Run ``scenario`` on a fresh database of ``backend`` for each alias; jobqueue uses the last."""
+def run_site(scenario: str, backend: str, tmp_path: Path, aliases: tuple[str, ...] = ("default",), **env: str) -> None:
+    """Run ``scenario`` on a fresh database of ``backend`` for each alias; jobqueue uses the last.
+    ``env``: more environment variables for the site."""
     urls: dict[str, str] = {}
     try:
         for alias in aliases:
             folder = tmp_path / alias
             folder.mkdir()
             urls[alias] = servers.create_database(backend, str(folder))
-        env = dict(os.environ, PYTHONPATH=str(ROOT), SITE_DATABASES=json.dumps(urls), SITE_QUEUE_ALIAS=aliases[-1])
+        site_env = dict(os.environ, PYTHONPATH=str(ROOT), SITE_DATABASES=json.dumps(urls), SITE_QUEUE_ALIAS=aliases[-1])
         for name in ("JOBQUEUE_DATABASE_URL", "DJANGO_SETTINGS_MODULE"):
-            env.pop(name, None)
+            site_env.pop(name, None)
         result = subprocess.run(
             [sys.executable, str(SITE), scenario],
             cwd=tmp_path,
-            env=env,
+            env={**site_env, **env},
             capture_output=True,
             text=True,
             timeout=300,
@@ -42,3 +43,13 @@ def run_site(scenario: str, backend: str, tmp_path: Path, aliases: tuple[str, ..
 
 def test_a_bulk_outside_atomic_commits_all_its_batches_or_none(backend: str, tmp_path: Path) -> None:
     run_site("bulk_outside_atomic_is_all_or_nothing", backend, tmp_path)
+
+
+def test_jobqueue_opens_an_sqlite_name_given_as_a_uri_as_django_does(tmp_path: Path) -> None:
+    run_site("sqlite_names_are_uris", "sqlite", tmp_path, SITE_SQLITE_AS_URI="1")
+
+
+def test_an_in_memory_test_database_is_refused_naming_the_fix_when_jobqueue_connects(tmp_path: Path) -> None:
+    # Jobs are enqueued through Django's connection as always; reading them back on jobqueue's own
+    # connections would need a database those can share, which a TEST NAME gives.
+    run_site("in_memory_test_database", "sqlite", tmp_path)

@@ -14,6 +14,7 @@ import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from typing import TYPE_CHECKING, Any
+from urllib.parse import parse_qsl
 
 import sqlalchemy as sa
 
@@ -91,6 +92,12 @@ def database_url(alias: str) -> sa.URL:
         for key, value in (config.get("OPTIONS") or {}).items()
         if key not in DJANGO_ONLY_OPTIONS and isinstance(value, (str, int)) and not isinstance(value, bool)
     }
+    if vendor == "sqlite" and name.startswith("file:"):
+        # Django opens every SQLite name as a URI: "file:/path?mode=rwc", and the in-memory
+        # databases of its test runner ("file:memorydb_default?mode=memory&cache=shared").
+        name, _, query = name.partition("?")
+        options.update(parse_qsl(query, keep_blank_values=True))
+        options["uri"] = "true"
     port = config.get("PORT")
     return absolute_url(
         sa.URL.create(
