@@ -12,6 +12,7 @@ import json
 import os
 import sys
 from collections.abc import Callable
+from typing import Any
 
 import django
 import sqlalchemy as sa
@@ -138,6 +139,34 @@ def refused(read: Callable[[], object]) -> None:
         assert "in-memory SQLite database" in str(exc) and "['TEST']['NAME']" in str(exc), exc
     else:
         raise AssertionError(f"{read} read an in-memory database of its own")
+
+
+def task_backend_settings() -> None:
+    # Bad QUEUES and OPTIONS in a TASKS entry: refused when Django loads the backend, naming the fix.
+    from jobqueue.contrib.django.backend import JobQueueBackend
+    from jobqueue.retry import NoRetryStrategy
+
+    queues = "TASKS['default']['QUEUES'] must be a list of queue names, such as ['default', 'emails']"
+    bad: list[tuple[dict[str, Any], str]] = [
+        ({"QUEUES": None}, queues),
+        ({"QUEUES": "emails"}, queues),  # not the queues "e", "m", "a", "i", "l" and "s"
+        ({"QUEUES": {"emails": 1}}, queues),
+        ({"QUEUES": ["emails", 1]}, "TASKS['default']['QUEUES']: invalid queue name 1"),
+        ({"QUEUES": ["bulk mail"]}, "TASKS['default']['QUEUES']: invalid queue name 'bulk mail'"),
+        ({"OPTIONS": "RETRY_STRATEGY"}, "TASKS['default']['OPTIONS'] must be a dict, such as"),
+        ({"OPTIONS": {"RETRY_STRATEGY": NoRetryStrategy}}, "must be a strategy from jobqueue.retry"),
+    ]
+    for params, fix in bad:
+        try:
+            JobQueueBackend("default", {"BACKEND": "jobqueue.contrib.django.backend.JobQueueBackend", **params})
+        except ConfigurationError as exc:
+            assert fix in str(exc), (params, str(exc))
+        else:
+            raise AssertionError(f"{params} was taken")
+    good: list[dict[str, Any]] = [{}, {"QUEUES": []}, {"QUEUES": ("default", "emails")}, {"QUEUES": {"default"}}]
+    for params in good:
+        backend = JobQueueBackend("default", {"OPTIONS": {"RETRY_STRATEGY": NoRetryStrategy()}, **params})
+        assert backend.retry_strategy == NoRetryStrategy()
 
 
 if __name__ == "__main__":

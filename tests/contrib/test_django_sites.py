@@ -53,3 +53,7 @@ def test_an_in_memory_test_database_is_refused_naming_the_fix_when_jobqueue_conn
     # Jobs are enqueued through Django's connection as always; reading them back on jobqueue's own
     # connections would need a database those can share, which a TEST NAME gives.
     run_site("in_memory_test_database", "sqlite", tmp_path)
+
+
+def test_bad_queues_or_options_for_djangos_task_api_are_refused_naming_the_fix(tmp_path: Path) -> None:
+    run_site("task_backend_settings", "sqlite", tmp_path)
