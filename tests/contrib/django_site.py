@@ -54,7 +54,7 @@ django.setup()
 from django.core.management import call_command  # noqa: E402
 from django.db import connections, transaction  # noqa: E402
 
-from jobqueue import JobQueue  # noqa: E402
+from jobqueue import JobNotCommitted, JobQueue  # noqa: E402
 from jobqueue.contrib.django.integration import DjangoIntegration  # noqa: E402
 from jobqueue.errors import ConfigurationError  # noqa: E402
 from jobqueue.testing import drain  # noqa: E402
@@ -129,6 +129,21 @@ def in_memory_test_database() -> None:
     noop.delay(2)  # as in a TransactionTestCase
     refused(lambda: drain(app))
     assert not [entry for entry in os.listdir(".") if entry.startswith("file:")]  # no file of that name
+
+
+def uncommitted_job_on_a_new_sqlite_database() -> None:
+    # As in a Django TestCase on the SQLite file Django's test runner made (not in WAL mode yet):
+    # the test's transaction holds the write lock while the test reads the job back.
+    with transaction.atomic():
+        handle = noop.delay(1)
+        try:
+            handle.status()
+        except JobNotCommitted:
+            pass
+        else:
+            raise AssertionError("an uncommitted job was read")
+        transaction.set_rollback(True)
+    assert jobs() == 0
 
 
 def refused(read: Callable[[], object]) -> None:

@@ -57,3 +57,7 @@ def test_an_in_memory_test_database_is_refused_naming_the_fix_when_jobqueue_conn
 
 def test_bad_queues_or_options_for_djangos_task_api_are_refused_naming_the_fix(tmp_path: Path) -> None:
     run_site("task_backend_settings", "sqlite", tmp_path)
+
+
+def test_reading_a_job_inside_the_transaction_that_enqueued_it_on_a_new_sqlite_database(tmp_path: Path) -> None:
+    run_site("uncommitted_job_on_a_new_sqlite_database", "sqlite", tmp_path)

@@ -157,7 +157,15 @@ class SQLiteDialect(Dialect):
             cursor = dbapi_connection.cursor()
             # WAL: readers never block the writer. NORMAL: durable across process crashes, and only
             # the last transactions can be lost on power failure (see docs/configuration.md).
-            cursor.execute("PRAGMA journal_mode=WAL")
+            try:
+                cursor.execute("PRAGMA journal_mode=WAL")
+            except sqlite3.OperationalError as exc:
+                if "locked" not in str(exc):
+                    raise
+                # Another connection is writing to a database not in WAL mode yet (a Django test's
+                # transaction, on the file Django just made), and the switch does not wait for it.
+                # This connection works in the database's mode; the next one to connect switches
+                # it, and every connection then follows.
             cursor.execute("PRAGMA synchronous=NORMAL")
             cursor.execute(f"PRAGMA busy_timeout={int(BUSY_TIMEOUT_SECONDS * 1000)}")
             cursor.close()
