@@ -146,6 +146,24 @@ def uncommitted_job_on_a_new_sqlite_database() -> None:
     assert jobs() == 0
 
 
+def call_command_returns() -> None:
+    # call_command("jobqueue", ...) in a test or in a command of the project's: it returns when the
+    # jobqueue command succeeds and raises CommandError when it fails, as Django's commands do.
+    from django.core.management.base import CommandError
+
+    handle = noop.delay(1)
+    call_command("jobqueue", "worker", "--burst", "--concurrency", "1")
+    assert handle.status() == "completed"
+    call_command("jobqueue", "status")
+    waiting = noop.delay(2)
+    try:
+        call_command("jobqueue", "jobs", "retry", str(waiting.id))  # a pending job is not retried
+    except CommandError as exc:
+        assert "exited with status 1" in str(exc), exc
+    else:
+        raise AssertionError("the refused retry did not raise")
+
+
 def refused(read: Callable[[], object]) -> None:
     """``read`` (on jobqueue's own connections) is refused, naming the fix."""
     try:

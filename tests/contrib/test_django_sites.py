@@ -1,5 +1,5 @@
 """Django sites on each database, each scenario in a process of its own (Django is configured once
-per process): tests/contrib/django_site.py runs it on fresh databases and prints "ok"."""
+per process): tests/contrib/django_site.py runs it on fresh databases and prints "ok" last."""
 
 from __future__ import annotations
 
@@ -38,7 +38,8 @@ def run_site(scenario: str, backend: str, tmp_path: Path, aliases: tuple[str, ..
     finally:
         for url in urls.values():
             servers.drop_database(backend, url)
-    assert result.returncode == 0 and result.stdout.strip() == "ok", f"{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+    lines = result.stdout.strip().splitlines()
+    assert result.returncode == 0 and lines[-1:] == ["ok"], f"{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
 
 
 def test_a_bulk_outside_atomic_commits_all_its_batches_or_none(backend: str, tmp_path: Path) -> None:
@@ -61,3 +62,7 @@ def test_bad_queues_or_options_for_djangos_task_api_are_refused_naming_the_fix(t
 
 def test_reading_a_job_inside_the_transaction_that_enqueued_it_on_a_new_sqlite_database(tmp_path: Path) -> None:
     run_site("uncommitted_job_on_a_new_sqlite_database", "sqlite", tmp_path)
+
+
+def test_call_command_jobqueue_returns_or_raises_command_error(backend: str, tmp_path: Path) -> None:
+    run_site("call_command_returns", backend, tmp_path)
