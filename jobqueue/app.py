@@ -120,13 +120,16 @@ class JobQueue:
         init_app(self, flask_app, db)
 
     @contextmanager
-    def enqueue_connection(self, connection: Any = None) -> Iterator[Any]:
-        """The connection an enqueue writes through: the caller's, the framework's, or None (our own)."""
+    def enqueue_connection(self, connection: Any = None, one_statement: bool = False) -> Iterator[Any]:
+        """The connection an enqueue writes through: the caller's, the framework's, or None (our own).
+
+        ``one_statement``: the enqueue is a single statement (see :meth:`Framework.connection`).
+        """
         framework = self.framework if connection is None else None
         if framework is None:
             yield connection
             return
-        with framework.connection() as ambient:
+        with framework.connection(one_statement=one_statement) as ambient:
             yield ambient
 
     def commit_watch(self, given: Any, used: Any) -> Callable[[], bool] | None:

@@ -24,8 +24,12 @@ class Framework:
         raise NotImplementedError
 
     @contextmanager
-    def connection(self) -> Iterator[Any]:
-        """The connection or session an enqueue without ``connection=`` writes through, or None."""
+    def connection(self, one_statement: bool = False) -> Iterator[Any]:
+        """The connection or session an enqueue without ``connection=`` writes through, or None.
+
+        ``one_statement``: the enqueue writes with a single statement, which needs no transaction
+        around it; otherwise what is written must commit or roll back as a whole.
+        """
         yield None
 
     def commit_watch(self, connection: Any) -> Callable[[], bool] | None:

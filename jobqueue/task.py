@@ -270,7 +270,10 @@ class Task:
         if connection is None and self.app.framework is None:
             # Our own transaction, the common case: straight to the store (no context to enter).
             return JobHandle(self.app, self.app.store.enqueue([row])[0])
-        with self.app.enqueue_connection(connection) as conn:
+        # A job without a unique or concurrency key is one INSERT, on most databases.
+        plain = row.get("unique_key") is None and row.get("flow_key") is None
+        one_statement = plain and self.app.store.dialect.one_statement_insert
+        with self.app.enqueue_connection(connection, one_statement=one_statement) as conn:
             job_id = self.app.store.enqueue([row], connection=conn)[0]
             return JobHandle(self.app, job_id, self.app.commit_watch(connection, conn))
 

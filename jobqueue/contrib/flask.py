@@ -44,7 +44,7 @@ class FlaskIntegration(Framework):
         return self._url
 
     @contextmanager
-    def connection(self) -> Iterator[Any]:
+    def connection(self, one_statement: bool = False) -> Iterator[Any]:
         from flask import current_app, has_app_context
 
         owner = current_app._get_current_object() if has_app_context() else None  # type: ignore[attr-defined]

@@ -72,7 +72,16 @@ def test_passwords_are_masked() -> None:
 )
 def test_bad_urls(url: str, fragment: str) -> None:
     with pytest.raises(ConfigurationError, match=fragment):
-        backend_name(url) if "sqlite" not in url else create_engine(url)
+        backend_name(url) if "sqlite" not in url else create_engine(url).connect()
+
+
+@pytest.mark.parametrize(
+    "url", ["sqlite://", "sqlite:///:memory:", "sqlite:///file:jobs?mode=memory&cache=shared&uri=true"]
+)
+def test_an_in_memory_sqlite_database_is_refused_when_a_connection_opens(url: str) -> None:
+    engine = create_engine(url)  # a JobQueue under Django still writes through Django's connection
+    with pytest.raises(ConfigurationError, match="in-memory SQLite database cannot be shared by worker processes"):
+        engine.connect()
 
 
 @pytest.mark.parametrize(

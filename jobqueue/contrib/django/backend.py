@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 from jobqueue.contrib.django.integration import MISSING_TASK_API, configured_app
 from jobqueue.errors import ConfigurationError, JobQueueError
 from jobqueue.retry import RetryStrategy, storable
+from jobqueue.settings import validate_queue_name
 
 try:  # Django 6.0+
     from django.tasks import TaskContext, TaskResult, TaskResultStatus
@@ -74,6 +75,7 @@ class JobQueueBackend(BaseTaskBackend):
     supports_priority = True
 
     def __init__(self, alias: str, params: dict[str, Any]) -> None:
+        _check_params(alias, params)
         super().__init__(alias, params)
         unknown = sorted(set(self.options) - set(OPTION_KEYS))
         if unknown:
@@ -139,6 +141,29 @@ class JobQueueBackend(BaseTaskBackend):
         task = _django_task(row["task_name"], result_id)
         args, kwargs = _arguments(app, row["payload"])
         return _result(app, task, result_id, where, row, args, kwargs, self.alias)
+
+
+def _check_params(alias: str, params: dict[str, Any]) -> None:
+    """QUEUES and OPTIONS as Django's task API reads them, or a ConfigurationError naming the fix."""
+    where = f"TASKS[{alias!r}]"
+    if "QUEUES" in params:
+        queues = params["QUEUES"]
+        if not isinstance(queues, (list, tuple, set, frozenset)):
+            # A string would be read as a set of one-letter queues, None would fail inside Django.
+            raise ConfigurationError(
+                f"{where}['QUEUES'] must be a list of queue names, such as ['default', 'emails'], "
+                f"got {queues!r} (an empty list takes every queue)"
+            )
+        for queue in queues:
+            try:
+                validate_queue_name(queue)
+            except ConfigurationError as exc:
+                raise ConfigurationError(f"{where}['QUEUES']: {exc}") from None
+    options = params.get("OPTIONS", {})
+    if not isinstance(options, dict):
+        raise ConfigurationError(
+            f"{where}['OPTIONS'] must be a dict, such as {{'RETRY_STRATEGY': NoRetryStrategy()}}, got {options!r}"
+        )
 
 
 def register(app: JobQueue, module_path: str) -> JobQueueTask:

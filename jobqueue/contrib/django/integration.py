@@ -12,8 +12,9 @@ import importlib.util
 import sys
 import threading
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from typing import TYPE_CHECKING, Any
+from urllib.parse import parse_qsl
 
 import sqlalchemy as sa
 
@@ -91,6 +92,12 @@ def database_url(alias: str) -> sa.URL:
         for key, value in (config.get("OPTIONS") or {}).items()
         if key not in DJANGO_ONLY_OPTIONS and isinstance(value, (str, int)) and not isinstance(value, bool)
     }
+    if vendor == "sqlite" and name.startswith("file:"):
+        # Django opens every SQLite name as a URI: "file:/path?mode=rwc", and the in-memory
+        # databases of its test runner ("file:memorydb_default?mode=memory&cache=shared").
+        name, _, query = name.partition("?")
+        options.update(parse_qsl(query, keep_blank_values=True))
+        options["uri"] = "true"
     port = config.get("PORT")
     return absolute_url(
         sa.URL.create(
@@ -122,10 +129,17 @@ class DjangoIntegration(Framework):
         return database_url(self.alias).render_as_string(hide_password=False)
 
     @contextmanager
-    def connection(self) -> Iterator[Any]:
+    def connection(self, one_statement: bool = False) -> Iterator[Any]:
         # Django's own connection for the alias, in whatever transaction Django has it in: inside
-        # transaction.atomic() the job commits or rolls back with it; outside, Django autocommits.
-        with self.engine().connect() as connection:
+        # transaction.atomic() the job commits or rolls back with it. Outside, Django commits each
+        # statement on its own: enough for one statement, but an enqueue of several (a bulk in
+        # batches, a concurrency key held while its jobs go in) could leave part of its jobs behind
+        # if it failed midway, so it gets a transaction of its own, committed when it is done.
+        from django.db import connections, transaction
+
+        alone = one_statement or connections[self.alias].in_atomic_block
+        scope = nullcontext() if alone else transaction.atomic(using=self.alias)
+        with scope, self.engine().connect() as connection:
             yield connection
 
     def commit_watch(self, connection: Any) -> Callable[[], bool] | None:

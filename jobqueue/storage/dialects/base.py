@@ -58,6 +58,9 @@ class Dialect(Connector):
     # Whether lease times come from this host's clock (bound by the caller) rather than the
     # server's. True only where the server is this host (SQLite).
     client_clock = True
+    # Whether insert_messages writes one row with a single statement, which needs no transaction
+    # around it (an enqueue through a connection that commits each statement on its own).
+    one_statement_insert = True
 
     def __init__(self, engine: sa.Engine, tables: Tables) -> None:
         super().__init__(engine)

@@ -103,6 +103,7 @@ class MySQLDialect(Dialect):
     default_port = 3306
     lock_flow_keys_as_found = False  # a sorted SELECT ... FOR UPDATE locks every row it reads
     snapshot_reads = True
+    one_statement_insert = False  # a new row whose id an archived job has is moved to a fresh one
 
     @classmethod
     def engine_options(cls, url: sa.URL) -> tuple[sa.URL, dict[str, Any]]:

@@ -127,19 +127,26 @@ def begin_immediate(driver: Any) -> None:
         driver.execute(f"PRAGMA busy_timeout={int(own)}")
 
 
+def refuse_in_memory() -> Any:
+    raise ConfigurationError(
+        "an in-memory SQLite database cannot be shared by worker processes; use a "
+        "file, for example sqlite:///jobqueue.sqlite3 (under Django, give the "
+        "database, and DATABASES[...]['TEST']['NAME'] for tests, a file path)"
+    )
+
+
 class SQLiteDialect(Dialect):
     name = "sqlite"
     autocommit = False
 
     @classmethod
     def engine_options(cls, url: sa.URL) -> tuple[sa.URL, dict[str, Any]]:
-        if url.database in (None, "", ":memory:") or "mode=memory" in str(url):
-            # Each connection would see its own empty database; worker processes could never share it.
-            raise ConfigurationError(
-                "an in-memory SQLite database cannot be shared by worker processes; use a "
-                "file, for example sqlite:///jobqueue.sqlite3 (under Django, give the "
-                "database, and DATABASES[...]['TEST']['NAME'] for tests, a file path)"
-            )
+        database = url.database or ""
+        if database in ("", ":memory:") or url.query.get("mode") == "memory" or "mode=memory" in database:
+            # Each connection would see its own empty database; worker processes could never share
+            # it. Refused when a connection opens: under Django, jobs are still written through
+            # Django's connection (a test's), and only what reads them on jobqueue's own fails.
+            return url, {"creator": refuse_in_memory, "poolclass": sa.pool.NullPool}
         return url, {"connect_args": {"timeout": BUSY_TIMEOUT_SECONDS, "check_same_thread": False}}
 
     @classmethod
@@ -151,7 +158,15 @@ class SQLiteDialect(Dialect):
             cursor = dbapi_connection.cursor()
             # WAL: readers never block the writer. NORMAL: durable across process crashes, and only
             # the last transactions can be lost on power failure (see docs/configuration.md).
-            cursor.execute("PRAGMA journal_mode=WAL")
+            try:
+                cursor.execute("PRAGMA journal_mode=WAL")
+            except sqlite3.OperationalError as exc:
+                if "locked" not in str(exc):
+                    raise
+                # Another connection is writing to a database not in WAL mode yet (a Django test's
+                # transaction, on the file Django just made), and the switch does not wait for it.
+                # This connection works in the database's mode; the next one to connect switches
+                # it, and every connection then follows.
             cursor.execute("PRAGMA synchronous=NORMAL")
             cursor.execute(f"PRAGMA busy_timeout={int(BUSY_TIMEOUT_SECONDS * 1000)}")
             cursor.close()

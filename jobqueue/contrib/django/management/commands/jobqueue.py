@@ -102,6 +102,12 @@ class Command(BaseCommand):
             raise CommandError(exc.format_message()) from exc
         except JobQueueError as exc:
             raise CommandError(str(exc)) from exc
+        except SystemExit as exc:
+            # Commands that end with an exit status (worker, status, jobs retry...) must not end
+            # the program that called them: success returns, a failure is a CommandError.
+            code = exc.code
+            if isinstance(code, str):
+                raise CommandError(code) from None
         if isinstance(code, int) and code != 0:
             raise CommandError(f"jobqueue {' '.join(arguments)} exited with status {code}")
 

@@ -1,0 +1,209 @@
+"""A Django site on real databases, for the scenarios of tests/contrib/test_django_sites.py.
+
+``python django_site.py <scenario>``, with ``SITE_DATABASES`` a JSON object of Django database
+aliases and SQLAlchemy URLs (``{"default": "postgresql://..."}``) and ``SITE_QUEUE_ALIAS`` the
+alias jobqueue uses (``SITE_SQLITE_AS_URI=1``: SQLite names are given to Django as ``file:`` URIs).
+It migrates every alias, runs the scenario (a function below) and prints "ok".
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import django
+import sqlalchemy as sa
+from django.conf import settings
+
+ENGINES = {
+    "sqlite": "django.db.backends.sqlite3",
+    "postgresql": "django.db.backends.postgresql",
+    "mysql": "django.db.backends.mysql",
+}
+
+
+def django_database(url: str) -> dict[str, object]:
+    parsed = sa.make_url(url)
+    engine = ENGINES[parsed.get_backend_name()]
+    if engine.endswith("sqlite3"):
+        as_uri = os.environ.get("SITE_SQLITE_AS_URI")
+        return {"ENGINE": engine, "NAME": f"file:{parsed.database}?mode=rwc" if as_uri else parsed.database}
+    return {
+        "ENGINE": engine,
+        "NAME": parsed.database,
+        "USER": parsed.username or "",
+        "PASSWORD": parsed.password or "",
+        "HOST": parsed.host or "",
+        "PORT": str(parsed.port or ""),
+    }
+
+
+QUEUE_ALIAS = os.environ.get("SITE_QUEUE_ALIAS", "default")
+settings.configure(
+    INSTALLED_APPS=["django.contrib.contenttypes", "django.contrib.auth", "jobqueue.contrib.django"],
+    DATABASES={alias: django_database(url) for alias, url in json.loads(os.environ["SITE_DATABASES"]).items()},
+    JOBQUEUE={"APP": "__main__:app", "DATABASE": QUEUE_ALIAS},
+    USE_TZ=True,
+    SECRET_KEY="test-only",
+)
+django.setup()
+
+from django.core.management import call_command  # noqa: E402
+from django.db import connections, transaction  # noqa: E402
+
+from jobqueue import JobNotCommitted, JobQueue  # noqa: E402
+from jobqueue.contrib.django.integration import DjangoIntegration  # noqa: E402
+from jobqueue.errors import ConfigurationError  # noqa: E402
+from jobqueue.testing import drain  # noqa: E402
+
+app = JobQueue()
+
+
+@app.task(name="site.noop")
+def noop(n: int) -> int:
+    return n
+
+
+def jobs() -> int:
+    """How many jobs the message table holds, read on jobqueue's own connection."""
+    with app.store.reading() as conn:
+        return int(conn.execute(sa.select(sa.func.count()).select_from(app.tables.message)).scalar_one())
+
+
+# -- scenarios -------------------------------------------------------------------------------------
+
+
+def bulk_outside_atomic_is_all_or_nothing() -> None:
+    # The connection breaks after the first batch went in: outside transaction.atomic() Django
+    # would have committed that batch on its own, leaving half a bulk that raised.
+    integration = app.framework
+    assert isinstance(integration, DjangoIntegration)
+    engine = integration.engine()
+    statements: list[str] = []
+
+    @sa.event.listens_for(engine, "before_cursor_execute")
+    def break_on_second_batch(conn, cursor, statement, parameters, context, executemany):
+        if "jobqueue_message" in statement:
+            statements.append(statement)
+            if len(statements) == 2:
+                raise ConnectionError("connection lost")
+
+    try:
+        noop.bulk([(i,) for i in range(4)], batch_size=2)
+    except ConnectionError:
+        pass
+    else:
+        raise AssertionError("the bulk should have failed")
+    assert len(statements) == 2, statements
+    assert jobs() == 0, f"{jobs()} jobs of a bulk that raised"
+
+    sa.event.remove(engine, "before_cursor_execute", break_on_second_batch)
+    handles = noop.bulk([(i,) for i in range(5)], batch_size=2)
+    assert connections[QUEUE_ALIAS].get_autocommit() and not connections[QUEUE_ALIAS].in_atomic_block
+    assert [handle.status() for handle in handles] == ["pending"] * 5  # committed, seen by another connection
+    assert jobs() == 5
+
+
+def sqlite_names_are_uris() -> None:
+    # Django opens every SQLite name as a URI: jobqueue's own connections must open the same file.
+    name = settings.DATABASES[QUEUE_ALIAS]["NAME"]
+    assert name.startswith("file:/") and name.endswith("?mode=rwc"), name
+    handle = noop.delay(1)  # through Django's connection
+    assert jobs() == 1  # through jobqueue's own
+    assert [done.id for done in drain(app)] == [handle.id] and handle.status() == "completed"
+    assert not [entry for entry in os.listdir(".") if entry.startswith("file:")]
+
+
+def in_memory_test_database() -> None:
+    # What Django's test runner does to an SQLite database without a TEST NAME.
+    connection = connections[QUEUE_ALIAS]
+    connection.creation.create_test_db(verbosity=0, autoclobber=True)
+    assert connection.is_in_memory_db()
+    with transaction.atomic():  # as in a TestCase: the job is written through Django's connection
+        handle = noop.delay(1)
+        refused(handle.status)
+        transaction.set_rollback(True)
+    noop.delay(2)  # as in a TransactionTestCase
+    refused(lambda: drain(app))
+    assert not [entry for entry in os.listdir(".") if entry.startswith("file:")]  # no file of that name
+
+
+def uncommitted_job_on_a_new_sqlite_database() -> None:
+    # As in a Django TestCase on the SQLite file Django's test runner made (not in WAL mode yet):
+    # the test's transaction holds the write lock while the test reads the job back.
+    with transaction.atomic():
+        handle = noop.delay(1)
+        try:
+            handle.status()
+        except JobNotCommitted:
+            pass
+        else:
+            raise AssertionError("an uncommitted job was read")
+        transaction.set_rollback(True)
+    assert jobs() == 0
+
+
+def call_command_returns() -> None:
+    # call_command("jobqueue", ...) in a test or in a command of the project's: it returns when the
+    # jobqueue command succeeds and raises CommandError when it fails, as Django's commands do.
+    from django.core.management.base import CommandError
+
+    handle = noop.delay(1)
+    call_command("jobqueue", "worker", "--burst", "--concurrency", "1")
+    assert handle.status() == "completed"
+    call_command("jobqueue", "status")
+    waiting = noop.delay(2)
+    try:
+        call_command("jobqueue", "jobs", "retry", str(waiting.id))  # a pending job is not retried
+    except CommandError as exc:
+        assert "exited with status 1" in str(exc), exc
+    else:
+        raise AssertionError("the refused retry did not raise")
+
+
+def refused(read: Callable[[], object]) -> None:
+    """``read`` (on jobqueue's own connections) is refused, naming the fix."""
+    try:
+        read()
+    except ConfigurationError as exc:
+        assert "in-memory SQLite database" in str(exc) and "['TEST']['NAME']" in str(exc), exc
+    else:
+        raise AssertionError(f"{read} read an in-memory database of its own")
+
+
+def task_backend_settings() -> None:
+    # Bad QUEUES and OPTIONS in a TASKS entry: refused when Django loads the backend, naming the fix.
+    from jobqueue.contrib.django.backend import JobQueueBackend
+    from jobqueue.retry import NoRetryStrategy
+
+    queues = "TASKS['default']['QUEUES'] must be a list of queue names, such as ['default', 'emails']"
+    bad: list[tuple[dict[str, Any], str]] = [
+        ({"QUEUES": None}, queues),
+        ({"QUEUES": "emails"}, queues),  # not the queues "e", "m", "a", "i", "l" and "s"
+        ({"QUEUES": {"emails": 1}}, queues),
+        ({"QUEUES": ["emails", 1]}, "TASKS['default']['QUEUES']: invalid queue name 1"),
+        ({"QUEUES": ["bulk mail"]}, "TASKS['default']['QUEUES']: invalid queue name 'bulk mail'"),
+        ({"OPTIONS": "RETRY_STRATEGY"}, "TASKS['default']['OPTIONS'] must be a dict, such as"),
+        ({"OPTIONS": {"RETRY_STRATEGY": NoRetryStrategy}}, "must be a strategy from jobqueue.retry"),
+    ]
+    for params, fix in bad:
+        try:
+            JobQueueBackend("default", {"BACKEND": "jobqueue.contrib.django.backend.JobQueueBackend", **params})
+        except ConfigurationError as exc:
+            assert fix in str(exc), (params, str(exc))
+        else:
+            raise AssertionError(f"{params} was taken")
+    good: list[dict[str, Any]] = [{}, {"QUEUES": []}, {"QUEUES": ("default", "emails")}, {"QUEUES": {"default"}}]
+    for params in good:
+        backend = JobQueueBackend("default", {"OPTIONS": {"RETRY_STRATEGY": NoRetryStrategy()}, **params})
+        assert backend.retry_strategy == NoRetryStrategy()
+
+
+if __name__ == "__main__":
+    for alias in settings.DATABASES:
+        call_command("migrate", database=alias, verbosity=0)
+    globals()[sys.argv[1]]()
+    print("ok")

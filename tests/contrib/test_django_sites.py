@@ -1,0 +1,68 @@
+"""Django sites on each database, each scenario in a process of its own (Django is configured once
+per process): tests/contrib/django_site.py runs it on fresh databases and prints "ok" last."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from tests import servers
+from tests.acceptance.cli import ROOT
+
+SITE = Path(__file__).resolve().parent / "django_site.py"
+
+
+def run_site(scenario: str, backend: str, tmp_path: Path, aliases: tuple[str, ...] = ("default",), **env: str) -> None:
+    """Run ``scenario`` on a fresh database of ``backend`` for each alias; jobqueue uses the last.
+    ``env``: more environment variables for the site."""
+    urls: dict[str, str] = {}
+    try:
+        for alias in aliases:
+            folder = tmp_path / alias
+            folder.mkdir()
+            urls[alias] = servers.create_database(backend, str(folder))
+        site_env = dict(os.environ, PYTHONPATH=str(ROOT), SITE_DATABASES=json.dumps(urls), SITE_QUEUE_ALIAS=aliases[-1])
+        for name in ("JOBQUEUE_DATABASE_URL", "DJANGO_SETTINGS_MODULE"):
+            site_env.pop(name, None)
+        result = subprocess.run(
+            [sys.executable, str(SITE), scenario],
+            cwd=tmp_path,
+            env={**site_env, **env},
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+    finally:
+        for url in urls.values():
+            servers.drop_database(backend, url)
+    lines = result.stdout.strip().splitlines()
+    assert result.returncode == 0 and lines[-1:] == ["ok"], f"{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+
+
+def test_a_bulk_outside_atomic_commits_all_its_batches_or_none(backend: str, tmp_path: Path) -> None:
+    run_site("bulk_outside_atomic_is_all_or_nothing", backend, tmp_path)
+
+
+def test_jobqueue_opens_an_sqlite_name_given_as_a_uri_as_django_does(tmp_path: Path) -> None:
+    run_site("sqlite_names_are_uris", "sqlite", tmp_path, SITE_SQLITE_AS_URI="1")
+
+
+def test_an_in_memory_test_database_is_refused_naming_the_fix_when_jobqueue_connects(tmp_path: Path) -> None:
+    # Jobs are enqueued through Django's connection as always; reading them back on jobqueue's own
+    # connections would need a database those can share, which a TEST NAME gives.
+    run_site("in_memory_test_database", "sqlite", tmp_path)
+
+
+def test_bad_queues_or_options_for_djangos_task_api_are_refused_naming_the_fix(tmp_path: Path) -> None:
+    run_site("task_backend_settings", "sqlite", tmp_path)
+
+
+def test_reading_a_job_inside_the_transaction_that_enqueued_it_on_a_new_sqlite_database(tmp_path: Path) -> None:
+    run_site("uncommitted_job_on_a_new_sqlite_database", "sqlite", tmp_path)
+
+
+def test_call_command_jobqueue_returns_or_raises_command_error(backend: str, tmp_path: Path) -> None:
+    run_site("call_command_returns", backend, tmp_path)
