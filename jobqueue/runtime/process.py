@@ -163,7 +163,11 @@ class WorkerProcess:
 
         signal.signal(signal.SIGTERM, on_term)
         # Ctrl-C reaches the whole process group; the supervisor decides, and tells us with SIGTERM.
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        # A handler that does nothing, not SIG_IGN: an ignored signal stays ignored across exec, so
+        # every program a job starts would ignore SIGINT, while a handler is reset to the default
+        # there. Calls it interrupts are restarted (Python retries its own, sleeps included).
+        signal.signal(signal.SIGINT, ignore_signal)
+        signal.siginterrupt(signal.SIGINT, False)
         signal.set_wakeup_fd(self.spec.wake_w, warn_on_full_buffer=False)
         os.register_at_fork(after_in_child=forked_by_a_job)
         # The supervisor blocked these around fork so that none is lost before this point.
@@ -508,12 +512,17 @@ def descriptors_floor() -> int:
     return limit - max(DESCRIPTORS_SPARE, limit // 10)
 
 
+def ignore_signal(signum: int, frame: Any) -> None:
+    """Do nothing: a worker process's SIGINT (the supervisor decides what Ctrl-C means)."""
+
+
 def forked_by_a_job() -> None:
     """In a process a job forks (a multiprocessing pool's, a daemon): SIGTERM ends it again, as
     in any Python program, instead of only telling a worker loop it does not run to stop (so
     ``Pool.terminate()``, which stops its processes with SIGTERM, does not wait forever), and its
-    signals no longer wake the worker process. SIGINT stays ignored, as in the worker: Ctrl-C
-    reaches the whole process group, and the supervisor decides what it means."""
+    signals no longer wake the worker process. SIGINT still does nothing, as in the worker: Ctrl-C
+    reaches the whole process group, and the supervisor decides what it means (a program it
+    starts gets SIGINT's default again)."""
     try:
         signal.set_wakeup_fd(-1)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)

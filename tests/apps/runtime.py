@@ -5,8 +5,11 @@ from __future__ import annotations
 import asyncio
 import os
 import re
+import signal
+import subprocess
 import sys
 import time
+from typing import Any
 
 from jobqueue import JobQueue, SoftTimeLimitExceeded, current_job
 from jobqueue.retry import ConstantRetryStrategy, NoRetryStrategy
@@ -249,6 +252,46 @@ def fork_pool(processes: int, count: int) -> int:
         total = sum(len(ids) for ids in result.get(timeout=20))
     noop.delay()
     return total
+
+
+def signal_status(**popen: Any) -> dict[str, str]:
+    """The signals a program sees ignored and blocked when it starts (from Linux's /proc, read by
+    cat, which changes neither); ``popen`` as for subprocess.run."""
+    status = subprocess.run(["cat", "/proc/self/status"], capture_output=True, text=True, check=True, **popen).stdout
+    return {k: v.strip() for k, v in (line.split(":", 1) for line in status.splitlines()) if k in ("SigIgn", "SigBlk")}
+
+
+@app.task(name="rt.starts_programs", retry_strategy=NO_RETRY)
+def starts_programs() -> dict[str, object]:
+    """Starts programs as a job that runs a tool does: what one sees of its signals, and how one
+    that the job interrupts with SIGINT ends (its exit status, or "ignored SIGINT")."""
+    tool = subprocess.Popen(["sh", "-c", "echo ready && exec sleep 30"], stdout=subprocess.PIPE, text=True)
+    assert tool.stdout is not None
+    tool.stdout.readline()  # running: from here on the program's own dispositions apply
+    tool.send_signal(signal.SIGINT)
+    try:
+        interrupted: object = tool.wait(10)
+    except subprocess.TimeoutExpired:
+        tool.kill()
+        tool.wait()
+        interrupted = "ignored SIGINT"
+    return {**signal_status(), "interrupted": interrupted}
+
+
+@app.task(name="rt.runs_program", retry_strategy=NO_RETRY)
+def runs_program(seconds: float) -> int:
+    """Runs ``sleep seconds`` and returns its exit status (recording "start" first)."""
+    record("start")
+    return subprocess.run(["sleep", str(seconds)]).returncode
+
+
+@app.task(name="rt.sleeps", retry_strategy=NO_RETRY)
+def sleeps(seconds: float) -> float:
+    """Sleeps ``seconds`` and returns how long it slept (recording "start" first)."""
+    record("start")
+    began = time.monotonic()
+    time.sleep(seconds)
+    return time.monotonic() - began
 
 
 @app.task(name="rt.leak_fds", retry_strategy=NO_RETRY)

@@ -24,7 +24,7 @@ from jobqueue.clock import utcnow
 from tests.acceptance.cli import ROOT
 from tests.apps import runtime as rt
 from tests.conftest import only
-from tests.runtime.harness import REPORTS, Worker, freeze, recorded, repeated, runs, start, wait_for
+from tests.runtime.harness import REPORTS, Worker, default_signals, freeze, recorded, repeated, runs, start, wait_for
 
 
 def alive(pid: int) -> bool:
@@ -311,6 +311,56 @@ def test_processes_a_job_forks_stop_on_sigterm_and_open_their_own_connections(
     assert [h.get(timeout=5) for h in fans] == [120, 120]
     assert archived(app) and {state for state, _, _ in archived(app).values()} == {"COMPLETED"}
     assert len(archived(app)) == 1 + 1 + 2 + 240 + 2 * 2
+
+
+@only("sqlite")
+def test_programs_a_job_starts_get_the_signals_a_shell_would_give_them(
+    app: JobQueue, tmp_path: Path, workers: list[Worker]
+) -> None:
+    """A job runs a tool and interrupts it with SIGINT. Worker processes leave Ctrl-C to their
+    supervisor, and used to ignore SIGINT for it: an ignored signal stays ignored across exec, so
+    the tool could not be interrupted. It now sees the signals it would see started as the worker
+    was: none ignored, none blocked."""
+    job = rt.starts_programs.delay()
+    worker = start(workers, tmp_path, "--burst", "--concurrency", "1")
+    assert worker.wait(60) == 0, worker.text()[-3000:]
+    started_alike = rt.signal_status(preexec_fn=default_signals)  # as the harness starts a worker
+    assert job.get(timeout=5) == {**started_alike, "interrupted": -signal.SIGINT}
+
+
+@only("sqlite")
+def test_sigint_to_a_worker_process_changes_nothing(app: JobQueue, tmp_path: Path, workers: list[Worker]) -> None:
+    """SIGINT sent to a worker process alone neither stops it nor cuts its job's sleep short (the
+    supervisor decides what Ctrl-C means), and the process goes on to the next job."""
+    first = rt.sleeps.delay(1.0)
+    worker = start(workers, tmp_path, "--concurrency", "1")
+    wait_for(lambda: runs(tmp_path / "runs.txt"), 30, "the job to start")
+    [child] = worker.children()
+    for _ in range(5):
+        os.kill(child, signal.SIGINT)
+        time.sleep(0.05)
+    assert first.get(timeout=10) >= 1.0
+    assert rt.short.delay(0).get(timeout=10) == child
+    worker.signal(signal.SIGTERM)
+    assert worker.wait(30) == 0, worker.text()[-3000:]
+    assert "KeyboardInterrupt" not in worker.text()
+
+
+@only("sqlite")
+def test_ctrl_c_stops_warmly_and_reaches_the_programs_jobs_started(
+    app: JobQueue, tmp_path: Path, workers: list[Worker]
+) -> None:
+    """Ctrl-C at the worker's terminal (SIGINT to its whole process group): the running job
+    sleeps its whole time and completes, as on SIGTERM; a program a job started in that group is
+    interrupted, as it would be started from the shell."""
+    job = rt.sleeps.delay(1.0)
+    tool = rt.runs_program.delay(10)
+    worker = start(workers, tmp_path, "--concurrency", "2", group=True)
+    wait_for(lambda: len(runs(tmp_path / "runs.txt")) == 2, 30, "both jobs to start")
+    os.killpg(worker.pid, signal.SIGINT)
+    assert worker.wait(30) == 0, worker.text()[-3000:]
+    assert job.get(timeout=5) >= 1.0
+    assert tool.get(timeout=5) == -signal.SIGINT
 
 
 def test_a_process_a_job_left_without_file_descriptors_is_replaced(
