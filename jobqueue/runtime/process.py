@@ -41,6 +41,7 @@ from jobqueue.runtime.executor import Executor, StoreDeliveryWriter, log_outcome
 from jobqueue.runtime.holdings import BEHIND, Holdings
 from jobqueue.runtime.resilience import DatabaseGuard, GaveUp
 from jobqueue.runtime.slot import Slot
+from jobqueue.runtime.surroundings import Surroundings
 from jobqueue.runtime.writer import OutcomeWriter, Unwritten
 from jobqueue.storage.store import FlushResult, new_lease_token
 
@@ -110,6 +111,7 @@ class WorkerProcess:
         # one, since a partition key is one. Whether a task this process serves has a rate limit
         # (then the process wakes when a key held back by its rate may start again).
         self.rated = serves_rated(app, self.settings.queues)
+        self.surroundings = Surroundings()  # put back after each job: a job's chdir is its own
 
     # -- entry point -------------------------------------------------------------------------------
     def main(self) -> int:
@@ -274,6 +276,7 @@ class WorkerProcess:
         began = time.perf_counter()
         self.acked_first = None
         outcome = self.executor.execute(message)  # never raises for what the job did
+        self.surroundings.restore()
         pending = self.held.finish(outcome, settled=self.acked_first == message.id)
         duration = time.perf_counter() - began
         if outcome is not None:

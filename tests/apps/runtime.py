@@ -294,6 +294,21 @@ def sleeps(seconds: float) -> float:
     return time.monotonic() - began
 
 
+@app.task(name="rt.moves", retry_strategy=NO_RETRY)
+def moves(directory: str, umask: int) -> None:
+    """Changes its process's working directory and umask, and leaves them so."""
+    os.chdir(directory)
+    os.umask(umask)
+
+
+@app.task(name="rt.where")
+def where() -> list[object]:
+    """The working directory and umask this job runs with, and its process."""
+    umask = os.umask(0)
+    os.umask(umask)
+    return [os.getcwd(), umask, os.getpid()]
+
+
 @app.task(name="rt.leak_fds", retry_strategy=NO_RETRY)
 def leak_fds() -> int:
     """Leaks file descriptors until its process has none left (its limit lowered to 256 first)."""

@@ -363,6 +363,22 @@ def test_ctrl_c_stops_warmly_and_reaches_the_programs_jobs_started(
     assert tool.get(timeout=5) == -signal.SIGINT
 
 
+@only("sqlite")
+def test_a_jobs_working_directory_and_umask_do_not_outlive_it(
+    app: JobQueue, tmp_path: Path, workers: list[Worker]
+) -> None:
+    """A job changes its process's working directory and umask: the next job in that process
+    starts where the process started, with its umask, instead of where the job left them."""
+    before = rt.where.delay()
+    rt.moves.delay(str(tmp_path), 0o077)
+    after = rt.where.delay()
+    worker = start(workers, tmp_path, "--burst", "--concurrency", "1")
+    assert worker.wait(60) == 0, worker.text()[-3000:]
+    cwd, umask, pid = before.get(timeout=5)
+    assert cwd == str(ROOT) and umask != 0o077
+    assert after.get(timeout=5) == [cwd, umask, pid]  # the same process
+
+
 def test_a_process_a_job_left_without_file_descriptors_is_replaced(
     app: JobQueue, tmp_path: Path, workers: list[Worker]
 ) -> None:
