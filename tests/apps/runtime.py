@@ -348,6 +348,25 @@ def bad_defer(job, until: object) -> None:
     job.defer(until=float(until) if isinstance(until, str) and until in ("1e12", "nan") else until)
 
 
+@app.task(name="rt.far_retry", retry_strategy=ConstantRetryStrategy(delay_seconds=1e12))
+def far_retry() -> None:
+    """Fails; its strategy would retry it past the year 9999."""
+    raise RuntimeError("the job's own error")
+
+
+@app.task(name="rt.far_nack", bind=True, retry_strategy=ConstantRetryStrategy(delay_seconds=0.1, max_attempts=2))
+def far_nack(job, seconds: float) -> None:
+    """Asks to be retried in ``seconds`` (up to the last moment a date can hold)."""
+    job.nack(delay_seconds=seconds)
+
+
+@app.task(name="rt.far_extend", bind=True, retry_strategy=NO_RETRY)
+def far_extend(job, seconds: float) -> str:
+    """Keeps its lease for ``seconds`` more, then completes."""
+    job.extend(seconds)
+    return "extended"
+
+
 @app.task(name="rt.big_state", bind=True, retry_strategy=NO_RETRY)
 def big_state(job, how: str) -> None:
     data = "x" * (2 * 1024 * 1024)

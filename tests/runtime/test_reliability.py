@@ -379,6 +379,34 @@ def test_a_jobs_working_directory_and_umask_do_not_outlive_it(
     assert after.get(timeout=5) == [cwd, umask, pid]  # the same process
 
 
+def test_times_near_the_year_9999_are_kept_or_refused_with_the_reason(
+    app: JobQueue, tmp_path: Path, workers: list[Worker]
+) -> None:
+    """Every way a job is given a time at the far end of what a date holds: a strategy whose
+    retry falls past the year 9999 fails the job, keeping its own error and saying why and how to
+    fix it; times just before it (an eta, a nack's delay, a lease extension) are stored as given on
+    every database and nothing else in the worker minds them."""
+    last = datetime(9999, 12, 31, 23, 59, 59, 999999)
+    seconds_left = (datetime(9999, 12, 31) - utcnow()).total_seconds()
+    retried = rt.far_retry.delay()
+    far = rt.noop.apply_at(last)
+    nacked = rt.far_nack.delay(seconds_left)
+    extended = rt.far_extend.delay(seconds_left - 86400 * 365)
+    worker = start(workers, tmp_path, "--burst", "--concurrency", "1")
+    assert worker.wait(60) == 0, worker.text()[-3000:]
+    state, error_type, message = archived(app)[retried.id]
+    assert state == "FAILED" and error_type == "RuntimeError", message
+    assert "the job's own error" in (message or "") and "past the year 9999" in (message or "")
+    assert "shorter delays" in (message or "") and "max_attempts" in (message or ""), message
+    assert extended.get(timeout=5) == "extended"
+    m = app.tables.message
+    with app.engine.connect() as conn:
+        rows = dict(conn.execute(sa.select(m.c.id, m.c.next_attempt_at).where(m.c.id.in_([far.id, nacked.id]))).all())
+    assert rows[far.id] == last and rows[nacked.id] >= datetime(9999, 12, 30)
+    assert far.status() == "pending" and nacked.status() == "retryable"
+    assert "could not decide" not in worker.text(), worker.text()[-3000:]
+
+
 def test_a_process_a_job_left_without_file_descriptors_is_replaced(
     app: JobQueue, tmp_path: Path, workers: list[Worker]
 ) -> None:
