@@ -164,7 +164,10 @@ class JobContext:
             try:
                 when = to_naive_utc(until)
             except OverflowError:
-                raise ValueError(f"defer(until=...): {until!r} is out of range once converted to UTC") from None
+                raise ValueError(
+                    f"defer(until=...): {until!r} is out of range once converted to UTC; give a time between "
+                    "the years 1 and 9999 in UTC"
+                ) from None
         elif isinstance(until, (int, float)) and not isinstance(until, bool):
             when = from_now("defer(until=...)", until)
         else:
@@ -199,7 +202,10 @@ def from_now(what: str, seconds: Any) -> datetime:
     try:
         return utcnow() + timedelta(seconds=max(0.0, float(seconds)))
     except OverflowError:
-        raise ValueError(f"{what}: {seconds!r} seconds from now is past the year 9999") from None
+        raise ValueError(
+            f"{what}: {seconds!r} seconds from now is past the year 9999, the last date a job can be given; "
+            "give fewer seconds"
+        ) from None
 
 
 def activate(context: JobContext | None) -> Any:

@@ -3,7 +3,9 @@
 A strategy is asked after attempt number ``attempt`` (1 on the first run) failed at ``now``; it
 returns the time of the next attempt, or ``None`` when the job must be FAILED because
 ``attempt >= max_attempts`` or because the next attempt would fall more than
-``max_total_delay_seconds`` after the first one. Base delays come from tenacity's wait functions.
+``max_total_delay_seconds`` after the first one. A delay that no date can hold (past the year
+9999) raises ConfigurationError, which fails the job with that reason added to its error. Base
+delays come from tenacity's wait functions.
 """
 
 from __future__ import annotations
@@ -87,13 +89,28 @@ class RetryStrategy:
             )
         try:
             next_attempt_at = now + timedelta(seconds=max(0.0, delay))
-        except (OverflowError, ValueError):  # a delay past the year 9999: no retry can be scheduled
+        except (OverflowError, ValueError):
+            self._past_9999(attempt, first_attempt_at, now, delay)
             return None
         if self.max_total_delay_seconds is not None:
             started = first_attempt_at or now
             if next_attempt_at - started > timedelta(seconds=self.max_total_delay_seconds):
                 return None
         return next_attempt_at
+
+    def _past_9999(self, attempt: int, first_attempt_at: datetime | None, now: datetime, delay: float) -> None:
+        """No date holds the next attempt: return (no retry) if ``max_total_delay_seconds`` ends
+        the retries before then anyway, else raise a ConfigurationError that says so and how to
+        fix the strategy."""
+        total = self.max_total_delay_seconds
+        if total is not None and (now - (first_attempt_at or now)).total_seconds() + delay > total:
+            return
+        cap = "max_delay_seconds (a cap on each delay), " if hasattr(self, "max_delay_seconds") else ""
+        raise ConfigurationError(
+            f"{type(self).__name__}: the delay after attempt {attempt}, {delay:g} s, puts the next attempt "
+            f"past the year 9999, the last date a job can be given; give the strategy shorter delays, "
+            f"{cap}max_attempts or max_total_delay_seconds"
+        )
 
     def to_dict(self) -> dict[str, Any]:
         """Return a JSON-safe description, stored with a message for a per-call override."""

@@ -16,6 +16,7 @@ from typing import Any
 from jobqueue.errors import ConfigurationError
 
 DEFAULT_DATABASE_URL = "sqlite:///jobqueue.sqlite3"
+MAX_LEASE_SECONDS = 365 * 86400
 DATABASE_URL_ENV = "JOBQUEUE_DATABASE_URL"
 LISTEN_DATABASE_URL_ENV = "JOBQUEUE_LISTEN_DATABASE_URL"
 APP_ENV = "JOBQUEUE_APP"
@@ -117,6 +118,12 @@ class Settings:
                 raise ConfigurationError(f"{name} must be a finite number of seconds >= 0, got {value!r}")
         if self.release_stuck_timeout < 1:
             raise ConfigurationError("release_stuck_timeout must be at least 1 second (heartbeats run every third)")
+        if self.release_stuck_timeout > MAX_LEASE_SECONDS:
+            # A lease is a date in the database: one past the year 9999 fails every acquisition.
+            raise ConfigurationError(
+                f"release_stuck_timeout must be at most {MAX_LEASE_SECONDS} seconds (a year), got "
+                f"{self.release_stuck_timeout!r}; it is how long a dead worker's jobs wait before they run again"
+            )
         if self.min_fetch_interval > self.max_fetch_interval:
             raise ConfigurationError("min_fetch_interval must not exceed max_fetch_interval")
         if not _finite_number(self.overfetch_factor) or self.overfetch_factor < 1:
@@ -160,7 +167,10 @@ class Settings:
 
 def _finite_number(value: Any) -> bool:
     """An int or float that is neither NaN nor infinite (NaN passes every "at least" check)."""
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    try:
+        return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    except OverflowError:  # an integer too large for a float
+        return False
 
 
 def setting_names() -> list[str]:

@@ -404,7 +404,9 @@ class Task:
         try:
             when = to_naive_utc(eta) if eta is not None else None
         except OverflowError:
-            raise ConfigurationError(f"eta {eta!r} is out of range once converted to UTC") from None
+            raise ConfigurationError(
+                f"eta {eta!r} is out of range once converted to UTC; give a time between the years 1 and 9999 in UTC"
+            ) from None
         if countdown is not None:
             when = from_now("countdown", countdown)
         if headers is not None:

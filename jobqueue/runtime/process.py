@@ -41,6 +41,7 @@ from jobqueue.runtime.executor import Executor, StoreDeliveryWriter, log_outcome
 from jobqueue.runtime.holdings import BEHIND, Holdings
 from jobqueue.runtime.resilience import DatabaseGuard, GaveUp
 from jobqueue.runtime.slot import Slot
+from jobqueue.runtime.surroundings import Surroundings
 from jobqueue.runtime.writer import OutcomeWriter, Unwritten
 from jobqueue.storage.store import FlushResult, new_lease_token
 
@@ -114,6 +115,7 @@ class WorkerProcess:
         # one, since a partition key is one. Whether a task this process serves has a rate limit
         # (then the process wakes when a key held back by its rate may start again).
         self.rated = serves_rated(app, self.settings.queues)
+        self.surroundings = Surroundings()  # put back after each job: a job's chdir is its own
 
     # -- entry point -------------------------------------------------------------------------------
     def main(self) -> int:
@@ -167,7 +169,11 @@ class WorkerProcess:
 
         signal.signal(signal.SIGTERM, on_term)
         # Ctrl-C reaches the whole process group; the supervisor decides, and tells us with SIGTERM.
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        # A handler that does nothing, not SIG_IGN: an ignored signal stays ignored across exec, so
+        # every program a job starts would ignore SIGINT, while a handler is reset to the default
+        # there. Calls it interrupts are restarted (Python retries its own, sleeps included).
+        signal.signal(signal.SIGINT, ignore_signal)
+        signal.siginterrupt(signal.SIGINT, False)
         signal.set_wakeup_fd(self.spec.wake_w, warn_on_full_buffer=False)
         os.register_at_fork(after_in_child=forked_by_a_job)
         # The supervisor blocked these around fork so that none is lost before this point.
@@ -316,6 +322,7 @@ class WorkerProcess:
         began = time.perf_counter()
         self.acked_first = None
         outcome = self.executor.execute(message)  # never raises for what the job did
+        self.surroundings.restore()
         pending = self.held.finish(outcome, settled=self.acked_first == message.id)
         duration = time.perf_counter() - began
         if outcome is not None:
@@ -604,12 +611,17 @@ def descriptors_floor() -> int:
     return limit - max(DESCRIPTORS_SPARE, limit // 10)
 
 
+def ignore_signal(signum: int, frame: Any) -> None:
+    """Do nothing: a worker process's SIGINT (the supervisor decides what Ctrl-C means)."""
+
+
 def forked_by_a_job() -> None:
     """In a process a job forks (a multiprocessing pool's, a daemon): SIGTERM ends it again, as
     in any Python program, instead of only telling a worker loop it does not run to stop (so
     ``Pool.terminate()``, which stops its processes with SIGTERM, does not wait forever), and its
-    signals no longer wake the worker process. SIGINT stays ignored, as in the worker: Ctrl-C
-    reaches the whole process group, and the supervisor decides what it means."""
+    signals no longer wake the worker process. SIGINT still does nothing, as in the worker: Ctrl-C
+    reaches the whole process group, and the supervisor decides what it means (a program it
+    starts gets SIGINT's default again)."""
     try:
         signal.set_wakeup_fd(-1)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)

@@ -5,8 +5,11 @@ from __future__ import annotations
 import asyncio
 import os
 import re
+import signal
+import subprocess
 import sys
 import time
+from typing import Any
 
 from jobqueue import JobQueue, SoftTimeLimitExceeded, current_job
 from jobqueue.retry import ConstantRetryStrategy, NoRetryStrategy
@@ -251,6 +254,61 @@ def fork_pool(processes: int, count: int) -> int:
     return total
 
 
+def signal_status(**popen: Any) -> dict[str, str]:
+    """The signals a program sees ignored and blocked when it starts (from Linux's /proc, read by
+    cat, which changes neither); ``popen`` as for subprocess.run."""
+    status = subprocess.run(["cat", "/proc/self/status"], capture_output=True, text=True, check=True, **popen).stdout
+    return {k: v.strip() for k, v in (line.split(":", 1) for line in status.splitlines()) if k in ("SigIgn", "SigBlk")}
+
+
+@app.task(name="rt.starts_programs", retry_strategy=NO_RETRY)
+def starts_programs() -> dict[str, object]:
+    """Starts programs as a job that runs a tool does: what one sees of its signals, and how one
+    that the job interrupts with SIGINT ends (its exit status, or "ignored SIGINT")."""
+    tool = subprocess.Popen(["sh", "-c", "echo ready && exec sleep 30"], stdout=subprocess.PIPE, text=True)
+    assert tool.stdout is not None
+    tool.stdout.readline()  # running: from here on the program's own dispositions apply
+    tool.send_signal(signal.SIGINT)
+    try:
+        interrupted: object = tool.wait(10)
+    except subprocess.TimeoutExpired:
+        tool.kill()
+        tool.wait()
+        interrupted = "ignored SIGINT"
+    return {**signal_status(), "interrupted": interrupted}
+
+
+@app.task(name="rt.runs_program", retry_strategy=NO_RETRY)
+def runs_program(seconds: float) -> int:
+    """Runs ``sleep seconds`` and returns its exit status (recording "start" first)."""
+    record("start")
+    return subprocess.run(["sleep", str(seconds)]).returncode
+
+
+@app.task(name="rt.sleeps", retry_strategy=NO_RETRY)
+def sleeps(seconds: float) -> float:
+    """Sleeps ``seconds`` and returns how long it slept (recording "start" first)."""
+    record("start")
+    began = time.monotonic()
+    time.sleep(seconds)
+    return time.monotonic() - began
+
+
+@app.task(name="rt.moves", retry_strategy=NO_RETRY)
+def moves(directory: str, umask: int) -> None:
+    """Changes its process's working directory and umask, and leaves them so."""
+    os.chdir(directory)
+    os.umask(umask)
+
+
+@app.task(name="rt.where")
+def where() -> list[object]:
+    """The working directory and umask this job runs with, and its process."""
+    umask = os.umask(0)
+    os.umask(umask)
+    return [os.getcwd(), umask, os.getpid()]
+
+
 @app.task(name="rt.leak_fds", retry_strategy=NO_RETRY)
 def leak_fds() -> int:
     """Leaks file descriptors until its process has none left (its limit lowered to 256 first)."""
@@ -288,6 +346,25 @@ def nul() -> None:
 def bad_defer(job, until: object) -> None:
     record("run")
     job.defer(until=float(until) if isinstance(until, str) and until in ("1e12", "nan") else until)
+
+
+@app.task(name="rt.far_retry", retry_strategy=ConstantRetryStrategy(delay_seconds=1e12))
+def far_retry() -> None:
+    """Fails; its strategy would retry it past the year 9999."""
+    raise RuntimeError("the job's own error")
+
+
+@app.task(name="rt.far_nack", bind=True, retry_strategy=ConstantRetryStrategy(delay_seconds=0.1, max_attempts=2))
+def far_nack(job, seconds: float) -> None:
+    """Asks to be retried in ``seconds`` (up to the last moment a date can hold)."""
+    job.nack(delay_seconds=seconds)
+
+
+@app.task(name="rt.far_extend", bind=True, retry_strategy=NO_RETRY)
+def far_extend(job, seconds: float) -> str:
+    """Keeps its lease for ``seconds`` more, then completes."""
+    job.extend(seconds)
+    return "extended"
 
 
 @app.task(name="rt.big_state", bind=True, retry_strategy=NO_RETRY)

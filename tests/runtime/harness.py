@@ -40,6 +40,7 @@ class Worker:
         app: str = "tests.apps.runtime:app",
         name: str = "worker",
         env: dict[str, str] | None = None,
+        group: bool = False,
     ) -> None:
         self.log_path = tmp / f"{name}.log"
         self.log = open(self.log_path, "w")
@@ -50,7 +51,8 @@ class Worker:
             stdout=self.log,
             stderr=subprocess.STDOUT,
             env=dict(os.environ, **(env or {})),
-            preexec_fn=_default_signals,
+            preexec_fn=default_signals,
+            start_new_session=group,  # a process group of its own, as a terminal's foreground job
         )
 
     @property
@@ -100,14 +102,16 @@ def start(
     name: str = "worker",
     app: str = "tests.apps.runtime:app",
     env: dict[str, str] | None = None,
+    group: bool = False,
 ) -> Worker:
-    """Start a worker that the ``workers`` fixture stops after the test."""
-    worker = Worker(tmp_path, *args, name=name, app=app, env=env)
+    """Start a worker that the ``workers`` fixture stops after the test (in a process group of its
+    own with ``group``: then ``os.killpg(worker.pid, ...)`` is Ctrl-C at its terminal)."""
+    worker = Worker(tmp_path, *args, name=name, app=app, env=env, group=group)
     workers.append(worker)
     return worker
 
 
-def _default_signals() -> None:
+def default_signals() -> None:
     """A worker as a terminal would start it: under nohup or in a background job of a script (as
     CI runs us) SIGHUP, SIGINT and SIGQUIT are ignored, and a child would inherit that."""
     for signum in (signal.SIGHUP, signal.SIGINT, signal.SIGQUIT):

@@ -24,7 +24,7 @@ from jobqueue.clock import utcnow
 from tests.acceptance.cli import ROOT
 from tests.apps import runtime as rt
 from tests.conftest import only
-from tests.runtime.harness import REPORTS, Worker, freeze, recorded, repeated, runs, start, wait_for
+from tests.runtime.harness import REPORTS, Worker, default_signals, freeze, recorded, repeated, runs, start, wait_for
 
 
 def alive(pid: int) -> bool:
@@ -311,6 +311,100 @@ def test_processes_a_job_forks_stop_on_sigterm_and_open_their_own_connections(
     assert [h.get(timeout=5) for h in fans] == [120, 120]
     assert archived(app) and {state for state, _, _ in archived(app).values()} == {"COMPLETED"}
     assert len(archived(app)) == 1 + 1 + 2 + 240 + 2 * 2
+
+
+@only("sqlite")
+def test_programs_a_job_starts_get_the_signals_a_shell_would_give_them(
+    app: JobQueue, tmp_path: Path, workers: list[Worker]
+) -> None:
+    """A job runs a tool and interrupts it with SIGINT. Worker processes leave Ctrl-C to their
+    supervisor, and used to ignore SIGINT for it: an ignored signal stays ignored across exec, so
+    the tool could not be interrupted. It now sees the signals it would see started as the worker
+    was: none ignored, none blocked."""
+    job = rt.starts_programs.delay()
+    worker = start(workers, tmp_path, "--burst", "--concurrency", "1")
+    assert worker.wait(60) == 0, worker.text()[-3000:]
+    started_alike = rt.signal_status(preexec_fn=default_signals)  # as the harness starts a worker
+    assert job.get(timeout=5) == {**started_alike, "interrupted": -signal.SIGINT}
+
+
+@only("sqlite")
+def test_sigint_to_a_worker_process_changes_nothing(app: JobQueue, tmp_path: Path, workers: list[Worker]) -> None:
+    """SIGINT sent to a worker process alone neither stops it nor cuts its job's sleep short (the
+    supervisor decides what Ctrl-C means), and the process goes on to the next job."""
+    first = rt.sleeps.delay(1.0)
+    worker = start(workers, tmp_path, "--concurrency", "1")
+    wait_for(lambda: runs(tmp_path / "runs.txt"), 30, "the job to start")
+    [child] = worker.children()
+    for _ in range(5):
+        os.kill(child, signal.SIGINT)
+        time.sleep(0.05)
+    assert first.get(timeout=10) >= 1.0
+    assert rt.short.delay(0).get(timeout=10) == child
+    worker.signal(signal.SIGTERM)
+    assert worker.wait(30) == 0, worker.text()[-3000:]
+    assert "KeyboardInterrupt" not in worker.text()
+
+
+@only("sqlite")
+def test_ctrl_c_stops_warmly_and_reaches_the_programs_jobs_started(
+    app: JobQueue, tmp_path: Path, workers: list[Worker]
+) -> None:
+    """Ctrl-C at the worker's terminal (SIGINT to its whole process group): the running job
+    sleeps its whole time and completes, as on SIGTERM; a program a job started in that group is
+    interrupted, as it would be started from the shell."""
+    job = rt.sleeps.delay(1.0)
+    tool = rt.runs_program.delay(10)
+    worker = start(workers, tmp_path, "--concurrency", "2", group=True)
+    wait_for(lambda: len(runs(tmp_path / "runs.txt")) == 2, 30, "both jobs to start")
+    os.killpg(worker.pid, signal.SIGINT)
+    assert worker.wait(30) == 0, worker.text()[-3000:]
+    assert job.get(timeout=5) >= 1.0
+    assert tool.get(timeout=5) == -signal.SIGINT
+
+
+@only("sqlite")
+def test_a_jobs_working_directory_and_umask_do_not_outlive_it(
+    app: JobQueue, tmp_path: Path, workers: list[Worker]
+) -> None:
+    """A job changes its process's working directory and umask: the next job in that process
+    starts where the process started, with its umask, instead of where the job left them."""
+    before = rt.where.delay()
+    rt.moves.delay(str(tmp_path), 0o077)
+    after = rt.where.delay()
+    worker = start(workers, tmp_path, "--burst", "--concurrency", "1")
+    assert worker.wait(60) == 0, worker.text()[-3000:]
+    cwd, umask, pid = before.get(timeout=5)
+    assert cwd == str(ROOT) and umask != 0o077
+    assert after.get(timeout=5) == [cwd, umask, pid]  # the same process
+
+
+def test_times_near_the_year_9999_are_kept_or_refused_with_the_reason(
+    app: JobQueue, tmp_path: Path, workers: list[Worker]
+) -> None:
+    """Every way a job is given a time at the far end of what a date holds: a strategy whose
+    retry falls past the year 9999 fails the job, keeping its own error and saying why and how to
+    fix it; times just before it (an eta, a nack's delay, a lease extension) are stored as given on
+    every database and nothing else in the worker minds them."""
+    last = datetime(9999, 12, 31, 23, 59, 59, 999999)
+    seconds_left = (datetime(9999, 12, 31) - utcnow()).total_seconds()
+    retried = rt.far_retry.delay()
+    far = rt.noop.apply_at(last)
+    nacked = rt.far_nack.delay(seconds_left)
+    extended = rt.far_extend.delay(seconds_left - 86400 * 365)
+    worker = start(workers, tmp_path, "--burst", "--concurrency", "1")
+    assert worker.wait(60) == 0, worker.text()[-3000:]
+    state, error_type, message = archived(app)[retried.id]
+    assert state == "FAILED" and error_type == "RuntimeError", message
+    assert "the job's own error" in (message or "") and "past the year 9999" in (message or "")
+    assert "shorter delays" in (message or "") and "max_attempts" in (message or ""), message
+    assert extended.get(timeout=5) == "extended"
+    m = app.tables.message
+    with app.engine.connect() as conn:
+        rows = dict(conn.execute(sa.select(m.c.id, m.c.next_attempt_at).where(m.c.id.in_([far.id, nacked.id]))).all())
+    assert rows[far.id] == last and rows[nacked.id] >= datetime(9999, 12, 30)
+    assert far.status() == "pending" and nacked.status() == "retryable"
+    assert "could not decide" not in worker.text(), worker.text()[-3000:]
 
 
 def test_a_process_a_job_left_without_file_descriptors_is_replaced(

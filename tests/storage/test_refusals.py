@@ -12,7 +12,7 @@ import math
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import datetime, timedelta
+from datetime import datetime, timedelta, timezone
 
 import pytest
 import sqlalchemy as sa
@@ -333,7 +333,18 @@ def deep() -> list[object]:
         (lambda t: t.apply_async((1,), headers={"x": math.nan}), ConfigurationError, "headers['x']"),
         (lambda t: t.apply_async((1,), countdown=math.inf), ValueError, "countdown"),
         (lambda t: t.apply_async((1,), countdown=math.nan), ValueError, "countdown"),
-        (lambda t: t.apply_async((1,), countdown=1e300), ValueError, "countdown"),
+        (lambda t: t.apply_async((1,), countdown=1e300), ValueError, "countdown: 1e+300 seconds from now is past"),
+        (lambda t: t.apply_async((1,), countdown=3e11), ValueError, "the last date a job can be given; give fewer"),
+        (
+            lambda t: t.apply_at(datetime.max.replace(tzinfo=timezone(-timedelta(hours=1))), 1),
+            ConfigurationError,
+            "eta",
+        ),
+        (
+            lambda t: t.apply_at(datetime.max.replace(tzinfo=timezone(-timedelta(hours=1))), 1),
+            ConfigurationError,
+            "give a time",
+        ),
         (lambda t: t.apply_async((1,), countdown="soon"), TypeError, "countdown"),
         (lambda t: t.apply_async((1,), unique_key="a\x00b"), ConfigurationError, "unique_key"),
         (lambda t: t.apply_async((1,), partition_key="a\x00b"), ConfigurationError, "partition_key"),

@@ -177,8 +177,30 @@ def test_a_delay_that_is_not_a_number_of_seconds_is_named(value: object) -> None
         _Returns(value=value).decide(2, T0, T0)
 
 
-def test_a_delay_of_a_strategy_of_ones_own_may_be_an_int_negative_or_past_9999() -> None:
+def test_a_delay_of_a_strategy_of_ones_own_may_be_an_int_or_negative() -> None:
     assert _Returns(value=3).decide(1, T0, T0) == T0 + timedelta(seconds=3)
     assert _Returns(value=-3.5).decide(1, T0, T0) == T0
-    assert _Returns(value=float("inf")).decide(1, T0, T0) is None
-    assert _Returns(value=10**30).decide(1, T0, T0) is None
+
+
+@pytest.mark.parametrize("value", [float("inf"), 10**30, 3e11])
+def test_a_delay_past_the_year_9999_is_an_error_that_says_so(value: object) -> None:
+    # It used to fail the job as if its attempts were used up, with nothing to say why.
+    with pytest.raises(ConfigurationError, match=r"_Returns: the delay after attempt 1, .* past the year 9999"):
+        _Returns(value=value).decide(1, T0, T0)
+
+
+def test_a_growing_delay_past_the_year_9999_names_the_cap_that_prevents_it() -> None:
+    strategy = ExponentialBackoffWithJitterRetryStrategy(initial_delay_seconds=60, multiplier=10)
+    with freeze_time(T0):
+        assert strategy.decide(10, T0, utcnow()) is not None  # 6e10 s and its jitter: some 2,000 years
+        with pytest.raises(ConfigurationError, match=r"give the strategy shorter delays, max_delay_seconds"):
+            strategy.decide(11, T0, utcnow())  # 6e11 s: some 19,000 years
+    capped = ExponentialBackoffRetryStrategy(initial_delay_seconds=60, multiplier=10, max_delay_seconds=86400)
+    assert schedule(capped, 11)[-1] == 86400
+
+
+def test_a_delay_past_the_year_9999_beyond_max_total_delay_simply_ends_the_retries() -> None:
+    strategy = ConstantRetryStrategy(delay_seconds=1e12, max_total_delay_seconds=3600)
+    assert strategy.decide(1, T0, T0) is None
+    with pytest.raises(ConfigurationError, match="max_attempts or max_total_delay_seconds"):
+        ConstantRetryStrategy(delay_seconds=1e12, max_total_delay_seconds=1e13).decide(1, T0, T0)

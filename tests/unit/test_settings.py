@@ -27,6 +27,9 @@ def test_defaults_follow_the_spec() -> None:
         # Not a number, or not a finite one: compared with anything, NaN is never too small.
         ({"release_stuck_timeout": float("nan")}, "release_stuck_timeout must be a finite number"),
         ({"release_stuck_timeout": float("inf")}, "release_stuck_timeout must be a finite number"),
+        ({"graceful_timeout": 10**400}, "graceful_timeout must be a finite number"),  # too large for a float
+        # Leases are dates: one past the year 9999 made every acquisition fail, worker after worker.
+        ({"release_stuck_timeout": 3e11}, "release_stuck_timeout must be at most 31536000 seconds"),
         ({"graceful_timeout": float("nan")}, "graceful_timeout"),
         ({"flush_interval": float("inf")}, "flush_interval"),
         ({"overfetch_factor": float("nan")}, "overfetch_factor must be a finite number"),

@@ -1,0 +1,65 @@
+"""What a worker process puts back after each job: its working directory and umask."""
+
+from __future__ import annotations
+
+import logging
+import os
+import timeit
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from jobqueue.runtime.surroundings import Surroundings
+
+
+@pytest.fixture
+def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A process started in tmp_path/home; the test's own directory and umask come back after."""
+    (tmp_path / "home").mkdir()
+    monkeypatch.chdir(tmp_path / "home")
+    umask = os.umask(0o022)
+    yield tmp_path / "home"
+    os.umask(umask)
+
+
+def test_a_jobs_chdir_and_umask_are_put_back(home: Path, tmp_path: Path) -> None:
+    surroundings = Surroundings()
+    os.chdir(tmp_path)
+    os.umask(0o077)
+    surroundings.restore()
+    assert os.getcwd() == str(home) and os.umask(0o022) == 0o022
+
+
+def test_a_job_that_closed_the_descriptor_is_put_back_by_the_path(home: Path, tmp_path: Path) -> None:
+    surroundings = Surroundings()
+    assert surroundings.directory is not None
+    os.close(surroundings.directory)  # as os.closerange() in daemonizing code would
+    os.chdir(tmp_path)
+    surroundings.restore()
+    assert os.getcwd() == str(home)
+    os.chdir(tmp_path)
+    surroundings.restore()  # with a descriptor of its own again
+    assert os.getcwd() == str(home) and surroundings.directory is not None
+
+
+def test_a_working_directory_that_cannot_be_reached_is_said_once(
+    home: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    surroundings = Surroundings()
+    assert surroundings.directory is not None
+    os.close(surroundings.directory)
+    os.chdir(tmp_path)
+    home.rmdir()
+    with caplog.at_level(logging.WARNING, "jobqueue.worker"):
+        surroundings.restore()
+        surroundings.restore()
+    assert os.getcwd() == str(tmp_path)
+    assert [r.getMessage() for r in caplog.records if "cannot go back" in r.getMessage()] != []
+    assert len(caplog.records) == 1
+
+
+def test_putting_back_is_cheap_enough_for_every_job(home: Path) -> None:
+    surroundings = Surroundings()
+    seconds = min(timeit.repeat(surroundings.restore, number=10_000, repeat=5)) / 10_000
+    assert seconds < 1e-6 * 5  # a loaded machine's margin; about 0.5 µs measured
