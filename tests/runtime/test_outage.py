@@ -136,11 +136,10 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
 def fill(disk: Path) -> Path:
     """Take every free byte of ``disk`` with a file; return it (delete it to give the room back)."""
     ballast = disk / "ballast"
-    with open(ballast, "wb") as f:
+    with open(ballast, "wb", buffering=0) as f:  # unbuffered: nothing left to write at close
         try:
             while True:
                 f.write(b"\0" * 65536)
-                f.flush()
         except OSError as exc:
             assert exc.errno == errno.ENOSPC, exc
     return ballast
