@@ -105,6 +105,9 @@ class WorkerProcess:
         # The keeper thread writes through its own guard: a guard's bookkeeping belongs to one thread.
         self.keeper_writer = OutcomeWriter(app.store, DatabaseGuard(logger, "database (keeper)", self._classify))
         self.keeper_renewals = DatabaseGuard(logger, "database (keeper's lease renewal)", self._classify)
+        self.keeper_renew_after_ns = 0  # after a failed renewal, not before then
+        self.keeper_lost: int | None = None  # the running job whose lease the keeper found lost
+        self.keeper_renewed_id: int | None = None  # the job whose self-renewal was logged last
         self.wake_at: float | None = None  # monotonic time a deferred message of ours comes due
         self.acked_first: int | None = None  # the running job, once its ACK_FIRST outcome is written
         # File descriptors in use once connected (see descriptors_used_up); None: none were left.
@@ -213,7 +216,8 @@ class WorkerProcess:
             self.silent_since = time.monotonic()
             logger.warning(
                 "worker process %s: the supervisor (pid %s) has renewed no lease for over %.1f s (it is "
-                "stopped or stuck); this process takes no new job until it does",
+                "stopped or stuck, or the database is unavailable to it); this process takes no new job "
+                "until it does",
                 os.getpid(),
                 self.spec.supervisor_pid,
                 self.lease_window,
@@ -357,7 +361,8 @@ class WorkerProcess:
         if stale:
             logger.warning(
                 "worker process %s: %s buffered message(s) returned to the queue unstarted (job ids %s): their "
-                "lease was last renewed over %.1f s ago, the supervisor (pid %s) renewing nothing",
+                "lease was last renewed over %.1f s ago (the supervisor, pid %s, renewed nothing since: it is "
+                "stopped or stuck, or the database was unavailable)",
                 os.getpid(),
                 len(stale),
                 ", ".join(str(m.id) for m in stale[:10]) + (", ..." if len(stale) > 10 else ""),
@@ -534,8 +539,12 @@ class WorkerProcess:
         message, renewed_ns = lease
         now_ns = time.monotonic_ns()
         interval = self.settings.heartbeat_interval
-        if now_ns - renewed_ns <= 1.5 * interval * 1e9:
-            return  # the supervisor renews it (every interval)
+        # The supervisor renews every interval, a tick late at most: past half an interval more,
+        # it missed one. (At least half the lease is left then.)
+        if now_ns - renewed_ns <= (1.5 * interval + KEEPER_TICK_SECONDS) * 1e9:
+            return
+        if now_ns < self.keeper_renew_after_ns or message.id in (self.acked_first, self.keeper_lost):
+            return  # tried a moment ago; or nothing to renew: archived before it ran, or lost
         deadline = self._timeout_of(message)
         if deadline is not None and self.held.running_since is not None:
             if time.monotonic() - self.held.running_since > deadline:
@@ -543,11 +552,19 @@ class WorkerProcess:
         ok, kept = self.keeper_renewals.try_once(
             lambda: self.store.extend_lease(message.id, message.lease_token, self.settings.release_stuck_timeout)
         )
-        if ok and kept:
-            self.held.lease_extended(message, now_ns)
+        if not ok:
+            self.keeper_renew_after_ns = now_ns + int(min(1.0, interval / 3) * 1e9)  # the database is out too
+            return
+        if not kept:
+            self.keeper_lost = message.id  # its outcome will be fenced out; nothing to renew
+            return
+        self.held.lease_extended(message, now_ns)
+        if message.id != self.keeper_renewed_id:  # once per job
+            self.keeper_renewed_id = message.id
             logger.warning(
                 "worker process %s: job %s %s: its lease renewed by the worker process itself (the "
-                "supervisor, pid %s, has renewed nothing for %.1f s)",
+                "supervisor, pid %s, has renewed nothing for %.1f s: stopped, stuck, or the database "
+                "unavailable to it)",
                 os.getpid(),
                 message.id,
                 message.task_name,

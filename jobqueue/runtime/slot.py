@@ -37,8 +37,9 @@ from typing import Any
     BUFFERED,
     REVOKES,
     RENEWED_NS,
-) = range(11)
-SIZE = 11
+    LAPSED_NS,
+) = range(12)
+SIZE = 12
 UNKNOWN = -1  # more started ids than the list holds: only the running one is known
 MAX_BATCHES = 16  # buffered batches a child may hold (it stops fetching when they are all in use)
 LOCK_TIMEOUT_SECONDS = 0.05
@@ -153,6 +154,12 @@ class Slot:
         the renewal); read without the lock: one aligned 64-bit word."""
         return int(self.array[RENEWED_NS])
 
+    def renewed_for(self, taken_ns: int) -> int:
+        """When the supervisor last renewed the lease of a batch taken at ``taken_ns``: the last
+        renewal, unless the renewals lapsed since the batch was taken (then its lease may have run
+        out, and been taken by another worker, before the renewal came: 0)."""
+        return 0 if taken_ns < self.array[LAPSED_NS] else int(self.array[RENEWED_NS])
+
     def set_idle(self, idle: bool) -> None:
         with self.lock:
             self.array[IDLE] = int(idle)
@@ -195,9 +202,13 @@ class Slot:
         finally:
             self.lock.release()
 
-    def renewed(self, sent_ns: int) -> None:
-        """Say that the leases of everything the child held at ``sent_ns`` were renewed (written
-        without the lock: one aligned 64-bit word, and only the supervisor writes it)."""
+    def renewed(self, sent_ns: int, lapsed: bool = False) -> None:
+        """Say that the leases of everything the child held at ``sent_ns`` were renewed, or with
+        ``lapsed`` that the renewals stopped for longer than a lease before that: what the child
+        held may have been released meanwhile, and is not vouched for (written without the lock:
+        aligned 64-bit words, which only the supervisor writes)."""
+        if lapsed:
+            self.array[LAPSED_NS] = sent_ns
         self.array[RENEWED_NS] = sent_ns
 
     def started_ids(self) -> list[int] | None:

@@ -101,6 +101,7 @@ class Supervisor:
         self.stopping = False
         self.stop_deadline = 0.0
         self.next_heartbeat = 0.0
+        self.renewed_ns: int | None = None  # when the last successful renewal was sent (monotonic)
         self.next_release = 0.0
         self.next_flow_sweep = 0.0
         self.next_topic_collect = 0.0
@@ -619,8 +620,9 @@ class Supervisor:
             self.next_checkpoint = now + CHECKPOINT_SECONDS
             self._checkpoint()
         if now >= self.next_heartbeat:
-            # Set first: an error below must not make every tick try again.
-            self.next_heartbeat = now + RETRY_SOON_SECONDS
+            # Set first: an error below must not make every tick try again. Soon enough that one
+            # failure leaves the worker processes' leases fresh (see WorkerProcess.lease_window).
+            self.next_heartbeat = now + min(RETRY_SOON_SECONDS, self.settings.heartbeat_interval / 3)
             children = list(self.children.values())
             workers = [self._worker_state(child) for child in children]
             sent_ns = time.monotonic_ns()
@@ -628,8 +630,17 @@ class Supervisor:
             if ok:
                 # Each child starts buffered work only while its leases are fresh, and renews its
                 # running job's lease itself when these renewals stop (this process stopped or stuck).
+                # After renewals stopped for longer than a lease (an outage, this process frozen),
+                # what the children held before may have been released and taken by others: this
+                # renewal does not vouch for it.
+                done_ns = time.monotonic_ns()
+                lapsed = (
+                    self.renewed_ns is not None
+                    and done_ns - self.renewed_ns > self.settings.release_stuck_timeout * 1e9
+                )
+                self.renewed_ns = sent_ns
                 for child in children:
-                    child.spec.slot.renewed(sent_ns)
+                    child.spec.slot.renewed(sent_ns, lapsed)
                 self.next_heartbeat = now + self.settings.heartbeat_interval
                 # Who else serves these queues: news of work is shared out among us.
                 found, peers = self.guard.try_once(

@@ -246,3 +246,26 @@ def test_the_running_lease_dates_from_the_latest_renewal() -> None:
     held.lease_extended(message(2), time.monotonic_ns())  # not the running one: ignored
     held.finish(ended(started))
     assert held.running_lease() is None
+
+
+def test_a_renewal_after_the_renewals_lapsed_does_not_vouch_for_an_older_batch() -> None:
+    # The database was down (or the whole tree frozen) past the lease: the batch taken 25 s ago
+    # may have been released and taken by another worker meanwhile. The renewal that follows the
+    # gap renews what is still ours, but says nothing of that batch.
+    held = windowed(20.0)
+    held.add_fetched([message(1)], sent_ns=aged(25.0))
+    held.slot.renewed(aged(1.0), lapsed=True)
+    assert held.start_next() is None
+    assert [o.message.id for o in held.take_pending()] == [1]
+    held.add_fetched([message(2)], sent_ns=aged(0.5))  # taken since: its own fetch vouches for it
+    started = held.start_next()
+    assert isinstance(started, Message) and started.id == 2
+    held.finish(ended(started))
+    held.written(held.take_pending())
+    # A later renewal vouches again for a batch taken after the gap (here 25 s ago, so only the
+    # renewal keeps it startable).
+    held.slot.renewed(aged(60.0), lapsed=True)
+    held.add_fetched([message(3)], sent_ns=aged(25.0))
+    held.slot.renewed(aged(0.2))
+    third = held.start_next()
+    assert isinstance(third, Message) and third.id == 3

@@ -145,6 +145,10 @@ class FakePostgresError(Exception):
         (MYSQL, FakeMySQLError(1114, "The table 'jobqueue_archive' is full"), "full"),
         (MYSQL, FakeMySQLError(1021, "Disk full (/tmp/x); waiting for someone to free some space..."), "full"),
         (POSTGRES, FakePostgresError("53100"), "full"),
+        (MYSQL, FakeMySQLError(1030, 'Got error 28 "No space left on device" from storage engine'), "full"),
+        (MYSQL, FakeMySQLError(3, "Error writing file './test/t.MYD' (Errcode: 28 \"No space left\")"), "full"),
+        (MYSQL, FakeMySQLError(1030, "Got error 168 from storage engine"), None),
+        (MYSQL, FakeMySQLError(1114, "The table '/tmp/#sql_1c2_0' is full"), None),  # one query's limit
     ],
 )
 def test_driver_errors_are_classified_by_what_they_mean(who, orig: Exception, expected: str | None) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import re
 import time
 from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta
@@ -47,6 +48,8 @@ MISSING_TABLE = 1146
 MYSQL_DISCONNECTS = {1040, 1053, 1152, 1927, 2002, 2003, 2006, 2013, 2055, 4031}
 MYSQL_CONTENTION = {1205, 1213}
 MYSQL_FULL = {1021, 1114}  # disk full; the table is full (its table space at its limit)
+# "Got error 28 from storage engine", "Error writing file ... (Errcode: 28 ...)": ENOSPC.
+MYSQL_WRITE_ERRORS = {3, 1030}
 FRESH_ID_TRIES = 10
 FLOOR_MAX_AGE_SECONDS = 1.0
 logger = logging.getLogger("jobqueue.storage")
@@ -277,8 +280,13 @@ class MySQLDialect(Dialect):
         code = _mysql_code(exc)
         if code in MYSQL_CONTENTION:
             return CONTENTION
-        if code in MYSQL_FULL:
-            return FULL
+        if code in MYSQL_FULL or code in MYSQL_WRITE_ERRORS:
+            text = str(exc.orig)
+            if code in MYSQL_WRITE_ERRORS and not re.search(r"\b28\b", text):
+                return None
+            # An internal temporary table of one query that outgrew tmp_table_size is that
+            # query's own limit, not a full database: retrying it would never succeed.
+            return None if "#sql" in text else FULL
         return OUTAGE if code in MYSQL_DISCONNECTS else None
 
     def missing_table(self, exc: sa.exc.DBAPIError) -> bool:
