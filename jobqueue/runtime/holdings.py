@@ -132,8 +132,7 @@ class Holdings:
     def _fresh(self, message: Message) -> bool:
         """Whether ``message``'s lease was taken or renewed within the start window; if so, the
         messages after it in the buffer (of the same batch or later ones) are fresh until then too."""
-        taken_ns = self.taken_ns.get(message.lease_token, 0)
-        renewed_ns = max(taken_ns, self.slot.renewed_for(taken_ns))
+        renewed_ns = self.slot.renewed_for(self.taken_ns.get(message.lease_token, 0))
         if time.monotonic_ns() - renewed_ns > self.start_window_ns:
             return False
         self.fresh_from_ns, self.fresh_until_ns = renewed_ns, renewed_ns + self.start_window_ns
@@ -160,7 +159,7 @@ class Holdings:
         with self.lock:
             if self.running is None:
                 return None
-            return self.running, max(self.running_renewed_ns, self.slot.renewed_for(self.running_renewed_ns))
+            return self.running, self.slot.renewed_for(self.running_renewed_ns)
 
     def lease_extended(self, message: Message, sent_ns: int) -> None:
         """The running job's lease was renewed by a statement sent at ``sent_ns``."""

@@ -155,10 +155,12 @@ class Slot:
         return int(self.array[RENEWED_NS])
 
     def renewed_for(self, taken_ns: int) -> int:
-        """When the supervisor last renewed the lease of a batch taken at ``taken_ns``: the last
-        renewal, unless the renewals lapsed since the batch was taken (then its lease may have run
-        out, and been taken by another worker, before the renewal came: 0)."""
-        return 0 if taken_ns < self.array[LAPSED_NS] else int(self.array[RENEWED_NS])
+        """When the lease of what was taken (or last renewed by the child) at ``taken_ns`` was last
+        renewed: the supervisor's last renewal if later, unless the renewals lapsed since (then
+        the lease may have run out, and been taken by another worker, before that renewal came)."""
+        if taken_ns < self.array[LAPSED_NS]:
+            return taken_ns
+        return max(taken_ns, int(self.array[RENEWED_NS]))
 
     def set_idle(self, idle: bool) -> None:
         with self.lock:
