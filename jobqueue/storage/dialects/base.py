@@ -205,6 +205,11 @@ class Dialect(Connector):
         share), or None to read them with one part per key."""
         return None
 
+    def per_key_candidates(self, acquirer: FlowAcquirer) -> Callable[..., dict[str, list[Any]]] | None:
+        """A function reading the flow candidates key by key, as FlowAcquirer.read_candidates
+        does (same arguments and result), or None to read them in one statement."""
+        return None
+
     def take_over_checkpoints(self) -> bool:
         """From now on this process writes the database's journal back (:meth:`checkpoint`) for
         the connections it and its forks open, where the database leaves that to whichever

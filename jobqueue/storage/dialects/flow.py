@@ -218,6 +218,8 @@ class FlowAcquirer:
         self._candidates: dict[tuple[int, int], Any] = {}
         # Where the database can, one statement for any number of keys, which it plans once.
         self.lateral = dialect.lateral_candidates(self)
+        # Where statements cost little more than their work (an embedded database), one per key.
+        self.per_key = dialect.per_key_candidates(self)
         # Where the database can, partitions' runs are chosen and taken by one statement.
         self.runs = dialect.partition_runs(self)
 
@@ -310,7 +312,10 @@ class FlowAcquirer:
     def read_candidates(
         self, connection: sa.Connection, binds: dict[str, Any], keys: list[str], share: int
     ) -> dict[str, list[Any]]:
-        """The candidate rows of each of ``keys`` (partition keys first), ``share`` at most each."""
+        """The candidate rows of each of ``keys`` (partition keys first), ``share`` at most each:
+        a partition's in id order, another key's in delivery order."""
+        if self.per_key is not None:
+            return self.per_key(connection, binds, keys, share)
         partitions = sum(1 for key in keys if is_partition(key))
         if self.lateral is not None:
             values = {
@@ -333,6 +338,8 @@ class FlowAcquirer:
         rows: dict[str, list[Any]] = {key: [] for key in keys}
         for row in read:
             rows[listed[row.part]].append(row)
+        for key, found in rows.items():  # the parts of one statement come in no set order
+            found.sort(key=_by_id if is_partition(key) else delivery_order)
         return rows
 
     def run(self, connection: sa.Connection, params: AcquireParams, take: Callable[..., list[Message]]) -> FlowAcquired:
@@ -396,8 +403,6 @@ class FlowAcquirer:
                 message.run_key = message.flow_key  # taken under its own flow key (compared exactly)
             return in_partition_order(messages)
         rows = self.read_candidates(connection, binds, keys, share)
-        for key, found in rows.items():
-            found.sort(key=_by_id if is_partition(key) else delivery_order)
         # A partition's run, and a concurrency key's job with a partition (its partition's
         # oldest), wait while a job of the partition runs: asked of each partition's first
         # candidate, and of each such job (see partition_run).

@@ -10,6 +10,7 @@ import json
 import os
 import sqlite3
 import time
+from collections import namedtuple
 from collections.abc import Callable, Iterator, Sequence
 from datetime import datetime
 from typing import Any, cast
@@ -24,6 +25,7 @@ from jobqueue.job import Batch, Message, MessageState, Outcome, OutcomeKind
 from jobqueue.storage.dialects.base import Dialect
 from jobqueue.storage.dialects.common import ACQUIRED_COLUMNS, BATCH_COLUMNS, AcquireParams, delivery_order, json_text
 from jobqueue.storage.dialects.connector import CONTENTION, FULL, OUTAGE
+from jobqueue.storage.dialects.flow import FlowAcquirer, is_partition
 from jobqueue.storage.dialects.wakeup import PollingWaker, Waker, Wakers
 from jobqueue.storage.engine import READONLY
 from jobqueue.storage.outcomes import ARCHIVED_COLUMNS, COPIED, archive_row, archived_values, requeue_binds
@@ -187,7 +189,8 @@ class SQLiteDialect(Dialect):
         self.checkpoints_elsewhere = False
         self._archive_copies: dict[int, str] = {}
         # The acquire statements as the driver takes them, by shape (None: not on the driver).
-        self._driver_acquires: dict[str, tuple[str, tuple[str, ...], tuple[Any, ...], dict[str, Any]] | None] = {}
+        self._driver_acquires: dict[str, DriverStatement | None] = {}
+        self._driver_take: DriverStatement | None = None
         # Driver connections of enqueue_one, out of the engine's pool (opened through it, so
         # configured as every other one). Taking one from this list and putting it back costs
         # next to nothing, where a pool checkout and its reset cost a third of the insert.
@@ -459,26 +462,57 @@ class SQLiteDialect(Dialect):
         queues (its IN list is expanded per call). Inside the write lock, which the other processes
         wait for, SQLAlchemy's execution and its result rows cost as much as some of SQLite's work."""
         if params.shape not in self._driver_acquires:
-            statement = self.acquire_statement(params).compile(dialect=self.engine.dialect)
-            names = tuple(statement.positiontup or ())
-            if any(statement.binds[name].expanding for name in names):
-                self._driver_acquires[params.shape] = None
-            else:
-                dialect = self.engine.dialect
-                processors = tuple(statement.binds[name].type._cached_bind_processor(dialect) for name in names)
-                # Values the statement carries itself (a literal such as the 1 added to a count).
-                carried = {key: value for key, value in statement.params.items() if not statement.binds[key].required}
-                self._driver_acquires[params.shape] = (str(statement), names, processors, carried)
+            statement = DriverStatement(self.acquire_statement(params), self.engine.dialect)
+            self._driver_acquires[params.shape] = None if statement.expanding else statement
         compiled = self._driver_acquires[params.shape]
-        if compiled is None:
-            return None
-        sql, names, processors, carried = compiled
-        binds = {**carried, **params.binds()}
-        values = tuple(
-            binds[name] if process is None else process(binds[name])
-            for name, process in zip(names, processors, strict=True)
-        )
-        return sql, values
+        return None if compiled is None else (compiled.sql, compiled.values(params.binds()))
+
+    def id_in_list(self) -> Any:
+        # A JSON array read by json_each: one statement for any number of ids, prepared once,
+        # where an IN list is expanded (and prepared) anew for every length.
+        listed = sa.func.json_each(sa.bindparam("ids", type_=JsonList())).table_valued("value")
+        return self.message.c.id.in_(sa.select(listed.c.value))
+
+    def take(self, connection: sa.Connection, ids: list[int], params: AcquireParams) -> list[Message]:
+        if self._driver_take is None:
+            self._driver_take = DriverStatement(self.take_statement(), self.engine.dialect)
+        statement = self._driver_take
+        rows = execute_on_driver(connection, statement.sql, statement.values({**params.binds(), "ids": ids}))
+        messages = [read_message(row) for row in rows]
+        messages.sort(key=delivery_order)
+        return messages
+
+    def per_key_candidates(self, acquirer: FlowAcquirer) -> Callable[..., dict[str, list[Any]]] | None:
+        # One small statement per key, each prepared once and run on the driver: a statement costs
+        # SQLite little more than its work, where one statement for all keys had to be compiled
+        # for every number of keys (tens of milliseconds each, inside the write lock).
+        parts = {
+            partition: DriverStatement(
+                acquirer.part(
+                    sa.literal_column("0"),
+                    sa.bindparam("key", type_=sa.String),
+                    sa.bindparam("share", type_=sa.Integer),
+                    partition,
+                ),
+                self.engine.dialect,
+            )
+            for partition in (True, False)
+        }
+        if any(part.expanding for part in parts.values()):
+            return None  # a list of queues, expanded per call
+        candidate = namedtuple("candidate", parts[True].columns)  # type: ignore[misc]
+
+        def read(connection: sa.Connection, binds: dict[str, Any], keys: list[str], share: int) -> dict[str, list[Any]]:
+            rows: dict[str, list[Any]] = {}
+            for key in keys:
+                partition = is_partition(key)
+                # A partition reads one row past its share (see partition_run).
+                values = parts[partition].values({**binds, "key": key, "share": share + partition})
+                found = execute_on_driver(connection, parts[partition].sql, values)
+                rows[key] = [candidate._make(row) for row in found]  # in the statement's order
+            return rows
+
+        return read
 
     def flow_has_work(self, params: AcquireParams) -> bool:
         # Read without the write lock, which the other processes' fetches and flushes would wait for.
@@ -501,6 +535,39 @@ COPY_ROWS_MOST = 256
 # Ids go in IN lists of up to this many, padded with NULLs (which match nothing) to a power of two,
 # so that a handful of statements is prepared and cached, not one per length.
 ID_LIST_MOST = 512
+
+
+class JsonList(sa.types.TypeDecorator[Any]):
+    """A list bound as its JSON text, for json_each."""
+
+    impl = sa.String
+    cache_ok = True
+
+    def process_bind_param(self, value: Any, dialect: sa.Dialect) -> Any:
+        return None if value is None else json.dumps(list(value))
+
+
+class DriverStatement:
+    """A statement compiled once for the driver itself: its SQL, the names of its columns, and
+    its values from a statement's binds (converted as SQLAlchemy would). ``expanding`` says that
+    it takes a list expanded per call, which SQL compiled once cannot."""
+
+    def __init__(self, statement: Any, dialect: sa.Dialect) -> None:
+        compiled = statement.compile(dialect=dialect)
+        self.sql = str(compiled)
+        self.names = tuple(compiled.positiontup or ())
+        self.expanding = any(compiled.binds[name].expanding for name in self.names)
+        self.processors = tuple(compiled.binds[name].type._cached_bind_processor(dialect) for name in self.names)
+        # Values the statement carries itself (a literal such as the 1 added to a count).
+        self.carried = {key: value for key, value in compiled.params.items() if not compiled.binds[key].required}
+        self.columns = tuple(column[0] for column in compiled._result_columns)
+
+    def values(self, binds: dict[str, Any]) -> tuple[Any, ...]:
+        binds = {**self.carried, **binds}
+        return tuple(
+            binds[name] if process is None else process(binds[name])
+            for name, process in zip(self.names, self.processors, strict=True)
+        )
 
 
 def execute_on_driver(connection: sa.Connection, sql: str, values: tuple[Any, ...]) -> sqlite3.Cursor:
