@@ -22,7 +22,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 import multiprocess
@@ -103,6 +103,8 @@ class Supervisor:
         self.next_heartbeat = 0.0
         self.renewed_ns: int | None = None  # when the last successful renewal was sent (monotonic)
         self.next_release = 0.0
+        self.release_after = 0.0  # no expired lease is released before this (after the clock jumped)
+        self.clock_mark: tuple[float, datetime] | None = None  # (monotonic, lease clock) at the last look
         self.next_flow_sweep = 0.0
         self.next_topic_collect = 0.0
         self.tidies = True  # the first of its peers (alone until the worker registry says otherwise)
@@ -620,50 +622,82 @@ class Supervisor:
             self.next_checkpoint = now + CHECKPOINT_SECONDS
             self._checkpoint()
         if now >= self.next_heartbeat:
-            # Set first: an error below must not make every tick try again. Soon enough that one
-            # failure leaves the worker processes' leases fresh (see WorkerProcess.lease_window).
-            self.next_heartbeat = now + min(RETRY_SOON_SECONDS, self.settings.heartbeat_interval / 3)
-            children = list(self.children.values())
-            workers = [self._worker_state(child) for child in children]
-            sent_ns = time.monotonic_ns()
-            ok, _ = self.guard.try_once(lambda: self.store.heartbeat(workers, self.settings.release_stuck_timeout))
-            if ok:
-                # Each child starts buffered work only while its leases are fresh, and renews its
-                # running job's lease itself when these renewals stop (this process stopped or stuck).
-                # After renewals stopped for longer than a lease (an outage, this process frozen),
-                # what the children held before may have been released and taken by others: this
-                # renewal does not vouch for it.
-                done_ns = time.monotonic_ns()
-                lapsed = (
-                    self.renewed_ns is not None
-                    and done_ns - self.renewed_ns > self.settings.release_stuck_timeout * 1e9
-                )
-                self.renewed_ns = sent_ns
-                for child in children:
-                    child.spec.slot.renewed(sent_ns, lapsed)
-                self.next_heartbeat = now + self.settings.heartbeat_interval
-                # Who else serves these queues: news of work is shared out among us.
-                found, peers = self.guard.try_once(
-                    lambda: self.store.supervisor_peers(
-                        self.supervisor_id, self.settings.queues, self.settings.worker_stale_after
-                    )
-                )
-                if found and peers is not None:
-                    self.waker.set_peers(*peers)
-                    # The housekeeping every supervisor of a pool could do is done by the first.
-                    self.tidies = peers[0] == 0
+            self._renew(now)
         if now >= self.next_release:
             self.next_release = now + RETRY_SOON_SECONDS
-            ok, released = self.guard.try_once(self.store.release_expired)
+            if self._lease_clock_jumped():
+                # Every lease looks closer to its end than it is: renewed first (here, and by
+                # every other supervisor when it sees the jump) before any is taken for expired.
+                self._renew(now)
+                self.release_after = now + self.settings.release_stuck_timeout
+            ok, released = (True, 0) if now < self.release_after else self.guard.try_once(self.store.release_expired)
             if released:
                 logger.warning("released %s message(s) whose lease expired (a worker died or stalled)", released)
                 self.unspent = min(self.unspent + released, self.size)  # ready now: our idle processes take them
-            if self.tidies:
+            if self.tidies and now >= self.release_after:  # nor any worker row taken for dead
                 self._tidy(now)
             if self.busy_schedules:
                 self.guard.try_once(self._sync_busy_schedules)
             if ok:
                 self.next_release = now + self.settings.release_stuck_interval
+
+    def _lease_clock_jumped(self) -> bool:
+        """Whether the lease clock (this host's on SQLite, the database server's elsewhere) went
+        forward by more than a heartbeat's interval beyond the time that passed (a clock set
+        forward, a machine resumed from suspend). Leases are stamped by that clock: after such a
+        jump, live ones would look expired and their jobs run twice."""
+        ok, clock = self.guard.try_once(self.store.lease_clock_now)
+        if not ok or clock is None:
+            return False
+        # Read as the answer comes: a slow query must not look like a jump.
+        mark, self.clock_mark = self.clock_mark, (time.monotonic(), clock)
+        if mark is None:
+            return False
+        ahead = (clock - mark[1]).total_seconds() - (self.clock_mark[0] - mark[0])
+        if ahead <= self.settings.heartbeat_interval:
+            return False
+        logger.warning(
+            "the lease clock (%s) went %.0f s further than the time that passed; renewing every lease now "
+            "and releasing none for %.0f s, so that live jobs are not taken for stuck ones",
+            "this host's clock" if self.store.dialect.client_clock else "the database server's clock",
+            ahead,
+            self.settings.release_stuck_timeout,
+        )
+        return True
+
+    def _renew(self, now: float) -> None:
+        """Renew the leases of every child's jobs (the heartbeat), and look who else serves our queues."""
+        # Set first: an error below must not make every tick try again. Soon enough that one
+        # failure leaves the worker processes' leases fresh (see WorkerProcess.lease_window).
+        self.next_heartbeat = now + min(RETRY_SOON_SECONDS, self.settings.heartbeat_interval / 3)
+        children = list(self.children.values())
+        workers = [self._worker_state(child) for child in children]
+        sent_ns = time.monotonic_ns()
+        ok, _ = self.guard.try_once(lambda: self.store.heartbeat(workers, self.settings.release_stuck_timeout))
+        if ok:
+            # Each child starts buffered work only while its leases are fresh, and renews its
+            # running job's lease itself when these renewals stop (this process stopped or stuck).
+            # After renewals stopped for longer than a lease (an outage, this process frozen),
+            # what the children held before may have been released and taken by others: this
+            # renewal does not vouch for it.
+            done_ns = time.monotonic_ns()
+            lapsed = (
+                self.renewed_ns is not None and done_ns - self.renewed_ns > self.settings.release_stuck_timeout * 1e9
+            )
+            self.renewed_ns = sent_ns
+            for child in children:
+                child.spec.slot.renewed(sent_ns, lapsed)
+            self.next_heartbeat = now + self.settings.heartbeat_interval
+            # Who else serves these queues: news of work is shared out among us.
+            found, peers = self.guard.try_once(
+                lambda: self.store.supervisor_peers(
+                    self.supervisor_id, self.settings.queues, self.settings.worker_stale_after
+                )
+            )
+            if found and peers is not None:
+                self.waker.set_peers(*peers)
+                # The housekeeping every supervisor of a pool could do is done by the first.
+                self.tidies = peers[0] == 0
 
     def _tidy(self, now: float) -> None:
         """Housekeeping that needs doing once, not once per host: forget long-dead worker rows,

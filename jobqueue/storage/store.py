@@ -345,6 +345,14 @@ class Store:
             now = utcnow()
         return LeaseClock(now, seconds)
 
+    def lease_clock_now(self) -> datetime:
+        """The lease clock's time: this host's where leases are stamped by it (SQLite), else the
+        database server's, read by a query."""
+        if self.dialect.client_clock:
+            return utcnow()
+        with self.dialect.single_statement() as connection:
+            return self.database_now(connection)
+
     def database_now(self, connection: sa.Connection) -> datetime:
         """The lease clock's time: the database server's where the dialect reads it, else this host's."""
         now: datetime = connection.execute(

@@ -501,6 +501,33 @@ def test_a_host_whose_clock_runs_20_s_ahead_releases_no_live_lease(
     assert "lease lost" not in honest.text() and "released" not in ahead.text()
 
 
+@only("sqlite")
+def test_a_clock_set_forward_mid_job_releases_no_live_lease(
+    app: JobQueue, tmp_path: Path, workers: list[Worker]
+) -> None:
+    """On SQLite the lease clock is this host's. Set forward by two minutes while a job runs (a
+    clock set by hand, a machine resumed from suspend), every lease looks long expired; two
+    workers look for expired leases every 0.2 s. They renew every lease first and release none
+    for a lease's length: the job runs once, on its first worker."""
+    jump = tmp_path / "jump.txt"
+    options = ("--concurrency", "1", "--release-stuck-timeout", "6", "--release-stuck-interval", "0.2")
+    env = {"JOBQUEUE_TEST_JUMP_FILE": str(jump)}
+    job = rt.slow.delay(4.0)
+    first = start(workers, tmp_path, *options, name="first", app="tests.apps.clock_jump:app", env=env)
+    wait_for(lambda: runs(tmp_path / "runs.txt"), 30, "the job to start")
+    second = start(workers, tmp_path, *options, name="second", app="tests.apps.clock_jump:app", env=env)
+    time.sleep(1.0)  # the second worker up, looking for expired leases
+    jump.write_text("120")
+    assert job.get(timeout=30) == first.children()[0]
+    time.sleep(1.0)  # time for a wrongly released job to start again
+    assert not repeated(runs(tmp_path / "runs.txt"), "start"), "a live lease was released: the job ran twice"
+    for worker in (first, second):
+        worker.signal(signal.SIGTERM)
+        assert worker.wait(30) == 0, worker.text()[-3000:]
+    assert "went 120 s further than the time that passed" in first.text() + second.text()
+    assert "released" not in first.text() + second.text()
+
+
 # -- corrupt rows ------------------------------------------------------------------------------------
 
 
