@@ -118,12 +118,13 @@ class WorkerProcess:
         # one, since a partition key is one. Whether a task this process serves has a rate limit
         # (then the process wakes when a key held back by its rate may start again).
         self.rated = serves_rated(app, self.settings.queues)
-        self.surroundings = Surroundings()  # put back after each job: a job's chdir is its own
 
     # -- entry point -------------------------------------------------------------------------------
     def main(self) -> int:
         watch_supervisor(self.spec.supervisor_pid)
         self._install_signals()
+        # Put back after each job, signal handlers included: a job's chdir is its own.
+        self.surroundings = Surroundings()
         # A log line that cannot be written is dropped, not raised: a job may close the stream a
         # handler writes to (sys.stderr, closed by daemonizing code), and the next line would then
         # raise inside this process's loop and end it. jobqueue's own handler has its own copy.

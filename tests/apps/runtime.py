@@ -301,6 +301,13 @@ def moves(directory: str, umask: int) -> None:
     os.umask(umask)
 
 
+@app.task(name="rt.takes_sigterm", retry_strategy=NO_RETRY)
+def takes_sigterm() -> None:
+    """Ignores SIGTERM in its process from now on, as a job that installs a handler of its own
+    and never puts the previous one back."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
 @app.task(name="rt.where")
 def where() -> list[object]:
     """The working directory and umask this job runs with, and its process."""

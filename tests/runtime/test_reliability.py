@@ -379,6 +379,25 @@ def test_a_jobs_working_directory_and_umask_do_not_outlive_it(
     assert after.get(timeout=5) == [cwd, umask, pid]  # the same process
 
 
+def test_a_job_that_takes_over_sigterm_does_not_keep_its_process_from_a_warm_stop(
+    app: JobQueue, tmp_path: Path, workers: list[Worker]
+) -> None:
+    """A job makes its process ignore SIGTERM and leaves it so; the next job is running when the
+    worker is asked to stop. The worker process heard the request (its own handler was put back
+    after the first job, with a warning): it finishes the running job and stops, well before the
+    graceful timeout would have it killed."""
+    rt.takes_sigterm.delay()
+    job = rt.slow.delay(2.0)
+    worker = start(workers, tmp_path, "--concurrency", "1", "--graceful-timeout", "60")
+    wait_for(lambda: runs(tmp_path / "runs.txt"), 30, "the second job to start")
+    began = time.monotonic()
+    worker.signal(signal.SIGTERM)
+    assert worker.wait(20) == 0, worker.text()[-3000:]
+    assert time.monotonic() - began < 15
+    assert job.status() == "completed"
+    assert "replaced the process's SIGTERM handler" in worker.text()
+
+
 def test_times_near_the_year_9999_are_kept_or_refused_with_the_reason(
     app: JobQueue, tmp_path: Path, workers: list[Worker]
 ) -> None:

@@ -1,10 +1,10 @@
-"""What a worker process puts back after each job: its working directory and umask."""
+"""What a worker process puts back after each job: its working directory, umask and signal handlers."""
 
 from __future__ import annotations
 
 import logging
 import os
-import timeit
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -59,7 +59,21 @@ def test_a_working_directory_that_cannot_be_reached_is_said_once(
     assert len(caplog.records) == 1
 
 
-def test_putting_back_is_cheap_enough_for_every_job(home: Path) -> None:
-    surroundings = Surroundings()
-    seconds = min(timeit.repeat(surroundings.restore, number=10_000, repeat=5)) / 10_000
-    assert seconds < 1e-6 * 5  # a loaded machine's margin; about 0.5 µs measured
+def test_a_jobs_sigterm_handler_is_replaced_by_the_workers_once_said(
+    home: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    def workers(signum: int, frame: object) -> None:
+        pass
+
+    previous = signal.signal(signal.SIGTERM, workers)
+    try:
+        surroundings = Surroundings()
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the job's
+        with caplog.at_level(logging.WARNING, "jobqueue.worker"):
+            surroundings.restore()
+            surroundings.restore()  # nothing to put back: nothing said
+        assert signal.getsignal(signal.SIGTERM) is workers
+        assert [r.getMessage() for r in caplog.records if "SIGTERM handler" in r.getMessage()] != []
+        assert len(caplog.records) == 1
+    finally:
+        signal.signal(signal.SIGTERM, previous)
