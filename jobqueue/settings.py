@@ -17,6 +17,10 @@ from jobqueue.errors import ConfigurationError
 
 DEFAULT_DATABASE_URL = "sqlite:///jobqueue.sqlite3"
 MAX_LEASE_SECONDS = 365 * 86400
+# A fetch takes at most this many messages in one statement, and a process holds at most
+# MAX_BUFFERED unstarted: each process's shared bookkeeping is sized by what it may hold.
+MAX_FETCH_BATCH_SIZE = 10_000
+MAX_BUFFERED = 100_000
 DATABASE_URL_ENV = "JOBQUEUE_DATABASE_URL"
 LISTEN_DATABASE_URL_ENV = "JOBQUEUE_LISTEN_DATABASE_URL"
 APP_ENV = "JOBQUEUE_APP"
@@ -128,6 +132,17 @@ class Settings:
             raise ConfigurationError("min_fetch_interval must not exceed max_fetch_interval")
         if not _finite_number(self.overfetch_factor) or self.overfetch_factor < 1:
             raise ConfigurationError(f"overfetch_factor must be a finite number >= 1, got {self.overfetch_factor!r}")
+        if self.fetch_batch_size > MAX_FETCH_BATCH_SIZE:
+            # One statement takes the batch; each process keeps shared bookkeeping sized by it.
+            raise ConfigurationError(
+                f"fetch_batch_size must be at most {MAX_FETCH_BATCH_SIZE}, got {self.fetch_batch_size!r}; "
+                "larger batches gain nothing (500 already makes a fetch's cost per job small)"
+            )
+        if self.fetch_batch_size * self.overfetch_factor > MAX_BUFFERED:
+            raise ConfigurationError(
+                f"fetch_batch_size x overfetch_factor (the messages a process may hold unstarted) must be at most "
+                f"{MAX_BUFFERED}, got {self.fetch_batch_size} x {self.overfetch_factor!r}; lower overfetch_factor"
+            )
         if self.metrics_port is not None and (
             not isinstance(self.metrics_port, int) or not 0 < self.metrics_port < 65536
         ):

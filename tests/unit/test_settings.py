@@ -30,6 +30,8 @@ def test_defaults_follow_the_spec() -> None:
         ({"graceful_timeout": 10**400}, "graceful_timeout must be a finite number"),  # too large for a float
         # Leases are dates: one past the year 9999 made every acquisition fail, worker after worker.
         ({"release_stuck_timeout": 3e11}, "release_stuck_timeout must be at most 31536000 seconds"),
+        ({"fetch_batch_size": 10**11}, "fetch_batch_size must be at most 10000"),
+        ({"overfetch_factor": 1e9}, "lower overfetch_factor"),
         ({"graceful_timeout": float("nan")}, "graceful_timeout"),
         ({"flush_interval": float("inf")}, "flush_interval"),
         ({"overfetch_factor": float("nan")}, "overfetch_factor must be a finite number"),
