@@ -527,3 +527,26 @@ def test_a_page_of_jobs_with_more_keys_than_one_statement_may_list_is_explained(
     first = min(row["id"] for row in page if row["partition_key"] == "k-a")
     held = {job_id: wait.holder for job_id, wait in found.items() if wait.holder is not None}
     assert set(held.values()) == {first} and len(held) == 599  # the long partition's later jobs wait
+
+
+def test_limits_edited_into_nonsense_fail_their_jobs_instead_of_holding_them_forever(app: JobQueue) -> None:
+    """A row edited by hand to a concurrency limit of 0 or a negative rate interval would allow no
+    start ever: its job would wait forever (and a --burst worker with it). Such jobs are taken to
+    be failed, saying why; the key's other jobs and every other key go on."""
+
+    @app.task(name="t.api", concurrency_key="partner", concurrency_limit=2)
+    def api(n: int) -> None: ...
+
+    @app.task(name="t.mail", rate_limit="10/s")
+    def mail(n: int) -> None: ...
+
+    zero, fine = api.delay(0), api.delay(1)
+    negative = mail.delay(0)
+    m = app.tables.message
+    with app.engine.begin() as conn:
+        conn.execute(sa.update(m).where(m.c.id == zero.id).values(concurrency_limit=0))
+        conn.execute(sa.update(m).where(m.c.id == negative.id).values(rate_interval_us=-1))
+    got = {message.id: message for message in take(app)}
+    assert "concurrency_limit 0 allows no job to run" in (got[zero.id].corrupt or "")
+    assert "rate_interval_us -1 is not an interval" in (got[negative.id].corrupt or "")
+    assert fine.id not in got or got[fine.id].corrupt is None

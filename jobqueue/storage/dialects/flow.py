@@ -124,6 +124,17 @@ def _power_of_two(count: int) -> int:
     return 0 if count == 0 else 1 << (count - 1).bit_length()
 
 
+def _unusable_limits(row: Any) -> str | None:
+    """What makes a key's limits, as its candidate ``row`` holds them, allow no start ever (a
+    limit below 1, a rate interval below 1 microsecond), or None."""
+    limit, interval = row.concurrency_limit, row.rate_interval_us
+    if limit is not None and (type(limit) is not int or limit < 1):
+        return f"concurrency_limit {limit!r} allows no job to run (a limit is at least 1)"
+    if interval is not None and (type(interval) is not int or interval < 1):
+        return f"rate_interval_us {interval!r} is not an interval between starts (at least 1)"
+    return None
+
+
 def _by_id(row: Any) -> Any:
     return row.id
 
@@ -425,11 +436,20 @@ class FlowAcquirer:
         served: list[dict[str, Any]] = []  # keys whose next start changes
         served_only: list[str] = []
         runs: dict[int, str] = {}  # a partition run's ids: the key they were taken under
+        corrupt: dict[int, str] = {}  # ids taken only to be failed: their limits are not limits
         for lock in locked:
             candidates = rows[lock.flow_key]
             partition = is_partition(lock.flow_key)
             if partition:
                 candidates = partition_run(candidates, share)
+            if any(_unusable_limits(row) for row in candidates):
+                # A row edited by hand (a limit of 0, a negative rate) would allow no start ever,
+                # and wait forever: taken, to be failed saying why, apart from the key's others.
+                for row in candidates:
+                    if (problem := _unusable_limits(row)) and len(chosen) < params.limit:
+                        corrupt[row.id] = problem
+                        chosen.append(row.id)
+                candidates = [row for row in candidates if row.id not in corrupt]
             allowed = min(len(candidates), params.limit - len(chosen))
             next_start = lock.next_start_at
             if candidates:
@@ -459,4 +479,6 @@ class FlowAcquirer:
         messages = take(connection, chosen, params)
         for message in messages:
             message.run_key = runs.get(message.id)
+            if message.id in corrupt:
+                message.corrupt = corrupt[message.id]
         return in_partition_order(messages)
