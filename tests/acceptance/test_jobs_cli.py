@@ -122,6 +122,19 @@ def test_show_prints_arguments_whose_dicts_have_keys_json_cannot_write(app: JobQ
     assert detail["args"] == [{"(1, 2)": "pair", "2030-01-02 00:00:00": "day", "3": "three"}]
 
 
+def test_list_and_show_write_a_jobs_control_characters_as_escapes(app: JobQueue) -> None:
+    """A job's error (here its argument too) may carry terminal escape sequences: the commands show
+    them as text, so a job cannot retitle, recolour or rewrite the operator's terminal."""
+    hostile = "\x1b]0;retitled\x07 \x1b[2J\x1b[31mred\x1b[0m\rover\x9b1m"
+    handle = basic.fail.delay(hostile)
+    jobqueue("worker", "--burst", "--concurrency", "1")
+    for command in (("jobs", "list"), ("jobs", "show", str(handle.id))):
+        out = jobqueue(*command).stdout
+        assert not any(c in out for c in "\x1b\x07\r\x9b"), (command, out)
+        assert "\\x1b]0;retitled\\x07" in out and "\\x1b[31mred" in out and "\\x0dover" in out, (command, out)
+    assert json.loads(jobqueue("jobs", "show", str(handle.id), "--json").stdout)["error_message"] == hostile
+
+
 def test_show_names_the_job_a_partitioned_job_waits_for(app: JobQueue) -> None:
     first = basic.add.apply_async(args=(1, 2), partition_key="acct-7")
     second = basic.add.apply_async(args=(3, 4), partition_key="acct-7")
