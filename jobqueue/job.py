@@ -76,13 +76,14 @@ class ErrorInfo:
 
 
 def safe_str(exc: BaseException) -> str:
-    """``str(exc)``, or a stand-in when the exception's own ``__str__`` raises."""
+    """``str(exc)``, or a stand-in when the exception's own ``__str__`` raises (anything, even
+    SystemExit: that is the job's code, and the exception it raised is the cause to record)."""
     try:
         return str(exc)
-    except Exception:
+    except BaseException:
         try:
             return f"<str() of this {type(exc).__name__} raised; repr: {object.__repr__(exc)}>"
-        except Exception:
+        except BaseException:
             return "<unprintable exception>"
 
 

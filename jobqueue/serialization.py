@@ -119,20 +119,35 @@ def decode_row(serializer: Serializer, row: dict[str, Any]) -> dict[str, Any]:
     """The arguments, result and checkpoint of a message or archive row, for people to read.
 
     What this serializer cannot read becomes a ``<cannot decode: ...>`` string instead of an error:
-    the rest of the job (state, error, traceback) is still worth showing.
+    the rest of the job (state, error, traceback) is still worth showing. Dict keys that JSON cannot
+    write (tuples, dates) come back as text, so that every value decoded prints as JSON.
     """
     out: dict[str, Any] = {}
     try:
-        out["args"], out["kwargs"] = loads_call(serializer, row["payload"])
+        args, kwargs = loads_call(serializer, row["payload"])
+        out["args"], out["kwargs"] = _readable(args), _readable(kwargs)
     except Exception as exc:
         out["args"] = out["kwargs"] = f"<cannot decode: {exc}>"
     for name in ("result", "checkpoint"):
         if row.get(name) is not None:
             try:
-                out[name] = serializer.loads(row[name])
+                out[name] = _readable(serializer.loads(row[name]))
             except Exception as exc:
                 out[name] = f"<cannot decode: {exc}>"
     return out
+
+
+# The dict keys JSON writes as they are; any other key (a tuple, a date, bytes) is shown as text.
+_JSON_KEYS = (str, int, float, bool, type(None))
+
+
+def _readable(value: Any) -> Any:
+    """``value`` with the keys JSON cannot write (tuples, dates, ...) as text, to print it as JSON."""
+    if isinstance(value, list):
+        return [_readable(item) for item in value]
+    if isinstance(value, dict):
+        return {key if isinstance(key, _JSON_KEYS) else str(key): _readable(item) for key, item in value.items()}
+    return value
 
 
 def _encode(obj: Any, path: str) -> Any:

@@ -16,6 +16,7 @@ the main thread receives).
 
 from __future__ import annotations
 
+import logging
 import time
 import uuid
 from collections.abc import Iterable
@@ -27,6 +28,8 @@ from jobqueue.job import Message, Outcome
 from jobqueue.periodic import SCHEDULE_TASK
 from jobqueue.runtime.executor import Executor, StoreDeliveryWriter, log_outcome
 from jobqueue.runtime.process import serves_rated
+from jobqueue.runtime.resilience import DatabaseGuard, GaveUp
+from jobqueue.runtime.writer import OutcomeWriter, Unwritten
 from jobqueue.settings import parse_queues
 
 if TYPE_CHECKING:
@@ -90,8 +93,17 @@ def drain(app: JobQueue, queues: str | Iterable[str] | None = None, max_jobs: in
 
 
 def _write(store: Store, outcome: Outcome) -> bool:
-    """Write one outcome now, as a worker writes its batch (fenced by the lease token)."""
-    result = store.flush([outcome])
+    """Write one outcome now, as a worker writes its batch (fenced by the lease token).
+
+    An outcome the database refuses (a value it cannot store, a result over MySQL's
+    max_allowed_packet) fails its job with the reason, as in a worker; an error that retrying
+    could fix (the database is down) is raised at once instead of waited out.
+    """
+    guard = DatabaseGuard(logging.getLogger("jobqueue.testing"), "database (drain)", store.classify)
+    try:
+        result = OutcomeWriter(store, guard).write([outcome], give_up=lambda: True)
+    except (GaveUp, Unwritten) as exc:
+        raise exc.__cause__ or exc from None
     for applied in result.applied:
         log_outcome(applied)
     return bool(result.applied)

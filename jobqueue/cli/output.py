@@ -74,6 +74,17 @@ def timestamp(value: datetime) -> str:
     return value.strftime("%Y-%m-%d %H:%M:%SZ")
 
 
+# Characters a terminal acts on (escape sequences, bell, carriage return, C1 controls), tab and
+# newline excepted. Text a job wrote (its error, its arguments) is shown with each written as an
+# escape such as \x1b, so that a job cannot retitle, recolour or rewrite the operator's terminal.
+_CONTROLS = {code: f"\\x{code:02x}" for code in [*range(0x20), *range(0x7F, 0xA0)] if chr(code) not in "\t\n"}
+
+
+def printable(text: str) -> str:
+    """``text`` with the control characters a terminal would act on written as escapes."""
+    return text.translate(_CONTROLS)
+
+
 def _cell(column: str, value: Any) -> Text:
     if value is None:
         return Text("-", style="dim")
@@ -83,7 +94,7 @@ def _cell(column: str, value: Any) -> Text:
         return Text(timestamp(value))
     if isinstance(value, float):
         return Text(f"{value:,.1f}")
-    text = str(value)
+    text = printable(str(value))
     if column in STATE_COLUMNS:
         return Text(text, style=STATE_STYLES.get(text.lower(), ""))
     if column in STATE_STYLES and isinstance(value, int) and value and column in ("failed", "retrying", "stale"):

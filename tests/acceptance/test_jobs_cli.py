@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -107,6 +108,31 @@ def test_bad_input(app: JobQueue, args: tuple[str, ...], fragment: str) -> None:
     result = jobqueue(*args, check=False)
     assert result.returncode != 0 and fragment in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_show_prints_arguments_whose_dicts_have_keys_json_cannot_write(app: JobQueue) -> None:
+    """The serializer keeps dict keys that are tuples or dates; a job given one is shown like any
+    other, its keys written as text, in the table and in --json."""
+    handle = basic.fail.delay({(1, 2): "pair", datetime(2030, 1, 2): "day", 3: "three"})
+    jobqueue("worker", "--burst", "--concurrency", "1")
+    shown = jobqueue("jobs", "show", str(handle.id), check=False)
+    assert shown.returncode == 0 and "Traceback" not in shown.stderr, shown.stderr[-2000:]
+    assert '"(1, 2)": "pair"' in shown.stdout and '"2030-01-02 00:00:00": "day"' in shown.stdout
+    detail = json.loads(jobqueue("jobs", "show", str(handle.id), "--json").stdout)
+    assert detail["args"] == [{"(1, 2)": "pair", "2030-01-02 00:00:00": "day", "3": "three"}]
+
+
+def test_list_and_show_write_a_jobs_control_characters_as_escapes(app: JobQueue) -> None:
+    """A job's error (here its argument too) may carry terminal escape sequences: the commands show
+    them as text, so a job cannot retitle, recolour or rewrite the operator's terminal."""
+    hostile = "\x1b]0;retitled\x07 \x1b[2J\x1b[31mred\x1b[0m\rover\x9b1m"
+    handle = basic.fail.delay(hostile)
+    jobqueue("worker", "--burst", "--concurrency", "1")
+    for command in (("jobs", "list"), ("jobs", "show", str(handle.id))):
+        out = jobqueue(*command).stdout
+        assert not any(c in out for c in "\x1b\x07\r\x9b"), (command, out)
+        assert "\\x1b]0;retitled\\x07" in out and "\\x1b[31mred" in out and "\\x0dover" in out, (command, out)
+    assert json.loads(jobqueue("jobs", "show", str(handle.id), "--json").stdout)["error_message"] == hostile
 
 
 def test_show_names_the_job_a_partitioned_job_waits_for(app: JobQueue) -> None:

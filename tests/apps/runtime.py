@@ -143,6 +143,16 @@ def bad_str() -> None:
     raise BadStr()
 
 
+class ExitInStr(Exception):
+    def __str__(self) -> str:
+        raise SystemExit("raised by __str__")
+
+
+@app.task(name="rt.exit_in_str", retry_strategy=NO_RETRY)
+def exit_in_str() -> None:
+    raise ExitInStr()
+
+
 @app.task(name="rt.unstorable", retry_strategy=NO_RETRY)
 def unstorable(kind: str) -> object:
     if kind == "cyclic":

@@ -133,6 +133,15 @@ def test_job_page_shows_arguments_error_traceback_and_history(app: JobQueue, tas
     assert page(client, "/jobs/987654321", status=404).count("not found") == 1
 
 
+def test_job_page_shows_arguments_whose_dicts_have_keys_json_cannot_write(
+    app: JobQueue, tasks: SimpleNamespace, client
+) -> None:
+    handle = tasks.fail.delay({(1, 2): "pair", datetime(2030, 1, 2): "day"})
+    run_due(app)
+    html = page(client, f"/jobs/{handle.id}")
+    assert "&#34;(1, 2)&#34;: &#34;pair&#34;" in html and "2030-01-02 00:00:00" in html
+
+
 def test_ids_over_the_largest_a_database_holds_are_not_found(app: JobQueue, tasks: SimpleNamespace, client) -> None:
     handle = tasks.fail.delay("x")
     run_due(app)

@@ -218,6 +218,7 @@ def test_jobs_that_raise_anything_or_return_the_unstorable_end_alone(
     rt.noop.bulk([()] * 30)  # warm-up: the bad jobs then share batches and flushes with good ones
     bad = {
         "bad_str": rt.bad_str.delay(),
+        "exit_in_str": rt.exit_in_str.delay(),
         "cyclic": rt.unstorable.delay("cyclic"),
         "deep": rt.unstorable.delay("deep"),
         "bigint": rt.unstorable.delay("bigint"),
@@ -239,6 +240,8 @@ def test_jobs_that_raise_anything_or_return_the_unstorable_end_alone(
     got = {name: states[h.id] for name, h in bad.items()}
     assert {state for state, _, _ in got.values()} == {"FAILED"}, got
     assert got["bad_str"][1] == "tests.apps.runtime.BadStr" and "raised" in (got["bad_str"][2] or "")
+    assert got["exit_in_str"][1] == "tests.apps.runtime.ExitInStr" and "raised" in (got["exit_in_str"][2] or "")
+    assert "could not decide" not in log, log[-3000:]
     for name in ("cyclic", "deep", "bigint"):
         assert got[name][1] == "jobqueue.errors.SerializationError", got[name]
     assert got["cyclic"][2] and "cyclic" in got["cyclic"][2]

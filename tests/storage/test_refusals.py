@@ -17,7 +17,7 @@ from datetime import datetime, timedelta, timezone
 import pytest
 import sqlalchemy as sa
 
-from jobqueue import ConfigurationError, JobQueue, SerializationError
+from jobqueue import ConfigurationError, JobFailed, JobQueue, SerializationError
 from jobqueue.clock import utcnow
 from jobqueue.job import ErrorInfo, MessageState, Outcome, OutcomeKind
 from jobqueue.retry import NoRetryStrategy
@@ -285,6 +285,40 @@ def test_a_checkpoint_over_max_allowed_packet_is_refused_before_it_is_sent(db_ur
     assert "the job's checkpoint takes" in failed.error_message and "max_allowed_packet" in failed.error_message
     assert app.serializer.loads(failed.checkpoint) == "small"
     assert "gone away" not in caplog.text and "Lost connection" not in caplog.text
+    app.close()
+
+
+def test_drain_fails_a_job_whose_outcome_the_database_refuses_and_runs_the_rest(app: JobQueue, add) -> None:
+    """drain() writes outcomes as a worker does: a refused one fails its own job, with the reason."""
+
+    @app.task(name="t.says", retry_strategy=NoRetryStrategy())
+    def says(word: str) -> None:
+        raise ValueError(word)
+
+    first, refused, last = add.delay(1), says.delay("please refuse-me"), add.delay(2)
+    with refusing(app, "archive", "error_message", "refuse-me"):
+        handles = drain(app)
+    assert [h.id for h in handles] == [first.id, refused.id, last.id]
+    assert (first.get(timeout=0), last.get(timeout=0)) == (1, 2)
+    with pytest.raises(JobFailed, match="OutcomeRefused: the database refused") as info:
+        refused.get(timeout=0)
+    assert "refuse-me" not in str(info.value)
+
+
+@only("mysql")
+def test_drain_fails_a_job_whose_result_is_over_max_allowed_packet(db_url: str) -> None:
+    app, packet = packet_app(db_url)
+
+    @app.task(name="t.big", retry_strategy=NoRetryStrategy())
+    def big(size: int) -> str:
+        return "x" * size
+
+    handles = [big.delay(1), big.delay(packet + 1024), big.delay(2)]
+    assert [h.id for h in drain(app)] == [h.id for h in handles]
+    assert handles[0].get(timeout=0) == "x" and handles[2].get(timeout=0) == "xx"
+    with pytest.raises(JobFailed, match="max_allowed_packet"):
+        handles[1].get(timeout=0)
+    assert count(app) == 0
     app.close()
 
 
