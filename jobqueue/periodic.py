@@ -26,6 +26,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from cronsim import CronSim, CronSimError
 
 from jobqueue.errors import ConfigurationError
+from jobqueue.flow import NO_FLOW
 from jobqueue.job import SCHEDULE_PRIORITY, SCHEDULE_TASK, Message, MessageState
 from jobqueue.storage import jobs
 from jobqueue.storage import schedules as stored
@@ -35,7 +36,7 @@ if TYPE_CHECKING:
     from jobqueue.storage.store import Store
     from jobqueue.task import Task
 
-__all__ = ["SCHEDULE_TASK", "Schedule", "ScheduleRow", "SyncReport", "fire", "schedule_rows", "sync"]
+__all__ = ["SCHEDULE_TASK", "Schedule", "ScheduleRow", "SyncReport", "fire", "flow_columns", "schedule_rows", "sync"]
 
 logger = logging.getLogger("jobqueue.periodic")
 
@@ -243,6 +244,7 @@ def make_schedule(
             task.checker(*args, **dict(kwargs or {}))
     except TypeError as exc:
         raise ConfigurationError(f"@app.periodic(args=, kwargs=) do not fit task {task.name}: {exc}") from None
+    task.flow.key_for(tuple(args), dict(kwargs or {}))  # a concurrency_key function that fails, fails here
     payload = dumps_call(app.serializer, tuple(args), dict(kwargs or {}))
     return Schedule(
         name=name or task.name,
@@ -300,11 +302,29 @@ def message_row(schedule: Schedule, first_fire: datetime, now: datetime) -> dict
     }
 
 
+def flow_columns(task: Task | None, schedule: Schedule) -> dict[str, Any]:
+    """The flow columns (concurrency key and limits) of the jobs ``schedule`` enqueues for ``task``,
+    as ``delay()`` would give them: a task with ``concurrency_limit=1`` never runs two fires at once.
+    A task this app does not register gets none (its own app's workers would refuse it anyway)."""
+    if task is None or not task.flow.enabled:
+        return NO_FLOW
+    from jobqueue.serialization import loads_call
+
+    args, kwargs = loads_call(task.app.serializer, schedule.payload)
+    return task.flow.columns(task.flow.key_for(args, kwargs))
+
+
 def fire(
-    store: Store, message: Message, schedule: Schedule, when: datetime, next_fire: datetime, now: datetime
+    store: Store,
+    message: Message,
+    schedule: Schedule,
+    when: datetime,
+    next_fire: datetime,
+    now: datetime,
+    flow: dict[str, Any] = NO_FLOW,
 ) -> bool:
-    """Enqueue the job for fire time ``when`` and defer the schedule message to ``next_fire``, fenced;
-    False if this delivery no longer holds the message."""
+    """Enqueue the job for fire time ``when`` (with the flow columns ``flow``) and defer the schedule
+    message to ``next_fire``, fenced; False if this delivery no longer holds the message."""
     job = {
         "task_name": schedule.task_name,
         "queue": schedule.queue,
@@ -314,6 +334,7 @@ def fire(
         "headers": {"schedule": schedule.name, "fire_time": when.isoformat()},
         "unique_key": fire_key(schedule.name, when),
         "partition_key": None,
+        **flow,
         "options": None,
         "attempts_count": 0,
         "deliveries_count": 0,

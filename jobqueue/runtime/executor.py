@@ -33,8 +33,9 @@ from jobqueue.errors import (
     SoftTimeLimitExceeded,
     UnknownTaskError,
 )
+from jobqueue.flow import NO_FLOW
 from jobqueue.job import ErrorInfo, Message, MessageState, Outcome, OutcomeKind
-from jobqueue.periodic import CATCH_UP_GRACE_SECONDS, SCHEDULE_TASK, Schedule, fire
+from jobqueue.periodic import CATCH_UP_GRACE_SECONDS, SCHEDULE_TASK, Schedule, fire, flow_columns
 from jobqueue.retry import RetryStrategy, default_strategy, strategy_from_dict
 from jobqueue.runtime.aio import CoroutineRunner
 from jobqueue.runtime.resilience import GaveUp
@@ -203,7 +204,12 @@ class Executor:
         late = min(now, message.acquired_at) if message.acquired_at is not None else now
         when = schedule.to_fire(message.next_attempt_at, late, grace)
         next_fire = schedule.next_fire(when)
-        fired = self.writer(lambda: fire(self.app.store, message, schedule, when, next_fire, now))
+        try:
+            flow = flow_columns(self.app.registry.get(schedule.task_name), schedule)
+        except Exception:  # a concurrency_key function that failed: the fire is not skipped for it
+            logger.exception("schedule %s: the flow key of its job could not be computed; it has none", schedule.name)
+            flow = NO_FLOW
+        fired = self.writer(lambda: fire(self.app.store, message, schedule, when, next_fire, now, flow))
         if not fired:
             logger.warning("schedule %s: lease lost before it fired for %s; the holder fires it", schedule.name, when)
             return None

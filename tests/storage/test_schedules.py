@@ -11,6 +11,7 @@ from freezegun import freeze_time
 from jobqueue import JobQueue, periodic
 from jobqueue.clock import utcnow
 from jobqueue.periodic import SCHEDULE_TASK
+from jobqueue.runtime.executor import Executor, StoreDeliveryWriter
 from tests.storage.test_lifecycle import WORKER, run_due
 
 T0 = datetime(2030, 6, 1, 12, 0, 0)
@@ -146,4 +147,27 @@ def test_an_unreadable_schedule_message_is_listed_not_fired(db_url: str, bad: by
             conn.execute(sa.update(m).where(m.c.task_name == SCHEDULE_TASK).values(payload=bad))
         assert periodic.schedule_rows(app.store)["report"].schedule is None
         assert sync(app).updated == ["report"]  # a worker start repairs it from the code
+    app.close()
+
+
+@pytest.mark.parametrize("limits", [{"concurrency_limit": 1}, {"concurrency_key": lambda n: f"n{n}"}])
+def test_a_periodic_tasks_jobs_keep_its_flow_control(db_url: str, limits: dict) -> None:
+    """A periodic job that outlives its interval must not run beside the next one when its task
+    says so (concurrency_limit=1 is the usual guard against overlapping runs)."""
+    app = JobQueue(db_url)
+
+    @app.periodic(every=10, args=(7,))
+    @app.task(name="report", **{"concurrency_limit": 1, **limits})
+    def report(n: int) -> int:
+        return n
+
+    executor = Executor(app, writes=StoreDeliveryWriter(app.store), ack_first=lambda o: True)
+    with freeze_time(T0) as clock:
+        sync(app)
+        for _ in range(2):  # two fires, their jobs left waiting
+            clock.tick(10)
+            (message,) = app.store.acquire(WORKER, None, 1, 30.0, now=utcnow())  # the schedule comes first
+            assert message.task_name == SCHEDULE_TASK and executor.execute(message) is None
+        started = app.store.acquire(WORKER, None, 10, 30.0, now=utcnow(), flow=True)
+    assert [m.task_name for m in started] == ["report"]  # the second waits for the first to end
     app.close()

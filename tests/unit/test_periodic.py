@@ -163,3 +163,15 @@ def test_decorator(tmp_path) -> None:
         app.periodic(every=timedelta(days=3_000_000), name="never")(report)
     with pytest.raises(ConfigurationError, match="reserved"):
         app.task(name="jobqueue.schedule")(lambda: None)
+
+
+def test_a_concurrency_key_that_fails_on_the_schedules_arguments_fails_at_import(tmp_path) -> None:
+    app = JobQueue(f"sqlite:///{tmp_path}/x.sqlite3")
+
+    @app.task(concurrency_key=lambda region: f"region-{region['code']}", concurrency_limit=1)
+    def refresh(region: dict) -> None: ...
+
+    with pytest.raises(ConfigurationError, match="concurrency_key of task .*refresh failed on these arguments"):
+        app.periodic(every=60, args=("eu",))(refresh)
+    app.periodic(every=60, args=({"code": "eu"},))(refresh)
+    assert list(app.schedules) == [refresh.name]

@@ -571,13 +571,15 @@ class Dialect(Connector):
 
         Fenced like every outcome: nothing happens unless this delivery still holds the message. The
         job's unique key (schedule name and fire time) makes a second job for the same fire impossible
-        while the first is active.
+        while the first is active; a job with a flow key holds its key's row, as any enqueue does.
         """
         m = self.message
         held = sa.and_(m.c.id == message.id, m.c.lease_token == message.lease_token, m.c.state == PROCESSING)
         with self.engine.begin() as connection:
             if not self.lock_held(connection, [(message.id, message.lease_token)]):
                 return False
+            if job.get("flow_key") is not None:
+                self.hold_flow_keys(connection, {job["flow_key"]}, utcnow())
             self.insert_or_existing(connection, job)
             connection.execute(
                 sa.update(m)
