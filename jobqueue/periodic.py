@@ -350,32 +350,52 @@ class SyncReport:
     updated: list[str]
     retired: list[str]
     busy: list[str]  # held by a delivery (being fired, or by a dead worker until its lease runs out)
+    # A schedule in code that the database takes for another one it holds: {name in code: name stored}.
+    clashing: dict[str, str] = field(default_factory=dict)
+
+    def clash_message(self) -> str:
+        return (
+            "; ".join(
+                f"schedule {name!r} is the schedule {other!r} on this database, which compares names regardless "
+                "of case and accents (MariaDB's default collation)"
+                for name, other in sorted(self.clashing.items())
+            )
+            + ": give each schedule a name that differs in more than that (@app.periodic(name=...))"
+        )
 
 
 def sync(store: Store, schedules: dict[str, Schedule], registered_tasks: set[str], now: datetime) -> SyncReport:
     """Make the schedule messages match the schedules in code.
 
-    A missing schedule is created (first fire: one interval from now, or the next cron time); a
-    changed one gets its new definition and a next fire computed from now; one removed from code is
-    retired (archived as cancelled), but only if its task is registered here: an application that
-    does not know a task does not get to retire that task's schedules.
+    A schedule removed from code is retired (archived as cancelled), but only if its task is
+    registered here: an application that does not know a task does not get to retire that task's
+    schedules. Then a missing schedule is created (first fire: one interval from now, or the next
+    cron time), and a changed one gets its new definition and a next fire computed from now. Retiring
+    first lets a schedule renamed only in case take the place of its old name on a database that
+    compares names regardless of case.
     """
     report = SyncReport([], [], [], [])
     existing = schedule_rows(store)
+    for name, gone in existing.items():
+        if name not in schedules and gone.schedule is not None and gone.schedule.task_name in registered_tasks:
+            if jobs.cancel(store, gone.id, now):
+                report.retired.append(name)
+            else:
+                report.busy.append(name)
     for name, schedule in schedules.items():
-        row = existing.pop(name, None)
+        row = existing.get(name)
         if row is None:
             if stored.insert_schedule(store, message_row(schedule, schedule.first_fire(now), now)):
                 report.created.append(name)
+                continue
+            holder = stored.schedule_holding(store, name)
+            if holder in report.busy:
+                report.busy.append(name)  # its old spelling, retired once its lease runs out
+            elif holder is not None and holder != name:
+                report.clashing[name] = holder
         elif row.schedule is None or row.schedule.definition() != schedule.definition():
             if stored.update_schedule(store, row.id, schedule.encode(), schedule.queue, schedule.first_fire(now)):
                 report.updated.append(name)
-            else:
-                report.busy.append(name)
-    for name, row in existing.items():
-        if row.schedule is not None and row.schedule.task_name in registered_tasks:
-            if jobs.cancel(store, row.id, now):
-                report.retired.append(name)
             else:
                 report.busy.append(name)
     return report

@@ -223,10 +223,13 @@ class Supervisor:
             report.updated += again.updated
             report.retired += again.retired
             report.busy = again.busy
+            report.clashing = again.clashing
         for kind in ("created", "updated", "retired"):
             names = getattr(report, kind)
             if names:
                 logger.info("schedules %s: %s", kind, ", ".join(sorted(names)))
+        if report.clashing:
+            raise ConfigurationError(report.clash_message())
         if report.busy:
             # Held longer than a fire takes: most likely by a worker that died while firing it, whose
             # lease has yet to run out. The change is applied once it is free (see _sync_busy_schedules).
@@ -245,6 +248,8 @@ class Supervisor:
             names = getattr(report, kind)
             if names:
                 logger.info("schedules %s: %s", kind, ", ".join(sorted(names)))
+        if report.clashing:
+            logger.error("%s", report.clash_message())
 
     def _warn_of_strange_queues(self) -> None:
         """A queue asked for that none of the app's tasks and consumers declares, but whose name is

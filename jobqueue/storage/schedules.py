@@ -47,6 +47,16 @@ def insert_schedule(store: Store, row: dict[str, Any]) -> bool:
         return store.dialect.insert_unique(conn, row) is not None
 
 
+def schedule_holding(store: Store, name: str) -> str | None:
+    """The name of the active schedule message the database matches with ``name``: ``name`` itself,
+    another spelling of it where the database compares text regardless of case or accents, or None."""
+    m = store.tables.message
+    stmt = sa.select(m.c.unique_key).where(m.c.task_name == SCHEDULE_TASK, m.c.unique_key == name).limit(1)
+    with store.reading() as conn:
+        found = conn.execute(stmt).scalar()
+    return None if found is None else str(found)
+
+
 def update_schedule(store: Store, row_id: int, payload: bytes, queue: str, next_fire: datetime) -> bool:
     """Store a changed definition and its new next fire; False while a worker is firing it."""
     m = store.tables.message

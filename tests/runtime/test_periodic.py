@@ -253,3 +253,11 @@ def test_schedules_edited_while_a_dead_worker_held_them_change_once_its_lease_ru
     next_fire = datetime.fromisoformat(listed["pd.tick"]["next_fire"]).replace(tzinfo=None)
     assert next_fire.minute % 15 == 0 and next_fire.second == 0
     app.close()
+
+
+@only("mysql")
+def test_a_worker_refuses_schedules_the_database_cannot_tell_apart(db_url: str) -> None:
+    run = jobqueue("worker", "--burst", "--concurrency", "1", app="tests.apps.periodic_clash:app", check=False)
+    assert run.returncode != 0
+    assert "schedule 'Digest' is the schedule 'digest' on this database" in run.stderr, run.stderr[-3000:]
+    assert "Traceback" not in run.stderr

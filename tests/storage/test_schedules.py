@@ -171,3 +171,40 @@ def test_a_periodic_tasks_jobs_keep_its_flow_control(db_url: str, limits: dict) 
         started = app.store.acquire(WORKER, None, 10, 30.0, now=utcnow(), flow=True)
     assert [m.task_name for m in started] == ["report"]  # the second waits for the first to end
     app.close()
+
+
+def named_app(db_url: str, *names: str) -> JobQueue:
+    app = JobQueue(db_url)
+    task = app.task(name="report")(lambda n: n)
+    for n, name in enumerate(names):
+        app.periodic(every=10, name=name, args=(n,))(task)
+    return app
+
+
+@pytest.mark.parametrize("other", ["digest", "dígest", "Digest "])
+def test_schedules_the_database_takes_for_one_are_refused_not_dropped(db_url: str, backend: str, other: str) -> None:
+    """MariaDB compares names regardless of case, accents and trailing spaces: there the second
+    schedule was never created and never fired, without a word."""
+    app = named_app(db_url, "Digest", other)
+    with freeze_time(T0):
+        report = sync(app)
+    if backend == "mysql":
+        assert report.created == ["Digest"] and report.clashing == {other: "Digest"}
+        assert f"schedule {other!r} is the schedule 'Digest' on this database" in report.clash_message()
+        assert "@app.periodic(name=...)" in report.clash_message()
+    else:
+        assert sorted(report.created) == sorted(["Digest", other]) and not report.clashing
+    app.close()
+
+
+def test_a_schedule_renamed_in_case_only_takes_the_old_ones_place(db_url: str) -> None:
+    """On MariaDB the new spelling could not be created while the old one existed, and the old one
+    was then retired: the schedule was gone until the next worker start."""
+    with freeze_time(T0):
+        sync(named_app(db_url, "Digest"))
+    renamed = named_app(db_url, "digest")
+    with freeze_time(T0 + timedelta(seconds=5)):
+        report = sync(renamed)
+    assert (report.retired, report.created) == (["Digest"], ["digest"])
+    assert list(periodic.schedule_rows(renamed.store)) == ["digest"]
+    renamed.close()
