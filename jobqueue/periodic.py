@@ -235,9 +235,11 @@ def make_schedule(
     """Build and check a task's schedule when ``@app.periodic`` runs (errors surface at import)."""
     from jobqueue.serialization import dumps_call
     from jobqueue.task import Task as TaskClass
+    from jobqueue.task import check_key
 
     if not isinstance(task, TaskClass):
         raise ConfigurationError("@app.periodic goes above @app.task: it schedules a task, not a plain function")
+    name = check_key("schedule name", name or task.name)  # it is its message's unique key
     seconds = every.total_seconds() if isinstance(every, timedelta) else every
     try:
         if task.checker is not None:
@@ -247,7 +249,7 @@ def make_schedule(
     task.flow.key_for(tuple(args), dict(kwargs or {}))  # a concurrency_key function that fails, fails here
     payload = dumps_call(app.serializer, tuple(args), dict(kwargs or {}))
     return Schedule(
-        name=name or task.name,
+        name=name,
         task_name=task.name,
         cron=cron,
         every_seconds=seconds,

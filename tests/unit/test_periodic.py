@@ -175,3 +175,20 @@ def test_a_concurrency_key_that_fails_on_the_schedules_arguments_fails_at_import
         app.periodic(every=60, args=("eu",))(refresh)
     app.periodic(every=60, args=({"code": "eu"},))(refresh)
     assert list(app.schedules) == [refresh.name]
+
+
+@pytest.mark.parametrize(
+    "name, fragment",
+    [
+        ("a\x00b", "must not contain NUL"),  # PostgreSQL refused it when a worker started, in a raw ValueError
+        ("\ud800", "not valid Unicode"),
+        (5, "must be a string"),  # a bare TypeError before
+        ("x" * 201, "1 to 200 characters"),
+    ],
+)
+def test_a_schedule_name_no_database_can_store_fails_at_import(tmp_path, name: object, fragment: str) -> None:
+    app = JobQueue(f"sqlite:///{tmp_path}/x.sqlite3")
+    task = app.task(name="report")(lambda: None)
+    with pytest.raises(ConfigurationError, match=fragment):
+        app.periodic(every=60, name=name)(task)  # type: ignore[arg-type]
+    assert app.schedules == {}
