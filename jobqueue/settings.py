@@ -151,7 +151,7 @@ class Settings:
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < 1):
                 raise ConfigurationError(f"{name} must be an integer >= 1 or None, got {value!r}")
-        if not TABLE_PREFIX.match(self.table_prefix):
+        if not TABLE_PREFIX.fullmatch(self.table_prefix):
             raise ConfigurationError(
                 f"table_prefix {self.table_prefix!r} is invalid: use lower-case letters, digits and _, "
                 "starting with a letter, at most 31 characters (for example 'jobqueue_')"
@@ -198,7 +198,7 @@ def worker_fields() -> list[dataclasses.Field[Any]]:
 
 
 def validate_queue_name(queue: Any) -> str:
-    if not isinstance(queue, str) or not QUEUE_NAME.match(queue):
+    if not isinstance(queue, str) or not QUEUE_NAME.fullmatch(queue):
         raise ConfigurationError(
             f"invalid queue name {queue!r}: use 1 to 100 letters, digits, '_', '.', ':' or '-', "
             "starting with a letter or digit"

@@ -63,7 +63,7 @@ OPTION_NAMES = tuple(TaskOptions.__dataclass_fields__)
 
 
 def validate_task_name(name: Any, reserved_ok: bool = False) -> str:
-    if not isinstance(name, str) or not TASK_NAME.match(name):
+    if not isinstance(name, str) or not TASK_NAME.fullmatch(name):
         raise ConfigurationError(
             f"invalid task name {name!r}: use up to 255 letters, digits, '_', '.', ':' or '-', "
             "starting with a letter or '_'"

@@ -27,7 +27,7 @@ PUBLISH_BATCH_SIZE = 1000
 
 
 def validate_name(kind: str, name: Any) -> str:
-    if not isinstance(name, str) or not NAME.match(name):
+    if not isinstance(name, str) or not NAME.fullmatch(name):
         raise ConfigurationError(
             f"invalid {kind} name {name!r}: use 1 to 40 letters, digits, '_', '.' or '-', starting with a letter "
             "or digit"

@@ -195,9 +195,12 @@ def test_bad_input_is_refused_and_writes_nothing(app: JobQueue) -> None:
     with pytest.raises(SerializationError, match="max_payload_bytes"):
         orders.publish("x" * (app.settings.max_payload_bytes + 1))
     assert log_size(app) == 0 and deliveries(app, "billing") == []
-    for bad in ("", "a b", "x" * 41, "-x"):
+    # "orders\n" (a name read from a file with its newline) was a topic of its own that no group read.
+    for bad in ("", "a b", "x" * 41, "-x", "orders\n"):
         with pytest.raises(ConfigurationError, match="topic name"):
             app.topic(bad)
+    with pytest.raises(ConfigurationError, match="group name"):
+        app.consumer("orders", group="billing\n")
     with pytest.raises(ConfigurationError, match="start must be"):
         app.consumer("orders", group="x", start="oldest")
     with pytest.raises(ConfigurationError, match="does not take queue"):

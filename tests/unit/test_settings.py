@@ -23,6 +23,8 @@ def test_defaults_follow_the_spec() -> None:
         ({"overfetch_factor": 0.5}, "overfetch_factor"),
         ({"table_prefix": "Robert'); DROP TABLE x;--"}, "table_prefix"),
         ({"queues": ("ok", "not ok")}, "invalid queue name"),
+        ({"queues": ("emails\n",)}, "invalid queue name"),
+        ({"table_prefix": "jobqueue_\n"}, "table_prefix"),
         ({"concurrency": 0}, "concurrency"),
         # Not a number, or not a finite one: compared with anything, NaN is never too small.
         ({"release_stuck_timeout": float("nan")}, "release_stuck_timeout must be a finite number"),

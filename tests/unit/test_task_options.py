@@ -80,6 +80,9 @@ def test_unknown_option_fails_at_decoration_naming_it(app: JobQueue) -> None:
         ({"retry_strategy": 3}, "retry_strategy must be"),
         ({"ack_policy": "ack"}, "ack_policy must be"),
         ({"name": "has space"}, "invalid task name"),
+        # A pattern's $ also matches before a final newline: such names were taken as valid.
+        ({"name": "reports.daily\n"}, "invalid task name"),
+        ({"queue": "emails\n"}, "invalid queue name"),
     ],
 )
 def test_invalid_option_values(app: JobQueue, options: dict, fragment: str) -> None:
