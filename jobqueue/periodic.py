@@ -156,8 +156,14 @@ class Schedule:
             return scheduled + timedelta(seconds=step * ((now - scheduled).total_seconds() // step))
         # The last cron time at or before ``now`` (cronsim walks backwards from just after it).
         local = (now + timedelta(microseconds=1)).replace(tzinfo=timezone.utc).astimezone(self.tz)
-        latest = _utc(next(iter(CronSim(self.cron or "", local, reverse=True))))
-        return max(latest, scheduled)
+        latest = max(_utc(next(iter(CronSim(self.cron or "", local, reverse=True)))), scheduled)
+        # Backwards, cronsim reads a local time in the hour repeated when clocks go back as its first
+        # occurrence, and can answer a day early: the fires forward from there that are due settle it.
+        for later in self.fires(latest):
+            if later > now:
+                return latest
+            latest = later
+        return latest
 
     def to_fire(self, scheduled: datetime, now: datetime, grace_seconds: float) -> datetime:
         """Which fire time a run at ``now`` of the message due at ``scheduled`` stands for.

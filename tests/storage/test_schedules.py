@@ -208,3 +208,23 @@ def test_a_schedule_renamed_in_case_only_takes_the_old_ones_place(db_url: str) -
     assert (report.retired, report.created) == (["Digest"], ["digest"])
     assert list(periodic.schedule_rows(renamed.store)) == ["digest"]
     renamed.close()
+
+
+def test_a_catch_up_in_the_repeated_hour_of_a_dst_change_is_one_run(db_url: str) -> None:
+    """Down from before Saturday's 02:30 (Paris) until 02:05 on the night clocks go back, after the
+    first 02:30 of that night: one catch-up run, for that 02:30. It was two: one for Saturday's, then
+    at once one for the night's."""
+    app = JobQueue(db_url)
+
+    @app.periodic(cron="30 2 * * *", timezone="Europe/Paris")
+    @app.task(name="report")
+    def report() -> None: ...
+
+    with freeze_time(datetime(2026, 10, 23, 12, 0)) as clock:
+        sync(app)  # next fire: Saturday 2026-10-24 02:30 CEST, 00:30 UTC
+        clock.move_to(datetime(2026, 10, 25, 1, 5))  # 02:05 CET, the second time 02:05 comes that night
+        for _ in range(3):
+            run_due(app, now=utcnow())
+    assert [r["headers"]["fire_time"] for r in jobs_of(app)] == ["2026-10-25T00:30:00"]  # 02:30 CEST
+    assert periodic.schedule_rows(app.store)["report"].next_fire == datetime(2026, 10, 26, 1, 30)  # 02:30 CET
+    app.close()

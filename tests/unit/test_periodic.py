@@ -192,3 +192,12 @@ def test_a_schedule_name_no_database_can_store_fails_at_import(tmp_path, name: o
     with pytest.raises(ConfigurationError, match=fragment):
         app.periodic(every=60, name=name)(task)  # type: ignore[arg-type]
     assert app.schedules == {}
+
+
+def test_the_latest_fire_in_the_repeated_hour_is_the_first_of_that_night() -> None:
+    # 01:01 UTC is 02:01 CET, the second 02:01 of the night: the 02:30 CEST of 00:30 UTC has passed.
+    daily = cron("30 2 * * *", "Europe/Paris")
+    assert daily.latest_fire(datetime(2026, 10, 20), datetime(2026, 10, 25, 1, 1)) == datetime(2026, 10, 25, 0, 30)
+    assert daily.latest_fire(datetime(2026, 10, 20), datetime(2026, 10, 25, 0, 29)) == datetime(2026, 10, 24, 0, 30)
+    hourly = cron("0 * * * *", "Europe/Paris")
+    assert hourly.latest_fire(datetime(2026, 10, 20), datetime(2026, 10, 25, 1, 1)) == datetime(2026, 10, 25, 1, 0)
