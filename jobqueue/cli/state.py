@@ -7,6 +7,7 @@ import importlib.util
 import logging
 import os
 import sys
+import traceback
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -69,6 +70,15 @@ def load_app(spec: str | None) -> JobQueue:
         module = _import(target)
     except (ImportError, ValueError) as exc:  # ValueError: a relative or empty module name
         raise ConfigurationError(f"cannot import {target!r} named by --app/{APP_ENV}: {exc}") from exc
+    except JobQueueError:  # a task declared with a bad option: its message says which
+        raise
+    except Exception as exc:  # the module's own code failed: what, and where (a SyntaxError says where)
+        frames = traceback.extract_tb(exc.__traceback__)
+        last = frames[-1] if frames and not isinstance(exc, SyntaxError) else None
+        where = f", at {last.filename} line {last.lineno}" if last else ""
+        raise ConfigurationError(
+            f"cannot import {target!r} named by --app/{APP_ENV}: {type(exc).__name__}: {exc}{where}"
+        ) from exc
     app = getattr(module, attribute, None)
     if not isinstance(app, JobQueue):
         found = [name for name, value in vars(module).items() if isinstance(value, JobQueue)]

@@ -200,6 +200,23 @@ def test_an_app_without_a_module_is_one_line_naming_the_fix() -> None:
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.parametrize(
+    "source, fragment",
+    [
+        ("import os\nraise RuntimeError('settings missing')\n", "RuntimeError: settings missing, at {path} line 2"),
+        ("def broken(:\n    pass\n", "SyntaxError: "),
+    ],
+)
+def test_an_app_module_that_fails_at_import_is_one_line_naming_where(tmp_path, source: str, fragment: str) -> None:
+    path = tmp_path / "failing_app.py"
+    path.write_text(source)
+    result = jobqueue("status", app=f"{path}:app", check=False)
+    assert result.returncode == 1
+    assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr, result.stderr
+    assert result.stderr.startswith(f"Error: cannot import '{path}' named by --app/JOBQUEUE_APP: ")
+    assert fragment.format(path=path) in result.stderr and "failing_app.py" in result.stderr
+
+
 def test_password_never_reaches_logs(tmp_path) -> None:
     """Passwords in the user part and in query parameters stay out of CLI errors and worker logs;
     a worker whose database is down waits for it, logging, instead of exiting."""
