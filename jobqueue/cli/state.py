@@ -18,7 +18,7 @@ from jobqueue import logs
 from jobqueue.app import JobQueue
 from jobqueue.errors import ConfigurationError, JobQueueError
 from jobqueue.settings import APP_ENV, DATABASE_URL_ENV
-from jobqueue.storage.engine import mask_url, url_secrets
+from jobqueue.storage.engine import mask_in, mask_url
 
 
 @dataclass
@@ -153,8 +153,6 @@ def mask_secrets(message: str, ctx: click.Context) -> str:
     urls = [state.database_url if state else None, os.environ.get(DATABASE_URL_ENV)]
     if state is not None and state._app is not None:
         urls.append(state._app.settings.database_url)
-    for url in filter(None, urls):
-        message = message.replace(url, mask_url(url))
-        for secret in url_secrets(url):
-            message = message.replace(secret, "***")
+    for url in urls:
+        message = mask_in(message, url)
     return message

@@ -194,6 +194,24 @@ def test_a_database_url_the_driver_cannot_use_is_one_line_naming_it(args: tuple[
     assert "hunter2secret" not in result.stderr
 
 
+@pytest.mark.parametrize(
+    "url, expected",
+    [
+        # A password that is also a word of the message, as the usual development credentials are.
+        ("postgresql://postgres:postgres@127.0.0.1:1/nowhere", "Error: cannot use postgresql://***:***@127.0.0.1:1/"),
+        ("postgresql://app:a@127.0.0.1:1/nowhere", "Error: cannot use postgresql://app:***@127.0.0.1:1/nowhere: "),
+        ("mysql://root:root@127.0.0.1:1/nowhere", "Error: cannot use mysql://***:***@127.0.0.1:1/nowhere: "),
+        # A URL that does not parse, and is a word of the message.
+        ("e", "Error: cannot parse database URL '<unparseable database URL>' (Could not parse SQLAlchemy URL"),
+        (" ", "Error: cannot parse database URL '<unparseable database URL>' (Could not parse SQLAlchemy URL"),
+    ],
+)
+def test_masking_leaves_the_rest_of_the_message_readable(url: str, expected: str) -> None:
+    result = jobqueue("--database-url", url, "status", check=False)
+    assert result.returncode == 1 and result.stderr.startswith(expected), result.stderr
+    assert any(word in result.stderr for word in ("failed", "connect to server", "example sqlite:///"))
+
+
 def test_an_app_without_a_module_is_one_line_naming_the_fix() -> None:
     result = jobqueue("status", app=":app", check=False)
     assert result.returncode == 1 and "names no module: give module:attribute" in result.stderr, result.stderr
