@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from jobqueue.cli.output import echo_json, print_table, progress_bar, timestamp
+from jobqueue.cli.output import echo_json, print_table, printable, progress_bar, timestamp
 from jobqueue.cli.state import CliState, Group
 from jobqueue.clock import utcnow
 from jobqueue.duration import parse_age
@@ -140,7 +140,7 @@ def show(state: CliState, /, job_id: int, as_json: bool) -> None:
             f"history {number}: {entry.get('state')} after {entry.get('attempts')} attempt(s), archived "
             f"{entry.get('archived_at')}: {entry.get('error_type')}: {entry.get('error_message')}"
         )
-    click.echo("\n".join(lines))
+    click.echo(printable("\n".join(lines)))
 
 
 @jobs.command()

@@ -7,6 +7,7 @@ cell whole, so ``grep`` sees what a wide terminal would.
 from __future__ import annotations
 
 import json
+import re
 import sys
 from collections.abc import Sequence
 from datetime import date, datetime, timezone
@@ -47,6 +48,9 @@ HEADERS = {
     "jobs_done": "done",
 }
 TIMESTAMP_WIDTH = len("2026-11-23 10:04:05Z")
+# Control characters but newline and tab: what a job's text (an error message, a key) could use to
+# clear or retitle the terminal, or hide what follows it behind a carriage return.
+CONTROL_CHARACTERS = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 
 
 def console(stderr: bool = False) -> Console:
@@ -74,6 +78,11 @@ def timestamp(value: datetime) -> str:
     return value.strftime("%Y-%m-%d %H:%M:%SZ")
 
 
+def printable(text: str) -> str:
+    """``text`` with its control characters (newline and tab aside) written out, as ``\\x1b``."""
+    return CONTROL_CHARACTERS.sub(lambda match: f"\\x{ord(match.group()):02x}", text)
+
+
 def _cell(column: str, value: Any) -> Text:
     if value is None:
         return Text("-", style="dim")
@@ -83,7 +92,7 @@ def _cell(column: str, value: Any) -> Text:
         return Text(timestamp(value))
     if isinstance(value, float):
         return Text(f"{value:,.1f}")
-    text = str(value)
+    text = printable(str(value))
     if column in STATE_COLUMNS:
         return Text(text, style=STATE_STYLES.get(text.lower(), ""))
     if column in STATE_STYLES and isinstance(value, int) and value and column in ("failed", "retrying", "stale"):
