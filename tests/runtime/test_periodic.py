@@ -253,3 +253,17 @@ def test_schedules_edited_while_a_dead_worker_held_them_change_once_its_lease_ru
     next_fire = datetime.fromisoformat(listed["pd.tick"]["next_fire"]).replace(tzinfo=None)
     assert next_fire.minute % 15 == 0 and next_fire.second == 0
     app.close()
+
+
+def test_jobs_show_of_a_schedule_message_shows_the_schedule_and_its_arguments(db_url: str) -> None:
+    """`periodic list` points at schedule messages by id; `jobs show` of one reads as a schedule,
+    not as a corrupt payload."""
+    jobqueue("worker", "--burst", "--concurrency", "1", app="tests.apps.periodic:app")
+    listed = json.loads(jobqueue("periodic", "list", "--json", app="tests.apps.periodic:app").stdout)
+    report = next(s for s in listed if s["name"] == "morning-report")
+    shown = jobqueue("jobs", "show", str(report["id"]), app="tests.apps.periodic:app").stdout
+    assert "cannot decode" not in shown and "corrupt" not in shown, shown
+    assert "schedule     morning-report: pd.report, 0 7 * * * (Europe/Paris)" in shown, shown
+    assert 'kwargs       {"kind": "daily"}' in shown, shown
+    detail = json.loads(jobqueue("jobs", "show", str(report["id"]), "--json", app="tests.apps.periodic:app").stdout)
+    assert detail["kwargs"] == {"kind": "daily"} and detail["schedule"]["expression"] == "0 7 * * *"
