@@ -131,15 +131,34 @@ class Group(click.Group):
         except sa.exc.DBAPIError as exc:
             # The server or the driver refused the connection (no statement ran), or it broke: say
             # so in a line. An error of a statement is a bug to report, with its traceback.
-            if not isinstance(exc, sa.exc.OperationalError) and exc.statement is not None:
+            lacks_privilege = _lacks_privilege(exc)
+            if not isinstance(exc, sa.exc.OperationalError) and exc.statement is not None and not lacks_privilege:
                 raise
             reason = str(exc.orig).strip().splitlines()[0] if exc.orig else str(exc)
+            if lacks_privilege:
+                reason += (
+                    "; GRANT the database user SELECT, INSERT, UPDATE and DELETE on the jobqueue tables "
+                    "(and CREATE, for `jobqueue db init` and `db upgrade`)"
+                )
             raise click.ClickException(mask_secrets(f"cannot use {_where(ctx)}: {reason}", ctx)) from None
         except TypeError as exc:
             if "argument for connect()" not in str(exc):  # mysqlclient, given an option it does not take
                 raise
             reason = f"the URL's query has an option the driver does not take ({exc})"
             raise click.ClickException(mask_secrets(f"cannot use {_where(ctx)}: {reason}", ctx)) from None
+
+
+# The server refused a statement for want of a privilege: PostgreSQL's SQLSTATE, MySQL's error numbers
+# (database, table and column access denied).
+INSUFFICIENT_PRIVILEGE_SQLSTATE = "42501"
+MYSQL_ACCESS_DENIED = {1044, 1142, 1143}
+
+
+def _lacks_privilege(exc: sa.exc.DBAPIError) -> bool:
+    if getattr(exc.orig, "pgcode", None) == INSUFFICIENT_PRIVILEGE_SQLSTATE:
+        return True
+    args: tuple[Any, ...] = getattr(exc.orig, "args", ())
+    return bool(args) and args[0] in MYSQL_ACCESS_DENIED
 
 
 def _where(ctx: click.Context) -> str:

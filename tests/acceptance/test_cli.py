@@ -273,3 +273,25 @@ def test_password_never_reaches_logs(tmp_path) -> None:
                     worker.kill()
         text = log.read_text()
         assert "hunter2secret" not in text and "***" in text, text
+
+
+@only("postgresql")
+@pytest.mark.parametrize(
+    "command",
+    [("status",), ("worker", "--burst"), ("jobs", "cancel", "1"), ("enqueue", "basic.add", "--args", "[1, 2]")],
+)
+def test_a_database_user_without_privileges_is_one_line_naming_what_it_lacks(
+    app: JobQueue, command: tuple[str, ...]
+) -> None:
+    tables = ", ".join(table.name for table in app.tables.metadata.sorted_tables)
+    with app.engine.begin() as conn:  # the owner takes its own privileges away (and gives them back after)
+        conn.execute(sa.text(f"REVOKE ALL ON {tables} FROM CURRENT_USER"))
+    try:
+        result = jobqueue(*command, check=False)
+    finally:
+        with app.engine.begin() as conn:
+            conn.execute(sa.text(f"GRANT ALL ON {tables} TO CURRENT_USER"))
+    assert result.returncode == 1
+    errors = [line for line in result.stderr.splitlines() if line.startswith("Error: ")]
+    assert len(errors) == 1 and "Traceback" not in result.stderr, result.stderr
+    assert "permission denied for table jobqueue_" in errors[0] and "GRANT" in errors[0], result.stderr
