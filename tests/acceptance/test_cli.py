@@ -163,6 +163,15 @@ def test_worker_without_an_app_refuses_to_start(db_url: str) -> None:
     assert result.returncode == 1 and "--app" in result.stderr
 
 
+@pytest.mark.parametrize("queues", ["", " , ,"])
+def test_a_queues_option_that_names_no_queue_is_refused_not_read_as_every_queue(db_url: str, queues: str) -> None:
+    """As `-Q "$QUEUES"` with the variable unset: serving every queue instead would be a surprise."""
+    result = jobqueue("worker", "--burst", "-Q", queues, check=False)
+    assert result.returncode == 2
+    assert "--queues names no queue" in result.stderr and "leave it out for every queue" in result.stderr, result.stderr
+    assert "processes on" not in result.stderr  # refused before starting
+
+
 def test_worker_refuses_a_listen_url_it_cannot_use(db_url: str, backend: str) -> None:
     """Before it touches the database: the option is checked against the database it serves."""
     given: tuple[str, ...] = ()
