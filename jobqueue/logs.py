@@ -93,6 +93,9 @@ class StderrHandler(logging.StreamHandler):
                 self.own_stream.close()
             except Exception:
                 pass
+            # A line logged after this (logging shuts down at exit, before the finalizers of
+            # libraries that log, such as PySpark's) goes to stderr as a plain handler's would.
+            self.stream = sys.stderr
         super().close()
 
 

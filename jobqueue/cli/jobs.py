@@ -13,7 +13,9 @@ from jobqueue.cli.state import CliState, Group
 from jobqueue.clock import utcnow
 from jobqueue.duration import parse_age
 from jobqueue.errors import JobNotFound
-from jobqueue.serialization import decode_row
+from jobqueue.job import SCHEDULE_TASK
+from jobqueue.periodic import Schedule
+from jobqueue.serialization import decode_row, loads_call
 from jobqueue.storage import deadletter, waiting
 from jobqueue.storage import jobs as job_queries
 from jobqueue.storage.tables import MAX_ID
@@ -92,6 +94,8 @@ def show(state: CliState, /, job_id: int, as_json: bool) -> None:
         raise JobNotFound(f"job {job_id} not found: it never existed, was purged, or was not retained")
     where, row = found
     decoded = decode_row(state.app.serializer, row)
+    if row["task_name"] == SCHEDULE_TASK:  # its payload is the schedule, which holds the call
+        decoded.update(_schedule(state.app.serializer, row["payload"]))
     wait = waiting.explain(state.app.store, [row]).get(job_id) if where == "message" else None
     holder, flow = (wait.holder, wait.flow) if wait else (None, None)
     if as_json:
@@ -119,6 +123,13 @@ def show(state: CliState, /, job_id: int, as_json: bool) -> None:
         lines.append(f"waiting      {wait.reason}")
     if where != "message":
         lines.append(f"finished     {row.get('finished_at') or '-'}  (archived {row['archived_at']})")
+    if "schedule" in decoded:
+        schedule = decoded["schedule"]
+        lines.append(
+            f"schedule     {schedule['name']}: {schedule['task']}, {schedule['expression']} ({schedule['timezone']})"
+            if isinstance(schedule, dict)
+            else f"schedule     {schedule}"
+        )
     for label in ("args", "kwargs", "result", "checkpoint"):
         if label in decoded:
             lines.append(f"{label:<12} {json.dumps(decoded[label], default=str)}")
@@ -250,6 +261,27 @@ def purge(
         echo_json({"purged": deleted, "state": state_name, "archived_before": before})
     else:
         click.echo(f"purged {deleted} {state_name} job(s) archived before {timestamp(before)}")
+
+
+def _schedule(serializer: Any, payload: bytes) -> dict[str, Any]:
+    """What a schedule message holds: the schedule, and the arguments of the job it fires."""
+    try:
+        schedule = Schedule.decode(payload)
+    except Exception as exc:
+        return {"schedule": f"<cannot decode: {exc}>"}
+    found: dict[str, Any] = {
+        "schedule": {
+            "name": schedule.name,
+            "task": schedule.task_name,
+            "expression": schedule.expression,
+            "timezone": schedule.timezone,
+        }
+    }
+    try:
+        found["args"], found["kwargs"] = loads_call(serializer, schedule.payload)
+    except Exception as exc:
+        found["args"] = found["kwargs"] = f"<cannot decode: {exc}>"
+    return found
 
 
 def _ids(ids: list[int], most: int = 20) -> str:

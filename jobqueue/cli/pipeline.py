@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import click
@@ -9,18 +10,32 @@ import click
 from jobqueue.cli.output import echo_json, progress_bar
 from jobqueue.cli.state import CliState, Group
 from jobqueue.duration import parse_age
+from jobqueue.errors import JobQueueError
 
 MASTER_HELP = "Spark master URL (default local[*]: this machine's cores)."
+MASTER_PREFIXES = ("local", "spark://", "k8s://")  # and "yarn": the masters Spark takes
 
 
 def _spark(master: str | None) -> tuple[Any, Any]:
     """The jobqueue.spark module and a session, or a one-line error naming the install command."""
+    if master is not None and not (master == "yarn" or master.startswith(MASTER_PREFIXES)):
+        raise click.BadParameter(
+            f"cannot start Spark on {master}: give local[*], local[N], spark://HOST:PORT, yarn or k8s://URL",
+            param_hint="--master",
+        )
     try:
         import jobqueue.spark as spark
     except ImportError as exc:
         raise click.ClickException(str(exc)) from None
     click.echo(f"starting Spark on {master or 'local[*]'}...", err=True)
-    return spark, spark.get_session(master)
+    try:
+        return spark, spark.get_session(master)
+    except JobQueueError:
+        raise
+    except Exception as exc:  # the JVM did not start or reach the master; it said why above
+        java = getattr(exc, "java_exception", None)  # py4j's error: the Java exception says why
+        reason = ((java.toString() if java is not None else str(exc)).strip().splitlines() or [type(exc).__name__])[0]
+        raise click.ClickException(f"cannot start Spark on {master or 'local[*]'}: {reason}") from None
 
 
 @click.command()
@@ -38,6 +53,9 @@ def report(state: CliState, /, since: str, out: str, master: str | None) -> None
     """Write one self-contained HTML report on the archive: counts, failure rates, queue wait
     and run time percentiles, throughput per minute, with plots."""
     age = None if since.lower() == "all" else parse_age(since)
+    directory = os.path.dirname(os.path.abspath(out))
+    if not os.path.isdir(directory):  # found now, not after Spark has computed the report
+        raise click.BadParameter(f"directory {directory} does not exist", param_hint="--out")
     app = state.app
     spark, session = _spark(master)
     jobs = spark.write_report(session, app.database_url, out, since=age, table_prefix=app.settings.table_prefix)

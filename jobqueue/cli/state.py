@@ -7,6 +7,7 @@ import importlib.util
 import logging
 import os
 import sys
+import traceback
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,7 +18,7 @@ from jobqueue import logs
 from jobqueue.app import JobQueue
 from jobqueue.errors import ConfigurationError, JobQueueError
 from jobqueue.settings import APP_ENV, DATABASE_URL_ENV
-from jobqueue.storage.engine import mask_url, url_secrets
+from jobqueue.storage.engine import mask_in, mask_url
 
 
 @dataclass
@@ -69,6 +70,15 @@ def load_app(spec: str | None) -> JobQueue:
         module = _import(target)
     except (ImportError, ValueError) as exc:  # ValueError: a relative or empty module name
         raise ConfigurationError(f"cannot import {target!r} named by --app/{APP_ENV}: {exc}") from exc
+    except JobQueueError:  # a task declared with a bad option: its message says which
+        raise
+    except Exception as exc:  # the module's own code failed: what, and where (a SyntaxError says where)
+        frames = traceback.extract_tb(exc.__traceback__)
+        last = frames[-1] if frames and not isinstance(exc, SyntaxError) else None
+        where = f", at {last.filename} line {last.lineno}" if last else ""
+        raise ConfigurationError(
+            f"cannot import {target!r} named by --app/{APP_ENV}: {type(exc).__name__}: {exc}{where}"
+        ) from exc
     app = getattr(module, attribute, None)
     if not isinstance(app, JobQueue):
         found = [name for name, value in vars(module).items() if isinstance(value, JobQueue)]
@@ -121,15 +131,34 @@ class Group(click.Group):
         except sa.exc.DBAPIError as exc:
             # The server or the driver refused the connection (no statement ran), or it broke: say
             # so in a line. An error of a statement is a bug to report, with its traceback.
-            if not isinstance(exc, sa.exc.OperationalError) and exc.statement is not None:
+            lacks_privilege = _lacks_privilege(exc)
+            if not isinstance(exc, sa.exc.OperationalError) and exc.statement is not None and not lacks_privilege:
                 raise
             reason = str(exc.orig).strip().splitlines()[0] if exc.orig else str(exc)
+            if lacks_privilege:
+                reason += (
+                    "; GRANT the database user SELECT, INSERT, UPDATE and DELETE on the jobqueue tables "
+                    "(and CREATE, for `jobqueue db init` and `db upgrade`)"
+                )
             raise click.ClickException(mask_secrets(f"cannot use {_where(ctx)}: {reason}", ctx)) from None
         except TypeError as exc:
             if "argument for connect()" not in str(exc):  # mysqlclient, given an option it does not take
                 raise
             reason = f"the URL's query has an option the driver does not take ({exc})"
             raise click.ClickException(mask_secrets(f"cannot use {_where(ctx)}: {reason}", ctx)) from None
+
+
+# The server refused a statement for want of a privilege: PostgreSQL's SQLSTATE, MySQL's error numbers
+# (database, table and column access denied).
+INSUFFICIENT_PRIVILEGE_SQLSTATE = "42501"
+MYSQL_ACCESS_DENIED = {1044, 1142, 1143}
+
+
+def _lacks_privilege(exc: sa.exc.DBAPIError) -> bool:
+    if getattr(exc.orig, "pgcode", None) == INSUFFICIENT_PRIVILEGE_SQLSTATE:
+        return True
+    args: tuple[Any, ...] = getattr(exc.orig, "args", ())
+    return bool(args) and args[0] in MYSQL_ACCESS_DENIED
 
 
 def _where(ctx: click.Context) -> str:
@@ -143,8 +172,6 @@ def mask_secrets(message: str, ctx: click.Context) -> str:
     urls = [state.database_url if state else None, os.environ.get(DATABASE_URL_ENV)]
     if state is not None and state._app is not None:
         urls.append(state._app.settings.database_url)
-    for url in filter(None, urls):
-        message = message.replace(url, mask_url(url))
-        for secret in url_secrets(url):
-            message = message.replace(secret, "***")
+    for url in urls:
+        message = mask_in(message, url)
     return message

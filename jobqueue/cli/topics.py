@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import click
 
 from jobqueue.cli.output import echo_json, print_table
@@ -34,15 +36,21 @@ def topics(ctx: click.Context, as_json: bool) -> None:
 @topics.command("drop-group")
 @click.argument("topic")
 @click.argument("group")
-@click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
+@click.option("-y", "--yes", is_flag=True, help="Do not ask for confirmation.")
 @click.pass_obj
 def drop_group(state: CliState, topic: str, group: str, yes: bool) -> None:
     """Remove GROUP from TOPIC: it gets no more messages, its waiting deliveries are deleted, and
     the log no longer keeps messages for it. A worker that still runs the group adds it again
     (from the latest message) when it starts."""
+    missing = click.ClickException(f"topic {topic!r} has no group {group!r}; `jobqueue topics` lists them")
     if not yes:
-        click.confirm(f"drop group {group!r} of topic {topic!r} and delete its waiting deliveries?", abort=True)
+        if not any(row["topic"] == topic and row["group"] == group for row in state.app.topic_store.stats()):
+            raise missing
+        what = f"group {group!r} of topic {topic!r} and delete its waiting deliveries"
+        if not sys.stdin.isatty():
+            raise click.UsageError(f"drop-group would drop {what}; add --yes to confirm")
+        click.confirm(f"Drop {what}?", abort=True, err=True)
     deleted = state.app.topic_store.drop(topic, group)
     if deleted < 0:
-        raise click.ClickException(f"topic {topic!r} has no group {group!r}; `jobqueue topics` lists them")
+        raise missing
     click.echo(f"dropped group {group!r} of topic {topic!r}; {deleted} waiting deliveries deleted")

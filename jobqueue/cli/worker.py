@@ -51,5 +51,8 @@ def worker(state: CliState, /, burst: bool, progress: bool, **options: Any) -> N
     messages go back unstarted); a second signal stops it at once.
     """
     changes = {name: value for name, value in options.items() if value is not None}
+    for name in ("queues", "groups"):
+        if name in changes and not changes[name].replace(",", "").strip():  # -Q "$QUEUES", the variable unset
+            raise click.UsageError(f"--{name} names no {name[:-1]}; leave it out for every {name[:-1]}")
     code = state.app.run_worker(burst=burst, progress=progress, **changes)
     raise SystemExit(code)

@@ -15,7 +15,7 @@ from werkzeug.exceptions import HTTPException
 from jobqueue.dashboard import security, views
 from jobqueue.dashboard.formatting import FILTERS, cell
 from jobqueue.errors import JobQueueError
-from jobqueue.storage.engine import mask_url, url_secrets
+from jobqueue.storage.engine import mask_in
 
 if TYPE_CHECKING:
     from jobqueue.app import JobQueue
@@ -65,9 +65,6 @@ def _handle_errors(app: Flask, queue: JobQueue) -> None:
     @app.errorhandler(JobQueueError)
     def _database(error: Exception) -> tuple[str, int]:
         # Driver messages can quote the URL; the page and the log get it with its password masked.
-        url = queue.database_url
-        message = (str(error).strip().splitlines() or [type(error).__name__])[0].replace(url, mask_url(url))
-        for secret in url_secrets(url):
-            message = message.replace(secret, "***")
+        message = mask_in((str(error).strip().splitlines() or [type(error).__name__])[0], queue.database_url)
         log.error("dashboard request failed: %s", message)
         return render_template("error.html", title="The database did not answer", message=message), 503

@@ -7,6 +7,8 @@ proxy in front of it when it is reached over a network.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import re
 from collections.abc import Callable
 from typing import Any
@@ -32,11 +34,16 @@ class RequestHandler(WSGIRequestHandler):
 
 def serve(app: Flask, host: str, port: int, on_ready: Callable[[str], None]) -> None:
     """Listen on ``host``:``port`` (0: any free port), call ``on_ready(url)``, serve until interrupted."""
+    said = io.StringIO()
     try:
-        server = make_server(host, port, app, threaded=True, request_handler=RequestHandler)
-    except (OSError, SystemExit) as exc:  # werkzeug exits when the port is taken
-        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else "the address is in use"
-        raise ConfigurationError(f"cannot listen on {host}:{port}: {reason}; choose another --port or --host") from None
+        with contextlib.redirect_stderr(said):
+            server = make_server(host, port, app, threaded=True, request_handler=RequestHandler)
+    except (OSError, SystemExit) as exc:  # werkzeug prints why it cannot bind (first line), then exits
+        printed = said.getvalue().strip().splitlines()
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else printed[0] if printed else None
+        raise ConfigurationError(
+            f"cannot listen on {host}:{port}: {reason or 'refused'}; choose another --port or --host"
+        ) from None
     shown_host = f"[{host}]" if ":" in host else host
     on_ready(f"http://{shown_host}:{server.server_port}/")
     server.serve_forever()  # returns on KeyboardInterrupt, having closed the socket

@@ -207,6 +207,8 @@ class Supervisor:
             return False
         self.meter = Progress(self.store, self.settings.queues) if self.progress else None
         for index in range(self.size):
+            if self.signals:  # stopped while forking (a large pool takes a while): the loop stops it
+                break
             self._spawn(index)
         return True
 

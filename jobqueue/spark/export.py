@@ -10,7 +10,9 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 
 import sqlalchemy as sa
+from py4j.protocol import Py4JJavaError  # type: ignore[import-untyped]
 from pyspark import StorageLevel
+from pyspark.errors import PySparkException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
@@ -71,6 +73,11 @@ def export_archive(
         spark.conf.set("spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS")
         try:
             rows.write.mode("append").partitionBy("date", "queue").parquet(path)
+        except (Py4JJavaError, PySparkException) as exc:  # a path that cannot be written: say why, in a line
+            reason = exc.java_exception.toString() if isinstance(exc, Py4JJavaError) else str(exc)
+            raise ExportError(
+                f"cannot write the export to {path}: {(reason.strip().splitlines() or ['?'])[0]}; nothing was purged"
+            ) from exc
         finally:
             spark.conf.set("spark.sql.parquet.outputTimestampType", previous or "INT96")
         written = spark.read.parquet(path).where(F.col("export_batch") == batch).select("id", "archived_at")

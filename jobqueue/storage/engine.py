@@ -5,6 +5,7 @@ What each database needs of its connections is its dialect's (``engine_options``
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import sqlalchemy as sa
@@ -48,6 +49,24 @@ def url_secrets(url: str | sa.URL | None) -> list[str]:
         if key.lower() in SECRET_PARAMETERS:
             found.extend([value] if isinstance(value, str) else list(value))
     return [str(secret) for secret in found if secret]
+
+
+def mask_in(text: str, url: str | sa.URL | None) -> str:
+    """``text`` with ``url`` and the passwords written in it masked. Each is masked where it stands
+    on its own, not inside a longer word: a password ``postgres`` leaves ``postgresql`` readable."""
+    if not url or not str(url).strip():
+        return text
+    text = _standing_alone(str(url)).sub(lambda _: mask_url(url), text)
+    for secret in url_secrets(url):
+        text = _standing_alone(secret).sub("***", text)
+    return text
+
+
+def _standing_alone(word: str) -> re.Pattern[str]:
+    """``word`` where no letter or digit runs on from its own first or last one."""
+    before = r"(?<!\w)" if re.match(r"\w", word) else ""
+    after = r"(?!\w)" if re.search(r"\w$", word) else ""
+    return re.compile(before + re.escape(word) + after)
 
 
 DEFAULT_DRIVERS = {"postgresql": "postgresql+psycopg2", "mysql": "mysql+mysqldb", "mariadb": "mariadb+mysqldb"}

@@ -113,8 +113,11 @@ def queue_counts(store: Store, now: datetime | None = None) -> list[dict[str, An
         (m.c.state == MessageState.RETRYABLE.value, "retrying"),
         else_="scheduled",
     ).label("kind")
+    # A ready job has waited since it fell due, or since it was enqueued if it was due before (an eta
+    # in the past).
+    ready_since = sa.case((m.c.next_attempt_at > m.c.created_at, m.c.next_attempt_at), else_=m.c.created_at)
     active = (
-        sa.select(m.c.queue, kind, sa.func.count(), sa.func.min(sa.case((due, m.c.next_attempt_at))))
+        sa.select(m.c.queue, kind, sa.func.count(), sa.func.min(sa.case((due, ready_since))))
         .where(m.c.task_name != SCHEDULE_TASK)
         .group_by(m.c.queue, kind)
     )

@@ -33,7 +33,7 @@ from jobqueue.storage.dialects.common import (
 )
 from jobqueue.storage.dialects.wakeup import Waker
 from jobqueue.storage.engine import check_listen_url, database_kind, mask_url
-from jobqueue.storage.tables import Tables, Timestamp
+from jobqueue.storage.tables import SCHEMA_VERSION, Tables, Timestamp
 
 UNIQUE_RETRIES = 10
 
@@ -115,7 +115,22 @@ class Store:
             raise
 
     def _raise_if_missing_tables(self, exc: sa.exc.DBAPIError) -> None:
-        if self.dialect.missing_table(exc):
+        missing_table = self.dialect.missing_table(exc)
+        if missing_table or self.dialect.missing_column(exc):
+            # Tables of an older (or newer) schema lack some: the version says which command fixes it.
+            from jobqueue.storage.migrations import installed_version
+            from jobqueue.storage.schema_manager import check_schema
+
+            try:
+                with self.engine.connect() as conn:
+                    version = installed_version(conn, self.tables)
+                if version is not None and version != SCHEMA_VERSION:
+                    check_schema(self.engine, self.tables)
+            except SchemaError as wrong_version:
+                raise wrong_version from exc
+            except Exception:  # the version cannot be read either: the driver's error says more
+                pass
+        if missing_table:
             raise SchemaError(
                 f"the jobqueue tables ({self.tables.prefix}*) do not exist in this database; run "
                 "`jobqueue db init` (or app.init_schema()) to create them"

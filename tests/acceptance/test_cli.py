@@ -163,6 +163,15 @@ def test_worker_without_an_app_refuses_to_start(db_url: str) -> None:
     assert result.returncode == 1 and "--app" in result.stderr
 
 
+@pytest.mark.parametrize("queues", ["", " , ,"])
+def test_a_queues_option_that_names_no_queue_is_refused_not_read_as_every_queue(db_url: str, queues: str) -> None:
+    """As `-Q "$QUEUES"` with the variable unset: serving every queue instead would be a surprise."""
+    result = jobqueue("worker", "--burst", "-Q", queues, check=False)
+    assert result.returncode == 2
+    assert "--queues names no queue" in result.stderr and "leave it out for every queue" in result.stderr, result.stderr
+    assert "processes on" not in result.stderr  # refused before starting
+
+
 def test_worker_refuses_a_listen_url_it_cannot_use(db_url: str, backend: str) -> None:
     """Before it touches the database: the option is checked against the database it serves."""
     given: tuple[str, ...] = ()
@@ -194,10 +203,45 @@ def test_a_database_url_the_driver_cannot_use_is_one_line_naming_it(args: tuple[
     assert "hunter2secret" not in result.stderr
 
 
+@pytest.mark.parametrize(
+    "url, expected",
+    [
+        # A password that is also a word of the message, as the usual development credentials are.
+        ("postgresql://postgres:postgres@127.0.0.1:1/nowhere", "Error: cannot use postgresql://***:***@127.0.0.1:1/"),
+        ("postgresql://app:a@127.0.0.1:1/nowhere", "Error: cannot use postgresql://app:***@127.0.0.1:1/nowhere: "),
+        ("mysql://root:root@127.0.0.1:1/nowhere", "Error: cannot use mysql://***:***@127.0.0.1:1/nowhere: "),
+        # A URL that does not parse, and is a word of the message.
+        ("e", "Error: cannot parse database URL '<unparseable database URL>' (Could not parse SQLAlchemy URL"),
+        (" ", "Error: cannot parse database URL '<unparseable database URL>' (Could not parse SQLAlchemy URL"),
+    ],
+)
+def test_masking_leaves_the_rest_of_the_message_readable(url: str, expected: str) -> None:
+    result = jobqueue("--database-url", url, "status", check=False)
+    assert result.returncode == 1 and result.stderr.startswith(expected), result.stderr
+    assert any(word in result.stderr for word in ("failed", "connect to server", "example sqlite:///"))
+
+
 def test_an_app_without_a_module_is_one_line_naming_the_fix() -> None:
     result = jobqueue("status", app=":app", check=False)
     assert result.returncode == 1 and "names no module: give module:attribute" in result.stderr, result.stderr
     assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize(
+    "source, fragment",
+    [
+        ("import os\nraise RuntimeError('settings missing')\n", "RuntimeError: settings missing, at {path} line 2"),
+        ("def broken(:\n    pass\n", "SyntaxError: "),
+    ],
+)
+def test_an_app_module_that_fails_at_import_is_one_line_naming_where(tmp_path, source: str, fragment: str) -> None:
+    path = tmp_path / "failing_app.py"
+    path.write_text(source)
+    result = jobqueue("status", app=f"{path}:app", check=False)
+    assert result.returncode == 1
+    assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr, result.stderr
+    assert result.stderr.startswith(f"Error: cannot import '{path}' named by --app/JOBQUEUE_APP: ")
+    assert fragment.format(path=path) in result.stderr and "failing_app.py" in result.stderr
 
 
 def test_password_never_reaches_logs(tmp_path) -> None:
@@ -238,3 +282,25 @@ def test_password_never_reaches_logs(tmp_path) -> None:
                     worker.kill()
         text = log.read_text()
         assert "hunter2secret" not in text and "***" in text, text
+
+
+@only("postgresql")
+@pytest.mark.parametrize(
+    "command",
+    [("status",), ("worker", "--burst"), ("jobs", "cancel", "1"), ("enqueue", "basic.add", "--args", "[1, 2]")],
+)
+def test_a_database_user_without_privileges_is_one_line_naming_what_it_lacks(
+    app: JobQueue, command: tuple[str, ...]
+) -> None:
+    tables = ", ".join(table.name for table in app.tables.metadata.sorted_tables)
+    with app.engine.begin() as conn:  # the owner takes its own privileges away (and gives them back after)
+        conn.execute(sa.text(f"REVOKE ALL ON {tables} FROM CURRENT_USER"))
+    try:
+        result = jobqueue(*command, check=False)
+    finally:
+        with app.engine.begin() as conn:
+            conn.execute(sa.text(f"GRANT ALL ON {tables} TO CURRENT_USER"))
+    assert result.returncode == 1
+    errors = [line for line in result.stderr.splitlines() if line.startswith("Error: ")]
+    assert len(errors) == 1 and "Traceback" not in result.stderr, result.stderr
+    assert "permission denied for table jobqueue_" in errors[0] and "GRANT" in errors[0], result.stderr

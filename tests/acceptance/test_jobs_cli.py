@@ -279,3 +279,18 @@ def test_a_state_is_known_by_the_databases_own_comparison(app: JobQueue, backend
         conn.execute(sa.update(m).where(m.c.id == edited.id).values(state="pending"))
     (row,) = json.loads(jobqueue("jobs", "list", "--json").stdout)
     assert row["state"] == ("pending" if backend == "mysql" else "<unknown state: 'pending'>")
+
+
+def test_control_characters_in_a_job_are_shown_escaped_never_sent_to_the_terminal(app: JobQueue) -> None:
+    """A job's error message and keys can hold text from anywhere: escape sequences in them must not
+    clear the operator's screen, retitle the terminal, or hide text behind a carriage return."""
+    hostile = "\x1b[2J\x1b]0;retitled\x07\rhidden\x9b31m"
+    failed = basic.fail.apply_async((hostile,), unique_key="key\x1b[8m")
+    jobqueue("worker", "--burst", "--concurrency", "1")
+    assert failed.status() == "failed"
+    for command in (("jobs", "list"), ("jobs", "show", str(failed.id))):
+        shown = jobqueue(*command).stdout
+        assert not [c for c in shown if (c < " " and c != "\n") or "\x7f" <= c <= "\x9f"], command
+        assert "\\x1b]0;retitled\\x07\\x0dhidden\\x9b31m" in shown, shown
+    assert "unique_key   key\\x1b[8m" in jobqueue("jobs", "show", str(failed.id)).stdout
+    assert json.loads(jobqueue("jobs", "show", str(failed.id), "--json").stdout)["error_message"] == hostile

@@ -236,3 +236,30 @@ def test_manage_py_migrate_upgrades_a_schema_1_database(backend: str, tmp_path: 
         run("migrate")
     finally:
         servers.drop_database(backend, url)
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ("status",),
+        ("workers",),
+        ("jobs", "list"),
+        ("jobs", "show", "1"),
+        ("jobs", "cancel", "1"),
+        ("jobs", "retry", "1"),
+        ("topics",),
+        ("enqueue", "up.double", "--args", "[1]"),
+    ],
+)
+def test_commands_on_a_schema_behind_this_release_name_the_upgrade(old_database: str, command: tuple[str, ...]) -> None:
+    """As when a new release is deployed before `jobqueue db upgrade` ran: each command says so."""
+    result = jobqueue(*command, app=APP, check=False, timeout=60)
+    assert result.returncode == 1
+    assert result.stderr == (
+        f"Error: the jobqueue tables ({PREFIX}*) are at schema version 1, this release needs "
+        f"{SCHEMA_VERSION}; run `jobqueue db upgrade` (see docs/upgrading.md)\n"
+    )
+    engine = sa.create_engine(old_database)
+    with engine.connect() as conn:
+        assert conn.execute(sa.text(f"SELECT count(*) FROM {PREFIX}message")).scalar_one() == 0
+    engine.dispose()

@@ -9,6 +9,8 @@ import urllib.request
 from http.cookiejar import CookieJar
 from pathlib import Path
 
+import pytest
+
 from jobqueue.storage.engine import url_secrets
 from tests.acceptance.cli import ROOT, jobqueue
 from tests.conftest import only
@@ -75,4 +77,19 @@ def test_a_port_in_use_is_a_one_line_error(db_url: str, tmp_path: Path) -> None:
         port = first.url.rstrip("/").rsplit(":", 1)[1]
         second = jobqueue("dashboard", "--port", port, check=False, timeout=30)
     assert second.returncode == 1
-    assert f"Error: cannot listen on 127.0.0.1:{port}" in second.stderr and "choose another --port" in second.stderr
+    assert second.stderr == (
+        f"Error: cannot listen on 127.0.0.1:{port}: Address already in use; choose another --port or --host\n"
+    )
+
+
+@only("sqlite")
+@pytest.mark.parametrize(
+    "host, reason",
+    [("192.0.2.1", "Cannot assign requested address"), ("no-such-host.invalid", "not known")],
+)
+def test_an_address_this_host_cannot_listen_on_is_a_one_line_error_that_says_why(host: str, reason: str) -> None:
+    result = jobqueue("dashboard", "--host", host, "--token", TOKEN, check=False, timeout=30)
+    assert result.returncode == 1
+    assert len(result.stderr.splitlines()) == 1, result.stderr
+    assert result.stderr.startswith(f"Error: cannot listen on {host}:8080: ") and reason in result.stderr
+    assert "in use" not in result.stderr

@@ -261,3 +261,17 @@ def test_a_worker_refuses_schedules_the_database_cannot_tell_apart(db_url: str) 
     assert run.returncode != 0
     assert "schedule 'Digest' is the schedule 'digest' on this database" in run.stderr, run.stderr[-3000:]
     assert "Traceback" not in run.stderr
+
+
+def test_jobs_show_of_a_schedule_message_shows_the_schedule_and_its_arguments(db_url: str) -> None:
+    """`periodic list` points at schedule messages by id; `jobs show` of one reads as a schedule,
+    not as a corrupt payload."""
+    jobqueue("worker", "--burst", "--concurrency", "1", app="tests.apps.periodic:app")
+    listed = json.loads(jobqueue("periodic", "list", "--json", app="tests.apps.periodic:app").stdout)
+    report = next(s for s in listed if s["name"] == "morning-report")
+    shown = jobqueue("jobs", "show", str(report["id"]), app="tests.apps.periodic:app").stdout
+    assert "cannot decode" not in shown and "corrupt" not in shown, shown
+    assert "schedule     morning-report: pd.report, 0 7 * * * (Europe/Paris)" in shown, shown
+    assert 'kwargs       {"kind": "daily"}' in shown, shown
+    detail = json.loads(jobqueue("jobs", "show", str(report["id"]), "--json", app="tests.apps.periodic:app").stdout)
+    assert detail["kwargs"] == {"kind": "daily"} and detail["schedule"]["expression"] == "0 7 * * *"

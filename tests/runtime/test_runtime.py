@@ -310,6 +310,19 @@ def test_second_signal_stops_at_once_and_returns_the_messages(
     assert all(r[1:] == ("PENDING", 1, 1) for r in rows)  # cut off: the attempt and the delivery count
 
 
+@only("sqlite")
+def test_a_signal_while_the_pool_is_being_forked_stops_the_forking(
+    app: JobQueue, tmp_path: Path, workers: list[Worker]
+) -> None:
+    """As when --concurrency was given a zero too many: Ctrl-C stops it, rather than every
+    process being forked first."""
+    worker = start(workers, tmp_path, "--concurrency", "500")
+    wait_for(lambda: "started worker process 3 " in worker.text(), 60, "a few worker processes to start")
+    worker.signal(signal.SIGTERM)
+    assert worker.wait(30) == 0, worker.text()[-3000:]
+    assert "started worker process 499 " not in worker.text()
+
+
 def test_jobs_running_past_graceful_timeout_are_returned(app: JobQueue, tmp_path: Path, workers: list[Worker]) -> None:
     job = rt.slow.delay(30.0)
     worker = start(workers, tmp_path, "--concurrency", "1", "--graceful-timeout", "1")

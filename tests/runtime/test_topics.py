@@ -195,3 +195,20 @@ def test_dead_letters_of_a_group_are_retried_and_a_group_dropped_from_the_comman
     assert "broken" not in {entry["group"] for entry in json.loads(cli("topics", "--json"))}
     app.topic_store.collect()
     assert log_size(app) == 0
+
+
+def test_drop_group_names_a_missing_group_before_asking_and_never_asks_without_a_terminal(app: JobQueue) -> None:
+    def drop(*args: str) -> subprocess.CompletedProcess[str]:
+        command = [sys.executable, "-m", "jobqueue", "--app", APP, "topics", "drop-group", *args]
+        return subprocess.run(command, cwd=ROOT, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120)
+
+    app.topic_store.register("orders", "billing", "latest")
+    missing = drop("orders", "nobody")
+    assert (missing.returncode, missing.stdout) == (1, "")
+    assert missing.stderr == "Error: topic 'orders' has no group 'nobody'; `jobqueue topics` lists them\n"
+    unconfirmed = drop("orders", "billing")
+    assert unconfirmed.returncode == 2 and unconfirmed.stdout == "", unconfirmed.stderr
+    assert "add --yes to confirm" in unconfirmed.stderr
+    assert "billing" in {entry["group"] for entry in app.topic_store.stats()}  # still there
+    dropped = drop("orders", "billing", "-y")
+    assert dropped.returncode == 0 and "dropped group 'billing'" in dropped.stdout, dropped.stderr

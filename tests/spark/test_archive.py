@@ -160,3 +160,20 @@ def test_export_then_purge_keeps_every_purged_row_in_parquet(
         r.export_batch: r["count"] for r in spark.read.parquet(str(target)).groupBy("export_batch").count().collect()
     }
     assert batches == {report["export_batch"]: len(older), again["export_batch"]: len(rows) - len(older)}
+
+
+@only("sqlite")
+@pytest.mark.parametrize("master", ["local"], indirect=True)
+def test_an_export_to_a_path_it_cannot_write_is_one_line_and_purges_nothing(
+    spark: Any, master: str, app: JobQueue, tmp_path: Path
+) -> None:
+    rows = data.fill_archive(app, 50)
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    target = str(blocker / "archive-parquet")
+    result = CliRunner().invoke(cli, ["archive", "export", "--to", target, "--purge", "--master", master])
+    assert isinstance(result.exception, SystemExit) and result.exit_code == 1, result.output
+    assert "Traceback" not in result.output and "\tat " not in result.output, result.output[-3000:]
+    assert f"Error: cannot write the export to {target}: " in result.output
+    assert "nothing was purged" in result.output
+    assert len(data.ids_archived_before(app, utcnow() + timedelta(days=1))) == len(rows)

@@ -10,6 +10,8 @@ from typing import Any
 import pytest
 
 from jobqueue.errors import ConfigurationError
+from tests.acceptance.cli import jobqueue
+from tests.conftest import only
 from tests.spark.cluster import StandaloneCluster
 
 
@@ -68,3 +70,22 @@ def _address(hex_address: str) -> str:
     if len(words) == 4:
         return ".".join(str(b) for b in words)
     return ":".join(words[i : i + 2].hex() for i in range(0, 16, 2))
+
+
+@only("sqlite")
+@pytest.mark.parametrize(
+    "args, fragment",
+    [
+        (("report", "--out", "{tmp}/missing/report.html"), "directory {tmp}/missing does not exist"),
+        (("report", "--out", "{tmp}/report.html", "--master", "bogus://x"), "cannot start Spark on bogus://x"),
+        (("archive", "export", "--to", "{tmp}/out", "--master", "yarm"), "cannot start Spark on yarm"),
+    ],
+)
+def test_a_bad_out_path_or_master_is_one_line_before_spark_starts(
+    db_url: str, tmp_path: Path, args: tuple[str, ...], fragment: str
+) -> None:
+    result = jobqueue(*[arg.format(tmp=tmp_path) for arg in args], check=False, timeout=120)
+    assert result.returncode != 0
+    errors = [line for line in result.stderr.splitlines() if line.startswith("Error:")]
+    assert len(errors) == 1 and fragment.format(tmp=tmp_path) in errors[0], result.stderr
+    assert "Traceback" not in result.stderr and "starting Spark" not in result.stderr, result.stderr

@@ -386,6 +386,15 @@ def test_queue_counts(app: JobQueue, add) -> None:
     assert counts["default"]["oldest_ready_seconds"] >= 0
 
 
+def test_a_job_due_before_it_was_enqueued_has_waited_only_since_it_was_enqueued(app: JobQueue, add) -> None:
+    """An eta in the past (a job that should have run yesterday) runs at once; the age operators
+    alert on counts from its enqueue, not from its eta."""
+    add.apply_async((1, 1), eta=datetime(2000, 1, 1))
+    counts = {c["queue"]: c for c in jobs.queue_counts(app.store, utcnow() + timedelta(seconds=10))}
+    assert counts["default"]["ready"] == 1
+    assert 9 <= counts["default"]["oldest_ready_seconds"] < 60
+
+
 def test_enqueue_in_a_rolled_back_transaction_leaves_nothing(app: JobQueue, add) -> None:
     with app.engine.connect() as conn:
         with conn.begin() as tx:

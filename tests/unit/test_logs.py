@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import logging
+import subprocess
+import sys
 from collections.abc import Iterator
 
 import pytest
@@ -11,6 +13,7 @@ from click.testing import CliRunner
 
 from jobqueue import JobQueue, logs
 from jobqueue.cli import bound_cli, cli
+from tests.acceptance.cli import ROOT
 
 
 @pytest.fixture
@@ -105,3 +108,19 @@ def test_a_job_failing_with_a_huge_message_logs_a_line_of_bounded_size(caplog: p
     assert lines[0].startswith("job 7 t failed") and lines[0].endswith("ValueError: the end")
     assert "`jobqueue jobs show 7` has more" in lines[0] and "`jobqueue jobs show 7` has more" in lines[1]
     assert "jobs show" not in lines[2]
+
+
+def test_a_line_logged_after_logging_shut_down_is_written_not_a_logging_error() -> None:
+    """As at the command's exit, when a library's finalizer logs (PySpark's py4j does, after
+    `jobqueue report` and `jobqueue archive export`): the line goes to stderr, no traceback."""
+    script = (
+        "import logging\n"
+        "from jobqueue import logs\n"
+        "logs.configure()\n"
+        "logging.shutdown()\n"  # what the interpreter does at exit, before finalizers run
+        "logging.getLogger('late').warning('said after shutdown')\n"
+    )
+    result = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0
+    assert "said after shutdown" in result.stderr
+    assert "Logging error" not in result.stderr and "Traceback" not in result.stderr

@@ -4,7 +4,7 @@ import pytest
 
 from jobqueue import ConfigurationError, JobQueue
 from jobqueue.settings import DEFAULT_DATABASE_URL, Settings, parse_queues, resolve_database_url
-from jobqueue.storage.engine import backend_name, create_engine, mask_url
+from jobqueue.storage.engine import backend_name, create_engine, mask_in, mask_url
 
 
 def test_defaults_follow_the_spec() -> None:
@@ -133,3 +133,18 @@ def test_passwords_are_masked_wherever_a_url_is_shown(url: str) -> None:
     for shown in (mask_url(url), repr(app.settings), repr(app)):
         assert "s3cr3t-pw" not in shown and "***" in shown, shown
     assert "sslmode=require" in mask_url(url) or "sslmode" not in url
+
+
+@pytest.mark.parametrize(
+    "text, url, masked",
+    [
+        ("user 'postgres' of postgresql", "postgresql://postgres:postgres@h/db", "user '***' of postgresql"),
+        ("a cannot: a", "postgresql://u:a@h/db", "*** cannot: ***"),
+        ("x!pw@h and !pw", "postgresql://u:!pw@h/db", "x***@h and ***"),
+        ("password=hunter2 hunter2x", "mysql://u@h/db?passwd=hunter2", "password=*** hunter2x"),
+        ("cannot parse e", "e", "cannot parse <unparseable database URL>"),
+        ("a b", " ", "a b"),
+    ],
+)
+def test_passwords_are_masked_where_they_stand_alone(text: str, url: str, masked: str) -> None:
+    assert mask_in(text, url) == masked

@@ -168,3 +168,7 @@ class Connector:
     def missing_table(self, exc: sa.exc.DBAPIError) -> bool:
         """True if ``exc`` says that a table does not exist."""
         return False
+
+    def missing_column(self, exc: sa.exc.DBAPIError) -> bool:
+        """True if ``exc`` says that a column does not exist (tables of an older schema)."""
+        return False

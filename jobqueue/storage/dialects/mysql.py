@@ -42,6 +42,7 @@ SCHEMA_LOCK_SECONDS = 600
 STATEMENT_OVERHEAD = 8192  # the rest of a statement that carries one large value, generously
 DUPLICATE_KEY = 1062
 MISSING_TABLE = 1146
+UNKNOWN_COLUMN = 1054
 # Error codes worth retrying: server gone or restarting, too many connections; lock wait timeout and
 # deadlock. mysqlclient also reports permanent server errors (a packet too large, a bad value) as
 # OperationalError, so the code decides, not the class.
@@ -291,6 +292,9 @@ class MySQLDialect(Dialect):
 
     def missing_table(self, exc: sa.exc.DBAPIError) -> bool:
         return _mysql_code(exc) == MISSING_TABLE
+
+    def missing_column(self, exc: sa.exc.DBAPIError) -> bool:
+        return _mysql_code(exc) == UNKNOWN_COLUMN
 
     def clock(self) -> Any:
         # Cast: COALESCE with a parameter comes back as text, which the driver would not parse.

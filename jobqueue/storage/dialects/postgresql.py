@@ -52,6 +52,7 @@ CONTENTION_CODES = {"40001", "40P01", "55P03"}  # serialization failure, deadloc
 # server ended (idle in transaction too long, administrator): wait for the new primary.
 OUTAGE_CODES = {"25006", "57P01", "57P02", "57P03", "25P03"}
 UNDEFINED_TABLE = "42P01"
+UNDEFINED_COLUMN = "42703"
 # Rounds of locking a flow row and inserting it if missing; two always do unless a sweep deletes
 # a row between them.
 FLOW_HOLD_TRIES = 3
@@ -142,6 +143,9 @@ class PostgreSQLDialect(Dialect):
 
     def missing_table(self, exc: sa.exc.DBAPIError) -> bool:
         return getattr(exc.orig, "pgcode", None) == UNDEFINED_TABLE
+
+    def missing_column(self, exc: sa.exc.DBAPIError) -> bool:
+        return getattr(exc.orig, "pgcode", None) == UNDEFINED_COLUMN
 
     # -- the lease clock ------------------------------------------------------------------------------
     def clock(self) -> Any:

@@ -293,6 +293,10 @@ class SQLiteDialect(Dialect):
     def missing_table(self, exc: sa.exc.DBAPIError) -> bool:
         return "no such table" in str(exc.orig).lower()
 
+    def missing_column(self, exc: sa.exc.DBAPIError) -> bool:
+        message = str(exc.orig).lower()
+        return "no such column" in message or "has no column named" in message
+
     def waker(self, ready: Callable[[], bool], interval: float, due_interval: float, listen_url: str | None) -> Waker:
         # data_version says that something committed; delayed jobs come due without a commit.
         return Wakers(SQLiteWaker(self, interval), PollingWaker(ready, due_interval))
