@@ -365,7 +365,8 @@ class Store:
         database server's, read by a query."""
         if self.dialect.client_clock:
             return utcnow()
-        with self.dialect.single_statement() as connection:
+        # On the engine's own pool, as the heartbeat: no connection more for the supervisor.
+        with self.engine.connect() as connection:
             return self.database_now(connection)
 
     def database_now(self, connection: sa.Connection) -> datetime:
