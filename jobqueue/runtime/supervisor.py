@@ -654,13 +654,13 @@ class Supervisor:
         forward, a machine resumed from suspend). Leases are stamped by that clock: after such a
         jump, live ones would look expired and their jobs run twice."""
         ok, clock = self.guard.try_once(self.store.lease_clock_now)
-        if not ok or clock is None:
+        if not ok or clock is None:  # not read this time (the database is down)
             return False
-        # Read as the answer comes: a slow query must not look like a jump.
-        mark, self.clock_mark = self.clock_mark, (time.monotonic(), clock)
+        read_at = time.monotonic()  # as the answer comes: a slow query must not look like a jump
+        mark, self.clock_mark = self.clock_mark, (read_at, clock)
         if mark is None:
             return False
-        ahead = (clock - mark[1]).total_seconds() - (self.clock_mark[0] - mark[0])
+        ahead = (clock - mark[1]).total_seconds() - (read_at - mark[0])
         if ahead <= self.settings.heartbeat_interval:
             return False
         logger.warning(
