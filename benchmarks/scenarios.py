@@ -9,7 +9,8 @@ import statistics
 import subprocess
 import sys
 import time
-from datetime import datetime
+from collections.abc import Callable
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import sqlalchemy as sa
@@ -124,8 +125,11 @@ def processing_span(app: Any) -> float:
     return max((last - first).total_seconds(), 1e-6)
 
 
-def latency(url: str, backend: str, runs: int, jobs: int, processes: int, json_path: str | None) -> dict[str, Any]:
-    """Enqueue-to-start latency on an idle worker: jobs enqueued one at a time, 20 ms apart."""
+def latency(
+    url: str, backend: str, runs: int, jobs: int, processes: int, json_path: str | None, later: int = 0
+) -> dict[str, Any]:
+    """Enqueue-to-start latency on an idle worker: jobs enqueued one at a time, 20 ms apart; with
+    ``later``, behind a backlog of that many jobs due tomorrow."""
     from benchmarks.tasks import noop
 
     count = min(jobs, 200)
@@ -133,6 +137,9 @@ def latency(url: str, backend: str, runs: int, jobs: int, processes: int, json_p
     p99 = Measure("p99", "ms", higher_is_better=False)
     for _ in range(runs):
         app = fresh_app(url)
+        tomorrow = datetime.now(timezone.utc) + timedelta(days=1)
+        for start in range(0, later, 20_000):
+            noop.bulk([()] * min(20_000, later - start), eta=tomorrow)
         worker = BenchWorker(url, "--concurrency", str(processes))
         try:
             time.sleep(2.0)  # the worker is up and idle
@@ -140,7 +147,7 @@ def latency(url: str, backend: str, runs: int, jobs: int, processes: int, json_p
             for _ in range(count):
                 handles.append(noop.delay())
                 time.sleep(0.02)
-            wait_until(queue_empty(app))
+            wait_until(archived(app, count) if later else queue_empty(app))
         finally:
             worker.stop()
         a = app.tables.archive
@@ -150,10 +157,31 @@ def latency(url: str, backend: str, runs: int, jobs: int, processes: int, json_p
         p50.values.append(statistics.median(samples))
         p99.values.append(samples[min(len(samples) - 1, int(len(samples) * 0.99))])
         app.close()
-    return report("enqueue-to-start latency on an idle worker", backend, [p50, p99], {}, {"jobs": count}, json_path)
+    title = "enqueue-to-start latency on an idle worker"
+    if later:
+        title += f", behind {later:,} jobs due tomorrow"
+    return report(title, backend, [p50, p99], {}, {"jobs": count, "later": later}, json_path)
 
 
-SCENARIOS = {"enqueue": enqueue, "processing": processing, "latency": latency}
+def archived(app: Any, count: int) -> Callable[[], bool]:
+    """Whether ``count`` jobs have reached the archive."""
+    a = app.tables.archive
+    counted = sa.select(sa.func.count()).select_from(a)
+
+    def check() -> bool:
+        with app.engine.connect() as conn:
+            return int(conn.execute(counted).scalar_one()) >= count
+
+    return check
+
+
+def later(url: str, backend: str, runs: int, jobs: int, processes: int, json_path: str | None) -> dict[str, Any]:
+    """The latency scenario behind a backlog due tomorrow (``BENCH_LATER`` jobs, 100,000 by
+    default): what each fetch and each idle check costs when most of the queue is not due."""
+    return latency(url, backend, runs, jobs, processes, json_path, later=int(os.environ.get("BENCH_LATER", "100000")))
+
+
+SCENARIOS = {"enqueue": enqueue, "processing": processing, "latency": latency, "later": later}
 __all__ = ["SCENARIOS", "datetime"]
 
 

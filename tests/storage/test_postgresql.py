@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import re
 
 from jobqueue import JobQueue
@@ -47,16 +48,17 @@ def test_prepared_acquire_when_our_bookkeeping_is_lost(app: JobQueue, add) -> No
 
 @only("postgresql")
 def test_prepared_acquire_keeps_the_ordered_index_walk(app: JobQueue, add) -> None:
-    """PostgreSQL may switch a prepared statement to its generic plan: that must walk a ready index too."""
+    """PostgreSQL may switch a prepared statement to its generic plan: that must walk a ready index
+    too, and the walk of one priority level must not sort either."""
     add.bulk([(1, 1)] * 20, queue="a")
-    for queues in (None, ("a",), ("a", "b")):
-        app.store.acquire(WORKER, queues, 1, LEASE)
+    for queues, level in itertools.product((None, ("a",), ("a", "b")), (None, 0)):
+        now = utcnow()
+        params = AcquireParams(WORKER, 1, queues, 1, now, LeaseClock(now, 1.0), level=level)
         dialect = app.store.dialect
-        prepared = dialect._prepared["all" if queues is None else "one" if len(queues) == 1 else "many"]  # type: ignore[attr-defined]
+        prepared = dialect._acquire_for(params.statement)  # type: ignore[attr-defined]
         own = app.store.dialect.checkout()
         cursor = own.cursor()
-        now = utcnow()
-        binds = AcquireParams(WORKER, 1, queues, 1, now, LeaseClock(now, 1.0)).binds()
+        binds = params.binds()
         cursor.execute("BEGIN")
         cursor.execute("SET LOCAL plan_cache_mode = force_generic_plan")
         cursor.execute(prepared.prepare.replace(prepared.name, "jobqueue_test_plan", 1))

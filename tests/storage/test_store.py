@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import re
 import threading
+import time
 from datetime import datetime, timedelta
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
@@ -13,6 +16,8 @@ from jobqueue.clock import utcnow
 from jobqueue.errors import CorruptMessage
 from jobqueue.job import ErrorInfo, Message, MessageState, Outcome, OutcomeKind
 from jobqueue.storage import jobs
+from jobqueue.storage import store as store_module
+from jobqueue.storage.dialects.base import PRIORITY_LEVELS_PROBED
 
 WORKER = "w" * 32
 LEASE = 30.0
@@ -194,6 +199,108 @@ def test_acquire_respects_queues_and_limit(app: JobQueue, add) -> None:
     add.bulk([(1, 1)] * 2, queue="a")
     add.bulk([(1, 1)] * 2, queue="b")
     assert [m.queue for m in app.store.acquire(WORKER, ("b",), 10, LEASE)] == ["b", "b"]
+
+
+@pytest.mark.parametrize("by_level", [False, True], ids=["one walk", "level by level"])
+def test_due_jobs_behind_a_backlog_due_later_are_taken_in_delivery_order(
+    app: JobQueue, add, monkeypatch: pytest.MonkeyPatch, by_level: bool
+) -> None:
+    """Behind a backlog due later, acquire goes priority level by level once a walk of the ready
+    index was slow to come back short; either way it takes what is due in delivery order."""
+    now = utcnow()
+    later = now + timedelta(hours=1)
+    add.bulk([(0, 0)] * 300, eta=later)
+    add.bulk([(0, 0)] * 50, eta=later, priority=7)
+    add.bulk([(0, 0)] * 20, eta=later, priority=-3, queue="b")
+    if by_level:
+        monkeypatch.setattr(store_module, "LEVELS_AFTER_SECONDS", -1.0)  # every short walk is slow
+        assert app.store.acquire(WORKER, ("nothing here",), 5, LEASE, flow=True) == []
+        assert app.store._by_level_until > time.monotonic()
+    d1 = add.apply_async((1, 0), priority=7)
+    d2 = add.apply_async((2, 0), eta=now - timedelta(seconds=10))
+    d3 = add.apply_async((3, 0))
+    d4 = add.apply_async((4, 0), priority=-3, queue="b")
+    d5 = add.apply_async((5, 0), priority=2, queue="c")
+    at = utcnow() + timedelta(seconds=1)
+    ids = [m.id for m in app.store.acquire(WORKER, None, 3, LEASE, now=at, flow=True)]
+    ids += [m.id for m in app.store.acquire(WORKER, None, 10, LEASE, now=at, flow=True)]
+    assert ids == [d1.id, d5.id, d2.id, d3.id, d4.id]
+    assert app.store.acquire(WORKER, None, 10, LEASE, now=at, flow=True) == []
+    e1, e2, e3 = (add.apply_async((6, 0), priority=p, queue=q) for p, q in ((-3, "b"), (9, "c"), (0, "a")))
+    at = utcnow() + timedelta(seconds=1)
+    assert [m.id for m in app.store.acquire(WORKER, ("b",), 10, LEASE, now=at, flow=True)] == [e1.id]
+    assert [m.id for m in app.store.acquire(WORKER, ("a", "c"), 10, LEASE, now=at, flow=True)] == [e2.id, e3.id]
+    # Whether anything is due, as an idle supervisor asks every second: on the same indexes.
+    at = utcnow() + timedelta(seconds=1)
+    for queues in (None, ("b",), ("a", "b"), ("default",)):
+        assert not app.store.has_ready(queues, at)
+    late = add.apply_async((7, 0), priority=-5, queue="b")
+    at = utcnow() + timedelta(seconds=1)
+    assert [app.store.has_ready(q, at) for q in (None, ("b",), ("a", "b"), ("c",))] == [True, True, True, False]
+    assert [m.id for m in app.store.acquire(WORKER, None, 10, LEASE, now=at, flow=True)] == [late.id]
+    keyed = add.apply_async((8, 0), partition_key="acct-1", queue="c")
+    at = utcnow() + timedelta(seconds=1)
+    assert [app.store.has_ready(q, at) for q in (None, ("c",), ("b",))] == [True, True, False]
+    assert [m.id for m in app.store.acquire(WORKER, ("c",), 10, LEASE, now=at, flow=True)] == [keyed.id]
+
+
+def test_a_due_job_below_many_priority_levels_due_later_is_found(
+    app: JobQueue, add, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """More priority levels than are probed one by one: one walk of them all answers instead."""
+    later = utcnow() + timedelta(hours=1)
+    levels = PRIORITY_LEVELS_PROBED + 8
+    for level in range(levels):
+        add.bulk([(0, 0)] * 3, eta=later, priority=level)
+    monkeypatch.setattr(store_module, "LEVELS_AFTER_SECONDS", -1.0)
+    assert app.store.acquire(WORKER, None, 5, LEASE) == []
+    assert not app.store.has_ready(None, utcnow())
+    low = add.apply_async((1, 1), priority=-1)
+    high = add.apply_async((2, 2), priority=levels + 1)
+    at = utcnow() + timedelta(seconds=1)
+    assert app.store.has_ready(None, at)
+    assert [m.id for m in app.store.acquire(WORKER, None, 5, LEASE, now=at)] == [high.id, low.id]
+
+
+def test_asking_whether_anything_is_due_reads_no_backlog_due_later(app: JobQueue, add, backend: str) -> None:
+    """An idle supervisor asks every second whether anything is due: over a backlog due later,
+    each of its statements reads an index range, never the whole message table."""
+    later = utcnow() + timedelta(hours=1)
+    for priority in (0, 5):
+        add.bulk([(0, 0)] * 5000, eta=later, priority=priority)
+        add.bulk([(0, 0)] * 500, eta=later, priority=priority, queue="b")
+    add.apply_async((0, 0), partition_key="acct-1", eta=later)
+    add.bulk([(0, 0)] * 200, partition_key="acct-1")  # due, but behind their partition's oldest
+    if backend != "sqlite":  # statistics, as autovacuum and InnoDB gather them on a real backlog
+        with app.engine.begin() as conn:
+            conn.exec_driver_sql(f"ANALYZE {'TABLE ' if backend == 'mysql' else ''}{app.tables.message.name}")
+    seen: list[tuple[str, Any]] = []
+
+    def record(conn, cursor, statement, parameters, context, executemany) -> None:
+        if statement.lstrip().upper().startswith("SELECT"):
+            seen.append((statement, parameters))
+
+    sa.event.listen(app.engine, "before_cursor_execute", record)
+    try:
+        for queues in (None, ("b",), ("b", "c")):
+            assert not app.store.has_ready(queues, utcnow())
+    finally:
+        sa.event.remove(app.engine, "before_cursor_execute", record)
+    assert seen
+    explain = {"sqlite": "EXPLAIN QUERY PLAN ", "postgresql": "EXPLAIN ", "mysql": "EXPLAIN "}[backend]
+    table = app.tables.message.name
+    with app.engine.connect() as conn:
+        for statement, parameters in seen:
+            plan = [" ".join(str(v) for v in row) for row in conn.exec_driver_sql(explain + statement, parameters)]
+            text = "\n".join(plan)
+            if backend == "sqlite":
+                assert f"SCAN {table}\n" not in text + "\n" and not re.search(rf"SCAN {table}$", text), text
+            elif backend == "postgresql":
+                assert f"Seq Scan on {table}" not in text, f"{statement}\n{text}"
+            else:
+                with app.engine.connect() as c2:
+                    rows_ = c2.exec_driver_sql(explain + statement, parameters).mappings().all()
+                assert all(not (r["table"] == table and r["type"] == "ALL") for r in rows_), (statement, rows_)
 
 
 def test_concurrent_acquirers_never_share_a_message(app: JobQueue, add) -> None:

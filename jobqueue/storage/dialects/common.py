@@ -137,11 +137,19 @@ class AcquireParams:
     now: datetime  # what is due: messages whose next_attempt_at is not after it
     lease: LeaseClock
     rated: bool = False  # whether to ask when a key held back by its rate may start again
+    # Only messages of this priority: acquired level by level, each walk ending at its first
+    # message not due yet, behind which a backlog due later may wait (see Store.acquire).
+    level: int | None = None
 
     @property
     def shape(self) -> str:
         """Which acquire statement serves these queues: "all", "one" or "many"."""
         return "all" if not self.queues else "one" if len(self.queues) == 1 else "many"
+
+    @property
+    def statement(self) -> tuple[str, bool]:
+        """Which plain acquire statement serves these params: the shape, and whether of one level."""
+        return self.shape, self.level is not None
 
     def binds(self) -> dict[str, Any]:
         binds: dict[str, Any] = {
@@ -154,4 +162,6 @@ class AcquireParams:
         if self.queues:
             binds["queues"] = list(self.queues)
             binds["only_queue"] = self.queues[0]
+        if self.level is not None:
+            binds["level"] = self.level
         return binds

@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 
 import sqlalchemy as sa
 
-from jobqueue.storage.engine import create_engine
+from jobqueue.storage.engine import READONLY, create_engine
 
 T = TypeVar("T")
 
@@ -103,6 +103,20 @@ class Connector:
             return
         with self._autocommit().connect() as conn:
             yield conn
+
+    @contextmanager
+    def probing(self) -> Iterator[sa.Connection]:
+        """A connection for reads that need no snapshot together: each statement in autocommit
+        where single statements are (one round trip each), else in a read-only transaction (on
+        SQLite, without the write lock the other processes' fetches and flushes wait for)."""
+        if self.autocommit:
+            with self._autocommit().connect() as conn:
+                yield conn
+            return
+        with self.engine.connect() as conn:
+            conn = conn.execution_options(**{READONLY: True})
+            with conn.begin():
+                yield conn
 
     def checkout(self) -> Any:
         """A pooled DB-API connection in autocommit, for the dialect to keep (close() returns it).

@@ -316,9 +316,9 @@ class MySQLDialect(Dialect):
         else:
             self._require(connection.dialect.server_version_info, (8, 0, 1), "MySQL")
 
-    def build_acquire(self, queues: str) -> Any:
+    def build_acquire(self, queues: str, levelled: bool = False) -> Any:
         stmt = self.ready_select(
-            [*self.returned, sa.func.utc_timestamp(6, type_=Timestamp)], queues != "all"
+            [*self.returned, sa.func.utc_timestamp(6, type_=Timestamp)], queues != "all", levelled=levelled
         ).with_for_update(skip_locked=True)
         if queues == "many":
             # With queue IN (a, b) InnoDB would sort every ready row of those queues, locking each one

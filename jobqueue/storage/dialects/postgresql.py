@@ -97,7 +97,7 @@ class PostgreSQLDialect(Dialect):
 
     def __init__(self, engine: sa.Engine, tables: Tables) -> None:
         super().__init__(engine, tables)
-        self._prepared: dict[str, Prepared] = {}
+        self._prepared: dict[tuple[str, bool], Prepared] = {}
         self._misses = Misses()  # prepared statements gone missing, for all of them
         self._compiled: dict[Any, Prepared] = {}  # statements run unprepared, compiled once
         f = tables.flow
@@ -159,10 +159,12 @@ class PostgreSQLDialect(Dialect):
         return self.clock() + sa.func.make_interval(0, 0, 0, 0, 0, 0, seconds, type_=sa.Interval)
 
     # -- acquire --------------------------------------------------------------------------------------
-    def build_acquire(self, queues: str) -> Any:
+    def build_acquire(self, queues: str, levelled: bool = False) -> Any:
         m = self.message
         ready = (
-            self.ready_select([m.c.id], queues != "all", queues == "one").with_for_update(skip_locked=True).cte("ready")
+            self.ready_select([m.c.id], queues != "all", queues == "one", levelled)
+            .with_for_update(skip_locked=True)
+            .cte("ready")
         )
         # id = ANY(ARRAY(SELECT ...)): the chosen ids become one array, then primary-key lookups.
         # A join with the CTE lets the planner hash-join against a scan of the whole backlog.
@@ -244,7 +246,7 @@ class PostgreSQLDialect(Dialect):
         super().warm_up(params)
         if not self._on_psycopg2:
             return
-        self._acquire_for(params.shape)
+        self._acquire_for(params.statement)
         self._flush_statement()
         runs = self.flow_acquirer(params.shape).runs
         if runs is not None:
@@ -298,15 +300,15 @@ class PostgreSQLDialect(Dialect):
         return self.run_on_driver(lambda cursor, info: self._acquire_prepared(cursor, info, params), "acquire")
 
     def _acquire_prepared(self, cursor: Any, info: dict[str, Any], params: AcquireParams) -> list[Message]:
-        self._acquire_for(params.shape).run(cursor, params.binds(), info)
+        self._acquire_for(params.statement).run(cursor, params.binds(), info)
         messages = [acquired_message(row) for row in cursor.fetchall()]
         messages.sort(key=delivery_order)  # RETURNING gives no order
         return messages
 
-    def _acquire_for(self, shape: str) -> Prepared:
-        prepared = self._prepared.get(shape)
+    def _acquire_for(self, statement: tuple[str, bool]) -> Prepared:
+        prepared = self._prepared.get(statement)
         if prepared is None:
-            prepared = self._prepared[shape] = Prepared.compile(self.build_acquire(shape), self._misses)
+            prepared = self._prepared[statement] = Prepared.compile(self.build_acquire(*statement), self._misses)
         return prepared
 
     # -- outcomes, leases -----------------------------------------------------------------------------

@@ -189,7 +189,7 @@ class SQLiteDialect(Dialect):
         self.checkpoints_elsewhere = False
         self._archive_copies: dict[int, str] = {}
         # The acquire statements as the driver takes them, by shape (None: not on the driver).
-        self._driver_acquires: dict[str, DriverStatement | None] = {}
+        self._driver_acquires: dict[tuple[str, bool], DriverStatement | None] = {}
         self._driver_take: DriverStatement | None = None
         # Driver connections of enqueue_one, out of the engine's pool (opened through it, so
         # configured as every other one). Taking one from this list and putting it back costs
@@ -430,11 +430,11 @@ class SQLiteDialect(Dialect):
     def check_server(self, connection: sa.Connection) -> None:
         self._require(sqlite3.sqlite_version_info, (3, 35), "SQLite")
 
-    def build_acquire(self, queues: str) -> Any:
+    def build_acquire(self, queues: str, levelled: bool = False) -> Any:
         # Columns come back as stored, undecoded: a hand-edited row with text that is not JSON or
         # not a timestamp must fail alone (see read_message), not the whole acquire in every process.
         m = self.message
-        ready = self.ready_select([m.c.id], queues != "all", one=queues == "one").scalar_subquery()
+        ready = self.ready_select([m.c.id], queues != "all", queues == "one", levelled).scalar_subquery()
         return sa.update(m).where(m.c.id.in_(ready)).values(self.acquired_values()).returning(*self.taken_columns())
 
     def taken_columns(self) -> list[Any]:
@@ -465,10 +465,10 @@ class SQLiteDialect(Dialect):
         """The acquire as SQL and values for the driver itself, or None where it takes a list of
         queues (its IN list is expanded per call). Inside the write lock, which the other processes
         wait for, SQLAlchemy's execution and its result rows cost as much as some of SQLite's work."""
-        if params.shape not in self._driver_acquires:
+        if params.statement not in self._driver_acquires:
             statement = DriverStatement(self.acquire_statement(params), self.engine.dialect)
-            self._driver_acquires[params.shape] = None if statement.expanding else statement
-        compiled = self._driver_acquires[params.shape]
+            self._driver_acquires[params.statement] = None if statement.expanding else statement
+        compiled = self._driver_acquires[params.statement]
         return None if compiled is None else (compiled.sql, compiled.values(params.binds()))
 
     def id_in_list(self) -> Any:
@@ -517,14 +517,6 @@ class SQLiteDialect(Dialect):
             return rows
 
         return read
-
-    def flow_has_work(self, params: AcquireParams) -> bool:
-        # Read without the write lock, which the other processes' fetches and flushes would wait for.
-        with self.engine.connect() as connection:
-            connection = connection.execution_options(**{READONLY: True})
-            with connection.begin():
-                acquirer = self.flow_acquirer(params.shape)
-                return connection.execute(acquirer.any_keys, params.binds()).first() is not None
 
     def acquire_on(self, connection: sa.Connection, params: AcquireParams) -> list[Message]:
         rows = connection.execute(self.acquire_statement(params), params.binds()).all()
