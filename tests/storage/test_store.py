@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 import threading
 import time
 from datetime import datetime, timedelta
@@ -269,8 +268,9 @@ def test_asking_whether_anything_is_due_reads_no_backlog_due_later(app: JobQueue
     for priority in (0, 5):
         add.bulk([(0, 0)] * 5000, eta=later, priority=priority)
         add.bulk([(0, 0)] * 500, eta=later, priority=priority, queue="b")
-    add.apply_async((0, 0), partition_key="acct-1", eta=later)
-    add.bulk([(0, 0)] * 200, partition_key="acct-1")  # due, but behind their partition's oldest
+    for key in range(10):  # due, but behind their partition's oldest, which is due later
+        add.apply_async((0, 0), partition_key=f"acct-{key}", eta=later)
+        add.bulk([(0, 0)] * 300, partition_key=f"acct-{key}")
     if backend != "sqlite":  # statistics, as autovacuum and InnoDB gather them on a real backlog
         with app.engine.begin() as conn:
             conn.exec_driver_sql(f"ANALYZE {'TABLE ' if backend == 'mysql' else ''}{app.tables.message.name}")
@@ -289,18 +289,23 @@ def test_asking_whether_anything_is_due_reads_no_backlog_due_later(app: JobQueue
     assert seen
     explain = {"sqlite": "EXPLAIN QUERY PLAN ", "postgresql": "EXPLAIN ", "mysql": "EXPLAIN "}[backend]
     table = app.tables.message.name
+    walked = "'Handler_read_next', 'Handler_read_prev', 'Handler_read_rnd_next'"
+    entries = (
+        f"SELECT SUM(VARIABLE_VALUE) FROM information_schema.SESSION_STATUS WHERE VARIABLE_NAME IN ({walked.upper()})"
+    )
     with app.engine.connect() as conn:
         for statement, parameters in seen:
+            if backend == "mysql":  # InnoDB has no partial index: count the index entries read
+                before = int(conn.exec_driver_sql(entries).scalar_one())
+                conn.exec_driver_sql(statement, parameters).all()
+                assert int(conn.exec_driver_sql(entries).scalar_one()) - before < 100, statement
+                continue
             plan = [" ".join(str(v) for v in row) for row in conn.exec_driver_sql(explain + statement, parameters)]
             text = "\n".join(plan)
             if backend == "sqlite":
-                assert f"SCAN {table}\n" not in text + "\n" and not re.search(rf"SCAN {table}$", text), text
-            elif backend == "postgresql":
-                assert f"Seq Scan on {table}" not in text, f"{statement}\n{text}"
+                assert f"SCAN {table}\n" not in text + "\n", text
             else:
-                with app.engine.connect() as c2:
-                    rows_ = c2.exec_driver_sql(explain + statement, parameters).mappings().all()
-                assert all(not (r["table"] == table and r["type"] == "ALL") for r in rows_), (statement, rows_)
+                assert f"Seq Scan on {table}" not in text, f"{statement}\n{text}"
 
 
 def test_concurrent_acquirers_never_share_a_message(app: JobQueue, add) -> None:

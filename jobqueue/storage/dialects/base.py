@@ -81,6 +81,8 @@ class Dialect(Connector):
     # Whether lease times come from this host's clock (bound by the caller) rather than the
     # server's. True only where the server is this host (SQLite).
     client_clock = True
+    # The index that holds the ready jobs without a flow key in delivery order, for any queue.
+    unkeyed_index = "ready"
     # Whether insert_messages writes one row with a single statement, which needs no transaction
     # around it (an enqueue through a connection that commits each statement on its own).
     one_statement_insert = True
@@ -216,12 +218,14 @@ class Dialect(Connector):
 
     def _first_due_probe(self, shape: str) -> Any:
         """The highest priority level of the first queue (as ``top``), and whether a flow key has
-        work it may start, in one statement."""
+        work it may start, in one statement; the level is not looked for if a key has work (on
+        MariaDB that walk may read the queue's keyed jobs)."""
         probe = self._due_probes.get(shape)
         if probe is None:
             top = self.due_probes(one=shape != "all").top
             keyed = sa.exists(self.flow_acquirer(shape).any_keys)
-            probe = self._due_probes[shape] = sa.select(top.scalar_subquery(), keyed)
+            level = sa.case((keyed, sa.null()), else_=top.scalar_subquery())
+            probe = self._due_probes[shape] = sa.select(level, keyed)
         return probe
 
     def _due_from(self, connection: sa.Connection, queue: str | None, now: datetime, level: Any = ...) -> bool:
@@ -253,15 +257,21 @@ class Dialect(Connector):
         if probes is None:
             m = self.message
             ready: list[Any] = [m.c.state.in_(READY_LITERALS), m.c.flow_key.is_(None)]
-            if one:
-                ready.append(m.c.queue == sa.bindparam("only_queue", type_=sa.String))
-            index = f"ix_{self.tables.prefix}message_{'ready_queue' if one else 'ready'}"
-            level = sa.bindparam("p", type_=sa.Integer)
             due = [m.c.next_attempt_at <= sa.bindparam("now", type_=Timestamp), first_of_partition(m)]
+            index = self.unkeyed_index
+            if one:
+                in_queue = m.c.queue == sa.bindparam("only_queue", type_=sa.String)
+                if index == "ready":  # a partial index of the queue's jobs without a key
+                    index, ready = "ready_queue", [*ready, in_queue]
+                else:
+                    # The levels of every queue (the first entries of ranges); the queue is
+                    # checked among due jobs, where each range ends at the first one due later.
+                    due.append(in_queue)
+            hint = f"FORCE INDEX (ix_{self.tables.prefix}message_{index})"
+            level = sa.bindparam("p", type_=sa.Integer)
 
             def on_index(select: Any) -> Any:
                 # MariaDB chose other plans for some of these; the others find this one themselves.
-                hint = f"FORCE INDEX ({index})"
                 return select.with_hint(m, hint, dialect_name="mysql").with_hint(m, hint, dialect_name="mariadb")
 
             levels = sa.select(m.c.priority).where(*ready).order_by(m.c.priority.desc()).limit(1)

@@ -107,6 +107,10 @@ class MySQLDialect(Dialect):
     default_port = 3306
     lock_flow_keys_as_found = False  # a sorted SELECT ... FOR UPDATE locks every row it reads
     snapshot_reads = True
+    # Without partial indexes, the ready index holds every row: a walk of it for jobs without a
+    # key would read through a backlog of keyed ones. The flow keys' index leads with the key,
+    # and jobs without one are its range of NULLs, in delivery order.
+    unkeyed_index = "flow_ready"
     one_statement_insert = False  # a new row whose id an archived job has is moved to a fresh one
 
     @classmethod
