@@ -91,7 +91,7 @@ def schema_errors(engine: sa.Engine, tables: Tables) -> Iterator[None]:
 # A walk of the ready index that came back short and took longer than this read a backlog due
 # later; acquires then go level by level for WALK_AGAIN_SECONDS (see Store._acquire_plain).
 LEVELS_AFTER_SECONDS = 0.005
-WALK_AGAIN_SECONDS = 60.0
+WALK_AGAIN_SECONDS = 600.0
 
 
 class Store:
