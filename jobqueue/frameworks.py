@@ -18,6 +18,9 @@ class Framework:
     """What an integration provides; the defaults do nothing."""
 
     name = "framework"
+    # The command that creates and upgrades the jobqueue tables when the framework manages them
+    # (its migrations); error messages name it. None: jobqueue's own, ``jobqueue db init``.
+    schema_command: str | None = None
 
     def database_url(self) -> str:
         """The URL of the framework's database (workers and the CLI connect to it)."""

@@ -57,6 +57,7 @@ from django.db import connections, transaction  # noqa: E402
 from jobqueue import JobNotCommitted, JobQueue  # noqa: E402
 from jobqueue.contrib.django.integration import DjangoIntegration  # noqa: E402
 from jobqueue.errors import ConfigurationError  # noqa: E402
+from jobqueue.storage.tables import SCHEMA_VERSION  # noqa: E402
 from jobqueue.testing import drain  # noqa: E402
 
 app = JobQueue()
@@ -162,6 +163,45 @@ def call_command_returns() -> None:
         assert "exited with status 1" in str(exc), exc
     else:
         raise AssertionError("the refused retry did not raise")
+
+
+def schema_errors_name_migrate() -> None:
+    # Under Django the app's migrations make the tables: every error about them names migrate,
+    # with the alias jobqueue uses when it is not Django's default.
+    from jobqueue import SchemaError
+    from jobqueue.handle import JobHandle
+
+    database = "" if QUEUE_ALIAS == "default" else f" --database {QUEUE_ALIAS}"
+    command = f"`python manage.py migrate{database}`"
+    uses: list[Callable[[], object]] = [
+        lambda: noop.delay(1),  # through Django's connection
+        lambda: noop.bulk([(1,), (2,)]),
+        app.check_schema,  # what a worker checks as it starts
+        app.upgrade_schema,
+        lambda: drain(app),  # jobqueue's own connections
+        lambda: JobHandle(app, 1).status(),
+    ]
+
+    def says(fix: str) -> None:
+        for use in uses:
+            try:
+                use()
+            except SchemaError as exc:
+                assert fix in str(exc) and "jobqueue db" not in str(exc), str(exc)
+            else:
+                raise AssertionError(f"{use} found no fault with the tables")
+
+    call_command("migrate", "jobqueue", "zero", database=QUEUE_ALIAS, verbosity=0)
+    says(f"; run {command} to create them")
+    # Tables of an older schema, as after installing a newer jobqueue, before migrating.
+    call_command("migrate", "jobqueue", database=QUEUE_ALIAS, verbosity=0)
+    from jobqueue.storage.migrations import stamp
+
+    with app.store.writing() as conn:
+        conn.execute(sa.delete(app.tables.schema_version))
+        stamp(conn, app.tables, 1)
+    uses = [app.check_schema]  # what a worker checks as it starts
+    says(f"are at schema version 1, this release needs {SCHEMA_VERSION}; run {command} (see docs/upgrading.md)")
 
 
 def refused(read: Callable[[], object]) -> None:

@@ -66,3 +66,11 @@ def test_reading_a_job_inside_the_transaction_that_enqueued_it_on_a_new_sqlite_d
 
 def test_call_command_jobqueue_returns_or_raises_command_error(backend: str, tmp_path: Path) -> None:
     run_site("call_command_returns", backend, tmp_path)
+
+
+def test_missing_or_older_tables_under_django_name_manage_py_migrate(backend: str, tmp_path: Path) -> None:
+    run_site("schema_errors_name_migrate", backend, tmp_path)
+
+
+def test_the_migrate_named_for_missing_tables_names_the_jobqueue_database_alias(tmp_path: Path) -> None:
+    run_site("schema_errors_name_migrate", "sqlite", tmp_path, aliases=("default", "queue"))

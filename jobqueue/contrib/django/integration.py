@@ -119,6 +119,9 @@ class DjangoIntegration(Framework):
 
     def __init__(self, alias: str) -> None:
         self.alias = alias
+        # The app's migrations create and upgrade the tables, on this alias only.
+        database = "" if alias == "default" else f" --database {alias}"
+        self.schema_command = f"python manage.py migrate{database}"
         self._engine: sa.Engine | None = None
 
     @classmethod
