@@ -38,6 +38,8 @@ def django_database(url: str) -> dict[str, object]:
         "PASSWORD": parsed.password or "",
         "HOST": parsed.host or "",
         "PORT": str(parsed.port or ""),
+        # Django's would be test_<NAME>; the test servers' user may create only jobqueue_test*.
+        "TEST": {"NAME": f"{parsed.database}_t"},
     }
 
 
@@ -202,6 +204,40 @@ def schema_errors_name_migrate() -> None:
         stamp(conn, app.tables, 1)
     uses = [app.check_schema]  # what a worker checks as it starts
     says(f"are at schema version 1, this release needs {SCHEMA_VERSION}; run {command} (see docs/upgrading.md)")
+
+
+def test_database_lifecycle() -> None:
+    # What Django's test runner (and pytest-django) do around a test run, with no app.close()
+    # anywhere: jobqueue's pool must not keep the test database from being dropped, nor keep
+    # reading the real database once the test database exists.
+    connection = connections[QUEUE_ALIAS]
+    real_name = connection.settings_dict["NAME"]
+    noop.delay(1)
+    assert jobs() == 1  # jobqueue's own pool is connected to the real database now
+    test_name = connection.creation.create_test_db(verbosity=0, autoclobber=True, serialize=False)
+    try:
+        assert jobs() == 0, "jobqueue reads the real database during the tests"
+        handle = noop.delay(2)
+        assert [done.id for done in drain(app)] == [handle.id] and handle.status() == "completed"
+    finally:
+        try:
+            connection.creation.destroy_test_db(real_name, verbosity=0)
+        except Exception:
+            app.close()  # leave no test database behind on the server, then fail
+            connection.creation.destroy_test_db(real_name, verbosity=0)
+            raise
+    assert not database_exists(test_name), f"{test_name} was not dropped"
+    assert jobs() == 1  # back on the real database, as Django is
+
+
+def database_exists(name: str) -> bool:
+    query = {
+        "postgresql": "SELECT 1 FROM pg_database WHERE datname = %s",
+        "mysql": "SELECT 1 FROM information_schema.schemata WHERE schema_name = %s",
+    }[connections[QUEUE_ALIAS].vendor]
+    with connections[QUEUE_ALIAS].cursor() as cursor:
+        cursor.execute(query, [name])
+        return cursor.fetchone() is not None
 
 
 def refused(read: Callable[[], object]) -> None:

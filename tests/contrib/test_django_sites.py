@@ -11,6 +11,7 @@ from pathlib import Path
 
 from tests import servers
 from tests.acceptance.cli import ROOT
+from tests.conftest import only
 
 SITE = Path(__file__).resolve().parent / "django_site.py"
 
@@ -74,3 +75,9 @@ def test_missing_or_older_tables_under_django_name_manage_py_migrate(backend: st
 
 def test_the_migrate_named_for_missing_tables_names_the_jobqueue_database_alias(tmp_path: Path) -> None:
     run_site("schema_errors_name_migrate", "sqlite", tmp_path, aliases=("default", "queue"))
+
+
+@only("postgresql", "mysql")
+def test_djangos_test_runner_drops_its_test_database_while_jobqueue_used_it(backend: str, tmp_path: Path) -> None:
+    # SQLite's test database is in memory (or a file, removed whoever has it open).
+    run_site("test_database_lifecycle", backend, tmp_path)
