@@ -50,6 +50,10 @@ class Framework:
     def before_fork(self) -> None:
         """Called in the supervisor before it forks worker processes."""
 
+    def check_drain(self) -> None:
+        """Raise, naming the fix, if :func:`jobqueue.testing.drain` cannot run now: it runs jobs
+        on jobqueue's own connections, beside the framework's."""
+
 
 # Each returns the Framework this process runs under, or None; asked by a JobQueue made without a URL.
 DETECTORS: list[Callable[[], Framework | None]] = []

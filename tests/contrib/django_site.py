@@ -240,6 +240,45 @@ def database_exists(name: str) -> bool:
         return cursor.fetchone() is not None
 
 
+def drain_in_django_tests() -> None:
+    # A TestCase's transaction hides its jobs from drain()'s connections (and on SQLite holds the
+    # lock they would wait for): drain() says so at once. A TransactionTestCase runs them.
+    import time
+    import unittest
+
+    from django.test import TestCase, TransactionTestCase
+    from django.test.utils import setup_test_environment
+
+    class InATestCase(TestCase):  # type: ignore[misc]  # Django has no type hints here
+        databases = {QUEUE_ALIAS}
+
+        def test_drain(self) -> None:
+            noop.delay(1)
+            started = time.monotonic()
+            with self.assertRaises(ConfigurationError) as caught:
+                drain(app)
+            self.assertLess(time.monotonic() - started, 1.0)
+            said = str(caught.exception)
+            self.assertIn(f"inside a transaction on Django's {QUEUE_ALIAS!r} database", said)
+            self.assertIn("use django.test.TransactionTestCase", said)
+            self.assertIn("@pytest.mark.django_db(transaction=True)", said)
+
+    class InATransactionTestCase(TransactionTestCase):  # type: ignore[misc]
+        databases = {QUEUE_ALIAS}
+
+        def test_drain(self) -> None:
+            handle = noop.delay(2)
+            self.assertEqual([done.id for done in drain(app)], [handle.id])
+            self.assertEqual(handle.get(timeout=0), 2)
+
+    setup_test_environment()
+    suite = unittest.TestSuite(
+        unittest.defaultTestLoader.loadTestsFromTestCase(case) for case in (InATestCase, InATransactionTestCase)
+    )
+    result = unittest.TextTestRunner(stream=sys.stderr, verbosity=2).run(suite)
+    assert result.wasSuccessful() and result.testsRun == 2, result
+
+
 def refused(read: Callable[[], object]) -> None:
     """``read`` (on jobqueue's own connections) is refused, naming the fix."""
     try:

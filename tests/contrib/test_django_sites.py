@@ -81,3 +81,7 @@ def test_the_migrate_named_for_missing_tables_names_the_jobqueue_database_alias(
 def test_djangos_test_runner_drops_its_test_database_while_jobqueue_used_it(backend: str, tmp_path: Path) -> None:
     # SQLite's test database is in memory (or a file, removed whoever has it open).
     run_site("test_database_lifecycle", backend, tmp_path)
+
+
+def test_drain_in_a_django_test_case_says_at_once_to_use_transaction_test_case(backend: str, tmp_path: Path) -> None:
+    run_site("drain_in_django_tests", backend, tmp_path)

@@ -199,6 +199,25 @@ class DjangoIntegration(Framework):
 
         connections.close_all()
 
+    def check_drain(self) -> None:
+        # drain() reads and writes on jobqueue's own connections. A transaction still open on
+        # Django's connection (a TestCase runs each test in one) hides the jobs it enqueued from
+        # them, and on SQLite it holds the write lock they would wait for until the busy timeout
+        # and then fail: refuse at once, naming the fix.
+        from django.db import connections
+
+        wrapper = connections[self.alias]
+        if not wrapper.in_atomic_block:
+            return
+        waits = " (on SQLite they would also wait for its lock)" if wrapper.vendor == "sqlite" else ""
+        raise ConfigurationError(
+            f"drain() was called inside a transaction on Django's {self.alias!r} database, which has "
+            "not committed (django.test.TestCase runs every test in one, never committed): drain() runs "
+            f"jobs on jobqueue's own connections, which cannot see the jobs enqueued in it{waits}; use "
+            "django.test.TransactionTestCase (pytest-django: @pytest.mark.django_db(transaction=True)), "
+            "or call drain() after the transaction commits"
+        )
+
 
 def check_task_backends() -> None:
     """Fail at start-up, naming the fix, if ``settings.TASKS`` uses JobQueueBackend without Django's task API."""
