@@ -188,7 +188,8 @@ class JobQueue:
     def store(self) -> Store:
         """The storage, connected on first use."""
         if self._store is None:
-            self._store = Store(create_engine(self.database_url), self.tables)
+            url = self.database_url  # binds the framework, if one is found
+            self._store = Store(create_engine(url), self.tables, schema_command=self._schema_command())
         return self._store
 
     @property
@@ -211,6 +212,12 @@ class JobQueue:
             self._store.dispose(close=False)
 
     # -- schema ------------------------------------------------------------------------------------
+    def _schema_command(self) -> str | None:
+        """What schema errors tell to run where the framework manages the tables (``python manage.py
+        migrate`` under Django); None: jobqueue's own commands (``jobqueue db init``)."""
+        framework = self.framework
+        return None if framework is None else framework.schema_command
+
     def init_schema(self) -> str:
         """Create the tables if missing (what ``jobqueue db init`` runs); return what was done."""
         return schema_manager.init_schema(self.engine, self.tables)
@@ -219,11 +226,11 @@ class JobQueue:
         """Bring older tables to this release's schema (``jobqueue db upgrade``); return the SQL run."""
         from jobqueue.storage.migrations import upgrade
 
-        return upgrade(self.engine, self.tables, dry_run=dry_run)
+        return upgrade(self.engine, self.tables, dry_run=dry_run, schema_command=self._schema_command())
 
     def check_schema(self) -> None:
         """Raise SchemaError unless the tables exist at this release's version."""
-        schema_manager.check_schema(self.engine, self.tables)
+        schema_manager.check_schema(self.engine, self.tables, self._schema_command())
 
     # -- tasks -------------------------------------------------------------------------------------
     @overload

@@ -18,6 +18,9 @@ class Framework:
     """What an integration provides; the defaults do nothing."""
 
     name = "framework"
+    # The command that creates and upgrades the jobqueue tables when the framework manages them
+    # (its migrations); error messages name it. None: jobqueue's own, ``jobqueue db init``.
+    schema_command: str | None = None
 
     def database_url(self) -> str:
         """The URL of the framework's database (workers and the CLI connect to it)."""
@@ -46,6 +49,10 @@ class Framework:
 
     def before_fork(self) -> None:
         """Called in the supervisor before it forks worker processes."""
+
+    def check_drain(self) -> None:
+        """Raise, naming the fix, if :func:`jobqueue.testing.drain` cannot run now: it runs jobs
+        on jobqueue's own connections, beside the framework's."""
 
 
 # Each returns the Framework this process runs under, or None; asked by a JobQueue made without a URL.

@@ -59,6 +59,9 @@ def drain(app: JobQueue, queues: str | Iterable[str] | None = None, max_jobs: in
     if max_jobs is not None and (not isinstance(max_jobs, int) or isinstance(max_jobs, bool) or max_jobs < 0):
         raise ConfigurationError(f"max_jobs must be a non-negative integer or None, got {max_jobs!r}")
     wanted = parse_queues(queues if isinstance(queues, str) or queues is None else tuple(queues))
+    framework = app.framework
+    if framework is not None:
+        framework.check_drain()
     store = app.store
     worker_id = f"drain-{uuid.uuid4().hex[:24]}"
     executor = Executor(app, writes=StoreDeliveryWriter(store), ack_first=lambda outcome: _write(store, outcome))

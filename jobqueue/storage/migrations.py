@@ -145,20 +145,38 @@ def newer_error(connection: sa.Connection, tables: Tables, version: int) -> Sche
     )
 
 
+def missing_error(tables: Tables, schema_command: str | None = None) -> SchemaError:
+    """The error for a database without the jobqueue tables, naming the command that creates them.
+
+    ``schema_command``: the command that creates and upgrades the tables where the application
+    manages them itself (``python manage.py migrate`` under Django); None names jobqueue's own.
+    """
+    command = f"`{schema_command}`" if schema_command else "`jobqueue db init` (or app.init_schema())"
+    return SchemaError(
+        f"the jobqueue tables ({tables.prefix}*) do not exist in this database; run {command} to create them"
+    )
+
+
+def older_error(tables: Tables, version: int, schema_command: str | None = None) -> SchemaError:
+    """The error for tables of an older schema version, naming the command that upgrades them."""
+    command = f"`{schema_command}`" if schema_command else "`jobqueue db upgrade`"
+    return SchemaError(
+        f"the jobqueue tables ({tables.prefix}*) are at schema version {version}, this "
+        f"release needs {SCHEMA_VERSION}; run {command} (see docs/upgrading.md)"
+    )
+
+
 def _release() -> str:
     from jobqueue.version import __version__
 
     return __version__
 
 
-def pending(connection: sa.Connection, tables: Tables) -> list[Migration]:
+def pending(connection: sa.Connection, tables: Tables, schema_command: str | None = None) -> list[Migration]:
     """The migrations a database still needs, in order; SchemaError if it has no tables or is newer."""
     version = installed_version(connection, tables)
     if version is None:
-        raise SchemaError(
-            f"the jobqueue tables ({tables.prefix}*) do not exist in this database; run "
-            "`jobqueue db init` to create them"
-        )
+        raise missing_error(tables, schema_command)
     if version > SCHEMA_VERSION:
         raise newer_error(connection, tables, version)
     return [migration for migration in MIGRATIONS if migration.version > version]
@@ -171,7 +189,7 @@ def stamp(connection: sa.Connection, tables: Tables, version: int) -> None:
     )
 
 
-def upgrade(engine: sa.Engine, tables: Tables, dry_run: bool = False) -> list[str]:
+def upgrade(engine: sa.Engine, tables: Tables, dry_run: bool = False, schema_command: str | None = None) -> list[str]:
     """Bring the database to SCHEMA_VERSION; return what was run (or, with ``dry_run``, would be).
 
     Each step runs in a transaction of its own and is recorded as it ends, so an interrupted
@@ -181,7 +199,7 @@ def upgrade(engine: sa.Engine, tables: Tables, dry_run: bool = False) -> list[st
     dialect = dialect_for(engine, tables)
     with engine.connect() as connection:
         dialect.check_server(connection)
-        steps = pending(connection, tables)
+        steps = pending(connection, tables, schema_command)
         connection.rollback()
         for migration in steps:
             # Several upgrades at once take turns; one that finds a step done by another skips it.

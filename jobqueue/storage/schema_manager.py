@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import sqlalchemy as sa
 
-from jobqueue.errors import SchemaError
 from jobqueue.storage.dialects import dialect_for
 from jobqueue.storage.dialects.base import Dialect
-from jobqueue.storage.migrations import installed_version, newer_error, stamp, upgrade_on
+from jobqueue.storage.migrations import installed_version, missing_error, newer_error, older_error, stamp, upgrade_on
 from jobqueue.storage.tables import SCHEMA_VERSION, Tables
 
 
@@ -47,20 +46,15 @@ def drop_schema_on(conn: sa.Connection, tables: Tables) -> None:
     dialect_for(conn.engine, tables).after_drop(conn)
 
 
-def check_schema(engine: sa.Engine, tables: Tables) -> None:
-    """Raise SchemaError unless the tables exist at this release's schema version, naming the fix."""
+def check_schema(engine: sa.Engine, tables: Tables, schema_command: str | None = None) -> None:
+    """Raise SchemaError unless the tables exist at this release's schema version, naming the fix
+    (``schema_command``, where the application creates the tables itself: see ``missing_error``)."""
     with engine.connect() as conn:
         dialect_for(engine, tables).check_server(conn)
         version = installed_version(conn, tables)
         if version is not None and version > SCHEMA_VERSION:
             raise newer_error(conn, tables, version)
     if version is None:
-        raise SchemaError(
-            f"the jobqueue tables ({tables.prefix}*) do not exist in this database; "
-            "run `jobqueue db init` to create them"
-        )
+        raise missing_error(tables, schema_command)
     if version < SCHEMA_VERSION:
-        raise SchemaError(
-            f"the jobqueue tables ({tables.prefix}*) are at schema version {version}, this "
-            f"release needs {SCHEMA_VERSION}; run `jobqueue db upgrade` (see docs/upgrading.md)"
-        )
+        raise older_error(tables, version, schema_command)

@@ -97,9 +97,11 @@ WALK_AGAIN_SECONDS = 600.0
 class Store:
     """The queue's operations on one database, through its dialect (which runs them its own way)."""
 
-    def __init__(self, engine: sa.Engine, tables: Tables) -> None:
+    def __init__(self, engine: sa.Engine, tables: Tables, schema_command: str | None = None) -> None:
         self.engine = engine
         self.tables = tables
+        # What a SchemaError tells to run, where the application manages the tables (Django's migrate).
+        self.schema_command = schema_command
         self.dialect = dialect_for(engine, tables)
         self._flow_first = False
         # Until when (time.monotonic()) plain acquires go level by level (see _acquire_plain).
@@ -135,16 +137,15 @@ class Store:
                 with self.engine.connect() as conn:
                     version = installed_version(conn, self.tables)
                 if version is not None and version != SCHEMA_VERSION:
-                    check_schema(self.engine, self.tables)
+                    check_schema(self.engine, self.tables, self.schema_command)
             except SchemaError as wrong_version:
                 raise wrong_version from exc
             except Exception:  # the version cannot be read either: the driver's error says more
                 pass
         if missing_table:
-            raise SchemaError(
-                f"the jobqueue tables ({self.tables.prefix}*) do not exist in this database; run "
-                "`jobqueue db init` (or app.init_schema()) to create them"
-            ) from exc
+            from jobqueue.storage.migrations import missing_error
+
+            raise missing_error(self.tables, self.schema_command) from exc
 
     @contextmanager
     def writing(self, connection: Any = None) -> Iterator[sa.Connection]:

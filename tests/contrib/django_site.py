@@ -38,6 +38,8 @@ def django_database(url: str) -> dict[str, object]:
         "PASSWORD": parsed.password or "",
         "HOST": parsed.host or "",
         "PORT": str(parsed.port or ""),
+        # Django's would be test_<NAME>; the test servers' user may create only jobqueue_test*.
+        "TEST": {"NAME": f"{parsed.database}_t"},
     }
 
 
@@ -57,6 +59,7 @@ from django.db import connections, transaction  # noqa: E402
 from jobqueue import JobNotCommitted, JobQueue  # noqa: E402
 from jobqueue.contrib.django.integration import DjangoIntegration  # noqa: E402
 from jobqueue.errors import ConfigurationError  # noqa: E402
+from jobqueue.storage.tables import SCHEMA_VERSION  # noqa: E402
 from jobqueue.testing import drain  # noqa: E402
 
 app = JobQueue()
@@ -162,6 +165,118 @@ def call_command_returns() -> None:
         assert "exited with status 1" in str(exc), exc
     else:
         raise AssertionError("the refused retry did not raise")
+
+
+def schema_errors_name_migrate() -> None:
+    # Under Django the app's migrations make the tables: every error about them names migrate,
+    # with the alias jobqueue uses when it is not Django's default.
+    from jobqueue import SchemaError
+    from jobqueue.handle import JobHandle
+
+    database = "" if QUEUE_ALIAS == "default" else f" --database {QUEUE_ALIAS}"
+    command = f"`python manage.py migrate{database}`"
+    uses: list[Callable[[], object]] = [
+        lambda: noop.delay(1),  # through Django's connection
+        lambda: noop.bulk([(1,), (2,)]),
+        app.check_schema,  # what a worker checks as it starts
+        app.upgrade_schema,
+        lambda: drain(app),  # jobqueue's own connections
+        lambda: JobHandle(app, 1).status(),
+    ]
+
+    def says(fix: str) -> None:
+        for use in uses:
+            try:
+                use()
+            except SchemaError as exc:
+                assert fix in str(exc) and "jobqueue db" not in str(exc), str(exc)
+            else:
+                raise AssertionError(f"{use} found no fault with the tables")
+
+    call_command("migrate", "jobqueue", "zero", database=QUEUE_ALIAS, verbosity=0)
+    says(f"; run {command} to create them")
+    # Tables of an older schema, as after installing a newer jobqueue, before migrating.
+    call_command("migrate", "jobqueue", database=QUEUE_ALIAS, verbosity=0)
+    from jobqueue.storage.migrations import stamp
+
+    with app.store.writing() as conn:
+        conn.execute(sa.delete(app.tables.schema_version))
+        stamp(conn, app.tables, 1)
+    uses = [app.check_schema]  # what a worker checks as it starts
+    says(f"are at schema version 1, this release needs {SCHEMA_VERSION}; run {command} (see docs/upgrading.md)")
+
+
+def test_database_lifecycle() -> None:
+    # What Django's test runner (and pytest-django) do around a test run, with no app.close()
+    # anywhere: jobqueue's pool must not keep the test database from being dropped, nor keep
+    # reading the real database once the test database exists.
+    connection = connections[QUEUE_ALIAS]
+    real_name = connection.settings_dict["NAME"]
+    noop.delay(1)
+    assert jobs() == 1  # jobqueue's own pool is connected to the real database now
+    test_name = connection.creation.create_test_db(verbosity=0, autoclobber=True, serialize=False)
+    try:
+        assert jobs() == 0, "jobqueue reads the real database during the tests"
+        handle = noop.delay(2)
+        assert [done.id for done in drain(app)] == [handle.id] and handle.status() == "completed"
+    finally:
+        try:
+            connection.creation.destroy_test_db(real_name, verbosity=0)
+        except Exception:
+            app.close()  # leave no test database behind on the server, then fail
+            connection.creation.destroy_test_db(real_name, verbosity=0)
+            raise
+    assert not database_exists(test_name), f"{test_name} was not dropped"
+    assert jobs() == 1  # back on the real database, as Django is
+
+
+def database_exists(name: str) -> bool:
+    query = {
+        "postgresql": "SELECT 1 FROM pg_database WHERE datname = %s",
+        "mysql": "SELECT 1 FROM information_schema.schemata WHERE schema_name = %s",
+    }[connections[QUEUE_ALIAS].vendor]
+    with connections[QUEUE_ALIAS].cursor() as cursor:
+        cursor.execute(query, [name])
+        return cursor.fetchone() is not None
+
+
+def drain_in_django_tests() -> None:
+    # A TestCase's transaction hides its jobs from drain()'s connections (and on SQLite holds the
+    # lock they would wait for): drain() says so at once. A TransactionTestCase runs them.
+    import time
+    import unittest
+
+    from django.test import TestCase, TransactionTestCase
+    from django.test.utils import setup_test_environment
+
+    class InATestCase(TestCase):  # type: ignore[misc]  # Django has no type hints here
+        databases = {QUEUE_ALIAS}
+
+        def test_drain(self) -> None:
+            noop.delay(1)
+            started = time.monotonic()
+            with self.assertRaises(ConfigurationError) as caught:
+                drain(app)
+            self.assertLess(time.monotonic() - started, 1.0)
+            said = str(caught.exception)
+            self.assertIn(f"inside a transaction on Django's {QUEUE_ALIAS!r} database", said)
+            self.assertIn("use django.test.TransactionTestCase", said)
+            self.assertIn("@pytest.mark.django_db(transaction=True)", said)
+
+    class InATransactionTestCase(TransactionTestCase):  # type: ignore[misc]
+        databases = {QUEUE_ALIAS}
+
+        def test_drain(self) -> None:
+            handle = noop.delay(2)
+            self.assertEqual([done.id for done in drain(app)], [handle.id])
+            self.assertEqual(handle.get(timeout=0), 2)
+
+    setup_test_environment()
+    suite = unittest.TestSuite(
+        unittest.defaultTestLoader.loadTestsFromTestCase(case) for case in (InATestCase, InATransactionTestCase)
+    )
+    result = unittest.TextTestRunner(stream=sys.stderr, verbosity=2).run(suite)
+    assert result.wasSuccessful() and result.testsRun == 2, result
 
 
 def refused(read: Callable[[], object]) -> None:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from tests import servers
 from tests.acceptance.cli import ROOT
+from tests.conftest import only
 
 SITE = Path(__file__).resolve().parent / "django_site.py"
 
@@ -66,3 +67,21 @@ def test_reading_a_job_inside_the_transaction_that_enqueued_it_on_a_new_sqlite_d
 
 def test_call_command_jobqueue_returns_or_raises_command_error(backend: str, tmp_path: Path) -> None:
     run_site("call_command_returns", backend, tmp_path)
+
+
+def test_missing_or_older_tables_under_django_name_manage_py_migrate(backend: str, tmp_path: Path) -> None:
+    run_site("schema_errors_name_migrate", backend, tmp_path)
+
+
+def test_the_migrate_named_for_missing_tables_names_the_jobqueue_database_alias(tmp_path: Path) -> None:
+    run_site("schema_errors_name_migrate", "sqlite", tmp_path, aliases=("default", "queue"))
+
+
+@only("postgresql", "mysql")
+def test_djangos_test_runner_drops_its_test_database_while_jobqueue_used_it(backend: str, tmp_path: Path) -> None:
+    # SQLite's test database is in memory (or a file, removed whoever has it open).
+    run_site("test_database_lifecycle", backend, tmp_path)
+
+
+def test_drain_in_a_django_test_case_says_at_once_to_use_transaction_test_case(backend: str, tmp_path: Path) -> None:
+    run_site("drain_in_django_tests", backend, tmp_path)

@@ -548,4 +548,11 @@ def test_enqueue_into_missing_tables_names_the_command(db_url: str) -> None:
     ):
         with pytest.raises(SchemaError, match="jobqueue db init"):
             enqueue()
+    # Every way of finding the tables missing says the same, naming jobqueue's own command.
+    from jobqueue.testing import drain
+
+    said = re.escape("the jobqueue tables (missing_*) do not exist in this database; run `jobqueue db init`")
+    for use in (app.check_schema, app.upgrade_schema, lambda: drain(app), lambda: job.delay(1)):
+        with pytest.raises(SchemaError, match=said):
+            use()
     app.close()

@@ -13,10 +13,15 @@ class JobQueueConfig(AppConfig):
 
     def ready(self) -> None:
         from jobqueue.contrib import detect_django
-        from jobqueue.contrib.django.integration import check_task_backends, database_alias
+        from jobqueue.contrib.django.integration import (
+            check_task_backends,
+            database_alias,
+            release_around_test_databases,
+        )
         from jobqueue.frameworks import DETECTORS
 
         database_alias()  # a bad JOBQUEUE setting fails at start-up, naming the fix
         check_task_backends()  # so does a TASKS setting that needs Django's task API where it is missing
+        release_around_test_databases()  # so that Django's test runner can drop its test databases
         if detect_django not in DETECTORS:
             DETECTORS.append(detect_django)  # a JobQueue made without a URL uses Django's database

@@ -8,6 +8,7 @@ and ``delay()`` in a web process writes through Django's connection for that ali
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import sys
 import threading
@@ -119,6 +120,9 @@ class DjangoIntegration(Framework):
 
     def __init__(self, alias: str) -> None:
         self.alias = alias
+        # The app's migrations create and upgrade the tables, on this alias only.
+        database = "" if alias == "default" else f" --database {alias}"
+        self.schema_command = f"python manage.py migrate{database}"
         self._engine: sa.Engine | None = None
 
     @classmethod
@@ -195,6 +199,25 @@ class DjangoIntegration(Framework):
 
         connections.close_all()
 
+    def check_drain(self) -> None:
+        # drain() reads and writes on jobqueue's own connections. A transaction still open on
+        # Django's connection (a TestCase runs each test in one) hides the jobs it enqueued from
+        # them, and on SQLite it holds the write lock they would wait for until the busy timeout
+        # and then fail: refuse at once, naming the fix.
+        from django.db import connections
+
+        wrapper = connections[self.alias]
+        if not wrapper.in_atomic_block:
+            return
+        waits = " (on SQLite they would also wait for its lock)" if wrapper.vendor == "sqlite" else ""
+        raise ConfigurationError(
+            f"drain() was called inside a transaction on Django's {self.alias!r} database, which has "
+            "not committed (django.test.TestCase runs every test in one, never committed): drain() runs "
+            f"jobs on jobqueue's own connections, which cannot see the jobs enqueued in it{waits}; use "
+            "django.test.TransactionTestCase (pytest-django: @pytest.mark.django_db(transaction=True)), "
+            "or call drain() after the transaction commits"
+        )
+
 
 def check_task_backends() -> None:
     """Fail at start-up, naming the fix, if ``settings.TASKS`` uses JobQueueBackend without Django's task API."""
@@ -263,3 +286,41 @@ def bind(app: JobQueue) -> None:
     """Bind ``app`` to the configured Django database (a JobQueue made without a URL binds itself)."""
     if app.framework is None:
         app.bind_framework(DjangoIntegration.from_settings())
+
+
+def release_queues() -> None:
+    """Close the pooled connections of every JobQueue bound to Django (a later use reconnects)."""
+    from jobqueue.app import INSTANCES
+
+    for app in list(INSTANCES):
+        # Read the binding as it is: asking app.framework would bind an unbound queue now.
+        if isinstance(app._framework, DjangoIntegration):
+            app.close()
+
+
+def release_around_test_databases() -> None:
+    """Release jobqueue's pooled connections when Django creates or destroys a test database.
+
+    Django's test runner and pytest-django both go through ``creation.create_test_db`` and
+    ``destroy_test_db``, and Django sends no signal there. Before a test database is dropped,
+    jobqueue's connections to it must be closed (PostgreSQL refuses to drop a database others are
+    connected to); before one is created, connections opened earlier to the real database must go,
+    so that the tests' jobs are read and run in the test database. Wraps the two methods once.
+    """
+    from django.db.backends.base.creation import BaseDatabaseCreation
+
+    for name in ("create_test_db", "destroy_test_db"):
+        method = getattr(BaseDatabaseCreation, name)
+        if getattr(method, "releases_jobqueue", False):
+            continue
+
+        def releasing(original: Callable[..., Any]) -> Callable[..., Any]:
+            @functools.wraps(original)
+            def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
+                release_queues()
+                return original(self, *args, **kwargs)
+
+            wrapper.releases_jobqueue = True  # type: ignore[attr-defined]
+            return wrapper
+
+        setattr(BaseDatabaseCreation, name, releasing(method))
