@@ -14,6 +14,7 @@ transaction (:func:`fire`). Workers create, update and retire the schedule messa
 from __future__ import annotations
 
 import base64
+import difflib
 import json
 import logging
 import math
@@ -21,7 +22,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError, available_timezones
 
 from cronsim import CronSim, CronSimError
 
@@ -62,13 +63,7 @@ class Schedule:
             raise ConfigurationError(f"schedule {self.name!r}: give cron= or every=, exactly one")
         if isinstance(self.timezone, ZoneInfo) and self.timezone.key:
             object.__setattr__(self, "timezone", self.timezone.key)  # stored by its name
-        try:
-            object.__setattr__(self, "tz", ZoneInfo(self.timezone))
-        except (ZoneInfoNotFoundError, ValueError, TypeError):  # TypeError: None, a number
-            raise ConfigurationError(
-                f"schedule {self.name!r}: unknown timezone {self.timezone!r}; use an IANA "
-                "name such as 'UTC' or 'Europe/Paris'"
-            ) from None
+        object.__setattr__(self, "tz", _zone(self.name, self.timezone))
         if self.cron is not None:
             if not isinstance(self.cron, str):
                 raise ConfigurationError(
@@ -209,6 +204,52 @@ class Schedule:
     @classmethod
     def decode(cls, payload: bytes) -> Schedule:
         return cls.from_definition(json.loads(payload))
+
+
+# Names the zoneinfo database offers that are not one place's time.
+_HOSTS_DISAGREE = "workers on hosts set differently would fire the schedule at different times"
+HOST_ZONES = {
+    "localtime": f"is a link to each host's own /etc/localtime: {_HOSTS_DISAGREE}",
+    "posixrules": f"holds each host's default rules for POSIX TZ strings: {_HOSTS_DISAGREE}",
+    "factory": "is the placeholder of a host whose timezone was never set, not a place",
+}
+# Directories of some hosts' zoneinfo database only (the tzdata package has neither): ``right/``
+# zones count leap seconds (their times are 27 s off), ``posix/`` ones repeat the plain names.
+HOST_ZONE_DIRECTORIES = ("posix/", "right/")
+_IANA_EXAMPLE = "an IANA name such as 'Europe/Paris', or 'UTC'"
+
+
+def _zone(name: str, zone: Any) -> ZoneInfo:
+    """The timezone of schedule ``name``, refused unless every worker, on any host, reads it the same."""
+    if isinstance(zone, ZoneInfo):  # one with no name: read from a file
+        raise ConfigurationError(f"schedule {name!r}: timezone {zone!r} has no name to store; give {_IANA_EXAMPLE}")
+    if isinstance(zone, str) and zone.lower() in HOST_ZONES:
+        raise ConfigurationError(
+            f"schedule {name!r}: timezone {zone!r} {HOST_ZONES[zone.lower()]}; give {_IANA_EXAMPLE}"
+        )
+    if isinstance(zone, str) and zone.startswith(HOST_ZONE_DIRECTORIES):
+        directory, plain = zone.split("/", 1)
+        why = ", and its zones count leap seconds (27 s off)" if directory == "right" else ""
+        raise ConfigurationError(
+            f"schedule {name!r}: timezone {zone!r} is in the {directory}/ directory, which only some hosts' "
+            f"zoneinfo database has{why}; give the plain IANA name {plain!r}"
+        )
+    try:
+        return ZoneInfo(zone)
+    except (ZoneInfoNotFoundError, ValueError, TypeError, IsADirectoryError):  # TypeError: None, a number
+        close = (
+            difflib.get_close_matches(zone, sorted(_place_zones()), n=1, cutoff=0.8) if isinstance(zone, str) else []
+        )
+        hint = f"did you mean {close[0]!r}? Give" if close else "give"
+        raise ConfigurationError(f"schedule {name!r}: unknown timezone {zone!r}; {hint} {_IANA_EXAMPLE}") from None
+
+
+def _place_zones() -> set[str]:
+    return {
+        zone
+        for zone in available_timezones()
+        if zone.lower() not in HOST_ZONES and not zone.startswith(HOST_ZONE_DIRECTORIES)
+    }
 
 
 def _utc(when: datetime) -> datetime:
