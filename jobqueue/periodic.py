@@ -8,7 +8,7 @@ Times here are naive UTC, like everything stored; the math is pure and takes ``n
 Each schedule is one message (task ``jobqueue.schedule``, unique key = schedule name) that is never
 acked: firing it enqueues the real job and defers the message to the next fire time, in one fenced
 transaction (:func:`fire`). Workers create, update and retire the schedule messages when they start
-(:func:`sync`).
+(:func:`sync`), and create again those deleted while they run (:class:`Keeper`).
 """
 
 from __future__ import annotations
@@ -37,7 +37,17 @@ if TYPE_CHECKING:
     from jobqueue.storage.store import Store
     from jobqueue.task import Task
 
-__all__ = ["SCHEDULE_TASK", "Schedule", "ScheduleRow", "SyncReport", "fire", "flow_columns", "schedule_rows", "sync"]
+__all__ = [
+    "SCHEDULE_TASK",
+    "Keeper",
+    "Schedule",
+    "ScheduleRow",
+    "SyncReport",
+    "fire",
+    "flow_columns",
+    "schedule_rows",
+    "sync",
+]
 
 logger = logging.getLogger("jobqueue.periodic")
 
@@ -318,6 +328,8 @@ class ScheduleRow:
     next_fire: datetime
     checkpoint: bytes | None
     schedule: Schedule | None  # None when the stored definition cannot be read
+    defined_by: str | None = None  # the supervisor that created it or last changed its definition
+    payload: bytes = b""  # the stored definition, as stored
 
 
 def schedule_rows(store: Store) -> dict[str, ScheduleRow]:
@@ -328,19 +340,26 @@ def schedule_rows(store: Store) -> dict[str, ScheduleRow]:
             schedule: Schedule | None = Schedule.decode(row.payload)
         except Exception:  # written by another version, or damaged: still listed, never fired
             schedule = None
-        rows[row.name] = ScheduleRow(row.id, row.name, row.state, row.next_fire, row.checkpoint, schedule)
+        rows[row.name] = ScheduleRow(
+            row.id, row.name, row.state, row.next_fire, row.checkpoint, schedule, row.defined_by, row.payload
+        )
     return rows
 
 
-def message_row(schedule: Schedule, first_fire: datetime, now: datetime) -> dict[str, Any]:
-    """The never-completing message that drives ``schedule``."""
+def message_headers(schedule: Schedule, writer: str | None) -> dict[str, Any]:
+    """A schedule message's headers: its schedule's name, and the supervisor that wrote its definition."""
+    return {"schedule": schedule.name, **({stored.WRITER_HEADER: writer} if writer else {})}
+
+
+def message_row(schedule: Schedule, first_fire: datetime, now: datetime, writer: str | None = None) -> dict[str, Any]:
+    """The never-completing message that drives ``schedule``, written by the supervisor ``writer``."""
     return {
         "task_name": SCHEDULE_TASK,
         "queue": schedule.queue,
         "priority": SCHEDULE_PRIORITY,
         "state": MessageState.PENDING.value,
         "payload": schedule.encode(),
-        "headers": {"schedule": schedule.name},
+        "headers": message_headers(schedule, writer),
         "unique_key": schedule.name,
         "partition_key": None,
         "options": None,
@@ -398,9 +417,13 @@ class SyncReport:
     created: list[str]
     updated: list[str]
     retired: list[str]
-    busy: list[str]  # held by a delivery (being fired, or by a dead worker until its lease runs out)
+    # Held by a delivery (being fired, or by a dead worker until its lease runs out), or changed by
+    # another worker meanwhile.
+    busy: list[str]
     # A schedule in code that the database takes for another one it holds: {name in code: name stored}.
     clashing: dict[str, str] = field(default_factory=dict)
+    # Schedules this code would change or retire, left as another running worker defined them.
+    contested: dict[str, Contest] = field(default_factory=dict)
 
     def clash_message(self) -> str:
         return (
@@ -413,8 +436,46 @@ class SyncReport:
         )
 
 
-def sync(store: Store, schedules: dict[str, Schedule], registered_tasks: set[str], now: datetime) -> SyncReport:
-    """Make the schedule messages match the schedules in code.
+@dataclass(frozen=True)
+class Contest:
+    """A schedule defined one way by a running worker (``supervisor`` on ``host``), another way by this
+    code (``ours``: None where this code has no such schedule)."""
+
+    name: str
+    theirs: Schedule | None
+    ours: Schedule | None
+    supervisor: str
+    host: str
+
+    def message(self) -> str:
+        def said(schedule: Schedule | None) -> str:
+            if schedule is None:
+                return "no such schedule"
+            return f"{schedule.expression} ({schedule.timezone}) for task {schedule.task_name}"
+
+        other = f"a running worker (supervisor {self.supervisor[:8]} on host {self.host})"
+        if self.ours is None:
+            return (
+                f"schedule {self.name!r} ({said(self.theirs)}) is not in this app's code, but {other} defines it: "
+                "it is left alone while that worker runs and retired once it stops"
+            )
+        return (
+            f"schedule {self.name!r} is defined differently by {other}: it has {said(self.theirs)}, this app's code "
+            f"has {said(self.ours)}. The schedule stays as that worker defined it while it runs, then this code's "
+            "applies. If these are two different schedules (two apps on one database), give one of them another "
+            "name (@app.periodic(name=...)): schedule names are shared by every app on the database"
+        )
+
+
+def sync(
+    store: Store,
+    schedules: dict[str, Schedule],
+    registered_tasks: set[str],
+    now: datetime,
+    writer: str | None = None,
+    stale_seconds: float = 30.0,
+) -> SyncReport:
+    """Make the schedule messages match the schedules in code, as supervisor ``writer``.
 
     A schedule removed from code is retired (archived as cancelled), but only if its task is
     registered here: an application that does not know a task does not get to retire that task's
@@ -422,19 +483,37 @@ def sync(store: Store, schedules: dict[str, Schedule], registered_tasks: set[str
     cron time), and a changed one gets its new definition and a next fire computed from now. Retiring
     first lets a schedule renamed only in case take the place of its old name on a database that
     compares names regardless of case.
+
+    A definition that another supervisor wrote and whose worker processes still beat (within
+    ``stale_seconds``) is neither changed nor retired: two apps that define one schedule name
+    differently would otherwise reset it at each other's every start. It is reported as contested,
+    and changed by a later sync once that worker has stopped.
     """
     report = SyncReport([], [], [], [])
     existing = schedule_rows(store)
+    others = {row.defined_by for row in existing.values() if row.defined_by and row.defined_by != writer}
+    running = stored.running_supervisors(store, others, stale_seconds) if writer and others else {}
+
+    def contest(name: str, row: ScheduleRow) -> bool:
+        """Whether ``row`` is another running worker's definition (then reported as contested)."""
+        if row.defined_by not in running or row.schedule is None:  # unreadable: whoever reads it, fixes it
+            return False
+        host = running[row.defined_by]
+        report.contested[name] = Contest(name, row.schedule, schedules.get(name), row.defined_by, host)
+        return True
+
     for name, gone in existing.items():
         if name not in schedules and gone.schedule is not None and gone.schedule.task_name in registered_tasks:
-            if jobs.cancel(store, gone.id, now):
+            if contest(name, gone):
+                continue
+            if jobs.cancel(store, gone.id, now, headers={stored.RETIRED_HEADER: True}):
                 report.retired.append(name)
             else:
                 report.busy.append(name)
     for name, schedule in schedules.items():
         row = existing.get(name)
         if row is None:
-            if stored.insert_schedule(store, message_row(schedule, schedule.first_fire(now), now)):
+            if stored.insert_schedule(store, message_row(schedule, schedule.first_fire(now), now, writer)):
                 report.created.append(name)
                 continue
             holder = stored.schedule_holding(store, name)
@@ -442,9 +521,53 @@ def sync(store: Store, schedules: dict[str, Schedule], registered_tasks: set[str
                 report.busy.append(name)  # its old spelling, retired once its lease runs out
             elif holder is not None and holder != name:
                 report.clashing[name] = holder
+            elif holder == name:
+                report.busy.append(name)  # created by another worker meanwhile: compared on the next look
         elif row.schedule is None or row.schedule.definition() != schedule.definition():
-            if stored.update_schedule(store, row.id, schedule.encode(), schedule.queue, schedule.first_fire(now)):
+            if contest(name, row):
+                continue
+            headers = message_headers(schedule, writer)
+            if stored.update_schedule(
+                store, row.id, schedule.encode(), schedule.queue, schedule.first_fire(now), headers, row.payload
+            ):
                 report.updated.append(name)
             else:
                 report.busy.append(name)
     return report
+
+
+@dataclass
+class Keeper:
+    """Keeps the schedule messages of an app's schedules while its worker runs.
+
+    A schedule message deleted (a ``DELETE`` by hand, ``jobqueue jobs cancel``, a message failed as
+    unreadable) is created again, its first fire counted from then, as when a worker first creates
+    it: fire times that came due while it was missing are not made up. One retired by another worker,
+    whose code no longer defines the schedule (a newer release rolling out), stays retired: the
+    worker has the last word. Each check looks the schedules up by name on the unique index, so it
+    costs the same whatever the backlog; any number of workers may run it at once, the unique index
+    lets one of them create each message.
+    """
+
+    schedules: dict[str, Schedule]
+    writer: str | None = None  # the supervisor that runs it
+    seen: dict[str, int] = field(default_factory=dict)  # name: id of its message when last seen
+    retired: set[str] = field(default_factory=set)  # retired by another worker since this one started
+
+    def check(self, store: Store, now: datetime) -> tuple[list[str], list[str]]:
+        """Create the missing schedule messages; (those created, those newly found retired)."""
+        found = stored.schedule_ids(store, self.schedules)
+        self.retired -= found.keys()  # created again (by a worker of a release that has it again)
+        missing = [name for name in self.schedules if name not in found and name not in self.retired]
+        gone = {name: self.seen[name] for name in missing if name in self.seen}
+        retired = stored.retired_schedules(store, gone) if gone else set()
+        self.retired |= retired
+        created = []
+        for name in missing:
+            schedule = self.schedules[name]
+            if name not in retired and stored.insert_schedule(
+                store, message_row(schedule, schedule.first_fire(now), now, self.writer)
+            ):
+                created.append(name)
+        self.seen = found
+        return created, sorted(retired)

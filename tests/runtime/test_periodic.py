@@ -275,3 +275,168 @@ def test_jobs_show_of_a_schedule_message_shows_the_schedule_and_its_arguments(db
     assert 'kwargs       {"kind": "daily"}' in shown, shown
     detail = json.loads(jobqueue("jobs", "show", str(report["id"]), "--json", app="tests.apps.periodic:app").stdout)
     assert detail["kwargs"] == {"kind": "daily"} and detail["schedule"]["expression"] == "0 7 * * *"
+
+
+def schedule_messages(app: JobQueue) -> dict[str, list[int]]:
+    """The ids of the active schedule messages, by schedule name (every row, duplicates included)."""
+    m = app.tables.message
+    found: dict[str, list[int]] = {}
+    with app.engine.connect() as conn:
+        for name, message_id in conn.execute(
+            sa.select(m.c.unique_key, m.c.id).where(m.c.task_name == periodic.SCHEDULE_TASK).order_by(m.c.id)
+        ):
+            found.setdefault(name, []).append(message_id)
+    return found
+
+
+def test_schedule_messages_deleted_by_hand_come_back_once_under_two_supervisors(
+    db_url: str, backend: str, tmp_path: Path
+) -> None:
+    """An operator DELETEs one schedule message and cancels the other with `jobqueue jobs cancel`,
+    while two supervisors run: each comes back within the maintenance interval, created by one of
+    them only, with its fires counted from then (no catch-up), and the every-second schedule fires
+    on. Before, both stayed gone until a worker restarted: the schedules silently never fired."""
+    app = JobQueue(db_url)
+    interval = ("--concurrency", "1", "--release-stuck-interval", "0.5")
+    supervisors = [Worker(tmp_path, *interval, app="tests.apps.periodic:app", name=f"sup{i}") for i in range(2)]
+    try:
+        wait_for(lambda: len(fire_times(app)) >= 2, 30, "the first fires")
+        before = schedule_messages(app)
+        assert set(before) == {"pd.tick", "morning-report"}
+        m = app.tables.message
+        with app.engine.begin() as conn:
+            conn.execute(sa.delete(m).where(m.c.id == before["pd.tick"][0]))
+        deleted = time.monotonic()
+        jobqueue("jobs", "cancel", str(before["morning-report"][0]), app="tests.apps.periodic:app")
+        wait_for(lambda: set(schedule_messages(app)) == set(before), 10, "both schedule messages created again")
+        took = time.monotonic() - deleted
+        after = schedule_messages(app)
+        assert all(len(ids) == 1 for ids in after.values()), after
+        assert after["pd.tick"] != before["pd.tick"] and after["morning-report"] != before["morning-report"]
+        count = len(fire_times(app))
+        wait_for(lambda: len(fire_times(app)) >= count + 2, 30, "the every-second schedule firing again")
+        for supervisor in supervisors:
+            supervisor.signal(signal.SIGTERM)
+        assert [s.wait(30) for s in supervisors] == [0, 0]
+    finally:
+        for supervisor in supervisors:
+            supervisor.close()
+    assert schedule_messages(app) == after  # nothing created twice meanwhile
+    times = fire_times(app)
+    assert len(times) == len(set(times)), "two jobs for one fire time"
+    logs = "".join(s.text() for s in supervisors)
+    created = [
+        name
+        for line in logs.splitlines()
+        if "created again: " in line
+        for name in line.split("created again: ", 1)[1].split(";")[0].split(", ")
+    ]
+    assert sorted(created) == ["morning-report", "pd.tick"], logs[-3000:]
+    assert "missed its fires" not in logs  # counted from now: no catch-up run
+    assert schedule_state(app)[0] == "PENDING"
+    REPORTS.append(f"periodic keeper[{backend}]: 2 schedule messages deleted by hand, back in {took:.1f} s, once each")
+    app.close()
+
+
+def test_a_schedule_retired_by_a_newer_release_is_not_created_again_by_an_older_worker(
+    db_url: str, tmp_path: Path
+) -> None:
+    """A rolling deploy: once the old release's worker that created the schedules has stopped, the new
+    release's worker retires the one its code no longer has while another worker of the old release
+    still runs. That one leaves it retired, rather than bringing it back for as long as it runs (and
+    past it: nothing would retire it again)."""
+    app = JobQueue(db_url)
+    fast = ("--concurrency", "1", "--release-stuck-interval", "0.2")
+    first = Worker(tmp_path, *fast, app="tests.apps.periodic:app", name="first")
+    old = None
+    try:
+        wait_for(lambda: "schedules created" in first.text(), 30, "the old release creating the schedules")
+        old = Worker(tmp_path, *fast, app="tests.apps.periodic:app", name="old")
+        wait_for(lambda: supervisors(app) == 2, 30, "the second worker of the old release")
+        first.signal(signal.SIGTERM)
+        assert first.wait(30) == 0, first.text()[-3000:]
+        run = jobqueue("worker", "--burst", "--concurrency", "1", app="tests.apps.periodic_edited:app")
+        assert "schedules retired: morning-report" in run.stderr, run.stderr[-3000:]
+        wait_for(lambda: "leaves them retired" in old.text(), 10, "the old worker to see the retirement")
+        assert set(schedule_messages(app)) == {"pd.tick"}
+        assert "created again" not in old.text()
+        old.signal(signal.SIGTERM)
+        assert old.wait(30) == 0, old.text()[-3000:]
+    finally:
+        first.close()
+        if old is not None:
+            old.close()
+    app.close()
+
+
+def supervisors(app: JobQueue) -> int:
+    """How many supervisors have worker processes registered."""
+    w = app.tables.worker
+    with app.engine.connect() as conn:
+        return len(set(conn.execute(sa.select(w.c.supervisor_id)).scalars()))
+
+
+def stored_schedule(app: JobQueue, name: str) -> periodic.Schedule | None:
+    row = periodic.schedule_rows(app.store).get(name)
+    return None if row is None else row.schedule
+
+
+def test_two_apps_that_define_one_schedule_name_differently_do_not_reset_it_at_each_start(
+    db_url: str, tmp_path: Path
+) -> None:
+    """Two services on one database both define a schedule "pd.tick", every second and every two
+    seconds. Each start of the other used to reset it to its own definition, its next fire counted
+    from that start, without a word. Now a worker leaves alone the definition of another running
+    worker and warns, naming the schedule and both definitions; it applies its own once that worker
+    has stopped, once, and no start resets it."""
+    app = JobQueue(db_url)
+    fast = ("--concurrency", "1", "--release-stuck-interval", "0.2")
+    ours, other = "tests.apps.periodic:app", "tests.apps.periodic_other:app"
+    started: list[Worker] = []
+    try:
+        a1 = Worker(tmp_path, *fast, app=ours, name="a1")
+        started.append(a1)
+        wait_for(lambda: len(fire_times(app)) >= 2, 30, "the first app's fires")
+        b1 = Worker(tmp_path, *fast, "-Q", "other", app=other, name="b1")
+        started.append(b1)
+        wait_for(lambda: "defined differently" in b1.text(), 30, "the other app's warning")
+        warning = next(line for line in b1.text().splitlines() if "defined differently" in line)
+        assert "schedule 'pd.tick'" in warning, warning
+        assert (
+            "it has every 1 s (UTC) for task pd.tick, this app's code has every 2 s (UTC) for task po.tick" in warning
+        )
+        assert "@app.periodic(name=...)" in warning
+        # More starts of both apps: none changes the schedule.
+        a2 = Worker(tmp_path, *fast, app=ours, name="a2")
+        b2 = Worker(tmp_path, *fast, "-Q", "other", app=other, name="b2")
+        started += [a2, b2]
+        wait_for(lambda: supervisors(app) == 4 and "defined differently" in b2.text(), 30, "all four started")
+        count = len(fire_times(app))
+        wait_for(lambda: len(fire_times(app)) >= count + 3, 30, "three more fires")
+        schedule = stored_schedule(app, "pd.tick")
+        assert schedule is not None and (schedule.task_name, schedule.every_seconds) == ("pd.tick", 1)
+        assert not any("schedules updated" in w.text() for w in started)
+        times = fire_times(app)
+        gaps = [(b - a).total_seconds() for a, b in zip(times, times[1:], strict=False)]
+        assert gaps and all(gap == 1.0 for gap in gaps), f"gaps between fire times: {gaps}"
+        # The worker that defined it stops: the other app's definition applies, once.
+        a1.signal(signal.SIGTERM)
+        assert a1.wait(30) == 0, a1.text()[-3000:]
+        wait_for(
+            lambda: getattr(stored_schedule(app, "pd.tick"), "task_name", None) == "po.tick",
+            10,
+            "the other app's definition once the first worker stopped",
+        )
+        time.sleep(1)  # five more looks of every worker: nobody takes it back
+        schedule = stored_schedule(app, "pd.tick")
+        assert schedule is not None and (schedule.task_name, schedule.every_seconds) == ("po.tick", 2)
+        updates = [line for w in started for line in w.text().splitlines() if "schedules updated: pd.tick" in line]
+        assert len(updates) == 1 and "schedules updated" not in a2.text(), updates
+        for worker in started[1:]:
+            worker.signal(signal.SIGTERM)
+        assert [w.wait(30) for w in started[1:]] == [0, 0, 0]
+    finally:
+        for worker in started:
+            worker.close()
+    assert len(schedule_messages(app)["pd.tick"]) == 1
+    app.close()
