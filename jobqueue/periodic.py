@@ -18,7 +18,7 @@ import difflib
 import json
 import logging
 import math
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any
@@ -422,7 +422,7 @@ class SyncReport:
     busy: list[str]
     # A schedule in code that the database takes for another one it holds: {name in code: name stored}.
     clashing: dict[str, str] = field(default_factory=dict)
-    # Schedules this code would change or retire, left as another running worker defined them.
+    # Schedules this code changes or retires that another running worker defined otherwise.
     contested: dict[str, Contest] = field(default_factory=dict)
 
     def clash_message(self) -> str:
@@ -454,16 +454,20 @@ class Contest:
             return f"{schedule.expression} ({schedule.timezone}) for task {schedule.task_name}"
 
         other = f"a running worker (supervisor {self.supervisor[:8]} on host {self.host})"
+        rename = (
+            "If these are two different schedules (two apps on one database), give one of them another name with "
+            "@app.periodic(name=...): schedule names are shared by every app on the database"
+        )
         if self.ours is None:
             return (
-                f"schedule {self.name!r} ({said(self.theirs)}) is not in this app's code, but {other} defines it: "
-                "it is left alone while that worker runs and retired once it stops"
+                f"schedule {self.name!r} ({said(self.theirs)}) is not in this app's code, but {other} defines it. "
+                "This worker's start retires it, as every worker start retires a schedule removed from its code; "
+                f"that worker's next start will create it again. {rename}"
             )
         return (
             f"schedule {self.name!r} is defined differently by {other}: it has {said(self.theirs)}, this app's code "
-            f"has {said(self.ours)}. The schedule stays as that worker defined it while it runs, then this code's "
-            "applies. If these are two different schedules (two apps on one database), give one of them another "
-            "name (@app.periodic(name=...)): schedule names are shared by every app on the database"
+            f"has {said(self.ours)}. This worker's start applies this code's definition, as every worker start "
+            f"does; that worker's next start will apply its own again. {rename}"
         )
 
 
@@ -474,6 +478,7 @@ def sync(
     now: datetime,
     writer: str | None = None,
     stale_seconds: float = 30.0,
+    only: Collection[str] | None = None,
 ) -> SyncReport:
     """Make the schedule messages match the schedules in code, as supervisor ``writer``.
 
@@ -484,28 +489,33 @@ def sync(
     first lets a schedule renamed only in case take the place of its old name on a database that
     compares names regardless of case.
 
-    A definition that another supervisor wrote and whose worker processes still beat (within
-    ``stale_seconds``) is neither changed nor retired: two apps that define one schedule name
-    differently would otherwise reset it at each other's every start. It is reported as contested,
-    and changed by a later sync once that worker has stopped.
+    Every worker start applies its code's definitions, so an edited schedule takes effect at the next
+    start. One whose definition another supervisor wrote while its worker processes still beat
+    (within ``stale_seconds``) is changed or retired all the same, and reported as contested: two
+    apps that define one schedule name differently take it from each other at each start, which
+    their operators should hear of. A change is a compare-and-set on the stored definition, so
+    workers that start together apply it once.
+
+    ``only`` limits the sync to those schedule names (a running worker looking again at the ones
+    that were busy when it started); None syncs them all.
     """
     report = SyncReport([], [], [], [])
     existing = schedule_rows(store)
+    if only is not None:
+        existing = {name: row for name, row in existing.items() if name in only}
+        schedules = {name: schedule for name, schedule in schedules.items() if name in only}
     others = {row.defined_by for row in existing.values() if row.defined_by and row.defined_by != writer}
     running = stored.running_supervisors(store, others, stale_seconds) if writer and others else {}
 
-    def contest(name: str, row: ScheduleRow) -> bool:
-        """Whether ``row`` is another running worker's definition (then reported as contested)."""
-        if row.defined_by not in running or row.schedule is None:  # unreadable: whoever reads it, fixes it
-            return False
-        host = running[row.defined_by]
-        report.contested[name] = Contest(name, row.schedule, schedules.get(name), row.defined_by, host)
-        return True
+    def contest(name: str, row: ScheduleRow) -> None:
+        """Report ``row`` as contested if it is another running worker's definition."""
+        if row.defined_by in running and row.schedule is not None:  # unreadable: whoever reads it, fixes it
+            host = running[row.defined_by]
+            report.contested[name] = Contest(name, row.schedule, schedules.get(name), row.defined_by, host)
 
     for name, gone in existing.items():
         if name not in schedules and gone.schedule is not None and gone.schedule.task_name in registered_tasks:
-            if contest(name, gone):
-                continue
+            contest(name, gone)
             if jobs.cancel(store, gone.id, now, headers={stored.RETIRED_HEADER: True}):
                 report.retired.append(name)
             else:
@@ -524,8 +534,7 @@ def sync(
             elif holder == name:
                 report.busy.append(name)  # created by another worker meanwhile: compared on the next look
         elif row.schedule is None or row.schedule.definition() != schedule.definition():
-            if contest(name, row):
-                continue
+            contest(name, row)
             headers = message_headers(schedule, writer)
             if stored.update_schedule(
                 store, row.id, schedule.encode(), schedule.queue, schedule.first_fire(now), headers, row.payload

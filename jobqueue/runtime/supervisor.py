@@ -113,9 +113,7 @@ class Supervisor:
         self.next_burst_check = 0.0
         self.next_pending_retry = 0.0
         self.failing: set[str] = set()  # database work that failed for a reason retrying may not fix
-        # Changed in code, but held by a delivery, or defined otherwise by another running worker.
-        self.busy_schedules: set[str] = set()
-        self.contested_schedules: set[str] = set()  # the latter, warned of
+        self.busy_schedules: set[str] = set()  # changed in code, held by a delivery when we started
         self.keeper = periodic.Keeper(self.app.schedules, self.supervisor_id)
         self.respawn_at: dict[int, float] = {}
         self.quick_deaths: dict[int, int] = {}
@@ -229,7 +227,7 @@ class Supervisor:
             report.retired += again.retired
             report.busy = again.busy
             report.clashing = again.clashing
-            report.contested = again.contested
+            report.contested = {**again.contested, **report.contested}  # as this start found them first
         for kind in ("created", "updated", "retired"):
             names = getattr(report, kind)
             if names:
@@ -243,10 +241,15 @@ class Supervisor:
                 "schedules changed in code but busy being fired: %s; the change applies once they are free",
                 ", ".join(sorted(report.busy)),
             )
-        self._warn_of_contests(report)
+        # Applied all the same (every start applies its code's definitions), said once, at this start:
+        # while it runs, this worker looks again only at the busy ones, so two apps that share a
+        # schedule name take it from each other at their starts, not over and over.
+        for contest in sorted(report.contested.values(), key=lambda contest: contest.name):
+            logger.warning("%s", contest.message())
+        self.busy_schedules = set(report.busy)
         self.keeper.check(self.store, utcnow())  # the ids of the messages, to tell a retirement later
 
-    def _sync(self) -> periodic.SyncReport:
+    def _sync(self, only: set[str] | None = None) -> periodic.SyncReport:
         return periodic.sync(
             self.store,
             self.app.schedules,
@@ -254,16 +257,8 @@ class Supervisor:
             utcnow(),
             writer=self.supervisor_id,
             stale_seconds=self.settings.worker_stale_after,
+            only=only,
         )
-
-    def _warn_of_contests(self, report: periodic.SyncReport) -> None:
-        """Warn of the schedules another running worker defines otherwise (once each), and look at
-        them again, with the busy ones, until that worker has stopped."""
-        for name, contest in sorted(report.contested.items()):
-            if name not in self.contested_schedules:
-                logger.warning("%s", contest.message())
-        self.contested_schedules = set(report.contested)
-        self.busy_schedules = set(report.busy) | self.contested_schedules
 
     def _keep_schedules(self) -> None:
         """Create again the schedule messages deleted since the last look (see periodic.Keeper); an
@@ -294,11 +289,11 @@ class Supervisor:
             )
 
     def _sync_busy_schedules(self) -> None:
-        """Apply the changes (edits and removals) that found their schedule held at start, or defined
-        otherwise by another running worker, now that leases may have run out and that worker may
-        have stopped: the whole sync again, which leaves alone what matches the code."""
-        report = self._sync()
-        self._warn_of_contests(report)
+        """Apply the changes (edits and removals) that found their schedule held at start, now that
+        leases may have run out: the sync again, of those schedules only (the others are another
+        worker's to change at its start), which leaves alone what matches the code."""
+        report = self._sync(only=self.busy_schedules)
+        self.busy_schedules = set(report.busy)
         for kind in ("created", "updated", "retired"):
             names = getattr(report, kind)
             if names:

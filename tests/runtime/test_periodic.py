@@ -18,11 +18,13 @@ from tests.conftest import only
 from tests.runtime.harness import REPORTS, Worker, wait_for
 
 
-def fire_times(app: JobQueue) -> list[datetime]:
+def fire_times(app: JobQueue, *tasks: str) -> list[datetime]:
+    """The fire times of the jobs of ``tasks`` (of the every-second schedule's task by default)."""
     times = []
     with app.engine.connect() as conn:
         for table in (app.tables.message, app.tables.archive):
-            for (headers,) in conn.execute(sa.select(table.c.headers).where(table.c.task_name == "pd.tick")):
+            query = sa.select(table.c.headers).where(table.c.task_name.in_(tasks or ("pd.tick",)))
+            for (headers,) in conn.execute(query):
                 times.append(datetime.fromisoformat(headers["fire_time"]))
     return sorted(times)
 
@@ -381,62 +383,97 @@ def stored_schedule(app: JobQueue, name: str) -> periodic.Schedule | None:
     return None if row is None else row.schedule
 
 
-def test_two_apps_that_define_one_schedule_name_differently_do_not_reset_it_at_each_start(
+def definition(app: JobQueue, name: str = "pd.tick") -> tuple[str, str] | None:
+    """The stored definition of a schedule: (its task, its expression)."""
+    schedule = stored_schedule(app, name)
+    return None if schedule is None else (schedule.task_name, schedule.expression)
+
+
+def test_two_apps_that_define_one_schedule_name_differently_take_it_at_each_start_with_a_warning(
     db_url: str, tmp_path: Path
 ) -> None:
     """Two services on one database both define a schedule "pd.tick", every second and every two
-    seconds. Each start of the other used to reset it to its own definition, its next fire counted
-    from that start, without a word. Now a worker leaves alone the definition of another running
-    worker and warns, naming the schedule and both definitions; it applies its own once that worker
-    has stopped, once, and no start resets it."""
+    seconds. A worker start applies its own code's definition, as every start does, and warns,
+    naming the schedule, both definitions and the other worker; running workers never take it back
+    (no ping-pong while both run), and no fire time runs twice."""
     app = JobQueue(db_url)
     fast = ("--concurrency", "1", "--release-stuck-interval", "0.2")
     ours, other = "tests.apps.periodic:app", "tests.apps.periodic_other:app"
     started: list[Worker] = []
     try:
-        a1 = Worker(tmp_path, *fast, app=ours, name="a1")
+        a1 = Worker(tmp_path, *fast, "-Q", "default", app=ours, name="a1")
         started.append(a1)
         wait_for(lambda: len(fire_times(app)) >= 2, 30, "the first app's fires")
+        # The other app's start: its definition applies, with a warning naming both.
         b1 = Worker(tmp_path, *fast, "-Q", "other", app=other, name="b1")
         started.append(b1)
-        wait_for(lambda: "defined differently" in b1.text(), 30, "the other app's warning")
+        wait_for(lambda: "schedules updated: pd.tick" in b1.text(), 30, "the other app's start applying its own")
+        assert definition(app) == ("po.tick", "every 2 s")
         warning = next(line for line in b1.text().splitlines() if "defined differently" in line)
-        assert "schedule 'pd.tick'" in warning, warning
+        assert "schedule 'pd.tick' is defined differently by a running worker (supervisor " in warning, warning
         assert (
             "it has every 1 s (UTC) for task pd.tick, this app's code has every 2 s (UTC) for task po.tick" in warning
         )
-        assert "@app.periodic(name=...)" in warning
-        # More starts of both apps: none changes the schedule.
-        a2 = Worker(tmp_path, *fast, app=ours, name="a2")
-        b2 = Worker(tmp_path, *fast, "-Q", "other", app=other, name="b2")
-        started += [a2, b2]
-        wait_for(lambda: supervisors(app) == 4 and "defined differently" in b2.text(), 30, "all four started")
+        assert "This worker's start applies this code's definition" in warning
+        assert "that worker's next start will apply its own again" in warning and "@app.periodic(name=...)" in warning
+        wait_for(lambda: len(fire_times(app, "po.tick")) >= 2, 30, "the other app's fires")
+        time.sleep(1)  # five more looks of the first app's running worker: it does not take it back
+        assert definition(app) == ("po.tick", "every 2 s")
+        assert "schedules updated" not in a1.text() and "defined differently" not in a1.text()
+        # A new start of the first app: its definition again, and the other app's running worker
+        # leaves it so.
+        a2 = Worker(tmp_path, *fast, "-Q", "default", app=ours, name="a2")
+        started.append(a2)
+        wait_for(lambda: "schedules updated: pd.tick" in a2.text(), 30, "the first app's new start")
+        assert "it has every 2 s (UTC) for task po.tick, this app's code has every 1 s (UTC)" in a2.text()
         count = len(fire_times(app))
-        wait_for(lambda: len(fire_times(app)) >= count + 3, 30, "three more fires")
-        schedule = stored_schedule(app, "pd.tick")
-        assert schedule is not None and (schedule.task_name, schedule.every_seconds) == ("pd.tick", 1)
-        assert not any("schedules updated" in w.text() for w in started)
-        times = fire_times(app)
-        gaps = [(b - a).total_seconds() for a, b in zip(times, times[1:], strict=False)]
-        assert gaps and all(gap == 1.0 for gap in gaps), f"gaps between fire times: {gaps}"
-        # The worker that defined it stops: the other app's definition applies, once.
-        a1.signal(signal.SIGTERM)
-        assert a1.wait(30) == 0, a1.text()[-3000:]
-        wait_for(
-            lambda: getattr(stored_schedule(app, "pd.tick"), "task_name", None) == "po.tick",
-            10,
-            "the other app's definition once the first worker stopped",
-        )
-        time.sleep(1)  # five more looks of every worker: nobody takes it back
-        schedule = stored_schedule(app, "pd.tick")
-        assert schedule is not None and (schedule.task_name, schedule.every_seconds) == ("po.tick", 2)
-        updates = [line for w in started for line in w.text().splitlines() if "schedules updated: pd.tick" in line]
-        assert len(updates) == 1 and "schedules updated" not in a2.text(), updates
-        for worker in started[1:]:
+        wait_for(lambda: len(fire_times(app)) >= count + 3, 30, "three more fires of the first app's")
+        assert definition(app) == ("pd.tick", "every 1 s")
+        assert b1.text().count("schedules updated") == 1 and "schedules updated" not in a1.text()
+        assert all(w.text().count("defined differently") <= 1 for w in started)  # once, at start
+        for worker in started:
             worker.signal(signal.SIGTERM)
-        assert [w.wait(30) for w in started[1:]] == [0, 0, 0]
+        assert [w.wait(30) for w in started] == [0, 0, 0]
     finally:
         for worker in started:
             worker.close()
     assert len(schedule_messages(app)["pd.tick"]) == 1
+    times = fire_times(app, "pd.tick", "po.tick")
+    assert len(times) == len(set(times)), "two jobs for one fire time"
+    app.close()
+
+
+def test_a_worker_killed_and_restarted_at_once_with_an_edited_schedule_applies_it_at_that_start(
+    db_url: str, tmp_path: Path
+) -> None:
+    """A worker is SIGKILLed (its rows still beat as far as anyone can tell) and started again right
+    away with edited code: that start applies the edited schedule and retires the deleted one, as
+    every start does, rather than waiting for the killed worker's heartbeats to go stale."""
+    app = JobQueue(db_url)
+    fast = ("--concurrency", "1", "--release-stuck-interval", "0.2")
+    old = Worker(tmp_path, *fast, app="tests.apps.periodic:app", name="old")
+    new = None
+    try:
+        wait_for(lambda: len(fire_times(app)) >= 2, 30, "the first fires")
+        count = len(fire_times(app))
+        wait_for(lambda: len(fire_times(app)) > count, 10, "a fire, the next one a second away")
+        old.kill()
+        assert supervisors(app) == 1  # its worker rows are left, with fresh heartbeats
+        new = Worker(tmp_path, *fast, app="tests.apps.periodic_edited:app", name="new")
+        # The schedules are synced before the worker processes start: by then the edit is applied.
+        wait_for(lambda: "started worker process" in new.text(), 30, "the restarted worker's processes")
+        text = new.text()
+        assert "schedules updated: pd.tick" in text, text[-3000:]
+        assert "schedules retired: morning-report" in text, text[-3000:]
+        assert "busy being fired" not in text, text[-3000:]
+        assert definition(app) == ("pd.tick", "*/15 * * * *")
+        assert stored_schedule(app, "morning-report") is None
+        new.signal(signal.SIGTERM)
+        assert new.wait(30) == 0, new.text()[-3000:]
+    finally:
+        old.close()
+        if new is not None:
+            new.close()
+    times = fire_times(app)
+    assert len(times) == len(set(times)), "two jobs for one fire time"
     app.close()

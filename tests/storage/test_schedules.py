@@ -287,15 +287,18 @@ def register_supervisor(app: JobQueue, supervisor_id: str, heartbeat: datetime) 
     )
 
 
-def test_a_running_workers_definition_is_not_changed_by_another_app(db_url: str) -> None:
-    """Two apps define the schedule "report" differently: the second leaves the first's definition
-    alone while the first's worker beats, and applies its own once it has stopped."""
+def test_a_start_applies_its_definition_over_a_running_workers_and_says_so(db_url: str) -> None:
+    """Two apps define the schedule "report" differently: the second's start applies its own all the
+    same, as every start does, and reports the first's running worker and both definitions. A
+    worker's later look at only its busy schedules leaves it; starts that come together with a stale
+    view change it once."""
     first, second = make_app(db_url, every=10), make_app(db_url, every=60)
     with freeze_time(T0):
         assert periodic.sync(first.store, first.schedules, {"report"}, utcnow(), writer="a" * 32).created
         register_supervisor(first, "a" * 32, utcnow())
+        before = periodic.schedule_rows(first.store)["report"]
         report = periodic.sync(second.store, second.schedules, {"report"}, utcnow(), writer="b" * 32)
-        assert not report.updated and list(report.contested) == ["report"]
+        assert report.updated == ["report"] and list(report.contested) == ["report"]
         message = report.contested["report"].message()
         assert "schedule 'report' is defined differently by a running worker (supervisor aaaaaaaa on host web-2)" in (
             message
@@ -303,17 +306,33 @@ def test_a_running_workers_definition_is_not_changed_by_another_app(db_url: str)
         assert "it has every 10 s (UTC) for task report, this app's code has every 60 s (UTC) for task report" in (
             message
         )
-        assert periodic.schedule_rows(first.store)["report"].schedule == first.schedules["report"]
-        # Nor retired by an app that knows the task but not the schedule.
+        assert "This worker's start applies this code's definition" in message
+        assert "@app.periodic(name=...)" in message
+        row = periodic.schedule_rows(first.store)["report"]
+        assert row.schedule == second.schedules["report"] and row.defined_by == "b" * 32
+        # The first app's running worker looks again at its busy schedules only (none): left so.
+        report = periodic.sync(first.store, first.schedules, {"report"}, utcnow(), writer="a" * 32, only=set())
+        assert not report.updated and periodic.schedule_rows(first.store)["report"].schedule == row.schedule
+        # A start that read the definition before the second app changed it does not change it again.
+        assert not stored.update_schedule(
+            first.store,
+            row.id,
+            before.payload,
+            "default",
+            T0,
+            periodic.message_headers(before.schedule, "c"),
+            before.payload,
+        )
+        # Retired by an app that knows the task but not the schedule, with the same report.
+        register_supervisor(second, "b" * 32, utcnow())
         bare = JobQueue(db_url)
         bare.task(name="report")(lambda n: n)
         report = periodic.sync(bare.store, bare.schedules, {"report"}, utcnow(), writer="c" * 32)
-        assert not report.retired and "is not in this app's code" in report.contested["report"].message()
-        first.store.remove_workers([f"w-{'a' * 30}"])  # the first app's worker stopped
-        report = periodic.sync(second.store, second.schedules, {"report"}, utcnow(), writer="b" * 32)
-        assert report.updated == ["report"] and not report.contested
-    row = periodic.schedule_rows(first.store)["report"]
-    assert row.schedule == second.schedules["report"] and row.defined_by == "b" * 32
+        assert report.retired == ["report"]
+        message = report.contested["report"].message()
+        assert "is not in this app's code, but a running worker (supervisor bbbbbbbb on host web-2)" in message
+        assert "This worker's start retires it" in message
+    assert periodic.schedule_rows(first.store) == {}
     for each in (first, second, bare):
         each.close()
 
