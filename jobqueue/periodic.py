@@ -8,20 +8,21 @@ Times here are naive UTC, like everything stored; the math is pure and takes ``n
 Each schedule is one message (task ``jobqueue.schedule``, unique key = schedule name) that is never
 acked: firing it enqueues the real job and defers the message to the next fire time, in one fenced
 transaction (:func:`fire`). Workers create, update and retire the schedule messages when they start
-(:func:`sync`).
+(:func:`sync`), and create again those deleted while they run (:class:`Keeper`).
 """
 
 from __future__ import annotations
 
 import base64
+import difflib
 import json
 import logging
 import math
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError, available_timezones
 
 from cronsim import CronSim, CronSimError
 
@@ -36,7 +37,17 @@ if TYPE_CHECKING:
     from jobqueue.storage.store import Store
     from jobqueue.task import Task
 
-__all__ = ["SCHEDULE_TASK", "Schedule", "ScheduleRow", "SyncReport", "fire", "flow_columns", "schedule_rows", "sync"]
+__all__ = [
+    "SCHEDULE_TASK",
+    "Keeper",
+    "Schedule",
+    "ScheduleRow",
+    "SyncReport",
+    "fire",
+    "flow_columns",
+    "schedule_rows",
+    "sync",
+]
 
 logger = logging.getLogger("jobqueue.periodic")
 
@@ -62,13 +73,7 @@ class Schedule:
             raise ConfigurationError(f"schedule {self.name!r}: give cron= or every=, exactly one")
         if isinstance(self.timezone, ZoneInfo) and self.timezone.key:
             object.__setattr__(self, "timezone", self.timezone.key)  # stored by its name
-        try:
-            object.__setattr__(self, "tz", ZoneInfo(self.timezone))
-        except (ZoneInfoNotFoundError, ValueError, TypeError):  # TypeError: None, a number
-            raise ConfigurationError(
-                f"schedule {self.name!r}: unknown timezone {self.timezone!r}; use an IANA "
-                "name such as 'UTC' or 'Europe/Paris'"
-            ) from None
+        object.__setattr__(self, "tz", _zone(self.name, self.timezone))
         if self.cron is not None:
             if not isinstance(self.cron, str):
                 raise ConfigurationError(
@@ -211,6 +216,52 @@ class Schedule:
         return cls.from_definition(json.loads(payload))
 
 
+# Names the zoneinfo database offers that are not one place's time.
+_HOSTS_DISAGREE = "workers on hosts set differently would fire the schedule at different times"
+HOST_ZONES = {
+    "localtime": f"is a link to each host's own /etc/localtime: {_HOSTS_DISAGREE}",
+    "posixrules": f"holds each host's default rules for POSIX TZ strings: {_HOSTS_DISAGREE}",
+    "factory": "is the placeholder of a host whose timezone was never set, not a place",
+}
+# Directories of some hosts' zoneinfo database only (the tzdata package has neither): ``right/``
+# zones count leap seconds (their times are 27 s off), ``posix/`` ones repeat the plain names.
+HOST_ZONE_DIRECTORIES = ("posix/", "right/")
+_IANA_EXAMPLE = "an IANA name such as 'Europe/Paris', or 'UTC'"
+
+
+def _zone(name: str, zone: Any) -> ZoneInfo:
+    """The timezone of schedule ``name``, refused unless every worker, on any host, reads it the same."""
+    if isinstance(zone, ZoneInfo):  # one with no name: read from a file
+        raise ConfigurationError(f"schedule {name!r}: timezone {zone!r} has no name to store; give {_IANA_EXAMPLE}")
+    if isinstance(zone, str) and zone.lower() in HOST_ZONES:
+        raise ConfigurationError(
+            f"schedule {name!r}: timezone {zone!r} {HOST_ZONES[zone.lower()]}; give {_IANA_EXAMPLE}"
+        )
+    if isinstance(zone, str) and zone.startswith(HOST_ZONE_DIRECTORIES):
+        directory, plain = zone.split("/", 1)
+        why = ", and its zones count leap seconds (27 s off)" if directory == "right" else ""
+        raise ConfigurationError(
+            f"schedule {name!r}: timezone {zone!r} is in the {directory}/ directory, which only some hosts' "
+            f"zoneinfo database has{why}; give the plain IANA name {plain!r}"
+        )
+    try:
+        return ZoneInfo(zone)
+    except (ZoneInfoNotFoundError, ValueError, TypeError, IsADirectoryError):  # TypeError: None, a number
+        close = (
+            difflib.get_close_matches(zone, sorted(_place_zones()), n=1, cutoff=0.8) if isinstance(zone, str) else []
+        )
+        hint = f"did you mean {close[0]!r}? Give" if close else "give"
+        raise ConfigurationError(f"schedule {name!r}: unknown timezone {zone!r}; {hint} {_IANA_EXAMPLE}") from None
+
+
+def _place_zones() -> set[str]:
+    return {
+        zone
+        for zone in available_timezones()
+        if zone.lower() not in HOST_ZONES and not zone.startswith(HOST_ZONE_DIRECTORIES)
+    }
+
+
 def _utc(when: datetime) -> datetime:
     return when.astimezone(timezone.utc).replace(tzinfo=None)
 
@@ -277,6 +328,8 @@ class ScheduleRow:
     next_fire: datetime
     checkpoint: bytes | None
     schedule: Schedule | None  # None when the stored definition cannot be read
+    defined_by: str | None = None  # the supervisor that created it or last changed its definition
+    payload: bytes = b""  # the stored definition, as stored
 
 
 def schedule_rows(store: Store) -> dict[str, ScheduleRow]:
@@ -287,19 +340,26 @@ def schedule_rows(store: Store) -> dict[str, ScheduleRow]:
             schedule: Schedule | None = Schedule.decode(row.payload)
         except Exception:  # written by another version, or damaged: still listed, never fired
             schedule = None
-        rows[row.name] = ScheduleRow(row.id, row.name, row.state, row.next_fire, row.checkpoint, schedule)
+        rows[row.name] = ScheduleRow(
+            row.id, row.name, row.state, row.next_fire, row.checkpoint, schedule, row.defined_by, row.payload
+        )
     return rows
 
 
-def message_row(schedule: Schedule, first_fire: datetime, now: datetime) -> dict[str, Any]:
-    """The never-completing message that drives ``schedule``."""
+def message_headers(schedule: Schedule, writer: str | None) -> dict[str, Any]:
+    """A schedule message's headers: its schedule's name, and the supervisor that wrote its definition."""
+    return {"schedule": schedule.name, **({stored.WRITER_HEADER: writer} if writer else {})}
+
+
+def message_row(schedule: Schedule, first_fire: datetime, now: datetime, writer: str | None = None) -> dict[str, Any]:
+    """The never-completing message that drives ``schedule``, written by the supervisor ``writer``."""
     return {
         "task_name": SCHEDULE_TASK,
         "queue": schedule.queue,
         "priority": SCHEDULE_PRIORITY,
         "state": MessageState.PENDING.value,
         "payload": schedule.encode(),
-        "headers": {"schedule": schedule.name},
+        "headers": message_headers(schedule, writer),
         "unique_key": schedule.name,
         "partition_key": None,
         "options": None,
@@ -357,9 +417,13 @@ class SyncReport:
     created: list[str]
     updated: list[str]
     retired: list[str]
-    busy: list[str]  # held by a delivery (being fired, or by a dead worker until its lease runs out)
+    # Held by a delivery (being fired, or by a dead worker until its lease runs out), or changed by
+    # another worker meanwhile.
+    busy: list[str]
     # A schedule in code that the database takes for another one it holds: {name in code: name stored}.
     clashing: dict[str, str] = field(default_factory=dict)
+    # Schedules this code changes or retires that another running worker defined otherwise.
+    contested: dict[str, Contest] = field(default_factory=dict)
 
     def clash_message(self) -> str:
         return (
@@ -372,8 +436,51 @@ class SyncReport:
         )
 
 
-def sync(store: Store, schedules: dict[str, Schedule], registered_tasks: set[str], now: datetime) -> SyncReport:
-    """Make the schedule messages match the schedules in code.
+@dataclass(frozen=True)
+class Contest:
+    """A schedule defined one way by a running worker (``supervisor`` on ``host``), another way by this
+    code (``ours``: None where this code has no such schedule)."""
+
+    name: str
+    theirs: Schedule | None
+    ours: Schedule | None
+    supervisor: str
+    host: str
+
+    def message(self) -> str:
+        def said(schedule: Schedule | None) -> str:
+            if schedule is None:
+                return "no such schedule"
+            return f"{schedule.expression} ({schedule.timezone}) for task {schedule.task_name}"
+
+        other = f"a running worker (supervisor {self.supervisor[:8]} on host {self.host})"
+        rename = (
+            "If these are two different schedules (two apps on one database), give one of them another name with "
+            "@app.periodic(name=...): schedule names are shared by every app on the database"
+        )
+        if self.ours is None:
+            return (
+                f"schedule {self.name!r} ({said(self.theirs)}) is not in this app's code, but {other} defines it. "
+                "This worker's start retires it, as every worker start retires a schedule removed from its code; "
+                f"that worker's next start will create it again. {rename}"
+            )
+        return (
+            f"schedule {self.name!r} is defined differently by {other}: it has {said(self.theirs)}, this app's code "
+            f"has {said(self.ours)}. This worker's start applies this code's definition, as every worker start "
+            f"does; that worker's next start will apply its own again. {rename}"
+        )
+
+
+def sync(
+    store: Store,
+    schedules: dict[str, Schedule],
+    registered_tasks: set[str],
+    now: datetime,
+    writer: str | None = None,
+    stale_seconds: float = 30.0,
+    only: Collection[str] | None = None,
+) -> SyncReport:
+    """Make the schedule messages match the schedules in code, as supervisor ``writer``.
 
     A schedule removed from code is retired (archived as cancelled), but only if its task is
     registered here: an application that does not know a task does not get to retire that task's
@@ -381,19 +488,42 @@ def sync(store: Store, schedules: dict[str, Schedule], registered_tasks: set[str
     cron time), and a changed one gets its new definition and a next fire computed from now. Retiring
     first lets a schedule renamed only in case take the place of its old name on a database that
     compares names regardless of case.
+
+    Every worker start applies its code's definitions, so an edited schedule takes effect at the next
+    start. One whose definition another supervisor wrote while its worker processes still beat
+    (within ``stale_seconds``) is changed or retired all the same, and reported as contested: two
+    apps that define one schedule name differently take it from each other at each start, which
+    their operators should hear of. A change is a compare-and-set on the stored definition, so
+    workers that start together apply it once.
+
+    ``only`` limits the sync to those schedule names (a running worker looking again at the ones
+    that were busy when it started); None syncs them all.
     """
     report = SyncReport([], [], [], [])
     existing = schedule_rows(store)
+    if only is not None:
+        existing = {name: row for name, row in existing.items() if name in only}
+        schedules = {name: schedule for name, schedule in schedules.items() if name in only}
+    others = {row.defined_by for row in existing.values() if row.defined_by and row.defined_by != writer}
+    running = stored.running_supervisors(store, others, stale_seconds) if writer and others else {}
+
+    def contest(name: str, row: ScheduleRow) -> None:
+        """Report ``row`` as contested if it is another running worker's definition."""
+        if row.defined_by in running and row.schedule is not None:  # unreadable: whoever reads it, fixes it
+            host = running[row.defined_by]
+            report.contested[name] = Contest(name, row.schedule, schedules.get(name), row.defined_by, host)
+
     for name, gone in existing.items():
         if name not in schedules and gone.schedule is not None and gone.schedule.task_name in registered_tasks:
-            if jobs.cancel(store, gone.id, now):
+            contest(name, gone)
+            if jobs.cancel(store, gone.id, now, headers={stored.RETIRED_HEADER: True}):
                 report.retired.append(name)
             else:
                 report.busy.append(name)
     for name, schedule in schedules.items():
         row = existing.get(name)
         if row is None:
-            if stored.insert_schedule(store, message_row(schedule, schedule.first_fire(now), now)):
+            if stored.insert_schedule(store, message_row(schedule, schedule.first_fire(now), now, writer)):
                 report.created.append(name)
                 continue
             holder = stored.schedule_holding(store, name)
@@ -401,9 +531,52 @@ def sync(store: Store, schedules: dict[str, Schedule], registered_tasks: set[str
                 report.busy.append(name)  # its old spelling, retired once its lease runs out
             elif holder is not None and holder != name:
                 report.clashing[name] = holder
+            elif holder == name:
+                report.busy.append(name)  # created by another worker meanwhile: compared on the next look
         elif row.schedule is None or row.schedule.definition() != schedule.definition():
-            if stored.update_schedule(store, row.id, schedule.encode(), schedule.queue, schedule.first_fire(now)):
+            contest(name, row)
+            headers = message_headers(schedule, writer)
+            if stored.update_schedule(
+                store, row.id, schedule.encode(), schedule.queue, schedule.first_fire(now), headers, row.payload
+            ):
                 report.updated.append(name)
             else:
                 report.busy.append(name)
     return report
+
+
+@dataclass
+class Keeper:
+    """Keeps the schedule messages of an app's schedules while its worker runs.
+
+    A schedule message deleted (a ``DELETE`` by hand, ``jobqueue jobs cancel``, a message failed as
+    unreadable) is created again, its first fire counted from then, as when a worker first creates
+    it: fire times that came due while it was missing are not made up. One retired by another worker,
+    whose code no longer defines the schedule (a newer release rolling out), stays retired: the
+    worker has the last word. Each check looks the schedules up by name on the unique index, so it
+    costs the same whatever the backlog; any number of workers may run it at once, the unique index
+    lets one of them create each message.
+    """
+
+    schedules: dict[str, Schedule]
+    writer: str | None = None  # the supervisor that runs it
+    seen: dict[str, int] = field(default_factory=dict)  # name: id of its message when last seen
+    retired: set[str] = field(default_factory=set)  # retired by another worker since this one started
+
+    def check(self, store: Store, now: datetime) -> tuple[list[str], list[str]]:
+        """Create the missing schedule messages; (those created, those newly found retired)."""
+        found = stored.schedule_ids(store, self.schedules)
+        self.retired -= found.keys()  # created again (by a worker of a release that has it again)
+        missing = [name for name in self.schedules if name not in found and name not in self.retired]
+        gone = {name: self.seen[name] for name in missing if name in self.seen}
+        retired = stored.retired_schedules(store, gone) if gone else set()
+        self.retired |= retired
+        created = []
+        for name in missing:
+            schedule = self.schedules[name]
+            if name not in retired and stored.insert_schedule(
+                store, message_row(schedule, schedule.first_fire(now), now, self.writer)
+            ):
+                created.append(name)
+        self.seen = found
+        return created, sorted(retired)

@@ -114,6 +114,7 @@ class Supervisor:
         self.next_pending_retry = 0.0
         self.failing: set[str] = set()  # database work that failed for a reason retrying may not fix
         self.busy_schedules: set[str] = set()  # changed in code, held by a delivery when we started
+        self.keeper = periodic.Keeper(self.app.schedules, self.supervisor_id)
         self.respawn_at: dict[int, float] = {}
         self.quick_deaths: dict[int, int] = {}
         self.done_by_dead = 0
@@ -214,18 +215,19 @@ class Supervisor:
 
     def _sync_schedules(self) -> None:
         """Create, update and retire schedule messages to match the code (before any child forks)."""
-        report = periodic.sync(self.store, self.app.schedules, set(self.app.registry), utcnow())
+        report = self._sync()
         for _ in range(SCHEDULE_SYNC_RETRIES):
             if not report.busy:
                 break
             time.sleep(0.2)  # a schedule being fired right now: its change waits a moment
             # The whole sync again (what matches the code is left alone): a removal waits too.
-            again = periodic.sync(self.store, self.app.schedules, set(self.app.registry), utcnow())
+            again = self._sync()
             report.created += again.created
             report.updated += again.updated
             report.retired += again.retired
             report.busy = again.busy
             report.clashing = again.clashing
+            report.contested = {**again.contested, **report.contested}  # as this start found them first
         for kind in ("created", "updated", "retired"):
             names = getattr(report, kind)
             if names:
@@ -239,12 +241,58 @@ class Supervisor:
                 "schedules changed in code but busy being fired: %s; the change applies once they are free",
                 ", ".join(sorted(report.busy)),
             )
+        # Applied all the same (every start applies its code's definitions), said once, at this start:
+        # while it runs, this worker looks again only at the busy ones, so two apps that share a
+        # schedule name take it from each other at their starts, not over and over.
+        for contest in sorted(report.contested.values(), key=lambda contest: contest.name):
+            logger.warning("%s", contest.message())
         self.busy_schedules = set(report.busy)
+        self.keeper.check(self.store, utcnow())  # the ids of the messages, to tell a retirement later
+
+    def _sync(self, only: set[str] | None = None) -> periodic.SyncReport:
+        return periodic.sync(
+            self.store,
+            self.app.schedules,
+            set(self.app.registry),
+            utcnow(),
+            writer=self.supervisor_id,
+            stale_seconds=self.settings.worker_stale_after,
+            only=only,
+        )
+
+    def _keep_schedules(self) -> None:
+        """Create again the schedule messages deleted since the last look (see periodic.Keeper); an
+        error is logged once until a look succeeds again."""
+        what = "look for deleted schedule messages"
+        try:
+            ok, found = self.guard.try_once(lambda: self.keeper.check(self.store, utcnow()))
+        except Exception:
+            if what not in self.failing:
+                logger.exception("could not %s; trying again every %s s", what, self.settings.release_stuck_interval)
+            self.failing.add(what)
+            return
+        self.failing.discard(what)
+        if not ok or found is None:
+            return
+        created, retired = found
+        if created:
+            logger.warning(
+                "schedule messages were missing (deleted or cancelled by hand?), created again: %s; their next "
+                "fires count from now. A schedule stops for good when it is removed from the code",
+                ", ".join(created),
+            )
+        if retired:
+            logger.info(
+                "schedules retired by a worker whose code no longer defines them: %s; this worker leaves them "
+                "retired (a release that defines them again creates them when its workers start)",
+                ", ".join(retired),
+            )
 
     def _sync_busy_schedules(self) -> None:
         """Apply the changes (edits and removals) that found their schedule held at start, now that
-        leases may have run out: the whole sync again, which leaves alone what matches the code."""
-        report = periodic.sync(self.store, self.app.schedules, set(self.app.registry), utcnow())
+        leases may have run out: the sync again, of those schedules only (the others are another
+        worker's to change at its start), which leaves alone what matches the code."""
+        report = self._sync(only=self.busy_schedules)
         self.busy_schedules = set(report.busy)
         for kind in ("created", "updated", "retired"):
             names = getattr(report, kind)
@@ -645,6 +693,8 @@ class Supervisor:
                 self._tidy(now)
             if self.busy_schedules:
                 self.guard.try_once(self._sync_busy_schedules)
+            if self.app.schedules and not self.stopping:
+                self._keep_schedules()
             if ok:
                 self.next_release = now + self.settings.release_stuck_interval
 

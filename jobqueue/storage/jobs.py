@@ -64,8 +64,9 @@ def archived_job(store: Store, job_id: int) -> ArchivedJob | None:
     )
 
 
-def cancel(store: Store, job_id: int, now: datetime | None = None) -> bool:
-    """Archive a PENDING or RETRYABLE job as CANCELLED; False if it is running or gone."""
+def cancel(store: Store, job_id: int, now: datetime | None = None, headers: dict[str, Any] | None = None) -> bool:
+    """Archive a PENDING or RETRYABLE job as CANCELLED (with ``headers`` added to its own); False if
+    it is running or gone."""
     now = now or utcnow()
     m, a = store.tables.message, store.tables.archive
     columns = message_archive_columns(store.tables)
@@ -84,6 +85,8 @@ def cancel(store: Store, job_id: int, now: datetime | None = None) -> bool:
         conn.execute(sa.delete(m).where(m.c.id == job_id))
         archived: dict[str, Any] = dict(row)
         archived.update(state=MessageState.CANCELLED.value, finished_at=now, archived_at=now)
+        if headers:
+            archived["headers"] = {**(row["headers"] if isinstance(row["headers"], dict) else {}), **headers}
         conn.execute(sa.insert(a), archived)
     return True
 

@@ -6,6 +6,7 @@ are only the rows.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -25,19 +26,100 @@ class StoredSchedule:
     next_fire: datetime
     checkpoint: bytes | None
     payload: bytes  # the schedule's definition, as jobqueue.periodic encodes it
+    defined_by: str | None  # the supervisor that created it or last changed its definition
 
 
 def schedule_messages(store: Store) -> list[StoredSchedule]:
-    """The active schedule messages."""
+    """The active schedule messages (an index range, whatever the number of other messages)."""
     m = store.tables.message
-    stmt = sa.select(m.c.id, m.c.unique_key, m.c.state, m.c.next_attempt_at, m.c.checkpoint, m.c.payload).where(
-        m.c.task_name == SCHEDULE_TASK
+    stmt = sa.select(
+        m.c.id, m.c.unique_key, m.c.state, m.c.next_attempt_at, m.c.checkpoint, m.c.payload, m.c.headers
+    ).where(
+        # Every schedule message has a unique key: saying so lets PostgreSQL and SQLite read the
+        # schedule messages off the unique index (partial: keyed messages only), not the whole table.
+        m.c.task_name == SCHEDULE_TASK,
+        m.c.unique_key.isnot(None),
     )
     with store.reading() as conn:
         return [
-            StoredSchedule(row.id, row.unique_key, row.state, row.next_attempt_at, row.checkpoint, row.payload)
+            StoredSchedule(
+                row.id,
+                row.unique_key,
+                row.state,
+                row.next_attempt_at,
+                row.checkpoint,
+                row.payload,
+                _writer(row.headers),
+            )
             for row in conn.execute(stmt)
         ]
+
+
+def _writer(headers: Any) -> str | None:
+    writer = headers.get(WRITER_HEADER) if isinstance(headers, dict) else None
+    return writer if isinstance(writer, str) else None
+
+
+def running_supervisors(store: Store, supervisor_ids: Collection[str], stale_seconds: float) -> dict[str, str]:
+    """Those of ``supervisor_ids`` whose worker processes still beat (within ``stale_seconds``), with
+    their host's name."""
+    w = store.tables.worker
+    wanted = sorted(supervisor_ids)
+    found: dict[str, str] = {}
+    with store.reading() as conn:
+        for start in range(0, len(wanted), LOOKUP_PAGE):
+            stmt = sa.select(w.c.supervisor_id, w.c.hostname).where(
+                w.c.supervisor_id.in_(wanted[start : start + LOOKUP_PAGE]),
+                w.c.heartbeat_at >= store.dialect.clock_plus(),
+            )
+            for row in conn.execute(stmt, store.lease_clock_binds(-stale_seconds)):
+                found[str(row.supervisor_id)] = str(row.hostname)
+    return found
+
+
+# Names (or ids) per statement: an IN list far below every database's limit on bound parameters.
+LOOKUP_PAGE = 500
+
+# The header that tells a schedule message a worker retired (its schedule gone from its code) from
+# one cancelled or deleted by hand.
+RETIRED_HEADER = "retired"
+# The header that names the supervisor that created a schedule message or last changed its definition.
+WRITER_HEADER = "defined_by"
+
+
+def schedule_ids(store: Store, names: Collection[str]) -> dict[str, int]:
+    """The ids of the active schedule messages named ``names``, by name: lookups of the unique index
+    by name, whatever the number of other messages."""
+    m = store.tables.message
+    wanted = sorted(names)
+    found: dict[str, int] = {}
+    with store.reading() as conn:
+        for start in range(0, len(wanted), LOOKUP_PAGE):
+            stmt = sa.select(m.c.unique_key, m.c.id).where(
+                m.c.task_name == SCHEDULE_TASK, m.c.unique_key.in_(wanted[start : start + LOOKUP_PAGE])
+            )
+            found.update({str(row.unique_key): int(row.id) for row in conn.execute(stmt)})
+    return found
+
+
+def retired_schedules(store: Store, messages: dict[str, int]) -> set[str]:
+    """Which of the schedule messages ``messages`` ({name: id}), now gone from the message table, a
+    worker retired (rather than someone deleting or cancelling them): lookups of the archive by id."""
+    a = store.tables.archive
+    by_id = {message_id: name for name, message_id in messages.items()}
+    ids = sorted(by_id)
+    retired: set[str] = set()
+    with store.reading() as conn:
+        for start in range(0, len(ids), LOOKUP_PAGE):
+            stmt = sa.select(a.c.id, a.c.unique_key, a.c.headers).where(
+                a.c.id.in_(ids[start : start + LOOKUP_PAGE]), a.c.task_name == SCHEDULE_TASK
+            )
+            for row in conn.execute(stmt):
+                # The same schedule (an archived job can share a waiting message's id on MySQL).
+                if by_id.get(row.id) == row.unique_key and isinstance(row.headers, dict):
+                    if row.headers.get(RETIRED_HEADER):
+                        retired.add(str(row.unique_key))
+    return retired
 
 
 def insert_schedule(store: Store, row: dict[str, Any]) -> bool:
@@ -57,13 +139,23 @@ def schedule_holding(store: Store, name: str) -> str | None:
     return None if found is None else str(found)
 
 
-def update_schedule(store: Store, row_id: int, payload: bytes, queue: str, next_fire: datetime) -> bool:
-    """Store a changed definition and its new next fire; False while a worker is firing it."""
+def update_schedule(
+    store: Store,
+    row_id: int,
+    payload: bytes,
+    queue: str,
+    next_fire: datetime,
+    headers: dict[str, Any],
+    was: bytes,
+) -> bool:
+    """Store a changed definition, its new next fire and ``headers`` in place of the definition
+    ``was``; False while a worker is firing it, or once another worker has changed it (workers that
+    start together change it once, not each in turn)."""
     m = store.tables.message
     stmt = (
         sa.update(m)
-        .where(m.c.id == row_id, m.c.state.in_(READY_LITERALS))
-        .values(payload=payload, queue=queue, next_attempt_at=next_fire)
+        .where(m.c.id == row_id, m.c.state.in_(READY_LITERALS), m.c.payload == was)
+        .values(payload=payload, queue=queue, next_attempt_at=next_fire, headers=headers)
     )
     with store.writing() as conn:
         return bool(conn.execute(stmt).rowcount)

@@ -410,6 +410,10 @@ class Store:
             now = utcnow()
         return LeaseClock(now, seconds)
 
+    def lease_clock_binds(self, seconds: float, now: datetime | None = None) -> dict[str, Any]:
+        """The binds of ``dialect.clock_plus()``: the lease clock's time plus ``seconds``."""
+        return self._lease_clock(seconds, now).binds()
+
     def lease_clock_now(self) -> datetime:
         """The lease clock's time: this host's where leases are stamped by it (SQLite), else the
         database server's, read by a query."""

@@ -18,11 +18,13 @@ from tests.conftest import only
 from tests.runtime.harness import REPORTS, Worker, wait_for
 
 
-def fire_times(app: JobQueue) -> list[datetime]:
+def fire_times(app: JobQueue, *tasks: str) -> list[datetime]:
+    """The fire times of the jobs of ``tasks`` (of the every-second schedule's task by default)."""
     times = []
     with app.engine.connect() as conn:
         for table in (app.tables.message, app.tables.archive):
-            for (headers,) in conn.execute(sa.select(table.c.headers).where(table.c.task_name == "pd.tick")):
+            query = sa.select(table.c.headers).where(table.c.task_name.in_(tasks or ("pd.tick",)))
+            for (headers,) in conn.execute(query):
                 times.append(datetime.fromisoformat(headers["fire_time"]))
     return sorted(times)
 
@@ -275,3 +277,203 @@ def test_jobs_show_of_a_schedule_message_shows_the_schedule_and_its_arguments(db
     assert 'kwargs       {"kind": "daily"}' in shown, shown
     detail = json.loads(jobqueue("jobs", "show", str(report["id"]), "--json", app="tests.apps.periodic:app").stdout)
     assert detail["kwargs"] == {"kind": "daily"} and detail["schedule"]["expression"] == "0 7 * * *"
+
+
+def schedule_messages(app: JobQueue) -> dict[str, list[int]]:
+    """The ids of the active schedule messages, by schedule name (every row, duplicates included)."""
+    m = app.tables.message
+    found: dict[str, list[int]] = {}
+    with app.engine.connect() as conn:
+        for name, message_id in conn.execute(
+            sa.select(m.c.unique_key, m.c.id).where(m.c.task_name == periodic.SCHEDULE_TASK).order_by(m.c.id)
+        ):
+            found.setdefault(name, []).append(message_id)
+    return found
+
+
+def test_schedule_messages_deleted_by_hand_come_back_once_under_two_supervisors(
+    db_url: str, backend: str, tmp_path: Path
+) -> None:
+    """An operator DELETEs one schedule message and cancels the other with `jobqueue jobs cancel`,
+    while two supervisors run: each comes back within the maintenance interval, created by one of
+    them only, with its fires counted from then (no catch-up), and the every-second schedule fires
+    on. Before, both stayed gone until a worker restarted: the schedules silently never fired."""
+    app = JobQueue(db_url)
+    interval = ("--concurrency", "1", "--release-stuck-interval", "0.5")
+    supervisors = [Worker(tmp_path, *interval, app="tests.apps.periodic:app", name=f"sup{i}") for i in range(2)]
+    try:
+        wait_for(lambda: len(fire_times(app)) >= 2, 30, "the first fires")
+        before = schedule_messages(app)
+        assert set(before) == {"pd.tick", "morning-report"}
+        m = app.tables.message
+        with app.engine.begin() as conn:
+            conn.execute(sa.delete(m).where(m.c.id == before["pd.tick"][0]))
+        deleted = time.monotonic()
+        jobqueue("jobs", "cancel", str(before["morning-report"][0]), app="tests.apps.periodic:app")
+        wait_for(lambda: set(schedule_messages(app)) == set(before), 10, "both schedule messages created again")
+        took = time.monotonic() - deleted
+        after = schedule_messages(app)
+        assert all(len(ids) == 1 for ids in after.values()), after
+        assert after["pd.tick"] != before["pd.tick"] and after["morning-report"] != before["morning-report"]
+        count = len(fire_times(app))
+        wait_for(lambda: len(fire_times(app)) >= count + 2, 30, "the every-second schedule firing again")
+        for supervisor in supervisors:
+            supervisor.signal(signal.SIGTERM)
+        assert [s.wait(30) for s in supervisors] == [0, 0]
+    finally:
+        for supervisor in supervisors:
+            supervisor.close()
+    assert schedule_messages(app) == after  # nothing created twice meanwhile
+    times = fire_times(app)
+    assert len(times) == len(set(times)), "two jobs for one fire time"
+    logs = "".join(s.text() for s in supervisors)
+    created = [
+        name
+        for line in logs.splitlines()
+        if "created again: " in line
+        for name in line.split("created again: ", 1)[1].split(";")[0].split(", ")
+    ]
+    assert sorted(created) == ["morning-report", "pd.tick"], logs[-3000:]
+    assert "missed its fires" not in logs  # counted from now: no catch-up run
+    assert schedule_state(app)[0] == "PENDING"
+    REPORTS.append(f"periodic keeper[{backend}]: 2 schedule messages deleted by hand, back in {took:.1f} s, once each")
+    app.close()
+
+
+def test_a_schedule_retired_by_a_newer_release_is_not_created_again_by_an_older_worker(
+    db_url: str, tmp_path: Path
+) -> None:
+    """A rolling deploy: once the old release's worker that created the schedules has stopped, the new
+    release's worker retires the one its code no longer has while another worker of the old release
+    still runs. That one leaves it retired, rather than bringing it back for as long as it runs (and
+    past it: nothing would retire it again)."""
+    app = JobQueue(db_url)
+    fast = ("--concurrency", "1", "--release-stuck-interval", "0.2")
+    first = Worker(tmp_path, *fast, app="tests.apps.periodic:app", name="first")
+    old = None
+    try:
+        wait_for(lambda: "schedules created" in first.text(), 30, "the old release creating the schedules")
+        old = Worker(tmp_path, *fast, app="tests.apps.periodic:app", name="old")
+        wait_for(lambda: supervisors(app) == 2, 30, "the second worker of the old release")
+        first.signal(signal.SIGTERM)
+        assert first.wait(30) == 0, first.text()[-3000:]
+        run = jobqueue("worker", "--burst", "--concurrency", "1", app="tests.apps.periodic_edited:app")
+        assert "schedules retired: morning-report" in run.stderr, run.stderr[-3000:]
+        wait_for(lambda: "leaves them retired" in old.text(), 10, "the old worker to see the retirement")
+        assert set(schedule_messages(app)) == {"pd.tick"}
+        assert "created again" not in old.text()
+        old.signal(signal.SIGTERM)
+        assert old.wait(30) == 0, old.text()[-3000:]
+    finally:
+        first.close()
+        if old is not None:
+            old.close()
+    app.close()
+
+
+def supervisors(app: JobQueue) -> int:
+    """How many supervisors have worker processes registered."""
+    w = app.tables.worker
+    with app.engine.connect() as conn:
+        return len(set(conn.execute(sa.select(w.c.supervisor_id)).scalars()))
+
+
+def stored_schedule(app: JobQueue, name: str) -> periodic.Schedule | None:
+    row = periodic.schedule_rows(app.store).get(name)
+    return None if row is None else row.schedule
+
+
+def definition(app: JobQueue, name: str = "pd.tick") -> tuple[str, str] | None:
+    """The stored definition of a schedule: (its task, its expression)."""
+    schedule = stored_schedule(app, name)
+    return None if schedule is None else (schedule.task_name, schedule.expression)
+
+
+def test_two_apps_that_define_one_schedule_name_differently_take_it_at_each_start_with_a_warning(
+    db_url: str, tmp_path: Path
+) -> None:
+    """Two services on one database both define a schedule "pd.tick", every second and every two
+    seconds. A worker start applies its own code's definition, as every start does, and warns,
+    naming the schedule, both definitions and the other worker; running workers never take it back
+    (no ping-pong while both run), and no fire time runs twice."""
+    app = JobQueue(db_url)
+    fast = ("--concurrency", "1", "--release-stuck-interval", "0.2")
+    ours, other = "tests.apps.periodic:app", "tests.apps.periodic_other:app"
+    started: list[Worker] = []
+    try:
+        a1 = Worker(tmp_path, *fast, "-Q", "default", app=ours, name="a1")
+        started.append(a1)
+        wait_for(lambda: len(fire_times(app)) >= 2, 30, "the first app's fires")
+        # The other app's start: its definition applies, with a warning naming both.
+        b1 = Worker(tmp_path, *fast, "-Q", "other", app=other, name="b1")
+        started.append(b1)
+        wait_for(lambda: "schedules updated: pd.tick" in b1.text(), 30, "the other app's start applying its own")
+        assert definition(app) == ("po.tick", "every 2 s")
+        warning = next(line for line in b1.text().splitlines() if "defined differently" in line)
+        assert "schedule 'pd.tick' is defined differently by a running worker (supervisor " in warning, warning
+        assert (
+            "it has every 1 s (UTC) for task pd.tick, this app's code has every 2 s (UTC) for task po.tick" in warning
+        )
+        assert "This worker's start applies this code's definition" in warning
+        assert "that worker's next start will apply its own again" in warning and "@app.periodic(name=...)" in warning
+        wait_for(lambda: len(fire_times(app, "po.tick")) >= 2, 30, "the other app's fires")
+        time.sleep(1)  # five more looks of the first app's running worker: it does not take it back
+        assert definition(app) == ("po.tick", "every 2 s")
+        assert "schedules updated" not in a1.text() and "defined differently" not in a1.text()
+        # A new start of the first app: its definition again, and the other app's running worker
+        # leaves it so.
+        a2 = Worker(tmp_path, *fast, "-Q", "default", app=ours, name="a2")
+        started.append(a2)
+        wait_for(lambda: "schedules updated: pd.tick" in a2.text(), 30, "the first app's new start")
+        assert "it has every 2 s (UTC) for task po.tick, this app's code has every 1 s (UTC)" in a2.text()
+        count = len(fire_times(app))
+        wait_for(lambda: len(fire_times(app)) >= count + 3, 30, "three more fires of the first app's")
+        assert definition(app) == ("pd.tick", "every 1 s")
+        assert b1.text().count("schedules updated") == 1 and "schedules updated" not in a1.text()
+        assert all(w.text().count("defined differently") <= 1 for w in started)  # once, at start
+        for worker in started:
+            worker.signal(signal.SIGTERM)
+        assert [w.wait(30) for w in started] == [0, 0, 0]
+    finally:
+        for worker in started:
+            worker.close()
+    assert len(schedule_messages(app)["pd.tick"]) == 1
+    times = fire_times(app, "pd.tick", "po.tick")
+    assert len(times) == len(set(times)), "two jobs for one fire time"
+    app.close()
+
+
+def test_a_worker_killed_and_restarted_at_once_with_an_edited_schedule_applies_it_at_that_start(
+    db_url: str, tmp_path: Path
+) -> None:
+    """A worker is SIGKILLed (its rows still beat as far as anyone can tell) and started again right
+    away with edited code: that start applies the edited schedule and retires the deleted one, as
+    every start does, rather than waiting for the killed worker's heartbeats to go stale."""
+    app = JobQueue(db_url)
+    fast = ("--concurrency", "1", "--release-stuck-interval", "0.2")
+    old = Worker(tmp_path, *fast, app="tests.apps.periodic:app", name="old")
+    new = None
+    try:
+        wait_for(lambda: len(fire_times(app)) >= 2, 30, "the first fires")
+        count = len(fire_times(app))
+        wait_for(lambda: len(fire_times(app)) > count, 10, "a fire, the next one a second away")
+        old.kill()
+        assert supervisors(app) == 1  # its worker rows are left, with fresh heartbeats
+        new = Worker(tmp_path, *fast, app="tests.apps.periodic_edited:app", name="new")
+        # The schedules are synced before the worker processes start: by then the edit is applied.
+        wait_for(lambda: "started worker process" in new.text(), 30, "the restarted worker's processes")
+        text = new.text()
+        assert "schedules updated: pd.tick" in text, text[-3000:]
+        assert "schedules retired: morning-report" in text, text[-3000:]
+        assert "busy being fired" not in text, text[-3000:]
+        assert definition(app) == ("pd.tick", "*/15 * * * *")
+        assert stored_schedule(app, "morning-report") is None
+        new.signal(signal.SIGTERM)
+        assert new.wait(30) == 0, new.text()[-3000:]
+    finally:
+        old.close()
+        if new is not None:
+            new.close()
+    times = fire_times(app)
+    assert len(times) == len(set(times)), "two jobs for one fire time"
+    app.close()

@@ -12,6 +12,8 @@ from jobqueue import JobQueue, periodic
 from jobqueue.clock import utcnow
 from jobqueue.periodic import SCHEDULE_TASK
 from jobqueue.runtime.executor import Executor, StoreDeliveryWriter
+from jobqueue.storage import jobs
+from jobqueue.storage import schedules as stored
 from tests.storage.test_lifecycle import WORKER, run_due
 
 T0 = datetime(2030, 6, 1, 12, 0, 0)
@@ -227,4 +229,131 @@ def test_a_catch_up_in_the_repeated_hour_of_a_dst_change_is_one_run(db_url: str)
             run_due(app, now=utcnow())
     assert [r["headers"]["fire_time"] for r in jobs_of(app)] == ["2026-10-25T00:30:00"]  # 02:30 CEST
     assert periodic.schedule_rows(app.store)["report"].next_fire == datetime(2026, 10, 26, 1, 30)  # 02:30 CET
+    app.close()
+
+
+def test_the_keeper_creates_deleted_schedule_messages_again_once(db_url: str) -> None:
+    """Deleted (by a DELETE or by `jobs cancel`), a schedule message comes back at the next look of
+    any keeper, once however many look, its first fire counted from then."""
+    app = make_app(db_url)
+    keepers = [periodic.Keeper(app.schedules, f"supervisor{i}") for i in range(2)]
+    with freeze_time(T0) as clock:
+        sync(app)
+        assert all(keeper.check(app.store, utcnow()) == ([], []) for keeper in keepers)
+        first = periodic.schedule_rows(app.store)["report"].id
+        m = app.tables.message
+        with app.engine.begin() as conn:
+            conn.execute(sa.delete(m).where(m.c.id == first))
+        clock.tick(3)
+        assert [keeper.check(app.store, utcnow()) for keeper in keepers] == [(["report"], []), ([], [])]
+        row = periodic.schedule_rows(app.store)["report"]
+        assert row.id != first and row.next_fire == T0 + timedelta(seconds=13) and row.defined_by == "supervisor0"
+        assert jobs.cancel(app.store, row.id)  # as `jobqueue jobs cancel` does
+        assert keepers[1].check(app.store, utcnow()) == (["report"], [])
+    assert len(periodic.schedule_rows(app.store)) == 1
+    app.close()
+
+
+def test_the_keeper_leaves_retired_a_schedule_a_worker_retired(db_url: str) -> None:
+    app = make_app(db_url)
+    newer = JobQueue(db_url)
+    newer.task(name="report")(lambda n: n)  # the task without its schedule: a newer release
+    keeper = periodic.Keeper(app.schedules, "older")
+    with freeze_time(T0):
+        sync(app)
+        keeper.check(app.store, utcnow())
+        assert periodic.sync(newer.store, newer.schedules, set(newer.registry), utcnow()).retired == ["report"]
+        assert keeper.check(app.store, utcnow()) == ([], ["report"])
+        assert keeper.check(app.store, utcnow()) == ([], [])  # said once
+        assert periodic.schedule_rows(app.store) == {}
+        sync(app)  # a worker of a release that has it again, starting
+        assert keeper.check(app.store, utcnow()) == ([], []) and not keeper.retired
+    for each in (app, newer):
+        each.close()
+
+
+def register_supervisor(app: JobQueue, supervisor_id: str, heartbeat: datetime) -> None:
+    app.store.register_worker(
+        {
+            "id": f"w-{supervisor_id[:30]}",
+            "supervisor_id": supervisor_id,
+            "hostname": "web-2",
+            "pid": 1,
+            "queues": None,
+            "started_at": heartbeat,
+            "heartbeat_at": heartbeat,
+            "version": "test",
+        }
+    )
+
+
+def test_a_start_applies_its_definition_over_a_running_workers_and_says_so(db_url: str) -> None:
+    """Two apps define the schedule "report" differently: the second's start applies its own all the
+    same, as every start does, and reports the first's running worker and both definitions. A
+    worker's later look at only its busy schedules leaves it; starts that come together with a stale
+    view change it once."""
+    first, second = make_app(db_url, every=10), make_app(db_url, every=60)
+    with freeze_time(T0):
+        assert periodic.sync(first.store, first.schedules, {"report"}, utcnow(), writer="a" * 32).created
+        register_supervisor(first, "a" * 32, utcnow())
+        before = periodic.schedule_rows(first.store)["report"]
+        report = periodic.sync(second.store, second.schedules, {"report"}, utcnow(), writer="b" * 32)
+        assert report.updated == ["report"] and list(report.contested) == ["report"]
+        message = report.contested["report"].message()
+        assert "schedule 'report' is defined differently by a running worker (supervisor aaaaaaaa on host web-2)" in (
+            message
+        )
+        assert "it has every 10 s (UTC) for task report, this app's code has every 60 s (UTC) for task report" in (
+            message
+        )
+        assert "This worker's start applies this code's definition" in message
+        assert "@app.periodic(name=...)" in message
+        row = periodic.schedule_rows(first.store)["report"]
+        assert row.schedule == second.schedules["report"] and row.defined_by == "b" * 32
+        # The first app's running worker looks again at its busy schedules only (none): left so.
+        report = periodic.sync(first.store, first.schedules, {"report"}, utcnow(), writer="a" * 32, only=set())
+        assert not report.updated and periodic.schedule_rows(first.store)["report"].schedule == row.schedule
+        # A start that read the definition before the second app changed it does not change it again.
+        assert not stored.update_schedule(
+            first.store,
+            row.id,
+            before.payload,
+            "default",
+            T0,
+            periodic.message_headers(before.schedule, "c"),
+            before.payload,
+        )
+        # Retired by an app that knows the task but not the schedule, with the same report.
+        register_supervisor(second, "b" * 32, utcnow())
+        bare = JobQueue(db_url)
+        bare.task(name="report")(lambda n: n)
+        report = periodic.sync(bare.store, bare.schedules, {"report"}, utcnow(), writer="c" * 32)
+        assert report.retired == ["report"]
+        message = report.contested["report"].message()
+        assert "is not in this app's code, but a running worker (supervisor bbbbbbbb on host web-2)" in message
+        assert "This worker's start retires it" in message
+    assert periodic.schedule_rows(first.store) == {}
+    for each in (first, second, bare):
+        each.close()
+
+
+def test_schedule_messages_are_read_off_the_unique_index(db_url: str, backend: str) -> None:
+    """Syncing and keeping the schedules costs the same whatever the backlog: no full scan. (MySQL has
+    no partial indexes: its unique index serves task_name alone.)"""
+    app = make_app(db_url)
+    m = app.tables.message
+    if backend == "mysql":
+        pytest.skip("no partial indexes on MySQL")
+    with app.engine.connect() as conn:
+        if backend == "postgresql":
+            conn.execute(sa.text("SET enable_seqscan = off"))  # a usable index is used, even on an empty table
+        for stmt in (
+            sa.select(m.c.id).where(m.c.task_name == SCHEDULE_TASK, m.c.unique_key.isnot(None)),
+            sa.select(m.c.id).where(m.c.task_name == SCHEDULE_TASK, m.c.unique_key.in_(["a", "b"])),
+        ):
+            sql = str(stmt.compile(conn, compile_kwargs={"literal_binds": True}))
+            explain = "EXPLAIN QUERY PLAN " if backend == "sqlite" else "EXPLAIN "
+            plan = " ".join(str(row) for row in conn.execute(sa.text(explain + sql)))
+            assert f"{app.tables.prefix}message_unique" in plan, plan
+    assert stored.schedule_ids(app.store, ["report"]) == {}
     app.close()

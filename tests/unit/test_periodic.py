@@ -105,6 +105,17 @@ def test_catch_up_after_a_very_long_outage_finds_the_latest_fire(expression: str
         ({"cron": "* * * * *", "timezone": "Mars/Olympus"}, "unknown timezone"),
         ({"cron": "* * * * *", "timezone": None}, "unknown timezone None"),  # a bare TypeError before
         ({"cron": "* * * * *", "timezone": 2}, "unknown timezone 2"),
+        ({"cron": "* * * * *", "timezone": "Europe/Pari"}, "did you mean 'Europe/Paris'"),
+        # Each host's own zone: workers on hosts set differently would disagree on the fire times.
+        ({"cron": "0 9 * * *", "timezone": "localtime"}, "'localtime' is a link to each host's own /etc/localtime"),
+        ({"every_seconds": 60, "timezone": "localtime"}, "give an IANA name such as 'Europe/Paris', or 'UTC'"),
+        ({"cron": "0 9 * * *", "timezone": "posixrules"}, "each host's default rules"),
+        ({"cron": "0 9 * * *", "timezone": "Factory"}, "never set, not a place; give an IANA name"),
+        (
+            {"cron": "0 9 * * *", "timezone": "right/Europe/Paris"},
+            "leap seconds.*give the plain IANA name 'Europe/Paris'",
+        ),
+        ({"cron": "0 9 * * *", "timezone": "posix/Europe/Paris"}, "give the plain IANA name 'Europe/Paris'"),
         ({"cron": "* * * * *", "every_seconds": 5}, "exactly one"),
         ({}, "exactly one"),
         ({"every_seconds": 0}, "positive"),
@@ -129,6 +140,21 @@ def test_a_zoneinfo_is_taken_by_its_name() -> None:
     schedule = Schedule(name="s", task_name="t", cron="0 9 * * *", timezone=ZoneInfo("Europe/Paris"))  # type: ignore[arg-type]
     assert schedule.timezone == "Europe/Paris"
     assert Schedule.decode(schedule.encode()) == schedule
+
+
+def test_the_hosts_own_zone_is_refused_at_import() -> None:
+    """By name, or as a ZoneInfo read from a file (it has no name: stored, it would mean nothing)."""
+    app = JobQueue()
+
+    @app.task(name="t")
+    def t() -> None: ...
+
+    with open("/usr/share/zoneinfo/Europe/Paris", "rb") as file:
+        from_file = ZoneInfo.from_file(file)
+    for zone in ("localtime", from_file):
+        with pytest.raises(ConfigurationError, match="give an IANA name such as 'Europe/Paris', or 'UTC'"):
+            app.periodic(cron="0 9 * * *", timezone=zone)(t)
+    assert not app.schedules
 
 
 def test_stored_definition_round_trips() -> None:
