@@ -107,6 +107,7 @@ class MySQLDialect(Dialect):
     default_port = 3306
     lock_flow_keys_as_found = False  # a sorted SELECT ... FOR UPDATE locks every row it reads
     snapshot_reads = True
+    distinct_keys_by_group = True
     one_statement_insert = False  # a new row whose id an archived job has is moved to a fresh one
 
     @classmethod
