@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 # where the next one goes on, so that a queue of a million keys (one partition per job, say) costs
 # each sweep a few hundred milliseconds of index probes, not seconds.
 WALK_PAGE = 500
-WALK_MOST = 50_000
+WALK_MOST = 20_000
 
 
 @dataclass(frozen=True)
