@@ -23,6 +23,7 @@ from jobqueue.clock import utcnow
 from jobqueue.errors import ConfigurationError, SchemaError
 from jobqueue.flow import RATE_MEMORY_SECONDS
 from jobqueue.job import SCHEDULE_TASK, Batch, Message, MessageState, Outcome
+from jobqueue.storage import flowkeys
 from jobqueue.storage.dialects import dialect_for
 from jobqueue.storage.dialects.base import PRIORITY_LEVELS_PROBED
 from jobqueue.storage.dialects.common import (
@@ -541,6 +542,12 @@ class Store:
             # keeps its key (the rows are locked now, so no enqueue of them can be half done).
             gone = sa.delete(f).where(f.c.flow_key.in_(keys), *idle)
             return int(conn.execute(gone, binds).rowcount)
+
+    def restore_missing_flow_keys(self, after: str | None = None, most: int = flowkeys.WALK_MOST) -> flowkeys.Restored:
+        """Add back the flow rows that keys with jobs lack (deleted by hand): without its row, no
+        worker acquires a key's jobs. Walks ``most`` keys at most, one index probe each, from the
+        one after ``after``; the result says where the next call goes on."""
+        return flowkeys.restore_missing(self, after, most)
 
     def has_work(self, queues: tuple[str, ...] | None, horizon: datetime) -> bool:
         """True while the queues hold a message PROCESSING or due before ``horizon`` (for --burst).

@@ -19,6 +19,11 @@ from jobqueue.storage.store import Store
 
 # How many keys `jobqueue status` lists, the most waiting jobs first.
 STATUS_KEYS = 20
+# Why the jobs of a key without a flow row wait: workers find keyed jobs through their key's row.
+NO_ROW = (
+    "no row in the flow table (deleted by hand?), so no worker takes its jobs; "
+    "a running `jobqueue worker` adds the row back at its sweep of flow keys, once a minute"
+)
 
 
 @dataclass(frozen=True)
@@ -42,6 +47,7 @@ def explain(store: Store, rows: Iterable[dict[str, Any]]) -> dict[int, Wait]:
     heads: dict[str, Any] = {}
     running: dict[str, int] = {}
     next_start: dict[str, datetime] = {}
+    with_row: set[str] = set()
     with store.reading() as conn:
         now = store.database_now(conn)
         for chunk in _chunks(partition_keys):
@@ -66,12 +72,11 @@ def explain(store: Store, rows: Iterable[dict[str, Any]]) -> dict[int, Wait]:
                 .group_by(spelled.c.n)
             )
             running.update({chunk[n]: count for n, count in conn.execute(counted).all()})
-            starts = (
-                sa.select(spelled.c.n, f.c.next_start_at)
-                .join(f, f.c.flow_key == spelled.c.key)
-                .where(f.c.next_start_at > now)
-            )
-            next_start.update({chunk[n]: at for n, at in conn.execute(starts).all()})
+            rows_of_keys = sa.select(spelled.c.n, f.c.next_start_at).join(f, f.c.flow_key == spelled.c.key)
+            for n, at in conn.execute(rows_of_keys).all():
+                with_row.add(chunk[n])
+                if at is not None and at > now:
+                    next_start[chunk[n]] = at
     found: dict[int, Wait] = {}
     for row in rows:
         head = heads.get(row.get("partition_key") or "")
@@ -91,8 +96,13 @@ def explain(store: Store, rows: Iterable[dict[str, Any]]) -> dict[int, Wait]:
             "limit": row.get("concurrency_limit"),
             "next_start_at": next_start.get(key),
         }
-        reason = _flow_reason(flow) if row["state"].upper() in READY_STATES else None
-        found[row["id"]] = Wait(f"key {key!r} is {reason}" if reason else None, flow=flow)
+        reason = None
+        if row["state"].upper() in READY_STATES:
+            if key not in with_row:
+                reason = f"key {key!r} has {NO_ROW}"
+            elif (held := _flow_reason(flow)) is not None:
+                reason = f"key {key!r} is {held}"
+        found[row["id"]] = Wait(reason, flow=flow)
     return found
 
 
@@ -139,7 +149,8 @@ def _flow_reason(flow: dict[str, Any]) -> str | None:
 
 def blocked_keys(store: Store, most: int = STATUS_KEYS) -> list[dict[str, Any]]:
     """Keys with jobs ready to run that a key holds back, the most waiting first: partitions
-    behind their oldest job, flow keys at their concurrency limit or spaced by their rate."""
+    behind their oldest job, flow keys at their concurrency limit, spaced by their rate or without
+    their row in the flow table."""
     m, f = store.tables.message, store.tables.flow
     with store.reading() as conn:
         now = store.database_now(conn)
@@ -160,10 +171,11 @@ def blocked_keys(store: Store, most: int = STATUS_KEYS) -> list[dict[str, Any]]:
                 sa.func.sum(sa.case((m.c.state == PROCESSING, 1), else_=0)),
                 sa.func.max(m.c.concurrency_limit),
                 f.c.next_start_at,
+                f.c.flow_key.label("row_key"),
             )
             .join(f, f.c.flow_key == m.c.flow_key, isouter=True)
             .where(m.c.flow_key.isnot(None))
-            .group_by(m.c.flow_key, f.c.next_start_at)
+            .group_by(m.c.flow_key, f.c.next_start_at, f.c.flow_key)
             .having(count_due > 0)
             .order_by(count_due.desc(), m.c.flow_key)
         ).all()
@@ -195,14 +207,14 @@ def blocked_keys(store: Store, most: int = STATUS_KEYS) -> list[dict[str, Any]]:
         for key, oldest, waiting in held
         if oldest in heads
     ]
-    for key, ready, running, limit, next_start_at in flows:
+    for key, ready, running, limit, next_start_at, row_key in flows:
         flow = {
             "key": key,
             "running": int(running),
             "limit": limit,
             "next_start_at": next_start_at if next_start_at is not None and next_start_at > now else None,
         }
-        reason = _flow_reason(flow)
+        reason = NO_ROW if row_key is None else _flow_reason(flow)
         if reason is not None:
             found.append({"kind": "flow", "key": key, "waiting": int(ready), "reason": reason})
     found.sort(key=lambda entry: -entry["waiting"])

@@ -203,6 +203,26 @@ def test_a_burst_ends_while_a_partition_waits_behind_a_retrying_job(
     assert (head.status(), behind.status(), other.status()) == ("retryable", "pending", "completed")
 
 
+def test_a_burst_runs_the_jobs_of_keys_whose_flow_rows_were_deleted(
+    app: JobQueue, tmp_path: Path, workers: list[Worker]
+) -> None:
+    """Every flow row deleted by hand: no fetch found those keys' jobs, and --burst waited for them
+    forever. The worker adds the rows back, runs the jobs within their keys' limits (a partition's
+    in order) and ends."""
+    limited = [rt.limited.delay(n) for n in range(3)]
+    rated = [rt.rated.delay(n) for n in range(3)]
+    ordered = [rt.ordered.apply_async(("acct", n), partition_key="acct") for n in range(3)]
+    tenants = [rt.tenant.delay(f"t{n}", 0) for n in range(3)]
+    with app.engine.begin() as conn:
+        conn.execute(sa.delete(app.tables.flow))
+    worker = start(workers, tmp_path, "--burst", "--concurrency", "2")
+    assert worker.wait(60) == 0, worker.text()[-3000:]
+    assert {h.status() for h in limited + rated + ordered + tenants} == {"completed"}
+    assert "had jobs but no row in the flow table" in worker.text()
+    runs = partition_runs(tmp_path / "runs.txt")
+    assert [seq for event, _, _, _, key, seq in runs if event == "start" and key == "acct"] == [0, 1, 2]
+
+
 def test_a_flooded_key_does_not_starve_the_others(
     app: JobQueue, backend: str, tmp_path: Path, workers: list[Worker]
 ) -> None:

@@ -15,7 +15,7 @@ from jobqueue.clock import utcnow
 from jobqueue.errors import ConfigurationError
 from jobqueue.job import Message, MessageState, OutcomeKind
 from jobqueue.runtime.holdings import hand_back
-from jobqueue.storage import deadletter, waiting
+from jobqueue.storage import deadletter, flowkeys, waiting
 from tests.conftest import only
 from tests.storage.test_store import outcome, rows
 
@@ -184,27 +184,126 @@ def test_keys_without_jobs_are_forgotten_once_quiet_and_come_back_with_their_nex
     assert flow_keys(app) == {"busy", "done"}
 
 
-def test_a_key_being_enqueued_in_an_open_transaction_is_not_forgotten(app: JobQueue) -> None:
-    """The sweep runs while a transaction has enqueued a job of a quiet key and not committed."""
+@pytest.mark.parametrize("first", ["enqueue", "sweep"])
+def test_a_key_swept_while_a_job_of_it_is_enqueued_keeps_its_row(app: JobQueue, backend: str, first: str) -> None:
+    """The sweep forgets a quiet key while an application's transaction enqueues a job of it, at
+    the isolation applications run in (MariaDB: REPEATABLE READ, the server's and SQLAlchemy's
+    default), in a transaction that read before it enqueued. Whichever takes the key's row first,
+    the key has its row once the job is committed, and the job is acquired."""
 
     @app.task(name="t.tenant", concurrency_key=lambda tenant: tenant)
     def work(tenant: str) -> None: ...
 
-    (first,) = take(app) if work.delay("quiet") else []
-    app.store.flush([outcome(first)])
+    (done,) = take(app) if work.delay("quiet") else []
+    app.store.flush([outcome(done)])
     later = utcnow() + timedelta(minutes=2)
     swept: list[int] = []
-    with app.store.engine.connect() as conn:
-        with conn.begin():
-            handle = work.apply_async(("quiet",), connection=conn)
+    handles: list[Any] = []
+    sweep_locked, enqueued, go_on = threading.Event(), threading.Event(), threading.Event()
+
+    def sweep() -> None:
+        swept.append(app.store.forget_idle_flow_keys(60, now=later))
+
+    def enqueue() -> None:
+        with app.store.engine.connect() as conn:
+            if backend == "mysql":
+                conn = conn.execution_options(isolation_level="REPEATABLE READ")
+            with conn.begin():
+                conn.execute(sa.select(sa.func.count()).select_from(app.tables.message)).scalar()
+                handles.append(work.apply_async(("quiet",), connection=conn))
+                enqueued.set()
+                go_on.wait(30)  # a long transaction: it goes on after its enqueue
+
+    def pause_before_delete(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        # The sweep has found the key idle and locked its row; it deletes it once told to.
+        if threading.current_thread() is sweeper and statement.lstrip().upper().startswith("DELETE"):
+            sweep_locked.set()
+            go_on.wait(30)
+
+    sweeper = threading.Thread(target=sweep)
+    enqueuer = threading.Thread(target=enqueue)
+    sa.event.listen(app.store.engine, "before_cursor_execute", pause_before_delete)
+    try:
+        if first == "sweep":
+            sweeper.start()
+            assert sweep_locked.wait(10)
+            enqueuer.start()
+            enqueuer.join(timeout=0.5)
+            assert not enqueued.is_set()  # the enqueue waits for the row the sweep holds
+        else:
+            enqueuer.start()
+            assert enqueued.wait(10)
             # SQLite: the sweep waits for the write lock; the others skip the held row.
-            sweeper = threading.Thread(target=lambda: swept.append(app.store.forget_idle_flow_keys(60, now=later)))
             sweeper.start()
             sweeper.join(timeout=0.5)
+        go_on.set()
         sweeper.join(timeout=30)
-    assert swept == [0]
+        enqueuer.join(timeout=30)
+    finally:
+        go_on.set()
+        sa.event.remove(app.store.engine, "before_cursor_execute", pause_before_delete)
+    assert swept == ([1] if first == "sweep" else [0])  # first: the row had no job when it was locked
     assert flow_keys(app) == {"quiet"}
-    assert [m.id for m in take(app)] == [handle.id]
+    assert [m.id for m in take(app)] == [handles[0].id]
+
+
+def test_the_jobs_of_a_key_whose_flow_row_was_deleted_get_it_back(app: JobQueue, add) -> None:
+    """Flow rows deleted by hand: no fetch takes their keys' jobs (a fetch finds keys through their
+    rows) while --burst counts them as work, so it waited forever, and jobs list and status said
+    nothing. They say why now, and the rows come back, the keys' limits with them."""
+
+    @app.task(name="t.api", concurrency_key="partner", concurrency_limit=1)
+    def api(n: int) -> None: ...
+
+    @app.task(name="t.mail", rate_limit="1/h")
+    def mail(n: int) -> None: ...
+
+    limited = [api.delay(n) for n in range(2)]
+    rated = [mail.delay(n) for n in range(3)]
+    ordered = [add.apply_async((n, 0), partition_key="acct") for n in range(2)]
+    kept = add.apply_async((9, 9), partition_key="kept")
+    f = app.tables.flow
+    with app.engine.begin() as conn:
+        conn.execute(sa.delete(f).where(f.c.flow_key != "partition:kept"))
+    assert [m.id for m in take(app)] == [kept.id]
+    assert take(app) == []
+    assert app.store.has_work(None, utcnow() + timedelta(seconds=5))
+    reasons = waiting.explain(app.store, rows(app))
+    assert (reasons[limited[1].id].reason or "").startswith("key 'partner' has no row in the flow table")
+    assert (reasons[ordered[0].id].reason or "").startswith("key 'partition:acct' has no row in the flow table")
+    held = {entry["key"]: entry for entry in waiting.blocked_keys(app.store)}
+    assert held["task:t.mail"]["waiting"] == 3 and held["task:t.mail"]["reason"].startswith("no row in the flow")
+
+    restored = app.store.restore_missing_flow_keys()
+    assert sorted(restored.keys) == ["partition:acct", "partner", "task:t.mail"]
+    assert restored.resume_after is None
+    assert flow_keys(app) == {"partition:acct", "partition:kept", "partner", "task:t.mail"}
+    assert not [entry for entry in waiting.blocked_keys(app.store) if "no row" in entry["reason"]]
+    # Each key within its limits: one job of 'partner' (a limit of 1), two of the rate (a start and
+    # its slack), the partition's run in its order.
+    got = [m.id for m in take(app)]
+    assert sorted(got) == sorted([limited[0].id, rated[0].id, rated[1].id, ordered[0].id, ordered[1].id])
+    assert got.index(ordered[0].id) < got.index(ordered[1].id)
+    assert take(app) == []
+    assert app.store.restore_missing_flow_keys().keys == []
+
+
+def test_the_look_for_keys_without_a_row_goes_on_where_it_stopped(app: JobQueue, add) -> None:
+    """Each look walks a bounded number of keys, in pages, and says where the next one goes on."""
+    for n in range(12):
+        add.apply_async((n, 0), partition_key=f"k{n:02d}")
+    f = app.tables.flow
+    lost = ["partition:k03", "partition:k07", "partition:k11"]
+    with app.engine.begin() as conn:
+        conn.execute(sa.delete(f).where(f.c.flow_key.in_(lost)))
+    first = flowkeys.restore_missing(app.store, most=5, page=2)
+    assert (first.keys, first.resume_after) == (["partition:k03"], "partition:k04")
+    second = flowkeys.restore_missing(app.store, first.resume_after, most=5, page=2)
+    assert (second.keys, second.resume_after) == (["partition:k07"], "partition:k09")
+    third = flowkeys.restore_missing(app.store, second.resume_after, most=5, page=2)
+    assert (third.keys, third.resume_after) == (["partition:k11"], None)  # past the last key
+    assert flow_keys(app) == {f"partition:k{n:02d}" for n in range(12)}
+    assert len(take(app)) == 12
 
 
 def test_a_partition_is_acquired_by_the_run_of_its_oldest_ready_jobs(app: JobQueue, add) -> None:

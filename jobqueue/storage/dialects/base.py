@@ -75,6 +75,10 @@ class Dialect(Connector):
     # SELECT ... FOR UPDATE locks every row it reads before LIMIT applies (MariaDB): one worker's
     # fetch would lock every key with work, and the others would find none.
     lock_flow_keys_as_found = True
+    # Whether the distinct keys of an index are best read by GROUP BY, which skips from one key to
+    # the next (MariaDB's loose index scan), rather than by a recursive query that probes the index
+    # once per key (MariaDB's correlated probe in one walked the index from its start instead).
+    distinct_keys_by_group = False
     # A plain SELECT in a caller's transaction reads the snapshot of its first read (REPEATABLE
     # READ, MySQL's and MariaDB's default), where a locking read sees what has committed since.
     snapshot_reads = False

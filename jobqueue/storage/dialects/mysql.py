@@ -111,6 +111,7 @@ class MySQLDialect(Dialect):
     # key would read through a backlog of keyed ones. The flow keys' index leads with the key,
     # and jobs without one are its range of NULLs, in delivery order.
     unkeyed_index = "flow_ready"
+    distinct_keys_by_group = True
     one_statement_insert = False  # a new row whose id an archived job has is moved to a fresh one
 
     @classmethod
