@@ -172,6 +172,24 @@ def test_a_queues_option_that_names_no_queue_is_refused_not_read_as_every_queue(
     assert "processes on" not in result.stderr  # refused before starting
 
 
+@pytest.mark.parametrize(
+    "args, fragment",
+    [
+        (("-c", "10000"), "concurrency must be at most 1024 worker processes per supervisor, got 10000"),
+        (("--concurrency", "1025"), "run more supervisors"),
+        (("--fetch-batch-size", "20000"), "fetch_batch_size must be at most 10000"),
+    ],
+)
+def test_a_worker_option_out_of_range_is_a_usage_error_before_anything_starts(
+    db_url: str, args: tuple[str, ...], fragment: str
+) -> None:
+    """A typo such as -c 10000 forked ten thousand worker processes."""
+    result = jobqueue("worker", "--burst", *args, check=False)
+    assert result.returncode == 2, result.stderr
+    assert fragment in result.stderr and "Traceback" not in result.stderr, result.stderr
+    assert "processes on" not in result.stderr and "started worker process" not in result.stderr
+
+
 def test_worker_refuses_a_listen_url_it_cannot_use(db_url: str, backend: str) -> None:
     """Before it touches the database: the option is checked against the database it serves."""
     given: tuple[str, ...] = ()
