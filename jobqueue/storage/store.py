@@ -181,10 +181,11 @@ class Store:
                 yield conn
 
     # -- enqueue -----------------------------------------------------------------------------------
-    def enqueue(self, rows: list[dict[str, Any]], connection: Any = None) -> list[int]:
+    def enqueue(self, rows: list[dict[str, Any]], connection: Any = None, found: list[int] | None = None) -> list[int]:
         """Insert message rows and return their ids in input order.
 
-        Rows with a ``unique_key`` return the id of the active message holding that key, if any.
+        Rows with a ``unique_key`` return the id of the active message holding that key, if any;
+        the indexes of those rows (nothing inserted for them) are appended to ``found``.
         """
         if connection is None and len(rows) == 1:
             row = rows[0]
@@ -207,7 +208,9 @@ class Store:
                     ids[i] = new_id
             for i, row in enumerate(rows):
                 if row.get("unique_key") is not None:
-                    ids[i] = self.dialect.insert_or_existing(conn, row)
+                    ids[i], inserted = self.dialect.insert_keyed(conn, row)
+                    if not inserted and found is not None:
+                        found.append(i)
         return ids
 
     def enqueue_batch(self, batch: Batch, connection: Any = None) -> list[int]:
@@ -215,7 +218,9 @@ class Store:
         with self.writing(connection) as conn:
             return self._insert_batch(conn, batch)
 
-    def _insert_batch(self, conn: sa.Connection, batch: Batch) -> list[int]:
+    def _insert_batch(
+        self, conn: sa.Connection, batch: Batch, found: list[int] | None = None, start: int = 0
+    ) -> list[int]:
         ids: list[int] = [0] * len(batch)
         self.dialect.bulk_holding_flow_key(conn, batch)
         plain = [i for i, key in enumerate(batch.unique_keys) if key is None]
@@ -224,15 +229,20 @@ class Store:
                 ids[i] = new_id
         for i, key in enumerate(batch.unique_keys):
             if key is not None:
-                ids[i] = self.dialect.insert_or_existing(conn, batch.row(i))
+                ids[i], inserted = self.dialect.insert_keyed(conn, batch.row(i))
+                if not inserted and found is not None:
+                    found.append(start + i)
         return ids
 
-    def enqueue_bulk(self, batch: Batch, batch_size: int, connection: Any = None) -> list[int]:
+    def enqueue_bulk(
+        self, batch: Batch, batch_size: int, connection: Any = None, found: list[int] | None = None
+    ) -> list[int]:
         """Insert a whole bulk() all or nothing, ``batch_size`` rows a round trip; ids in order.
 
         Outside the caller's transaction the dialect runs it in one of its own (PostgreSQL streams
         one COPY, serializing each payload as it is read); otherwise every payload is serialized
-        first, so that a bad item writes nothing.
+        first, so that a bad item writes nothing. The indexes of keyed rows that found an active
+        job holding their key (and inserted nothing) are appended to ``found``.
         """
         if connection is None and not any(key is not None for key in batch.unique_keys):
             with self.schema_errors():
@@ -242,9 +252,8 @@ class Store:
         with self.writing(connection) as conn:
             for start in range(0, len(payloads), batch_size):
                 end = start + batch_size
-                ids.extend(
-                    self._insert_batch(conn, Batch(batch.common, payloads[start:end], batch.unique_keys[start:end]))
-                )
+                part = Batch(batch.common, payloads[start:end], batch.unique_keys[start:end])
+                ids.extend(self._insert_batch(conn, part, found, start))
         return ids
 
     def enqueue_new(self, batch: Batch) -> int:

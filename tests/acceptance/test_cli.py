@@ -96,6 +96,23 @@ def test_enqueue_from_the_command_line(app: JobQueue) -> None:
     assert app.job(job["id"]).get(timeout=5) == 42
 
 
+def test_enqueue_with_a_unique_key_already_held_names_that_job_and_adds_none(app: JobQueue) -> None:
+    """It printed "enqueued" as if a row had been made."""
+    first = jobqueue("enqueue", "basic.add", "--args", "[1, 2]", "--unique-key", "K")
+    assert first.stdout.startswith("enqueued job ")
+    job_id = int(first.stdout.split()[2])
+    again = jobqueue("enqueue", "basic.add", "--args", "[3, 4]", "--unique-key", "K")
+    assert again.returncode == 0  # as apply_async, which returns the job: no failure, nothing added
+    assert "enqueued job" not in again.stdout, again.stdout
+    assert f"job {job_id} (basic.add) with unique key 'K' already exists" in again.stdout, again.stdout
+    assert "nothing was enqueued" in again.stdout
+    as_json = json.loads(jobqueue("enqueue", "basic.add", "--args", "[5, 6]", "--unique-key", "K", "--json").stdout)
+    assert as_json == {"id": job_id, "task": "basic.add", "status": "pending", "existing": True}
+    other = json.loads(jobqueue("enqueue", "basic.add", "--args", "[5, 6]", "--unique-key", "L", "--json").stdout)
+    assert other["existing"] is False and other["id"] != job_id
+    assert count(app, "message") == 2
+
+
 @pytest.mark.parametrize(
     "args, fragment",
     [

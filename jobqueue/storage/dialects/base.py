@@ -501,15 +501,20 @@ class Dialect(Connector):
 
     def insert_or_existing(self, connection: sa.Connection, row: dict[str, Any]) -> int:
         """Insert ``row`` or return the id of the active message holding its (task_name, unique_key)."""
+        return self.insert_keyed(connection, row)[0]
+
+    def insert_keyed(self, connection: sa.Connection, row: dict[str, Any]) -> tuple[int, bool]:
+        """Insert ``row`` and return (its id, True), or (the id of the active message holding its
+        (task_name, unique_key), False) when one does."""
         m = self.message
         existing = sa.select(m.c.id).where(m.c.task_name == row["task_name"], m.c.unique_key == row["unique_key"])
         for _ in range(UNIQUE_RETRIES):
             new_id = self.insert_unique(connection, row)
             if new_id is not None:
-                return new_id
+                return new_id, True
             found = connection.execute(existing).scalar()
             if found is not None:
-                return int(found)
+                return int(found), False
             # The holder was archived between our insert and our select: try again.
         raise RuntimeError(f"could not enqueue unique key {row['unique_key']!r} after {UNIQUE_RETRIES} tries")
 
