@@ -105,6 +105,19 @@ class Store:
         """ "contention", "outage", or None for an error that retrying cannot fix."""
         return self.dialect.classify(exc)
 
+    def explain(self, exc: BaseException) -> str | None:
+        """What a write refused or a statement cancelled means, and its fix (None: nothing to add)."""
+        try:
+            return self.dialect.explain(exc)
+        except Exception:  # the explanation asks the server, which may not answer: the error says enough
+            return None
+
+    def check_workable(self) -> None:
+        """Raise ConfigurationError, naming the cause and its fix, where a worker could never do
+        its work: a SQLite file this process may not write, a statement time limit too short for
+        any statement."""
+        self.dialect.check_workable()
+
     @contextmanager
     def schema_errors(self) -> Iterator[None]:
         """Turn "table missing" driver errors into a SchemaError naming the fix."""
@@ -112,6 +125,19 @@ class Store:
             yield
         except sa.exc.DBAPIError as exc:
             self._raise_if_missing_tables(exc)
+            raise
+
+    @contextmanager
+    def enqueue_errors(self) -> Iterator[None]:
+        """For an enqueue: a database this process may not write (a read-only SQLite file) is a
+        ConfigurationError naming the file and the fix. The worker runtime instead waits for the
+        permissions to come back (the dialect classifies the error as READ_ONLY)."""
+        try:
+            yield
+        except sa.exc.DBAPIError as exc:
+            unwritable = self.dialect.unwritable(exc)
+            if unwritable:
+                raise ConfigurationError(unwritable) from exc
             raise
 
     def _raise_if_missing_tables(self, exc: sa.exc.DBAPIError) -> None:
@@ -191,12 +217,19 @@ class Store:
             row = rows[0]
             if row.get("unique_key") is None and row.get("flow_key") is None:
                 # Every delay() outside a transaction: no context manager on the way (schema_errors'
-                # work, inlined), this path being a few microseconds of Python in all.
+                # and enqueue_errors' work, inlined), this path being a few microseconds of Python in all.
                 try:
                     return [self.dialect.enqueue_one(row)]
                 except sa.exc.DBAPIError as exc:
                     self._raise_if_missing_tables(exc)
+                    unwritable = self.dialect.unwritable(exc)
+                    if unwritable:
+                        raise ConfigurationError(unwritable) from exc
                     raise
+        with self.enqueue_errors():
+            return self._enqueue(rows, connection, found)
+
+    def _enqueue(self, rows: list[dict[str, Any]], connection: Any, found: list[int] | None) -> list[int]:
         flow_keys = {row["flow_key"] for row in rows if row.get("flow_key") is not None}
         ids: list[int] = [0] * len(rows)
         with self.writing(connection) as conn:
@@ -215,7 +248,7 @@ class Store:
 
     def enqueue_batch(self, batch: Batch, connection: Any = None) -> list[int]:
         """Insert a batch (one round trip for its unkeyed rows) and return the ids in order."""
-        with self.writing(connection) as conn:
+        with self.enqueue_errors(), self.writing(connection) as conn:
             return self._insert_batch(conn, batch)
 
     def _insert_batch(
@@ -245,11 +278,11 @@ class Store:
         job holding their key (and inserted nothing) are appended to ``found``.
         """
         if connection is None and not any(key is not None for key in batch.unique_keys):
-            with self.schema_errors():
+            with self.enqueue_errors(), self.schema_errors():
                 return self.dialect.bulk(batch, batch_size)
         payloads = list(batch.payloads)
         ids: list[int] = []
-        with self.writing(connection) as conn:
+        with self.enqueue_errors(), self.writing(connection) as conn:
             for start in range(0, len(payloads), batch_size):
                 end = start + batch_size
                 part = Batch(batch.common, payloads[start:end], batch.unique_keys[start:end])
@@ -268,7 +301,7 @@ class Store:
             if key is None:
                 raise ConfigurationError(f"row {index} of a keyed batch has no unique_key")
             first.setdefault(key, index)
-        with self.writing() as conn:
+        with self.enqueue_errors(), self.writing() as conn:
             return self.dialect.insert_unseen(conn, batch.take(list(first.values())))
 
     # -- acquire and outcomes ------------------------------------------------------------------------

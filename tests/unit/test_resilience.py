@@ -137,7 +137,9 @@ class FakePostgresError(Exception):
         (MYSQL, FakeMySQLError(1153, "Got a packet bigger than 'max_allowed_packet'"), None),
         (SQLITE, FakeSQLiteError("database is locked"), "contention"),
         (SQLITE, FakeSQLiteError("too many SQL variables"), None),
-        (SQLITE, FakeSQLiteError("attempt to write a readonly database"), None),
+        # A file (or its directory) this process may not write: no outage, but waited out with
+        # the fix in the warning (a worker refuses to start on one).
+        (SQLITE, FakeSQLiteError("attempt to write a readonly database"), "read-only"),
         (POSTGRES, FakePostgresError("40P01"), "contention"),
         (POSTGRES, FakePostgresError("25006"), "outage"),  # read-only: a failover in progress
         # No room left to write: retried until there is, never taken for a refused operation.

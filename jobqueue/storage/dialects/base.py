@@ -106,6 +106,16 @@ class Dialect(Connector):
     def check_server(self, connection: sa.Connection) -> None:
         """Raise ConfigurationError if the server is too old for jobqueue's statements."""
 
+    def check_workable(self) -> None:
+        """Before a worker starts: raise ConfigurationError, naming the cause and the fix, where it
+        could never do its work (a database this process may not write, a statement time limit
+        shorter than any statement); nothing by default. Errors reaching the server are left to
+        the checks that follow, which wait out an outage."""
+
+    def unwritable(self, exc: sa.exc.DBAPIError) -> str | None:
+        """If ``exc`` says that this process may not write the database: which file, and the fix."""
+        return None
+
     @staticmethod
     def _require(version: Sequence[Any] | None, minimum: tuple[int, ...], what: str) -> None:
         numbers = tuple(v for v in (version or ()) if isinstance(v, int))
