@@ -19,13 +19,21 @@ POLL_MAX_SECONDS = 0.25
 
 
 class JobHandle:
-    """A job's id with ways to read its status, wait for its result and cancel it."""
+    """A job's id with ways to read its status, wait for its result and cancel it.
 
-    __slots__ = ("app", "id", "_uncommitted")
+    ``existing`` is True on the handle an enqueue returned instead of adding a job: an active job
+    of the task already held the call's ``unique_key``, and this is that job (as Oban marks a
+    unique conflict). False for a job the enqueue added, and for a handle made from an id.
+    """
 
-    def __init__(self, app: JobQueue, job_id: int, uncommitted: Callable[[], bool] | None = None) -> None:
+    __slots__ = ("app", "id", "existing", "_uncommitted")
+
+    def __init__(
+        self, app: JobQueue, job_id: int, uncommitted: Callable[[], bool] | None = None, existing: bool = False
+    ) -> None:
         self.app = app
         self.id = int(job_id)
+        self.existing = existing
         # For a job enqueued in a transaction of the caller's: whether that transaction is still open.
         self._uncommitted = uncommitted
 

@@ -21,6 +21,10 @@ MAX_LEASE_SECONDS = 365 * 86400
 # MAX_BUFFERED unstarted: each process's shared bookkeeping is sized by what it may hold.
 MAX_FETCH_BATCH_SIZE = 10_000
 MAX_BUFFERED = 100_000
+# Worker processes one supervisor forks: enough for hundreds on one host, and a typo such as
+# -c 10000 is refused instead of forking ten thousand processes (each with its database
+# connections and about 45 MiB of memory).
+MAX_CONCURRENCY = 1024
 DATABASE_URL_ENV = "JOBQUEUE_DATABASE_URL"
 LISTEN_DATABASE_URL_ENV = "JOBQUEUE_LISTEN_DATABASE_URL"
 APP_ENV = "JOBQUEUE_APP"
@@ -51,7 +55,10 @@ class Settings:
         "default yes, except under Django, whose LOGGING is kept.",
         worker=False,
     )
-    concurrency: int | None = _opt(None, "Worker processes to fork (default: CPU count).")
+    concurrency: int | None = _opt(
+        None,
+        f"Worker processes to fork (default: CPU count; at most {MAX_CONCURRENCY}, run more supervisors for more).",
+    )
     queues: tuple[str, ...] | None = _opt(None, "Queues to serve, comma-separated (default: every queue).")
     groups: tuple[str, ...] | None = _opt(
         None, "Consumer groups to run, comma-separated, as group or topic:group (default: every group of the app)."
@@ -151,6 +158,12 @@ class Settings:
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < 1):
                 raise ConfigurationError(f"{name} must be an integer >= 1 or None, got {value!r}")
+        if self.concurrency is not None and self.concurrency > MAX_CONCURRENCY:
+            raise ConfigurationError(
+                f"concurrency must be at most {MAX_CONCURRENCY} worker processes per supervisor, got "
+                f"{self.concurrency!r}; for more processes run more supervisors (on more hosts, or several "
+                "on one), each with its own --concurrency"
+            )
         if not TABLE_PREFIX.fullmatch(self.table_prefix):
             raise ConfigurationError(
                 f"table_prefix {self.table_prefix!r} is invalid: use lower-case letters, digits and _, "

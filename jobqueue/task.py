@@ -267,15 +267,17 @@ class Task:
         if isinstance(args, (tuple, list)) and isinstance(kwargs, dict):
             self.check_call(args, kwargs)
         row = self._row(args, kwargs, options, utcnow())
+        found: list[int] = []  # [0] when an active job holds the unique key: nothing was added
         if connection is None and self.app.framework is None:
             # Our own transaction, the common case: straight to the store (no context to enter).
-            return JobHandle(self.app, self.app.store.enqueue([row])[0])
+            job_id = self.app.store.enqueue([row], found=found)[0]
+            return JobHandle(self.app, job_id, existing=bool(found))
         # A job without a unique or concurrency key is one INSERT, on most databases.
         plain = row.get("unique_key") is None and row.get("flow_key") is None
         one_statement = plain and self.app.store.dialect.one_statement_insert
         with self.app.enqueue_connection(connection, one_statement=one_statement) as conn:
-            job_id = self.app.store.enqueue([row], connection=conn)[0]
-            return JobHandle(self.app, job_id, self.app.commit_watch(connection, conn))
+            job_id = self.app.store.enqueue([row], connection=conn, found=found)[0]
+            return JobHandle(self.app, job_id, self.app.commit_watch(connection, conn), existing=bool(found))
 
     def bulk(
         self,
@@ -323,10 +325,12 @@ class Task:
         # Payloads are serialized as the store reads them: all before anything is sent, or, where
         # the database streams a bulk of its own (PostgreSQL's COPY), while it parses the rows before.
         batch = Batch(common, _Payloads(self, items), keys)
+        found: list[int] = []  # indexes of the items whose unique key an active job held
         with self.app.enqueue_connection(connection) as given:
-            ids = self.app.store.enqueue_bulk(batch, batch_size, given)
+            ids = self.app.store.enqueue_bulk(batch, batch_size, given, found)
             watch = self.app.commit_watch(connection, given)
-        return [JobHandle(self.app, job_id, watch) for job_id in ids]
+        existing = set(found)
+        return [JobHandle(self.app, job_id, watch, existing=i in existing) for i, job_id in enumerate(ids)]
 
     def _bulk_by_flow_key(
         self,
@@ -342,6 +346,7 @@ class Task:
             args, kwargs = _item_call(item, index)
             groups.setdefault(self.flow.key_for(args, kwargs), []).append(index)
         ids: list[int] = [0] * len(items)
+        existing: set[int] = set()
         with self.app.enqueue_connection(connection) as given, self.app.store.writing(given) as conn:
             for key, indexes in groups.items():
                 batch = Batch(
@@ -349,10 +354,14 @@ class Task:
                     _Payloads(self, [items[i] for i in indexes]),
                     [keys[i] for i in indexes],
                 )
-                for index, new_id in zip(indexes, self.app.store.enqueue_bulk(batch, batch_size, conn), strict=True):
+                found: list[int] = []
+                for index, new_id in zip(
+                    indexes, self.app.store.enqueue_bulk(batch, batch_size, conn, found), strict=True
+                ):
                     ids[index] = new_id
+                existing.update(indexes[i] for i in found)
             watch = self.app.commit_watch(connection, given)
-        return [JobHandle(self.app, job_id, watch) for job_id in ids]
+        return [JobHandle(self.app, job_id, watch, existing=i in existing) for i, job_id in enumerate(ids)]
 
     def _bulk_payload(self, item: Any, index: int) -> bytes:
         args, kwargs = _item_call(item, index)

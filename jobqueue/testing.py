@@ -102,7 +102,7 @@ def _write(store: Store, outcome: Outcome) -> bool:
     max_allowed_packet) fails its job with the reason, as in a worker; an error that retrying
     could fix (the database is down) is raised at once instead of waited out.
     """
-    guard = DatabaseGuard(logging.getLogger("jobqueue.testing"), "database (drain)", store.classify)
+    guard = DatabaseGuard(logging.getLogger("jobqueue.testing"), "database (drain)", store.classify, store.explain)
     try:
         result = OutcomeWriter(store, guard).write([outcome], give_up=lambda: True)
     except (GaveUp, Unwritten) as exc:

@@ -37,7 +37,11 @@ def _json_arg(value: str | None, kind: type, name: str) -> Any:
 @click.option(
     "--eta", type=click.DateTime(["%Y-%m-%dT%H:%M:%S", "%Y-%m-%d %H:%M:%S"]), help="Run no sooner than this UTC time."
 )
-@click.option("--unique-key", help="Return the active job holding this key instead of adding one.")
+@click.option(
+    "--unique-key",
+    help="While a job of TASK with this key is pending, running or retrying, add none: name that job "
+    "(exit 0; --json gives existing: true).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the job as JSON.")
 @click.pass_obj
 def enqueue(
@@ -73,6 +77,12 @@ def enqueue(
     except ValueError as exc:  # e.g. a countdown that is no finite time from now; nothing was written
         raise click.UsageError(str(exc)) from None
     if as_json:
-        echo_json({"id": handle.id, "task": task.name, "status": handle.status()})
+        echo_json({"id": handle.id, "task": task.name, "status": handle.status(), "existing": handle.existing})
+    elif handle.existing:
+        # As apply_async: the key's job is the answer, so this is no failure (exit 0), but nothing was added.
+        click.echo(
+            f"job {handle.id} ({task.name}) with unique key {unique_key!r} already exists and has not ended; "
+            "nothing was enqueued"
+        )
     else:
         click.echo(f"enqueued job {handle.id} ({task.name})")

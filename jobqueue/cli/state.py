@@ -135,6 +135,9 @@ class Group(click.Group):
             if not isinstance(exc, sa.exc.OperationalError) and exc.statement is not None and not lacks_privilege:
                 raise
             reason = str(exc.orig).strip().splitlines()[0] if exc.orig else str(exc)
+            explained = _explain(ctx, exc)  # a statement time limit, a file that may not be written
+            if explained:
+                reason += f": {explained}"
             if lacks_privilege:
                 reason += (
                     "; GRANT the database user SELECT, INSERT, UPDATE and DELETE on the jobqueue tables "
@@ -159,6 +162,11 @@ def _lacks_privilege(exc: sa.exc.DBAPIError) -> bool:
         return True
     args: tuple[Any, ...] = getattr(exc.orig, "args", ())
     return bool(args) and args[0] in MYSQL_ACCESS_DENIED
+
+
+def _explain(ctx: click.Context, exc: sa.exc.DBAPIError) -> str | None:
+    state = ctx.find_object(CliState)
+    return state.app.store.explain(exc) if state is not None and state._app is not None else None
 
 
 def _where(ctx: click.Context) -> str:

@@ -9,6 +9,7 @@ from typing import Any
 import click
 
 from jobqueue.cli.state import CliState
+from jobqueue.errors import ConfigurationError
 from jobqueue.settings import worker_fields
 
 # Short forms a Celery user types without thinking.
@@ -54,5 +55,10 @@ def worker(state: CliState, /, burst: bool, progress: bool, **options: Any) -> N
     for name in ("queues", "groups"):
         if name in changes and not changes[name].replace(",", "").strip():  # -Q "$QUEUES", the variable unset
             raise click.UsageError(f"--{name} names no {name[:-1]}; leave it out for every {name[:-1]}")
-    code = state.app.run_worker(burst=burst, progress=progress, **changes)
+    app = state.app  # an --app that cannot be loaded is not a usage error of this command
+    try:
+        app.configure(**changes)
+    except ConfigurationError as exc:  # an option's value out of range: say which, before any work
+        raise click.UsageError(str(exc)) from None
+    code = app.run_worker(burst=burst, progress=progress)
     raise SystemExit(code)

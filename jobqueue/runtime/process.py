@@ -97,14 +97,16 @@ class WorkerProcess:
         self.stop_requested_at: float | None = None
         self.pending_token: int | None = None
         self.keeper_stop = threading.Event()
-        self.guard = DatabaseGuard(logger, f"database (worker process {os.getpid()})", self._classify)
+        self.guard = DatabaseGuard(logger, f"database (worker process {os.getpid()})", self._classify, self._explain)
         self.executor = Executor(
             app, writes=StoreDeliveryWriter(app.store), ack_first=self._ack_first, writer=self.guard.call
         )
         self.writer = OutcomeWriter(app.store, self.guard)
         # The keeper thread writes through its own guard: a guard's bookkeeping belongs to one thread.
-        self.keeper_writer = OutcomeWriter(app.store, DatabaseGuard(logger, "database (keeper)", self._classify))
-        self.keeper_renewals = DatabaseGuard(logger, "database (keeper's lease renewal)", self._classify)
+        self.keeper_writer = OutcomeWriter(
+            app.store, DatabaseGuard(logger, "database (keeper)", self._classify, self._explain)
+        )
+        self.keeper_renewals = DatabaseGuard(logger, "database (keeper's lease renewal)", self._classify, self._explain)
         self.keeper_renew_after_ns = 0  # after a failed renewal, not before then
         self.keeper_lost: int | None = None  # the running job whose lease the keeper found lost
         self.keeper_renewed_id: int | None = None  # the job whose self-renewal was logged last
@@ -146,7 +148,9 @@ class WorkerProcess:
         }
         keeper = threading.Thread(target=self._keeper, name="jobqueue-keeper", daemon=True)
         try:
-            self.guard.call(lambda: self.store.register_worker(row), give_up=lambda: self.stopping)
+            self.guard.call(
+                lambda: self.store.register_worker(row), give_up=lambda: self.stopping, doing="registering itself"
+            )
             self.descriptors_at_start = lowest_free_descriptor(self.spec.wake_r)
             self.descriptors_floor = descriptors_floor()
             keeper.start()
@@ -164,6 +168,9 @@ class WorkerProcess:
 
     def _classify(self, exc: BaseException) -> str | None:
         return self.app.store.classify(exc)
+
+    def _explain(self, exc: BaseException) -> str | None:
+        return self.app.store.explain(exc)
 
     def _install_signals(self) -> None:
         def on_term(signum: int, frame: Any) -> None:
@@ -274,7 +281,9 @@ class WorkerProcess:
             self.pending_token = None
             return messages
 
-        messages = self.guard.call(acquire, give_up=lambda: self.stopping, on_retry=self._undo_lost_acquire)
+        messages = self.guard.call(
+            acquire, give_up=lambda: self.stopping, on_retry=self._undo_lost_acquire, doing="acquiring jobs"
+        )
         self.held.add_fetched(messages, sent_ns)
         now = time.monotonic()
         if len(messages) >= limit:

@@ -16,7 +16,7 @@ from typing import TypeVar
 import sqlalchemy as sa
 import tenacity
 
-from jobqueue.storage.dialects.connector import CONTENTION, FULL, OUTAGE
+from jobqueue.storage.dialects.connector import CANCELLED, CONTENTION, FULL, OUTAGE, READ_ONLY
 
 T = TypeVar("T")
 
@@ -30,9 +30,20 @@ REFUSED_AFTER_FAILURES = 3
 
 # What a database error means: CONTENTION (a deadlock, a lock timeout, a busy file), OUTAGE (a lost
 # connection, a server down or restarting), FULL (no room left to write: retried like an outage, and
-# never taken for a refusal of one operation) or None (retrying cannot fix it). The store's dialect
-# knows its driver's codes: Store.classify.
+# never taken for a refusal of one operation), READ_ONLY (this process may not write) and CANCELLED
+# (the server's statement time limit cancelled the statement): no outage, retried like FULL, with
+# the cause and its fix in the warning; or None (retrying cannot fix it). The store's dialect knows
+# its driver's codes: Store.classify, and says what READ_ONLY and CANCELLED mean: Store.explain.
 Classify = Callable[[BaseException], "str | None"]
+Explain = Callable[[BaseException], "str | None"]
+
+# Said when the dialect has nothing more precise to say.
+EXPLAINED = {
+    READ_ONLY: "it refuses this process's writes (attempt to write a readonly database); give the user "
+    "the worker runs as write permission on the database",
+    CANCELLED: "the server cancelled the statement (its statement time limit, or an administrator); raise "
+    "the limit for the user the workers log in as",
+}
 
 
 def fresh_connection_retry(operation: Callable[[], T]) -> T:
@@ -66,11 +77,14 @@ class Refused(Exception):
 class DatabaseGuard:
     """Run database operations for one process through outages."""
 
-    def __init__(self, logger: logging.Logger, what: str, classify: Classify) -> None:
+    def __init__(self, logger: logging.Logger, what: str, classify: Classify, explain: Explain | None = None) -> None:
         self.logger = logger
         self.what = what
         self.classify = classify
+        self.explain = explain
+        self.doing: str | None = None  # what the current call does, for the warning
         self.outage_started: float | None = None
+        self.refusing = False  # whether the server answers and says no (READ_ONLY, CANCELLED)
         self.failures = 0
         self.last_call_retried = False
 
@@ -87,6 +101,21 @@ class DatabaseGuard:
         if self.outage_started is None:
             self.outage_started = time.monotonic()
             reason = str(getattr(exc, "orig", None) or exc).strip().splitlines()
+            kind = self.classify(exc)
+            self.refusing = kind in EXPLAINED
+            if kind is not None and self.refusing:
+                # No outage: the server answers, and says no. What it refused, why, and the fix.
+                detail = self.explain(exc) if self.explain is not None else None
+                self.logger.warning(
+                    "%s%s: %s (%s: %s)%s; retrying with backoff, and nothing is lost meanwhile",
+                    self.what,
+                    f" while {self.doing}" if self.doing else "",
+                    "cannot write" if kind == READ_ONLY else "a statement was cancelled",
+                    type(exc).__name__,
+                    reason[0] if reason else "",
+                    f": {detail or EXPLAINED[kind]}",
+                )
+                return
             self.logger.warning(
                 "%s unavailable (%s: %s)%s; retrying with backoff",
                 self.what,
@@ -108,8 +137,9 @@ class DatabaseGuard:
     def _succeeded(self) -> None:
         if self.outage_started is not None:
             self.logger.warning(
-                "%s available again after %.1f s and %d failed attempts",
+                "%s %s again after %.1f s and %d failed attempts",
                 self.what,
+                "works" if self.refusing else "available",
                 time.monotonic() - self.outage_started,
                 self.failures,
             )
@@ -121,8 +151,11 @@ class DatabaseGuard:
         give_up: Callable[[], bool] = lambda: False,
         on_retry: Callable[[], None] | None = None,
         probe: Callable[[], object] | None = None,
+        doing: str | None = None,
     ) -> T:
         """Run ``operation`` until it succeeds; raise GaveUp once ``give_up()`` is true during an outage.
+
+        ``doing`` says what the operation does ("acquiring jobs"), for the warning of a failure.
 
         ``on_retry`` runs before each new attempt (inside the retry, so it may fail transiently too).
         ``probe`` checks the server's health: when ``operation`` has failed like an outage
@@ -137,7 +170,10 @@ class DatabaseGuard:
             exc = state.outcome.exception() if state.outcome is not None else None
             if exc is None or not self.transient(exc):
                 return False
-            if probe is not None and state.attempt_number >= REFUSED_AFTER_FAILURES and self.classify(exc) == OUTAGE:
+            # A server that answers the probe refuses this operation itself: so too a database that
+            # refuses this process's writes, whose outcomes the caller keeps (see OutcomeWriter).
+            refusable = self.classify(exc) in (OUTAGE, READ_ONLY)
+            if probe is not None and state.attempt_number >= REFUSED_AFTER_FAILURES and refusable:
                 try:
                     probe()
                 except Exception:
@@ -165,6 +201,7 @@ class DatabaseGuard:
             before_sleep=self._before_sleep,
             reraise=True,
         )
+        self.doing = doing
         try:
             result = retrying(attempt)
         except BaseException as exc:
@@ -182,8 +219,9 @@ class DatabaseGuard:
         self._succeeded()
         return result
 
-    def try_once(self, operation: Callable[[], T]) -> tuple[bool, T | None]:
+    def try_once(self, operation: Callable[[], T], doing: str | None = None) -> tuple[bool, T | None]:
         """Run ``operation`` once; on a transient error note the outage and return (False, None)."""
+        self.doing = doing
         try:
             result = fresh_connection_retry(operation)
         except Exception as exc:

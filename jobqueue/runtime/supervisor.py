@@ -126,7 +126,12 @@ class Supervisor:
         self.last_loop_error: tuple[str, float] | None = None
         # Database work that failed during an outage, retried every tick until it succeeds.
         self.pending: list[tuple[str, Callable[[], Any]]] = []
-        self.guard = DatabaseGuard(logger, "database (supervisor)", lambda exc: self.app.store.classify(exc))
+        self.guard = DatabaseGuard(
+            logger,
+            "database (supervisor)",
+            lambda exc: self.app.store.classify(exc),
+            lambda exc: self.app.store.explain(exc),
+        )
 
     # -- entry point -------------------------------------------------------------------------------
     def run(self) -> int:
@@ -185,8 +190,11 @@ class Supervisor:
             ", ".join(sorted(self.app.registry)),
         )
         self._warn_of_strange_queues()
+        # Before any waiting: a cause that no retry can fix (a database this process may not write,
+        # a statement time limit too short for any statement) ends the start with the fix.
+        self.app.store.check_workable()
         try:
-            self.guard.call(self.app.check_schema, give_up=lambda: self.signals > 0)
+            self.guard.call(self.app.check_schema, give_up=lambda: self.signals > 0, doing="checking the schema")
             self.store = self.app.store
             # Before any fork: the worker processes' commits never stop to write the journal back.
             self.checkpoints = self.store.take_over_checkpoints()
@@ -732,7 +740,9 @@ class Supervisor:
         children = list(self.children.values())
         workers = [self._worker_state(child) for child in children]
         sent_ns = time.monotonic_ns()
-        ok, _ = self.guard.try_once(lambda: self.store.heartbeat(workers, self.settings.release_stuck_timeout))
+        ok, _ = self.guard.try_once(
+            lambda: self.store.heartbeat(workers, self.settings.release_stuck_timeout), doing="renewing leases"
+        )
         if ok:
             # Each child starts buffered work only while its leases are fresh, and renews its
             # running job's lease itself when these renewals stop (this process stopped or stuck).

@@ -76,7 +76,9 @@ class OutcomeWriter:
         return done
 
     def _attempt(self, outcomes: list[Outcome], give_up: Callable[[], bool]) -> FlushResult:
-        return self.guard.call(lambda: self.store.flush(outcomes), give_up=give_up, probe=self.store.ping)
+        return self.guard.call(
+            lambda: self.store.flush(outcomes), give_up=give_up, probe=self.store.ping, doing="writing job outcomes"
+        )
 
     def _refused(self, outcome: Outcome, exc: Exception, give_up: Callable[[], bool]) -> FlushResult:
         message = outcome.message

@@ -118,6 +118,19 @@ class Store:
         """ "contention", "outage", or None for an error that retrying cannot fix."""
         return self.dialect.classify(exc)
 
+    def explain(self, exc: BaseException) -> str | None:
+        """What a write refused or a statement cancelled means, and its fix (None: nothing to add)."""
+        try:
+            return self.dialect.explain(exc)
+        except Exception:  # the explanation asks the server, which may not answer: the error says enough
+            return None
+
+    def check_workable(self) -> None:
+        """Raise ConfigurationError, naming the cause and its fix, where a worker could never do
+        its work: a SQLite file this process may not write, a statement time limit too short for
+        any statement."""
+        self.dialect.check_workable()
+
     @contextmanager
     def schema_errors(self) -> Iterator[None]:
         """Turn "table missing" driver errors into a SchemaError naming the fix."""
@@ -125,6 +138,19 @@ class Store:
             yield
         except sa.exc.DBAPIError as exc:
             self._raise_if_missing_tables(exc)
+            raise
+
+    @contextmanager
+    def enqueue_errors(self) -> Iterator[None]:
+        """For an enqueue: a database this process may not write (a read-only SQLite file) is a
+        ConfigurationError naming the file and the fix. The worker runtime instead waits for the
+        permissions to come back (the dialect classifies the error as READ_ONLY)."""
+        try:
+            yield
+        except sa.exc.DBAPIError as exc:
+            unwritable = self.dialect.unwritable(exc)
+            if unwritable:
+                raise ConfigurationError(unwritable) from exc
             raise
 
     def _raise_if_missing_tables(self, exc: sa.exc.DBAPIError) -> None:
@@ -193,21 +219,29 @@ class Store:
                 yield conn
 
     # -- enqueue -----------------------------------------------------------------------------------
-    def enqueue(self, rows: list[dict[str, Any]], connection: Any = None) -> list[int]:
+    def enqueue(self, rows: list[dict[str, Any]], connection: Any = None, found: list[int] | None = None) -> list[int]:
         """Insert message rows and return their ids in input order.
 
-        Rows with a ``unique_key`` return the id of the active message holding that key, if any.
+        Rows with a ``unique_key`` return the id of the active message holding that key, if any;
+        the indexes of those rows (nothing inserted for them) are appended to ``found``.
         """
         if connection is None and len(rows) == 1:
             row = rows[0]
             if row.get("unique_key") is None and row.get("flow_key") is None:
                 # Every delay() outside a transaction: no context manager on the way (schema_errors'
-                # work, inlined), this path being a few microseconds of Python in all.
+                # and enqueue_errors' work, inlined), this path being a few microseconds of Python in all.
                 try:
                     return [self.dialect.enqueue_one(row)]
                 except sa.exc.DBAPIError as exc:
                     self._raise_if_missing_tables(exc)
+                    unwritable = self.dialect.unwritable(exc)
+                    if unwritable:
+                        raise ConfigurationError(unwritable) from exc
                     raise
+        with self.enqueue_errors():
+            return self._enqueue(rows, connection, found)
+
+    def _enqueue(self, rows: list[dict[str, Any]], connection: Any, found: list[int] | None) -> list[int]:
         flow_keys = {row["flow_key"] for row in rows if row.get("flow_key") is not None}
         ids: list[int] = [0] * len(rows)
         with self.writing(connection) as conn:
@@ -219,15 +253,19 @@ class Store:
                     ids[i] = new_id
             for i, row in enumerate(rows):
                 if row.get("unique_key") is not None:
-                    ids[i] = self.dialect.insert_or_existing(conn, row)
+                    ids[i], inserted = self.dialect.insert_keyed(conn, row)
+                    if not inserted and found is not None:
+                        found.append(i)
         return ids
 
     def enqueue_batch(self, batch: Batch, connection: Any = None) -> list[int]:
         """Insert a batch (one round trip for its unkeyed rows) and return the ids in order."""
-        with self.writing(connection) as conn:
+        with self.enqueue_errors(), self.writing(connection) as conn:
             return self._insert_batch(conn, batch)
 
-    def _insert_batch(self, conn: sa.Connection, batch: Batch) -> list[int]:
+    def _insert_batch(
+        self, conn: sa.Connection, batch: Batch, found: list[int] | None = None, start: int = 0
+    ) -> list[int]:
         ids: list[int] = [0] * len(batch)
         self.dialect.bulk_holding_flow_key(conn, batch)
         plain = [i for i, key in enumerate(batch.unique_keys) if key is None]
@@ -236,27 +274,31 @@ class Store:
                 ids[i] = new_id
         for i, key in enumerate(batch.unique_keys):
             if key is not None:
-                ids[i] = self.dialect.insert_or_existing(conn, batch.row(i))
+                ids[i], inserted = self.dialect.insert_keyed(conn, batch.row(i))
+                if not inserted and found is not None:
+                    found.append(start + i)
         return ids
 
-    def enqueue_bulk(self, batch: Batch, batch_size: int, connection: Any = None) -> list[int]:
+    def enqueue_bulk(
+        self, batch: Batch, batch_size: int, connection: Any = None, found: list[int] | None = None
+    ) -> list[int]:
         """Insert a whole bulk() all or nothing, ``batch_size`` rows a round trip; ids in order.
 
         Outside the caller's transaction the dialect runs it in one of its own (PostgreSQL streams
         one COPY, serializing each payload as it is read); otherwise every payload is serialized
-        first, so that a bad item writes nothing.
+        first, so that a bad item writes nothing. The indexes of keyed rows that found an active
+        job holding their key (and inserted nothing) are appended to ``found``.
         """
         if connection is None and not any(key is not None for key in batch.unique_keys):
-            with self.schema_errors():
+            with self.enqueue_errors(), self.schema_errors():
                 return self.dialect.bulk(batch, batch_size)
         payloads = list(batch.payloads)
         ids: list[int] = []
-        with self.writing(connection) as conn:
+        with self.enqueue_errors(), self.writing(connection) as conn:
             for start in range(0, len(payloads), batch_size):
                 end = start + batch_size
-                ids.extend(
-                    self._insert_batch(conn, Batch(batch.common, payloads[start:end], batch.unique_keys[start:end]))
-                )
+                part = Batch(batch.common, payloads[start:end], batch.unique_keys[start:end])
+                ids.extend(self._insert_batch(conn, part, found, start))
         return ids
 
     def enqueue_new(self, batch: Batch) -> int:
@@ -271,7 +313,7 @@ class Store:
             if key is None:
                 raise ConfigurationError(f"row {index} of a keyed batch has no unique_key")
             first.setdefault(key, index)
-        with self.writing() as conn:
+        with self.enqueue_errors(), self.writing() as conn:
             return self.dialect.insert_unseen(conn, batch.take(list(first.values())))
 
     # -- acquire and outcomes ------------------------------------------------------------------------

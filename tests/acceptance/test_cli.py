@@ -96,6 +96,23 @@ def test_enqueue_from_the_command_line(app: JobQueue) -> None:
     assert app.job(job["id"]).get(timeout=5) == 42
 
 
+def test_enqueue_with_a_unique_key_already_held_names_that_job_and_adds_none(app: JobQueue) -> None:
+    """It printed "enqueued" as if a row had been made."""
+    first = jobqueue("enqueue", "basic.add", "--args", "[1, 2]", "--unique-key", "K")
+    assert first.stdout.startswith("enqueued job ")
+    job_id = int(first.stdout.split()[2])
+    again = jobqueue("enqueue", "basic.add", "--args", "[3, 4]", "--unique-key", "K")
+    assert again.returncode == 0  # as apply_async, which returns the job: no failure, nothing added
+    assert "enqueued job" not in again.stdout, again.stdout
+    assert f"job {job_id} (basic.add) with unique key 'K' already exists" in again.stdout, again.stdout
+    assert "nothing was enqueued" in again.stdout
+    as_json = json.loads(jobqueue("enqueue", "basic.add", "--args", "[5, 6]", "--unique-key", "K", "--json").stdout)
+    assert as_json == {"id": job_id, "task": "basic.add", "status": "pending", "existing": True}
+    other = json.loads(jobqueue("enqueue", "basic.add", "--args", "[5, 6]", "--unique-key", "L", "--json").stdout)
+    assert other["existing"] is False and other["id"] != job_id
+    assert count(app, "message") == 2
+
+
 @pytest.mark.parametrize(
     "args, fragment",
     [
@@ -170,6 +187,24 @@ def test_a_queues_option_that_names_no_queue_is_refused_not_read_as_every_queue(
     assert result.returncode == 2
     assert "--queues names no queue" in result.stderr and "leave it out for every queue" in result.stderr, result.stderr
     assert "processes on" not in result.stderr  # refused before starting
+
+
+@pytest.mark.parametrize(
+    "args, fragment",
+    [
+        (("-c", "10000"), "concurrency must be at most 1024 worker processes per supervisor, got 10000"),
+        (("--concurrency", "1025"), "run more supervisors"),
+        (("--fetch-batch-size", "20000"), "fetch_batch_size must be at most 10000"),
+    ],
+)
+def test_a_worker_option_out_of_range_is_a_usage_error_before_anything_starts(
+    db_url: str, args: tuple[str, ...], fragment: str
+) -> None:
+    """A typo such as -c 10000 forked ten thousand worker processes."""
+    result = jobqueue("worker", "--burst", *args, check=False)
+    assert result.returncode == 2, result.stderr
+    assert fragment in result.stderr and "Traceback" not in result.stderr, result.stderr
+    assert "processes on" not in result.stderr and "started worker process" not in result.stderr
 
 
 def test_worker_refuses_a_listen_url_it_cannot_use(db_url: str, backend: str) -> None:

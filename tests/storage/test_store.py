@@ -106,17 +106,33 @@ def test_unique_key_returns_the_active_job(app: JobQueue, add) -> None:
     other = add.apply_async((3, 3), unique_key="k2")
     assert again.id == first.id and other.id != first.id
     assert len(rows(app)) == 2
+    # The caller can tell the job it found from one it added, as Oban's unique conflict says.
+    assert (first.existing, again.existing, other.existing) == (False, True, False)
+
+
+def test_handles_say_which_unique_keys_found_an_active_job(app: JobQueue, add) -> None:
+    held = add.apply_async((0, 0), unique_key="held")
+    handles = add.bulk([(1, 1), (2, 2), (1, 1), (3, 3)], unique_key=["held", "new", "new", None], batch_size=2)
+    assert [h.existing for h in handles] == [True, False, True, False]
+    assert handles[0].id == held.id and handles[2].id == handles[1].id
+    with app.engine.begin() as conn:  # in the caller's transaction too
+        inside = add.apply_async((1, 1), unique_key="new", connection=conn)
+        fresh = add.apply_async((1, 1), unique_key="fresh", connection=conn)
+    assert (inside.id, inside.existing, fresh.existing) == (handles[1].id, True, False)
 
 
 def test_unique_key_is_race_free_under_concurrent_enqueues(app: JobQueue, add) -> None:
     barrier = threading.Barrier(20)
     results: list[int] = []
+    added: list[bool] = []
     errors: list[BaseException] = []
 
     def enqueue() -> None:
         try:
             barrier.wait()
-            results.append(add.apply_async((1, 1), unique_key="same").id)
+            handle = add.apply_async((1, 1), unique_key="same")
+            results.append(handle.id)
+            added.append(not handle.existing)
         except BaseException as exc:  # collected and asserted below
             errors.append(exc)
 
@@ -128,6 +144,7 @@ def test_unique_key_is_race_free_under_concurrent_enqueues(app: JobQueue, add) -
     assert not errors
     assert len(set(results)) == 1
     assert len(rows(app)) == 1
+    assert sum(added) == 1  # one call added the job, the other 19 found it
 
 
 def test_acquire_order_priority_then_due_time_then_id(app: JobQueue, add) -> None:

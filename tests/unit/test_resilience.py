@@ -137,7 +137,11 @@ class FakePostgresError(Exception):
         (MYSQL, FakeMySQLError(1153, "Got a packet bigger than 'max_allowed_packet'"), None),
         (SQLITE, FakeSQLiteError("database is locked"), "contention"),
         (SQLITE, FakeSQLiteError("too many SQL variables"), None),
-        (SQLITE, FakeSQLiteError("attempt to write a readonly database"), None),
+        # A file (or its directory) this process may not write: no outage, but waited out with
+        # the fix in the warning (a worker refuses to start on one).
+        (SQLITE, FakeSQLiteError("attempt to write a readonly database"), "read-only"),
+        (POSTGRES, FakePostgresError("57014"), "cancelled"),  # statement_timeout: no outage
+        (MYSQL, FakeMySQLError(1969, "Query execution was interrupted (max_statement_time exceeded)"), "cancelled"),
         (POSTGRES, FakePostgresError("40P01"), "contention"),
         (POSTGRES, FakePostgresError("25006"), "outage"),  # read-only: a failover in progress
         # No room left to write: retried until there is, never taken for a refused operation.
@@ -191,3 +195,29 @@ def test_a_full_database_is_retried_until_there_is_room_never_refused(caplog: py
     assert probes == []
     assert "no room left to write; free disk space" in caplog.records[0].getMessage()
     assert "available again" in caplog.records[-1].getMessage()
+
+
+def test_a_cancelled_statement_is_no_outage_and_never_taken_for_a_refusal(caplog: pytest.LogCaptureFixture) -> None:
+    # A statement_timeout cancels the statement while the server answers every probe: taken for
+    # a refusal, the jobs whose outcomes it writes would be failed; taken for an outage, the log
+    # said "database unavailable". The warning names what happened and the fix instead.
+    def explain(exc: BaseException) -> str:
+        return "the server's statement_timeout of 1 ms cancelled it; raise it"
+
+    guard_ = DatabaseGuard(logging.getLogger("test.guard"), "db", POSTGRES.classify, explain)
+    failures = iter([sa.exc.OperationalError("x", {}, FakePostgresError("57014"))] * 6)
+    probes = []
+
+    def write() -> str:
+        error = next(failures, None)
+        if error is not None:
+            raise error
+        return "written"
+
+    with caplog.at_level(logging.WARNING, "test.guard"):
+        assert guard_.call(write, probe=lambda: probes.append(1), doing="writing job outcomes") == "written"
+    assert probes == []
+    first, last = caplog.records[0].getMessage(), caplog.records[-1].getMessage()
+    assert first.startswith("db while writing job outcomes: a statement was cancelled"), first
+    assert "statement_timeout of 1 ms cancelled it; raise it" in first and "unavailable" not in first
+    assert "works again" in last and len(caplog.records) == 2

@@ -38,11 +38,19 @@ def test_defaults_follow_the_spec() -> None:
         ({"flush_interval": float("inf")}, "flush_interval"),
         ({"overfetch_factor": float("nan")}, "overfetch_factor must be a finite number"),
         ({"overfetch_factor": float("inf")}, "overfetch_factor"),
+        # A typo such as -c 10000 forked ten thousand processes.
+        ({"concurrency": 10_000}, "concurrency must be at most 1024 worker processes per supervisor"),
+        ({"concurrency": 1025}, "run more supervisors"),
     ],
 )
 def test_invalid_settings_name_the_problem(changes: dict, fragment: str) -> None:
     with pytest.raises(ConfigurationError, match=fragment):
         Settings(**changes)
+
+
+def test_concurrency_up_to_the_bound_is_accepted() -> None:
+    """Well above the 64 processes a supervisor of the scale benchmark runs."""
+    assert Settings(concurrency=1024).effective_concurrency == 1024
 
 
 def test_parse_queues() -> None:

@@ -136,6 +136,16 @@ class Dialect(Connector):
     def check_server(self, connection: sa.Connection) -> None:
         """Raise ConfigurationError if the server is too old for jobqueue's statements."""
 
+    def check_workable(self) -> None:
+        """Before a worker starts: raise ConfigurationError, naming the cause and the fix, where it
+        could never do its work (a database this process may not write, a statement time limit
+        shorter than any statement); nothing by default. Errors reaching the server are left to
+        the checks that follow, which wait out an outage."""
+
+    def unwritable(self, exc: sa.exc.DBAPIError) -> str | None:
+        """If ``exc`` says that this process may not write the database: which file, and the fix."""
+        return None
+
     @staticmethod
     def _require(version: Sequence[Any] | None, minimum: tuple[int, ...], what: str) -> None:
         numbers = tuple(v for v in (version or ()) if isinstance(v, int))
@@ -618,15 +628,20 @@ class Dialect(Connector):
 
     def insert_or_existing(self, connection: sa.Connection, row: dict[str, Any]) -> int:
         """Insert ``row`` or return the id of the active message holding its (task_name, unique_key)."""
+        return self.insert_keyed(connection, row)[0]
+
+    def insert_keyed(self, connection: sa.Connection, row: dict[str, Any]) -> tuple[int, bool]:
+        """Insert ``row`` and return (its id, True), or (the id of the active message holding its
+        (task_name, unique_key), False) when one does."""
         m = self.message
         existing = sa.select(m.c.id).where(m.c.task_name == row["task_name"], m.c.unique_key == row["unique_key"])
         for _ in range(UNIQUE_RETRIES):
             new_id = self.insert_unique(connection, row)
             if new_id is not None:
-                return new_id
+                return new_id, True
             found = connection.execute(existing).scalar()
             if found is not None:
-                return int(found)
+                return int(found), False
             # The holder was archived between our insert and our select: try again.
         raise RuntimeError(f"could not enqueue unique key {row['unique_key']!r} after {UNIQUE_RETRIES} tries")
 

@@ -24,6 +24,12 @@ OUTAGE = "outage"  # a lost connection, a server down or restarting: retried wit
 # logged once like an outage, but never taken for a refusal of the one operation (the server still
 # answers reads), so outcomes are kept until there is room again instead of failing their jobs.
 FULL = "full"
+# The database refuses this process's writes (a SQLite file or directory it may not write) and a
+# statement the server cancelled (PostgreSQL's statement_timeout, MariaDB's max_statement_time):
+# neither is an outage. Retried with backoff like FULL (nothing is lost, and the work goes on once
+# someone fixes the cause), with a warning that says what happened and the fix (Connector.explain).
+READ_ONLY = "read-only"
+CANCELLED = "cancelled"
 
 
 LOCAL_HOSTS = {None, "", "localhost", "127.0.0.1", "::1"}
@@ -163,7 +169,7 @@ class Connector:
 
     # -- errors ------------------------------------------------------------------------------------
     def classify(self, exc: BaseException) -> str | None:
-        """CONTENTION, OUTAGE, or None for an error that retrying cannot fix.
+        """CONTENTION, OUTAGE, FULL, READ_ONLY, CANCELLED, or None for an error that retrying cannot fix.
 
         Here what every driver says the same way; the dialects add their own codes.
         """
@@ -177,6 +183,10 @@ class Connector:
 
     def classify_driver_error(self, exc: sa.exc.DBAPIError) -> str | None:
         """CONTENTION, OUTAGE or None for a driver error (the driver's own in ``exc.orig``)."""
+        return None
+
+    def explain(self, exc: BaseException) -> str | None:
+        """For an error classified READ_ONLY or CANCELLED: what happened and its fix, for the log."""
         return None
 
     def missing_table(self, exc: sa.exc.DBAPIError) -> bool:

@@ -30,7 +30,7 @@ from jobqueue.storage.dialects.common import (
     count_up,
     delivery_order,
 )
-from jobqueue.storage.dialects.connector import CONTENTION, FULL, OUTAGE
+from jobqueue.storage.dialects.connector import CANCELLED, CONTENTION, FULL, OUTAGE
 from jobqueue.storage.engine import IDLE_IN_TRANSACTION_SECONDS, unless_in_url
 from jobqueue.storage.outcomes import ARCHIVED, ARCHIVED_COLUMNS, COPIED, RELEASED, archived_values, requeue_binds
 from jobqueue.storage.tables import Timestamp
@@ -48,6 +48,12 @@ UNKNOWN_COLUMN = 1054
 # OperationalError, so the code decides, not the class.
 MYSQL_DISCONNECTS = {1040, 1053, 1152, 1927, 2002, 2003, 2006, 2013, 2055, 4031}
 MYSQL_CONTENTION = {1205, 1213}
+# A statement the server's time limit stopped: MariaDB's max_statement_time (for every statement),
+# MySQL's max_execution_time (for SELECTs). No outage; below MIN_STATEMENT_SECONDS a worker
+# refuses to start, since even its quickest statements would be stopped.
+STATEMENT_TIMEOUT = {1969, 3024}
+MIN_STATEMENT_SECONDS = 0.1
+ADVISED_STATEMENT_SECONDS = 60
 MYSQL_FULL = {1021, 1114}  # disk full; the table is full (its table space at its limit)
 # "Got error 28 from storage engine", "Error writing file ... (Errcode: 28 ...)": ENOSPC.
 MYSQL_WRITE_ERRORS = {3, 1030}
@@ -286,6 +292,8 @@ class MySQLDialect(Dialect):
         code = _mysql_code(exc)
         if code in MYSQL_CONTENTION:
             return CONTENTION
+        if code in STATEMENT_TIMEOUT:
+            return CANCELLED
         if code in MYSQL_FULL or code in MYSQL_WRITE_ERRORS:
             text = str(exc.orig)
             if code in MYSQL_WRITE_ERRORS and not re.search(r"\b28\b", text):
@@ -294,6 +302,43 @@ class MySQLDialect(Dialect):
             # query's own limit, not a full database: retrying it would never succeed.
             return None if "#sql" in text else FULL
         return OUTAGE if code in MYSQL_DISCONNECTS else None
+
+    def explain(self, exc: BaseException) -> str | None:
+        if _mysql_code(exc) not in STATEMENT_TIMEOUT:
+            return None
+        seconds, user = self._statement_time()
+        return self._statement_time_advice(seconds, user, "stopped it", running=True)
+
+    def check_workable(self) -> None:
+        try:
+            seconds, user = self._statement_time()
+        except sa.exc.DBAPIError as exc:
+            if _mysql_code(exc) in STATEMENT_TIMEOUT:  # so short that it stopped even this
+                raise ConfigurationError(
+                    self._statement_time_advice(None, None, "is too short for a worker", running=False)
+                ) from None
+            return  # MySQL (no such variable), or the server is down: what follows waits, or says why
+        if 0 < seconds < MIN_STATEMENT_SECONDS:
+            what = f"is too short for a worker (under {MIN_STATEMENT_SECONDS} s)"
+            raise ConfigurationError(self._statement_time_advice(seconds, user, what, running=False))
+
+    def _statement_time(self) -> tuple[float, str]:
+        """MariaDB's max_statement_time on jobqueue's connections, in seconds, and the user."""
+        with self.engine.connect() as connection:
+            row = connection.exec_driver_sql("SELECT @@max_statement_time, CURRENT_USER()").one()
+            connection.rollback()
+        return float(row[0]), str(row[1])
+
+    def _statement_time_advice(self, seconds: float | None, user: str | None, what: str, running: bool) -> str:
+        setting = "the server's max_statement_time" + (f" of {seconds:g} s" if seconds is not None else "")
+        account = user.replace("@", "'@'", 1) if user else "user'@'host"
+        return (
+            f"{setting} {what}; jobqueue's statements take milliseconds but may wait for a row lock up to "
+            f"innodb_lock_wait_timeout: raise it to at least {ADVISED_STATEMENT_SECONDS} s (or 0, no limit) for "
+            f"the user the workers log in as, ALTER USER '{account}' WITH MAX_STATEMENT_TIME "
+            f"{ADVISED_STATEMENT_SECONDS}, or globally (SET GLOBAL max_statement_time)"
+            + (", and restart the workers (a connection keeps the limit it started with)" if running else "")
+        )
 
     def missing_table(self, exc: sa.exc.DBAPIError) -> bool:
         return _mysql_code(exc) == MISSING_TABLE

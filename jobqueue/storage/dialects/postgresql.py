@@ -20,15 +20,21 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
 
+from jobqueue.errors import ConfigurationError
 from jobqueue.job import Batch, Message, Outcome
 from jobqueue.storage.dialects.base import Dialect
 from jobqueue.storage.dialects.common import READY_LITERALS, AcquireParams, LeaseClock, delivery_order
-from jobqueue.storage.dialects.connector import CONTENTION, FULL, OUTAGE
+from jobqueue.storage.dialects.connector import CANCELLED, CONTENTION, FULL, OUTAGE
 from jobqueue.storage.dialects.flow import FlowAcquirer
 from jobqueue.storage.dialects.postgresql_session import (
+    MIN_STATEMENT_TIMEOUT_MS,
+    QUERY_CANCELED,
     STARTUP_OPTIONS,
+    StatementTimeout,
     connect_without_refused_options,
+    read_statement_timeout,
     refuses_options,
+    statement_timeout_advice,
 )
 from jobqueue.storage.dialects.postgresql_sql import (
     Misses,
@@ -137,9 +143,31 @@ class PostgreSQLDialect(Dialect):
             return CONTENTION
         if code == DISK_FULL:
             return FULL
+        if code == QUERY_CANCELED:  # statement_timeout, or pg_cancel_backend: the server is up
+            return CANCELLED
         if code in OUTAGE_CODES or isinstance(exc, (sa.exc.OperationalError, sa.exc.InterfaceError)):
             return OUTAGE
         return None
+
+    def explain(self, exc: BaseException) -> str | None:
+        orig = getattr(exc, "orig", None)
+        if getattr(orig, "pgcode", None) != QUERY_CANCELED:
+            return None
+        if "statement timeout" not in str(orig):
+            return "the server cancelled it (pg_cancel_backend, or an administrator), and it is tried again"
+        return statement_timeout_advice(read_statement_timeout(self.engine), self.engine.url.username, "cancelled it")
+
+    def check_workable(self) -> None:
+        timeout: StatementTimeout | None = None  # None: so short that it cancelled even the reading
+        try:
+            timeout = read_statement_timeout(self.engine)
+        except sa.exc.DBAPIError as exc:
+            if getattr(exc.orig, "pgcode", None) != QUERY_CANCELED:
+                return  # the server is down or refuses us: what follows waits, or says why
+        if timeout is not None and not 0 < timeout.milliseconds < MIN_STATEMENT_TIMEOUT_MS:
+            return
+        what = f"is too short for a worker (under {MIN_STATEMENT_TIMEOUT_MS} ms)"
+        raise ConfigurationError(statement_timeout_advice(timeout, self.engine.url.username, what, running=False))
 
     def missing_table(self, exc: sa.exc.DBAPIError) -> bool:
         return getattr(exc.orig, "pgcode", None) == UNDEFINED_TABLE

@@ -11,6 +11,7 @@ the workers log in as, or a pooler database entry of their own, see docs/deploym
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import Any
 
 import sqlalchemy as sa
@@ -104,3 +105,61 @@ def refuses_options(engine: sa.Engine) -> bool:
     if mask_url(engine.url) not in _refused:
         engine.connect().close()
     return mask_url(engine.url) in _refused
+
+
+# statement_timeout is the server's, not jobqueue's: a DBA may set it for the database or the role
+# (ALTER DATABASE/ROLE ... SET), and it cancels a statement that runs longer (SQLSTATE 57014). That
+# is no outage. jobqueue's statements take milliseconds, but may wait up to lock_timeout for a row
+# lock; below this a worker refuses to start, since even its quickest statements would be cancelled.
+QUERY_CANCELED = "57014"
+MIN_STATEMENT_TIMEOUT_MS = 100
+ADVISED_STATEMENT_TIMEOUT = "60s"
+# Where pg_settings says the value came from, as a user would say it.
+SETTING_SOURCES = {
+    "database": "set for this database",
+    "user": "set for this role",
+    "database user": "set for this role in this database",
+    "configuration file": "set in postgresql.conf",
+    "command line": "set on the server's command line",
+    "environment variable": "set by PGOPTIONS",
+    "client": "set by the client",
+}
+
+
+@dataclass(frozen=True)
+class StatementTimeout:
+    milliseconds: int
+    source: str
+    role: str
+
+
+def read_statement_timeout(engine: sa.Engine) -> StatementTimeout:
+    """The statement_timeout in force on ``engine``'s connections, where it comes from, and the role."""
+    with engine.connect() as connection:
+        row = connection.exec_driver_sql(
+            "SELECT setting, source, current_user FROM pg_settings WHERE name = 'statement_timeout'"
+        ).one()
+        connection.rollback()
+    return StatementTimeout(int(row[0]), str(row[1]), str(row[2]))
+
+
+def statement_timeout_advice(
+    timeout: StatementTimeout | None, role: str | None, what: str, running: bool = True
+) -> str:
+    """``what`` the server's statement_timeout did (``timeout``: its value, if it could be read),
+    why that is a problem, and the fix: raise it for the role the workers log in as (and restart
+    them, if ``running``)."""
+    if timeout is None:
+        setting = "the server's statement_timeout (set for this database or role)"
+    else:
+        source = SETTING_SOURCES.get(timeout.source, f"from {timeout.source}")
+        setting = f"the server's statement_timeout of {timeout.milliseconds} ms ({source})"
+        role = timeout.role
+    name = f'"{role}"' if role else "<role>"
+    lock = int(SESSION_SETTINGS["lock_timeout"]) // 1000
+    return (
+        f"{setting} {what}; jobqueue's statements take milliseconds but may wait up to {lock} s for a row "
+        f"lock: raise it to at least {ADVISED_STATEMENT_TIMEOUT} (or 0, no limit) for the role the workers "
+        f"log in as, ALTER ROLE {name} SET statement_timeout = '{ADVISED_STATEMENT_TIMEOUT}'"
+        + (", and restart the workers (a connection keeps the setting it started with)" if running else "")
+    )

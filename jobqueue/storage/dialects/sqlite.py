@@ -24,7 +24,7 @@ from jobqueue.errors import ConfigurationError
 from jobqueue.job import Batch, Message, MessageState, Outcome, OutcomeKind
 from jobqueue.storage.dialects.base import Dialect
 from jobqueue.storage.dialects.common import ACQUIRED_COLUMNS, BATCH_COLUMNS, AcquireParams, delivery_order, json_text
-from jobqueue.storage.dialects.connector import CONTENTION, FULL, OUTAGE
+from jobqueue.storage.dialects.connector import CONTENTION, FULL, OUTAGE, READ_ONLY
 from jobqueue.storage.dialects.flow import FlowAcquirer, is_partition
 from jobqueue.storage.dialects.wakeup import PollingWaker, Waker, Wakers
 from jobqueue.storage.engine import READONLY
@@ -35,6 +35,9 @@ BUSY_TIMEOUT_SECONDS = 30.0
 SQLITE_CONTENTION = ("database is locked", "database table is locked", "database is busy")
 SQLITE_OUTAGE = ("disk i/o error", "unable to open database file")
 SQLITE_FULL = ("database or disk is full",)
+# "attempt to write a readonly database": the file, or the directory where SQLite must create its
+# journal (-wal, -shm), may not be written by this process.
+SQLITE_READ_ONLY = ("readonly database",)
 
 
 DATETIME_COLUMNS = {
@@ -127,6 +130,17 @@ def begin_immediate(driver: Any) -> None:
             pause = min(pause * 2, longest)
     finally:
         driver.execute(f"PRAGMA busy_timeout={int(own)}")
+
+
+def _user_name() -> str:
+    """Who this process writes files as."""
+    uid = os.geteuid()
+    try:
+        import pwd  # POSIX only
+
+        return f"{pwd.getpwuid(uid).pw_name!r}"
+    except (ImportError, KeyError):
+        return f"uid {uid}"
 
 
 def refuse_in_memory() -> Any:
@@ -283,12 +297,68 @@ class SQLiteDialect(Dialect):
 
     def classify_driver_error(self, exc: sa.exc.DBAPIError) -> str | None:
         # sqlite3 says it in words: busy files wait their turn, an unreadable file is an outage.
+        # A file turned read-only under a running worker waits for its permissions to come back
+        # (a worker refuses to start on one: check_workable).
         text = str(exc.orig).lower()
         if any(part in text for part in SQLITE_CONTENTION):
             return CONTENTION
         if any(part in text for part in SQLITE_FULL):
             return FULL
+        if any(part in text for part in SQLITE_READ_ONLY):
+            return READ_ONLY
         return OUTAGE if any(part in text for part in SQLITE_OUTAGE) else None
+
+    def check_workable(self) -> None:
+        # A write that changes nothing, in a write transaction: whatever keeps this process from
+        # writing (file or directory permissions, a read-only mount, an immutable file) refuses it.
+        problem = self.access_problem()
+        if problem is None:
+            try:
+                with self.engine.begin() as connection:
+                    connection.exec_driver_sql(f"UPDATE {self.tables.worker.name} SET id = id WHERE 0")
+            except sa.exc.DBAPIError as exc:
+                problem = self.unwritable(exc)
+        if problem is not None:
+            raise ConfigurationError(problem)
+
+    def unwritable(self, exc: sa.exc.DBAPIError) -> str | None:
+        text = str(exc.orig).lower()
+        if any(part in text for part in SQLITE_READ_ONLY):
+            return self.access_problem() or self._cannot_write("SQLite refuses to write it")
+        if "unable to open database file" in text:
+            return self.access_problem()  # None: not a question of permissions (an outage)
+        return None
+
+    def explain(self, exc: BaseException) -> str | None:
+        return self.unwritable(exc) if isinstance(exc, sa.exc.DBAPIError) else None
+
+    def access_problem(self) -> str | None:
+        """Why this process cannot write the database file, as far as its permissions tell; None
+        if they allow it (or the database is no plain file path)."""
+        database = self.engine.url.database
+        if not database or database.startswith("file:"):
+            return None
+        path = os.path.abspath(database)
+        directory = os.path.dirname(path)
+        if not os.path.isdir(directory):
+            return f"the directory {directory} of the SQLite database {path} does not exist: create it, or fix the URL"
+        if os.path.exists(path) and not os.access(path, os.R_OK | os.W_OK):
+            return self._cannot_write("this user may not write the file")
+        if not os.access(directory, os.W_OK | os.X_OK):
+            return self._cannot_write(f"this user may not create files in its directory {directory}")
+        for journal in (f"{path}-wal", f"{path}-shm"):
+            if os.path.exists(journal) and not os.access(journal, os.R_OK | os.W_OK):
+                return self._cannot_write(f"this user may not write its journal file {journal}")
+        return None
+
+    def _cannot_write(self, reason: str) -> str:
+        path = os.path.abspath(self.engine.url.database or "")
+        directory, name = os.path.split(path)
+        return (
+            f"cannot write the SQLite database {path} as user {_user_name()}: {reason}. Give that user "
+            f"write permission on the file and on its directory {directory} (SQLite creates its journal, "
+            f"{name}-wal and {name}-shm, beside the file), or run as the user who owns them"
+        )
 
     def missing_table(self, exc: sa.exc.DBAPIError) -> bool:
         return "no such table" in str(exc.orig).lower()

@@ -1,0 +1,91 @@
+"""A SQLite database the user may not write: a worker refuses to start with one line naming the file
+and the fix; an enqueue says the same; nothing is lost.
+
+As root the commands run without the capabilities that bypass file permissions (setpriv), so that
+a file mode 444 or a directory mode 555 stops them as it stops any other user.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.acceptance.cli import APP, ROOT, jobqueue
+from tests.apps import basic
+
+AS_A_USER = ["setpriv", "--bounding-set=-dac_override,-dac_read_search", "--"] if os.geteuid() == 0 else []
+
+
+def run_as_a_user(*args: str) -> subprocess.CompletedProcess[str]:
+    command = [*AS_A_USER, sys.executable, *args]
+    return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=60)
+
+
+def cli_as_a_user(url: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return run_as_a_user("-m", "jobqueue", "--app", APP, "--database-url", url, *args)
+
+
+@pytest.fixture(params=["file", "directory"])
+def read_only(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[str, Path, int]]:
+    """A database with one job, its file (mode 444) or its directory (mode 555) read-only:
+    the URL, the file, the job's id."""
+    folder = tmp_path / "data"
+    folder.mkdir()
+    path = folder / "queue.sqlite3"
+    url = f"sqlite:///{path}"
+    basic.app.configure(database_url=url)
+    try:
+        basic.app.init_schema()
+        job_id = basic.add.delay(1, 2).id
+    finally:
+        basic.app.close()
+    assert not list(folder.glob("*-wal")), "the journal outlived the last connection"
+    locked = path if request.param == "file" else folder
+    locked.chmod(0o444 if request.param == "file" else 0o555)
+    try:
+        yield url, path, job_id
+    finally:
+        locked.chmod(0o644 if request.param == "file" else 0o755)
+
+
+def test_a_worker_on_a_database_it_may_not_write_refuses_to_start_naming_the_file_and_the_fix(
+    read_only: tuple[str, Path, int],
+) -> None:
+    """Its worker processes crash-looped, a traceback a second."""
+    url, path, job_id = read_only
+    result = cli_as_a_user(url, "worker", "--burst", "-c", "1")
+    said = result.stderr
+    assert result.returncode == 1, said[-3000:]
+    assert f"cannot write the SQLite database {path}" in said, said[-3000:]
+    assert f"write permission on the file and on its directory {path.parent}" in said, said[-3000:]
+    assert "Traceback" not in said and "started worker process" not in said, said[-3000:]
+    assert len([line for line in said.splitlines() if "cannot write" in line]) == 1
+
+    # Enqueueing says the same, as the CLI and as delay() (a ConfigurationError), and adds nothing.
+    enqueued = cli_as_a_user(url, "enqueue", "basic.add", "--args", "[3, 4]")
+    assert enqueued.returncode == 1, enqueued.stderr[-3000:]
+    assert f"cannot write the SQLite database {path}" in enqueued.stderr and "Traceback" not in enqueued.stderr
+    delay = f"from tests.apps import basic; basic.app.configure(database_url={url!r}); basic.add.delay(3, 4)"
+    delayed = run_as_a_user("-c", delay)
+    assert "jobqueue.errors.ConfigurationError: cannot write the SQLite database" in delayed.stderr, delayed.stderr
+
+
+def test_nothing_is_lost_once_the_permissions_are_given(read_only: tuple[str, Path, int]) -> None:
+    url, path, job_id = read_only
+    refused = cli_as_a_user(url, "worker", "--burst", "-c", "1")
+    assert refused.returncode == 1
+    os.chmod(path, 0o644)
+    os.chmod(path.parent, 0o755)
+    ran = cli_as_a_user(url, "worker", "--burst", "-c", "1")
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    basic.app.configure(database_url=url)
+    try:
+        assert basic.app.job(job_id).get(timeout=5) == 3
+    finally:
+        basic.app.close()
+    assert jobqueue("--database-url", url, "status").returncode == 0
