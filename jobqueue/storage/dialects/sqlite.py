@@ -311,6 +311,12 @@ class SQLiteDialect(Dialect):
     def check_workable(self) -> None:
         # A write that changes nothing, in a write transaction: whatever keeps this process from
         # writing (file or directory permissions, a read-only mount, an immutable file) refuses it.
+        # A directory that is not there (yet: a mount to come) is no such case: the worker waits
+        # for it as for a server that is down, saying so.
+        database = self.engine.url.database
+        if database and not database.startswith("file:"):
+            if not os.path.isdir(os.path.dirname(os.path.abspath(database))):
+                return
         problem = self.access_problem()
         if problem is None:
             try:
