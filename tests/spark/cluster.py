@@ -13,7 +13,6 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
-from typing import Any
 
 from tests.servers import free_port
 
@@ -36,9 +35,7 @@ class StandaloneCluster:
 
     def __init__(self, directory: Path, env: dict[str, str] | None = None) -> None:
         self.dir = directory
-        self.port = free_port()
-        self.url = f"spark://127.0.0.1:{self.port}"
-        self.web_port = free_port()
+        self._choose_ports()
         self.processes: dict[str, subprocess.Popen[bytes]] = {}
         for name in ("conf", "local", "work"):
             (directory / name).mkdir(exist_ok=True)
@@ -53,9 +50,27 @@ class StandaloneCluster:
             "PYSPARK_PYTHON": sys.executable,  # so that executors import this jobqueue
         }
 
-    def start(self, timeout: float = 180) -> None:
-        """Start the master and the worker; return once the worker has registered. On any failure
-        stop what started and raise RuntimeError with the end of their logs."""
+    def _choose_ports(self) -> None:
+        self.port = free_port()
+        self.url = f"spark://127.0.0.1:{self.port}"
+        self.web_port = free_port()
+
+    def start(self, timeout: float = 180, attempts: int = 2) -> None:
+        """Start the master and the worker; return once the worker has registered. A failed start
+        stops what started and tries again on other ports (a port found free may be taken by the
+        time the JVM binds it); after ``attempts`` failures raise RuntimeError with the end of
+        every attempt's logs."""
+        failures = []
+        for attempt in range(1, attempts + 1):
+            try:
+                self._start_once(timeout)
+                return
+            except Exception as exc:
+                failures.append(f"attempt {attempt} (master {self.url}, web UI port {self.web_port}): {exc}")
+                self._choose_ports()
+        raise RuntimeError("\n".join(failures))
+
+    def _start_once(self, timeout: float) -> None:
         script = spark_class()
         try:
             self._spawn("master", [script, MASTER, "--host", "127.0.0.1", "--port", str(self.port)], self.web_port)
@@ -84,30 +99,44 @@ class StandaloneCluster:
             )
 
     def _wait_for_worker(self, timeout: float) -> None:
+        """Wait until the worker says it registered with our master, or the master's JSON page
+        counts an alive worker. Whatever else answers on the web UI's port (nothing yet, a page
+        that is not JSON) means not yet; the last answer goes in the error."""
         deadline = time.monotonic() + timeout
-        state: dict[str, Any] = {}
+        answer = "nothing"
         while time.monotonic() < deadline:
             for name, process in self.processes.items():
                 if process.poll() is not None:
                     raise RuntimeError(f"the Spark {name} exited with code {process.returncode}\n{self.logs()}")
+            if f"Successfully registered with master {self.url}" in self._log("worker"):
+                return
             try:
                 with urllib.request.urlopen(f"http://127.0.0.1:{self.web_port}/json/", timeout=5) as response:
-                    state = json.load(response)
-            except OSError:
-                state = {}  # not listening yet
-            if state.get("aliveworkers", 0) >= 1:
-                return
+                    body = response.read()
+                answer = repr(body[:200])
+                if json.loads(body).get("aliveworkers", 0) >= 1:
+                    return
+            except OSError as exc:  # not listening yet
+                answer = str(exc)
+            except (ValueError, AttributeError):
+                pass  # something answered, but not the master's JSON: ``answer`` holds what
             time.sleep(0.5)
         raise RuntimeError(
             f"no Spark worker registered with the master at {self.url} within {timeout:.0f} s "
-            f"(master says {state or 'nothing'})\n{self.logs()}"
+            f"(its web UI on port {self.web_port} answered {answer})\n{self.logs()}"
         )
+
+    def _log(self, name: str) -> str:
+        try:
+            return (self.dir / f"{name}.log").read_text(errors="replace")
+        except FileNotFoundError:
+            return ""
 
     def logs(self, lines: int = 30) -> str:
         """The last lines of each process's log, for an error message."""
         parts = []
         for name in self.processes:
-            text = (self.dir / f"{name}.log").read_text(errors="replace").splitlines()
+            text = self._log(name).splitlines()
             parts.append(f"--- {name} log ({self.dir / name}.log), last lines:\n" + "\n".join(text[-lines:]))
         return "\n".join(parts)
 
