@@ -22,18 +22,16 @@ import sqlalchemy as sa
 from jobqueue.clock import utcnow
 from jobqueue.errors import ConfigurationError, SchemaError
 from jobqueue.flow import RATE_MEMORY_SECONDS
-from jobqueue.job import SCHEDULE_TASK, Batch, Message, MessageState, Outcome
+from jobqueue.job import Batch, Message, MessageState, Outcome
 from jobqueue.storage import flowkeys
 from jobqueue.storage.dialects import dialect_for
-from jobqueue.storage.dialects.base import PRIORITY_LEVELS_PROBED
 from jobqueue.storage.dialects.common import (
     PROCESSING,
-    READY_LITERALS,
     AcquireParams,
     LeaseClock,
     WorkerState,
-    first_of_partition,
 )
+from jobqueue.storage.dialects.due import PRIORITY_LEVELS_PROBED
 from jobqueue.storage.dialects.wakeup import Waker
 from jobqueue.storage.engine import check_listen_url, database_kind, mask_url
 from jobqueue.storage.tables import SCHEMA_VERSION, Tables, Timestamp
@@ -395,7 +393,7 @@ class Store:
         level = None
         for _ in range(PRIORITY_LEVELS_PROBED):
             with self.dialect.probing() as conn:
-                level = self.dialect.next_level(conn, params.queues, level)
+                level = self.dialect.due_check.next_level(conn, params.queues, level)
             if level is None:
                 return taken
             taken += self.dialect.acquire(dataclasses.replace(params, limit=params.limit - len(taken), level=level))
@@ -599,21 +597,8 @@ class Store:
         ``horizon``. Counting them kept --burst running for as long as a partition's head waited to
         retry (an hour, say) or a "1/h" rate spaced the key's jobs.
         """
-        m, f = self.tables.message, self.tables.flow
-        until = sa.bindparam("h", type_=Timestamp)
-        rate_held = sa.exists().where(f.c.flow_key == m.c.flow_key, f.c.next_start_at > until)
-        due = sa.and_(
-            m.c.state.in_(READY_LITERALS),
-            m.c.next_attempt_at <= until,
-            first_of_partition(m),
-            sa.or_(m.c.flow_key.is_(None), ~rate_held),
-        )
-        # Schedule messages never end: they do not count as work waiting.
-        stmt = sa.select(m.c.id).where(sa.or_(m.c.state == PROCESSING, due), m.c.task_name != SCHEDULE_TASK).limit(1)
-        if queues:
-            stmt = stmt.where(m.c.queue.in_(queues))
-        with self.reading() as conn:
-            return conn.execute(stmt, {"h": horizon}).first() is not None
+        with self.reading() as conn:  # four times a second: on indexes, like has_ready
+            return self.dialect.due_check.work_until(conn, queues, horizon)
 
     def has_ready(self, queues: tuple[str, ...] | None, now: datetime) -> bool:
         """True if a message of these queues is due now, for idle polling: read on indexes, a few
@@ -621,7 +606,7 @@ class Store:
         that a backlog of jobs due later is never walked (an idle supervisor asks every second)."""
         params = AcquireParams("", 0, queues, 1, now, self._lease_clock(0, None))
         with self.reading() as conn:  # the supervisor's own pool: no connection more for it
-            return self.dialect.anything_due(conn, params)
+            return self.dialect.due_check.anything_due(conn, params)
 
     def notify(self) -> None:
         """Wake idle workers now (PostgreSQL: NOTIFY; elsewhere their supervisors poll anyway)."""

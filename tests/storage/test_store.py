@@ -17,7 +17,7 @@ from jobqueue.errors import CorruptMessage
 from jobqueue.job import ErrorInfo, Message, MessageState, Outcome, OutcomeKind
 from jobqueue.storage import jobs
 from jobqueue.storage import store as store_module
-from jobqueue.storage.dialects.base import PRIORITY_LEVELS_PROBED
+from jobqueue.storage.dialects.due import PRIORITY_LEVELS_PROBED
 
 WORKER = "w" * 32
 LEASE = 30.0
@@ -279,9 +279,13 @@ def test_a_due_job_below_many_priority_levels_due_later_is_found(
     assert [m.id for m in app.store.acquire(WORKER, None, 5, LEASE, now=at)] == [high.id, low.id]
 
 
-def test_asking_whether_anything_is_due_reads_no_backlog_due_later(app: JobQueue, add, backend: str) -> None:
-    """An idle supervisor asks every second whether anything is due: over a backlog due later,
-    each of its statements reads an index range, never the whole message table."""
+@pytest.mark.parametrize("question", ["due now", "work before the burst horizon"])
+def test_asking_whether_anything_is_due_reads_no_backlog_due_later(
+    app: JobQueue, add, backend: str, question: str
+) -> None:
+    """An idle supervisor asks every second whether anything is due, and a --burst one four times
+    a second whether anything runs or comes due within 5 s: over a backlog due later, each of
+    their statements reads an index range, never the whole message table."""
     later = utcnow() + timedelta(hours=1)
     for priority in (0, 5):
         add.bulk([(0, 0)] * 5000, eta=later, priority=priority)
@@ -301,7 +305,10 @@ def test_asking_whether_anything_is_due_reads_no_backlog_due_later(app: JobQueue
     sa.event.listen(app.engine, "before_cursor_execute", record)
     try:
         for queues in (None, ("b",), ("b", "c")):
-            assert not app.store.has_ready(queues, utcnow())
+            if question == "due now":
+                assert not app.store.has_ready(queues, utcnow())
+            else:
+                assert not app.store.has_work(queues, utcnow() + timedelta(seconds=5))
     finally:
         sa.event.remove(app.engine, "before_cursor_execute", record)
     assert seen

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -37,34 +36,13 @@ from jobqueue.storage.dialects.common import (
     json_text,
 )
 from jobqueue.storage.dialects.connector import Connector
+from jobqueue.storage.dialects.due import DueCheck
 from jobqueue.storage.dialects.flow import FlowAcquired, FlowAcquirer
 from jobqueue.storage.dialects.wakeup import PollingWaker, Waker
 from jobqueue.storage.outcomes import RELEASED, REQUEUED, archive_row, requeue_binds
 from jobqueue.storage.tables import Tables, Timestamp
 
 UNIQUE_RETRIES = 10
-# Priority levels probed one by one when asking whether a job without a key is due; beyond them
-# (a queue whose jobs spread over many priorities) one walk of the ready index answers instead.
-PRIORITY_LEVELS_PROBED = 32
-
-
-@dataclass(frozen=True)
-class DueProbes:
-    """Statements that say whether a job without a flow key is due, on the ready index.
-
-    Acquire's ordered walk filters ``next_attempt_at <= now`` entry by entry: on a backlog of jobs
-    that are not due yet (a million reminders for tomorrow, retries waiting an hour) it reads every
-    entry to find none. Within one priority the index is in due-time order, so these ask level by
-    level: the highest priority present (``top``), whether a job of priority ``p`` is due (``due``,
-    a range that ends at the first job not due), and the next level below ``p`` (``below``), each
-    the first entry of a range. ``scan`` is the plain walk, for many levels. Bind ``now``, ``p``
-    and, for one queue, ``only_queue``.
-    """
-
-    top: Any
-    due: Any
-    below: Any
-    scan: Any
 
 
 class Dialect(Connector):
@@ -97,7 +75,7 @@ class Dialect(Connector):
         self.message = tables.message
         self._acquire_cache: dict[tuple[str, bool], Any] = {}
         self._flow_cache: dict[str, FlowAcquirer] = {}
-        self._due_probes: dict[Any, Any] = {}
+        self.due_check = DueCheck(self)
         self._take: Any = None
         m = self.message
         self.returned = [m.c[name] for name in ACQUIRED_COLUMNS]
@@ -215,87 +193,6 @@ class Dialect(Connector):
         if filtered:
             stmt = stmt.where(self.queue_filter(one))
         return stmt.order_by(m.c.priority.desc(), m.c.next_attempt_at, m.c.id).limit(sa.bindparam("limit"))
-
-    def anything_due(self, connection: sa.Connection, params: AcquireParams) -> bool:
-        """Whether a job of ``params.queues`` is due at ``params.now``, with or without a flow key,
-        read on indexes: for jobs without a key a few probes per priority level present, however
-        many wait for a later time; for the others one probe per flow key. One statement when
-        nothing waits (an idle supervisor asks often)."""
-        queues = params.queues or (None,)
-        binds = {**params.binds(), "only_queue": queues[0]}
-        level, keyed = connection.execute(self._first_due_probe(params.shape), binds).one()
-        if keyed:
-            return True
-        if self._due_from(connection, queues[0], params.now, level):
-            return True
-        return any(self._due_from(connection, queue, params.now) for queue in queues[1:])
-
-    def _first_due_probe(self, shape: str) -> Any:
-        """The highest priority level of the first queue (as ``top``), and whether a flow key has
-        work it may start, in one statement; the level is not looked for if a key has work (on
-        MariaDB that walk may read the queue's keyed jobs)."""
-        probe = self._due_probes.get(shape)
-        if probe is None:
-            top = self.due_probes(one=shape != "all").top
-            keyed = sa.exists(self.flow_acquirer(shape).any_keys)
-            level = sa.case((keyed, sa.null()), else_=top.scalar_subquery())
-            probe = self._due_probes[shape] = sa.select(level, keyed)
-        return probe
-
-    def _due_from(self, connection: sa.Connection, queue: str | None, now: datetime, level: Any = ...) -> bool:
-        """Whether a job without a flow key is due in ``queue`` (None: any), probing its priority
-        levels from ``level`` down (from its highest if not given)."""
-        probes = self.due_probes(one=queue is not None)
-        binds: dict[str, Any] = {"now": now, "only_queue": queue}
-        if level is ...:
-            level = connection.execute(probes.top, binds).scalar()
-        for _ in range(PRIORITY_LEVELS_PROBED):
-            if level is None:
-                return False
-            if connection.execute(probes.due, {**binds, "p": level}).first() is not None:
-                return True
-            level = connection.execute(probes.below, {**binds, "p": level}).scalar()
-        return level is not None and connection.execute(probes.scan, binds).first() is not None
-
-    def next_level(self, connection: sa.Connection, queues: tuple[str, ...] | None, below: int | None) -> int | None:
-        """The highest priority of a ready job without a flow key in ``queues`` (None: any queue),
-        below ``below`` if given (whether due or not); None if there is none."""
-        probes = self.due_probes(one=bool(queues))
-        statement = probes.top if below is None else probes.below
-        levels = [connection.execute(statement, {"only_queue": q, "p": below}).scalar() for q in queues or (None,)]
-        return max((level for level in levels if level is not None), default=None)
-
-    def due_probes(self, one: bool) -> DueProbes:
-        """The statements of :meth:`anything_due`, for all queues or for ``one`` (``only_queue``)."""
-        probes: DueProbes | None = self._due_probes.get(one)
-        if probes is None:
-            m = self.message
-            ready: list[Any] = [m.c.state.in_(READY_LITERALS), m.c.flow_key.is_(None)]
-            due = [m.c.next_attempt_at <= sa.bindparam("now", type_=Timestamp), first_of_partition(m)]
-            index = self.unkeyed_index
-            if one:
-                in_queue = m.c.queue == sa.bindparam("only_queue", type_=sa.String)
-                if index == "ready":  # a partial index of the queue's jobs without a key
-                    index, ready = "ready_queue", [*ready, in_queue]
-                else:
-                    # The levels of every queue (the first entries of ranges); the queue is
-                    # checked among due jobs, where each range ends at the first one due later.
-                    due.append(in_queue)
-            hint = f"FORCE INDEX (ix_{self.tables.prefix}message_{index})"
-            level = sa.bindparam("p", type_=sa.Integer)
-
-            def on_index(select: Any) -> Any:
-                # MariaDB chose other plans for some of these; the others find this one themselves.
-                return select.with_hint(m, hint, dialect_name="mysql").with_hint(m, hint, dialect_name="mariadb")
-
-            levels = sa.select(m.c.priority).where(*ready).order_by(m.c.priority.desc()).limit(1)
-            probes = self._due_probes[one] = DueProbes(
-                top=on_index(levels),
-                due=on_index(sa.select(m.c.id).where(*ready, m.c.priority == level, *due).limit(1)),
-                below=on_index(levels.where(m.c.priority < level)),
-                scan=on_index(sa.select(m.c.id).where(*ready, *due).limit(1)),
-            )
-        return probes
 
     def acquire_flow(self, params: AcquireParams) -> FlowAcquired:
         """Acquire up to ``params.limit`` messages that have a flow key, within their keys' limits."""

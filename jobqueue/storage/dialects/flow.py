@@ -165,11 +165,18 @@ class FlowAcquirer:
             sa.and_(~partition_row, any_ready.scalar_subquery().isnot(None)),
         )
         locked = (f.c.flow_key, f.c.next_start_at, clock.label("now"))
-        may_start = [sa.or_(f.c.next_start_at.is_(None), f.c.next_start_at <= clock), has_ready]
+
+        def may_start_at(time: Any) -> list[Any]:
+            return [sa.or_(f.c.next_start_at.is_(None), f.c.next_start_at <= time), has_ready]
+
+        may_start = may_start_at(clock)
         self.keys = sa.select(*locked).where(*may_start).order_by(f.c.served_at, f.c.flow_key).limit(KEYS_PER_ACQUIRE)
         # Whether any key has work it may start now, read without locking anything: most fetches
         # find none (most jobs have no key), and say so in one statement outside a transaction.
         self.any_keys = sa.select(f.c.flow_key).where(*may_start).limit(1)
+        # Whether any key has a job due by ``now`` that its rate lets start by then (--burst asks
+        # it of a time a few seconds ahead).
+        self.any_keys_until = sa.select(f.c.flow_key).where(*may_start_at(sa.bindparam("now"))).limit(1)
         # FOR NO KEY UPDATE on PostgreSQL: enqueues holding a key (FOR KEY SHARE) do not keep a
         # worker from it.
         if dialect.lock_flow_keys_as_found:
