@@ -6,7 +6,7 @@ are only the rows.
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -64,12 +64,11 @@ def running_supervisors(store: Store, supervisor_ids: Collection[str], stale_sec
     """Those of ``supervisor_ids`` whose worker processes still beat (within ``stale_seconds``), with
     their host's name."""
     w = store.tables.worker
-    wanted = sorted(supervisor_ids)
     found: dict[str, str] = {}
     with store.reading() as conn:
-        for start in range(0, len(wanted), LOOKUP_PAGE):
+        for page in _pages(supervisor_ids):
             stmt = sa.select(w.c.supervisor_id, w.c.hostname).where(
-                w.c.supervisor_id.in_(wanted[start : start + LOOKUP_PAGE]),
+                w.c.supervisor_id.in_(page),
                 w.c.heartbeat_at >= store.dialect.clock_plus(),
             )
             for row in conn.execute(stmt, store.lease_clock_binds(-stale_seconds)):
@@ -79,6 +78,14 @@ def running_supervisors(store: Store, supervisor_ids: Collection[str], stale_sec
 
 # Names (or ids) per statement: an IN list far below every database's limit on bound parameters.
 LOOKUP_PAGE = 500
+
+
+def _pages(values: Collection[Any]) -> Iterator[list[Any]]:
+    """``values`` in order, in lists of at most ``LOOKUP_PAGE``: one IN list each."""
+    ordered = sorted(values)
+    for start in range(0, len(ordered), LOOKUP_PAGE):
+        yield ordered[start : start + LOOKUP_PAGE]
+
 
 # The header that tells a schedule message a worker retired (its schedule gone from its code) from
 # one cancelled or deleted by hand.
@@ -91,13 +98,10 @@ def schedule_ids(store: Store, names: Collection[str]) -> dict[str, int]:
     """The ids of the active schedule messages named ``names``, by name: lookups of the unique index
     by name, whatever the number of other messages."""
     m = store.tables.message
-    wanted = sorted(names)
     found: dict[str, int] = {}
     with store.reading() as conn:
-        for start in range(0, len(wanted), LOOKUP_PAGE):
-            stmt = sa.select(m.c.unique_key, m.c.id).where(
-                m.c.task_name == SCHEDULE_TASK, m.c.unique_key.in_(wanted[start : start + LOOKUP_PAGE])
-            )
+        for page in _pages(names):
+            stmt = sa.select(m.c.unique_key, m.c.id).where(m.c.task_name == SCHEDULE_TASK, m.c.unique_key.in_(page))
             found.update({str(row.unique_key): int(row.id) for row in conn.execute(stmt)})
     return found
 
@@ -107,12 +111,11 @@ def retired_schedules(store: Store, messages: dict[str, int]) -> set[str]:
     worker retired (rather than someone deleting or cancelling them): lookups of the archive by id."""
     a = store.tables.archive
     by_id = {message_id: name for name, message_id in messages.items()}
-    ids = sorted(by_id)
     retired: set[str] = set()
     with store.reading() as conn:
-        for start in range(0, len(ids), LOOKUP_PAGE):
+        for page in _pages(by_id):
             stmt = sa.select(a.c.id, a.c.unique_key, a.c.headers).where(
-                a.c.id.in_(ids[start : start + LOOKUP_PAGE]), a.c.task_name == SCHEDULE_TASK
+                a.c.id.in_(page), a.c.task_name == SCHEDULE_TASK
             )
             for row in conn.execute(stmt):
                 # The same schedule (an archived job can share a waiting message's id on MySQL).
