@@ -464,6 +464,24 @@ def test_a_job_whose_enqueue_commits_after_a_later_one_ran_waits_for_it(app: Job
     assert [m.id for m in take(app)] == [early.id]
 
 
+@only("postgresql", "mysql")
+def test_a_key_being_enqueued_to_runs_its_committed_jobs_on_postgresql_not_mariadb(app: JobQueue, backend: str) -> None:
+    """An enqueue holds its key's flow row until its transaction ends. PostgreSQL's lock lets
+    workers take the key's committed jobs meanwhile; MariaDB's share lock makes them pass over the
+    key until the application commits (as the flow control page says)."""
+
+    @app.task(name="t.partner", concurrency_key="partner", concurrency_limit=2)
+    def call(n: int) -> None: ...
+
+    first = call.delay(1)
+    with app.engine.connect() as producer:
+        with producer.begin():
+            second = call.apply_async((2,), connection=producer)
+            meanwhile = [m.id for m in take(app)]
+        assert meanwhile == ([first.id] if backend == "postgresql" else [])
+    assert [m.id for m in take(app)] == ([second.id] if backend == "postgresql" else [first.id, second.id])
+
+
 def test_keys_that_mimic_a_partition_are_refused(app: JobQueue) -> None:
     # Also as SQLite's LIKE and MariaDB's default collation see it: regardless of case or accents.
     for number, key in enumerate(["partition:x", "Partition:x", "PARTITION:", "pártition:x"]):
