@@ -34,6 +34,7 @@ from jobqueue.errors import ConfigurationError, TimeLimitExceeded
 from jobqueue.job import MessageState, OutcomeKind
 from jobqueue.runtime import metrics
 from jobqueue.runtime.executor import Executor, outcome_fields
+from jobqueue.runtime.housekeeping import Housekeeping
 from jobqueue.runtime.process import (
     HOARD_SECONDS,
     STOP_SIGNALS,
@@ -65,13 +66,6 @@ QUICK_DEATHS_BEFORE_BACKOFF = 3
 SCHEDULE_SYNC_RETRIES = 10
 RETRY_SOON_SECONDS = 1.0
 LOOP_ERROR_PAUSE_SECONDS = 1.0
-# Flow keys without jobs are forgotten after a minute, swept once a minute: acquires walk the keys
-# in the order they were served, and a key that went quiet would otherwise stay at the front. The
-# same sweep adds back the rows that keys with jobs lack (deleted by hand).
-FLOW_IDLE_SECONDS = 60.0
-FLOW_SWEEP_SECONDS = 60.0
-# How often a supervisor that runs consumer groups trims the topics' logs of finished messages.
-TOPIC_COLLECT_SECONDS = 5.0
 # How often the supervisor writes SQLite's journal back into the database file (its worker
 # processes leave that to it, see Store.take_over_checkpoints).
 CHECKPOINT_SECONDS = 1.0
@@ -106,9 +100,6 @@ class Supervisor:
         self.next_release = 0.0
         self.release_after = 0.0  # no expired lease is released before this (after the clock jumped)
         self.clock_mark: tuple[float, datetime] | None = None  # (monotonic, lease clock) at the last look
-        self.next_flow_sweep = 0.0
-        self.flow_walk_after: str | None = None  # where the next look for keys without a flow row goes on
-        self.next_topic_collect = 0.0
         self.tidies = True  # the first of its peers (alone until the worker registry says otherwise)
         self.next_checkpoint = 0.0
         self.checkpoints = False  # whether this supervisor writes the database's journal back
@@ -142,6 +133,7 @@ class Supervisor:
         check_listen_url(self.app.database_url, resolve_listen_url(self.settings))  # before any work
         name_process("jobqueue-supervisor")
         self.consumers = topics.served_consumers(self.app.consumers.values(), self.settings.groups)
+        self.housekeeping = Housekeeping(self.app, self.guard, collects_topics=bool(self.consumers))
         if self.settings.queues is not None or self.settings.groups is not None:
             # Served: the queues asked for (or those of the app's tasks) and the groups' own queues.
             consumed = {c.queue for c in self.app.consumers.values()}
@@ -700,7 +692,8 @@ class Supervisor:
                 logger.warning("released %s message(s) whose lease expired (a worker died or stalled)", released)
                 self.unspent = min(self.unspent + released, self.size)  # ready now: our idle processes take them
             if self.tidies and now >= self.release_after:  # nor any worker row taken for dead
-                self._tidy(now)
+                # Keys whose rows came back: their jobs are takeable, and no enqueue says so.
+                self.unspent = min(self.unspent + self.housekeeping.run(now), self.size)
             if self.busy_schedules:
                 self.guard.try_once(self._sync_busy_schedules)
             if self.app.schedules and not self.stopping:
@@ -767,42 +760,6 @@ class Supervisor:
                 self.waker.set_peers(*peers)
                 # The housekeeping every supervisor of a pool could do is done by the first.
                 self.tidies = peers[0] == 0
-
-    def _tidy(self, now: float) -> None:
-        """Housekeeping that needs doing once, not once per host: forget long-dead worker rows,
-        trim the topic logs, forget idle flow keys and add back the lost rows of keys with jobs.
-        Supervisors serving the same queues leave it to the first of them by id; should that one
-        die, the next takes over once its rows go stale (``worker_stale_after``). Releasing
-        expired leases is not among it: every supervisor does that, so that a dead worker's jobs
-        come back as soon as possible."""
-        stale = max(10 * self.settings.release_stuck_timeout, 300.0)
-        self.guard.try_once(lambda: self.store.prune_workers(stale))
-        if self.consumers and now >= self.next_topic_collect:
-            self.next_topic_collect = now + TOPIC_COLLECT_SECONDS
-            self.guard.try_once(self.app.topic_store.collect)
-        if now >= self.next_flow_sweep:
-            self.next_flow_sweep = now + FLOW_SWEEP_SECONDS
-            self.guard.try_once(lambda: self.store.forget_idle_flow_keys(FLOW_IDLE_SECONDS))
-            self._restore_flow_keys()
-
-    def _restore_flow_keys(self) -> None:
-        """Add back the flow rows of keys with jobs that have none (deleted by hand): no worker
-        acquires those jobs, and a --burst worker would wait for them forever."""
-        ok, restored = self.guard.try_once(lambda: self.store.restore_missing_flow_keys(self.flow_walk_after))
-        if not ok or restored is None:
-            return
-        self.flow_walk_after = restored.resume_after
-        if restored.keys:
-            shown = ", ".join(repr(key) for key in restored.keys[:10])
-            more = f" and {len(restored.keys) - 10} more" if len(restored.keys) > 10 else ""
-            logger.warning(
-                "flow key(s) %s%s had jobs but no row in the flow table (deleted by hand?), so no worker took "
-                "their jobs; the rows are added back",
-                shown,
-                more,
-            )
-            # Idle processes look again: nothing else tells them (no job was added).
-            self.unspent = min(self.unspent + len(restored.keys), self.size)
 
     def _checkpoint(self) -> None:
         """Write SQLite's journal back; an error is logged once until it succeeds again (the
