@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 import multiprocess
 from multiprocess import connection as mp_connection
 
-from jobqueue import periodic, topics
+from jobqueue import topics
 from jobqueue.clock import utcnow
 from jobqueue.errors import ConfigurationError, TimeLimitExceeded
 from jobqueue.job import MessageState, OutcomeKind
@@ -47,6 +47,7 @@ from jobqueue.runtime.process import (
 )
 from jobqueue.runtime.progress import Progress
 from jobqueue.runtime.resilience import DatabaseGuard, GaveUp
+from jobqueue.runtime.schedule_upkeep import ScheduleUpkeep
 from jobqueue.runtime.slot import Slot, SlotView
 from jobqueue.runtime.writer import OutcomeWriter, Unwritten
 from jobqueue.settings import resolve_listen_url
@@ -63,7 +64,6 @@ BURST_HORIZON_SECONDS = 5.0
 BURST_CHECK_SECONDS = 0.25
 RESPAWN_BACKOFF_MAX_SECONDS = 10.0
 QUICK_DEATHS_BEFORE_BACKOFF = 3
-SCHEDULE_SYNC_RETRIES = 10
 RETRY_SOON_SECONDS = 1.0
 LOOP_ERROR_PAUSE_SECONDS = 1.0
 # How often the supervisor writes SQLite's journal back into the database file (its worker
@@ -106,8 +106,6 @@ class Supervisor:
         self.next_burst_check = 0.0
         self.next_pending_retry = 0.0
         self.failing: set[str] = set()  # database work that failed for a reason retrying may not fix
-        self.busy_schedules: set[str] = set()  # changed in code, held by a delivery when we started
-        self.keeper = periodic.Keeper(self.app.schedules, self.supervisor_id)
         self.respawn_at: dict[int, float] = {}
         self.quick_deaths: dict[int, int] = {}
         self.done_by_dead = 0
@@ -123,6 +121,7 @@ class Supervisor:
             lambda exc: self.app.store.classify(exc),
             lambda exc: self.app.store.explain(exc),
         )
+        self.schedule_upkeep = ScheduleUpkeep(self.app, self.supervisor_id, self.guard)
 
     # -- entry point -------------------------------------------------------------------------------
     def run(self) -> int:
@@ -192,7 +191,7 @@ class Supervisor:
             self.checkpoints = self.store.take_over_checkpoints()
             self.guard.call(self.store.repair_ids, give_up=lambda: self.signals > 0)
             self.executor = Executor(self.app)
-            self.guard.call(self._sync_schedules, give_up=lambda: self.signals > 0)
+            self.guard.call(self.schedule_upkeep.sync_at_start, give_up=lambda: self.signals > 0)
             self.guard.call(self._register_groups, give_up=lambda: self.signals > 0)
             # Before any fork: the worker processes share the statements built here.
             self.guard.call(lambda: self.store.warm_up(self.settings.queues), give_up=lambda: self.signals > 0)
@@ -214,94 +213,6 @@ class Supervisor:
                 break
             self._spawn(index)
         return True
-
-    def _sync_schedules(self) -> None:
-        """Create, update and retire schedule messages to match the code (before any child forks)."""
-        report = self._sync()
-        for _ in range(SCHEDULE_SYNC_RETRIES):
-            if not report.busy:
-                break
-            time.sleep(0.2)  # a schedule being fired right now: its change waits a moment
-            # The whole sync again (what matches the code is left alone): a removal waits too.
-            again = self._sync()
-            report.created += again.created
-            report.updated += again.updated
-            report.retired += again.retired
-            report.busy = again.busy
-            report.clashing = again.clashing
-            report.contested = {**again.contested, **report.contested}  # as this start found them first
-        for kind in ("created", "updated", "retired"):
-            names = getattr(report, kind)
-            if names:
-                logger.info("schedules %s: %s", kind, ", ".join(sorted(names)))
-        if report.clashing:
-            raise ConfigurationError(report.clash_message())
-        if report.busy:
-            # Held longer than a fire takes: most likely by a worker that died while firing it, whose
-            # lease has yet to run out. The change is applied once it is free (see _sync_busy_schedules).
-            logger.warning(
-                "schedules changed in code but busy being fired: %s; the change applies once they are free",
-                ", ".join(sorted(report.busy)),
-            )
-        # Applied all the same (every start applies its code's definitions), said once, at this start:
-        # while it runs, this worker looks again only at the busy ones, so two apps that share a
-        # schedule name take it from each other at their starts, not over and over.
-        for contest in sorted(report.contested.values(), key=lambda contest: contest.name):
-            logger.warning("%s", contest.message())
-        self.busy_schedules = set(report.busy)
-        self.keeper.check(self.store, utcnow())  # the ids of the messages, to tell a retirement later
-
-    def _sync(self, only: set[str] | None = None) -> periodic.SyncReport:
-        return periodic.sync(
-            self.store,
-            self.app.schedules,
-            set(self.app.registry),
-            utcnow(),
-            writer=self.supervisor_id,
-            stale_seconds=self.settings.worker_stale_after,
-            only=only,
-        )
-
-    def _keep_schedules(self) -> None:
-        """Create again the schedule messages deleted since the last look (see periodic.Keeper); an
-        error is logged once until a look succeeds again."""
-        what = "look for deleted schedule messages"
-        try:
-            ok, found = self.guard.try_once(lambda: self.keeper.check(self.store, utcnow()))
-        except Exception:
-            if what not in self.failing:
-                logger.exception("could not %s; trying again every %s s", what, self.settings.release_stuck_interval)
-            self.failing.add(what)
-            return
-        self.failing.discard(what)
-        if not ok or found is None:
-            return
-        created, retired = found
-        if created:
-            logger.warning(
-                "schedule messages were missing (deleted or cancelled by hand?), created again: %s; their next "
-                "fires count from now. A schedule stops for good when it is removed from the code",
-                ", ".join(created),
-            )
-        if retired:
-            logger.info(
-                "schedules retired by a worker whose code no longer defines them: %s; this worker leaves them "
-                "retired (a release that defines them again creates them when its workers start)",
-                ", ".join(retired),
-            )
-
-    def _sync_busy_schedules(self) -> None:
-        """Apply the changes (edits and removals) that found their schedule held at start, now that
-        leases may have run out: the sync again, of those schedules only (the others are another
-        worker's to change at its start), which leaves alone what matches the code."""
-        report = self._sync(only=self.busy_schedules)
-        self.busy_schedules = set(report.busy)
-        for kind in ("created", "updated", "retired"):
-            names = getattr(report, kind)
-            if names:
-                logger.info("schedules %s: %s", kind, ", ".join(sorted(names)))
-        if report.clashing:
-            logger.error("%s", report.clash_message())
 
     def _warn_of_strange_queues(self) -> None:
         """A queue asked for that none of the app's tasks and consumers declares, but whose name is
@@ -694,10 +605,10 @@ class Supervisor:
             if self.tidies and now >= self.release_after:  # nor any worker row taken for dead
                 # Keys whose rows came back: their jobs are takeable, and no enqueue says so.
                 self.unspent = min(self.unspent + self.housekeeping.run(now), self.size)
-            if self.busy_schedules:
-                self.guard.try_once(self._sync_busy_schedules)
+            if self.schedule_upkeep.busy:
+                self.guard.try_once(self.schedule_upkeep.sync_busy)
             if self.app.schedules and not self.stopping:
-                self._keep_schedules()
+                self.schedule_upkeep.keep()
             if ok:
                 self.next_release = now + self.settings.release_stuck_interval
 
