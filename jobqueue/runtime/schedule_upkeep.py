@@ -1,8 +1,8 @@
 """A supervisor's part in periodic tasks: make the schedule messages match its code at start
 (create, update, retire), apply later the changes that found their schedule busy being fired, and
 create again the schedule messages deleted or cancelled by hand while it runs. What a schedule
-means and how a sync decides is ``jobqueue.periodic``'s; here is when a supervisor does it and
-what it logs.
+means is ``jobqueue.periodic``'s and how a sync decides ``jobqueue.schedule_sync``'s; here is
+when a supervisor does it and what it logs.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from jobqueue import periodic
+from jobqueue import schedule_sync
 from jobqueue.clock import utcnow
 from jobqueue.errors import ConfigurationError
 from jobqueue.runtime.resilience import DatabaseGuard
@@ -35,7 +35,7 @@ class ScheduleUpkeep:
     failing: bool = False  # whether the last look for deleted schedule messages failed
 
     def __post_init__(self) -> None:
-        self.keeper = periodic.Keeper(self.app.schedules, self.supervisor_id)
+        self.keeper = schedule_sync.Keeper(self.app.schedules, self.supervisor_id)
 
     def sync_at_start(self) -> None:
         """Create, update and retire schedule messages to match the code (before any child forks)."""
@@ -81,7 +81,7 @@ class ScheduleUpkeep:
             logger.error("%s", report.clash_message())
 
     def keep(self) -> None:
-        """Create again the schedule messages deleted since the last look (see periodic.Keeper); an
+        """Create again the schedule messages deleted since the last look (see schedule_sync.Keeper); an
         error is logged once until a look succeeds again."""
         try:
             ok, found = self.guard.try_once(lambda: self.keeper.check(self.app.store, utcnow()))
@@ -110,8 +110,8 @@ class ScheduleUpkeep:
                 ", ".join(retired),
             )
 
-    def _sync(self, only: set[str] | None = None) -> periodic.SyncReport:
-        return periodic.sync(
+    def _sync(self, only: set[str] | None = None) -> schedule_sync.SyncReport:
+        return schedule_sync.sync(
             self.app.store,
             self.app.schedules,
             set(self.app.registry),
@@ -122,7 +122,7 @@ class ScheduleUpkeep:
         )
 
 
-def _log_changes(report: periodic.SyncReport) -> None:
+def _log_changes(report: schedule_sync.SyncReport) -> None:
     for kind in ("created", "updated", "retired"):
         names = getattr(report, kind)
         if names:

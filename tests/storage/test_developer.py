@@ -14,8 +14,8 @@ from sqlalchemy.orm import Session
 
 from jobqueue import ConfigurationError, JobFailed, JobNotCommitted, JobNotFound, JobQueue, current_job
 from jobqueue.clock import utcnow
-from jobqueue.periodic import sync
 from jobqueue.retry import ConstantRetryStrategy, NoRetryStrategy
+from jobqueue.schedule_sync import sync
 from jobqueue.signals import job_failed
 from jobqueue.testing import drain
 

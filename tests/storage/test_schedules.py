@@ -8,7 +8,7 @@ import pytest
 import sqlalchemy as sa
 from freezegun import freeze_time
 
-from jobqueue import JobQueue, periodic
+from jobqueue import JobQueue, periodic, schedule_sync
 from jobqueue.clock import utcnow
 from jobqueue.periodic import SCHEDULE_TASK
 from jobqueue.runtime.executor import Executor, StoreDeliveryWriter
@@ -30,8 +30,8 @@ def make_app(db_url: str, every: int | None = 10, cron: str | None = None) -> Jo
     return app
 
 
-def sync(app: JobQueue) -> periodic.SyncReport:
-    return periodic.sync(app.store, app.schedules, set(app.registry), utcnow())
+def sync(app: JobQueue) -> schedule_sync.SyncReport:
+    return schedule_sync.sync(app.store, app.schedules, set(app.registry), utcnow())
 
 
 def jobs_of(app: JobQueue, task: str = "report") -> list[dict]:
@@ -116,11 +116,11 @@ def test_a_schedule_removed_from_code_is_retired(db_url: str) -> None:
         sync(make_app(db_url))
     other_app = JobQueue(db_url)  # does not know the task at all: must not retire its schedule
     with freeze_time(T0):
-        assert periodic.sync(other_app.store, {}, {"unrelated"}, utcnow()).retired == []
+        assert schedule_sync.sync(other_app.store, {}, {"unrelated"}, utcnow()).retired == []
     without = JobQueue(db_url)
     without.task(name="report")(lambda n: n)  # same task, schedule deleted from code
     with freeze_time(T0 + timedelta(seconds=5)):
-        assert periodic.sync(without.store, {}, set(without.registry), utcnow()).retired == ["report"]
+        assert schedule_sync.sync(without.store, {}, set(without.registry), utcnow()).retired == ["report"]
     with freeze_time(T0 + timedelta(minutes=5)):
         assert run_due(without, now=utcnow()) == []  # it fires no more
     assert periodic.schedule_rows(without.store) == {}
@@ -236,7 +236,7 @@ def test_the_keeper_creates_deleted_schedule_messages_again_once(db_url: str) ->
     """Deleted (by a DELETE or by `jobs cancel`), a schedule message comes back at the next look of
     any keeper, once however many look, its first fire counted from then."""
     app = make_app(db_url)
-    keepers = [periodic.Keeper(app.schedules, f"supervisor{i}") for i in range(2)]
+    keepers = [schedule_sync.Keeper(app.schedules, f"supervisor{i}") for i in range(2)]
     with freeze_time(T0) as clock:
         sync(app)
         assert all(keeper.check(app.store, utcnow()) == ([], []) for keeper in keepers)
@@ -258,11 +258,11 @@ def test_the_keeper_leaves_retired_a_schedule_a_worker_retired(db_url: str) -> N
     app = make_app(db_url)
     newer = JobQueue(db_url)
     newer.task(name="report")(lambda n: n)  # the task without its schedule: a newer release
-    keeper = periodic.Keeper(app.schedules, "older")
+    keeper = schedule_sync.Keeper(app.schedules, "older")
     with freeze_time(T0):
         sync(app)
         keeper.check(app.store, utcnow())
-        assert periodic.sync(newer.store, newer.schedules, set(newer.registry), utcnow()).retired == ["report"]
+        assert schedule_sync.sync(newer.store, newer.schedules, set(newer.registry), utcnow()).retired == ["report"]
         assert keeper.check(app.store, utcnow()) == ([], ["report"])
         assert keeper.check(app.store, utcnow()) == ([], [])  # said once
         assert periodic.schedule_rows(app.store) == {}
@@ -294,10 +294,10 @@ def test_a_start_applies_its_definition_over_a_running_workers_and_says_so(db_ur
     view change it once."""
     first, second = make_app(db_url, every=10), make_app(db_url, every=60)
     with freeze_time(T0):
-        assert periodic.sync(first.store, first.schedules, {"report"}, utcnow(), writer="a" * 32).created
+        assert schedule_sync.sync(first.store, first.schedules, {"report"}, utcnow(), writer="a" * 32).created
         register_supervisor(first, "a" * 32, utcnow())
         before = periodic.schedule_rows(first.store)["report"]
-        report = periodic.sync(second.store, second.schedules, {"report"}, utcnow(), writer="b" * 32)
+        report = schedule_sync.sync(second.store, second.schedules, {"report"}, utcnow(), writer="b" * 32)
         assert report.updated == ["report"] and list(report.contested) == ["report"]
         message = report.contested["report"].message()
         assert "schedule 'report' is defined differently by a running worker (supervisor aaaaaaaa on host web-2)" in (
@@ -311,7 +311,7 @@ def test_a_start_applies_its_definition_over_a_running_workers_and_says_so(db_ur
         row = periodic.schedule_rows(first.store)["report"]
         assert row.schedule == second.schedules["report"] and row.defined_by == "b" * 32
         # The first app's running worker looks again at its busy schedules only (none): left so.
-        report = periodic.sync(first.store, first.schedules, {"report"}, utcnow(), writer="a" * 32, only=set())
+        report = schedule_sync.sync(first.store, first.schedules, {"report"}, utcnow(), writer="a" * 32, only=set())
         assert not report.updated and periodic.schedule_rows(first.store)["report"].schedule == row.schedule
         # A start that read the definition before the second app changed it does not change it again.
         assert not stored.update_schedule(
@@ -327,7 +327,7 @@ def test_a_start_applies_its_definition_over_a_running_workers_and_says_so(db_ur
         register_supervisor(second, "b" * 32, utcnow())
         bare = JobQueue(db_url)
         bare.task(name="report")(lambda n: n)
-        report = periodic.sync(bare.store, bare.schedules, {"report"}, utcnow(), writer="c" * 32)
+        report = schedule_sync.sync(bare.store, bare.schedules, {"report"}, utcnow(), writer="c" * 32)
         assert report.retired == ["report"]
         message = report.contested["report"].message()
         assert "is not in this app's code, but a running worker (supervisor bbbbbbbb on host web-2)" in message
