@@ -2,7 +2,8 @@
 
 ``python django_site.py <scenario>``, with ``SITE_DATABASES`` a JSON object of Django database
 aliases and SQLAlchemy URLs (``{"default": "postgresql://..."}``) and ``SITE_QUEUE_ALIAS`` the
-alias jobqueue uses (``SITE_SQLITE_AS_URI=1``: SQLite names are given to Django as ``file:`` URIs).
+alias jobqueue uses (``SITE_SQLITE_AS_URI=1``: SQLite names are given to Django as ``file:`` URIs;
+``SITE_SQLITE_TEST_FILE=1``: SQLite's test database is a file).
 It migrates every alias, runs the scenario (a function below) and prints "ok".
 """
 
@@ -11,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import unittest
 from collections.abc import Callable
 from typing import Any
 
@@ -30,7 +32,10 @@ def django_database(url: str) -> dict[str, object]:
     engine = ENGINES[parsed.get_backend_name()]
     if engine.endswith("sqlite3"):
         as_uri = os.environ.get("SITE_SQLITE_AS_URI")
-        return {"ENGINE": engine, "NAME": f"file:{parsed.database}?mode=rwc" if as_uri else parsed.database}
+        name = f"file:{parsed.database}?mode=rwc" if as_uri else parsed.database
+        # SITE_SQLITE_TEST_FILE=1: the test database in a file (Django's is in memory by default).
+        test = {"NAME": f"{parsed.database}_t.sqlite3"} if os.environ.get("SITE_SQLITE_TEST_FILE") else {}
+        return {"ENGINE": engine, "NAME": name, "TEST": test}
     return {
         "ENGINE": engine,
         "NAME": parsed.database,
@@ -279,6 +284,51 @@ def drain_in_django_tests() -> None:
     assert result.wasSuccessful() and result.testsRun == 2, result
 
 
+def in_parallel_test_processes() -> None:
+    # manage.py test --parallel 2: Django clones the test database once per process and points
+    # each process's connection at its clone. Jobs enqueued there must be read and run there by
+    # jobqueue's own connections, even when the runner's process used jobqueue before it forked.
+    from django.test.runner import DiscoverRunner, partition_suite_by_case
+
+    class Runner(DiscoverRunner):  # type: ignore[misc]
+        def build_suite(self, *args: Any, **kwargs: Any) -> Any:
+            loader = unittest.defaultTestLoader
+            suite = unittest.TestSuite(loader.loadTestsFromTestCase(case) for case in (ParallelOne, ParallelTwo))
+            return self.parallel_test_suite(partition_suite_by_case(suite), 2, self.failfast, False, False)
+
+        def setup_databases(self, **kwargs: Any) -> Any:
+            databases = super().setup_databases(**kwargs)
+            assert jobs() == 0  # the runner's process reads the test database through jobqueue
+            return databases
+
+    failures = Runner(parallel=2, verbosity=2, interactive=False).run_tests([])
+    assert failures == 0, f"{failures} failure(s) in the parallel test processes (above)"
+
+
+class InParallel:
+    """One test process's work: its jobs are in its own database, seen and run by jobqueue there."""
+
+    databases = {QUEUE_ALIAS}
+
+    def test_jobs_go_to_this_process_database(self) -> None:
+        try:
+            self.check_jobs()
+        except BaseException:  # the parallel runner cannot send a traceback back: it is printed here
+            import traceback
+
+            traceback.print_exc()
+            raise AssertionError("see the traceback above") from None
+
+    def check_jobs(self) -> None:
+        name = connections[QUEUE_ALIAS].settings_dict["NAME"]
+        assert name.removesuffix(".sqlite3").endswith(("_1", "_2")), f"not a clone: {name}"
+        assert sa.make_url(app.database_url).database == name, app.database_url
+        handles = [noop.delay(n) for n in range(3)]
+        assert jobs() == 3
+        assert sorted(done.id for done in drain(app)) == sorted(h.id for h in handles)
+        assert [h.get(timeout=0) for h in handles] == [0, 1, 2]
+
+
 def refused(read: Callable[[], object]) -> None:
     """``read`` (on jobqueue's own connections) is refused, naming the fix."""
     try:
@@ -315,6 +365,18 @@ def task_backend_settings() -> None:
     for params in good:
         backend = JobQueueBackend("default", {"OPTIONS": {"RETRY_STRATEGY": NoRetryStrategy()}, **params})
         assert backend.retry_strategy == NoRetryStrategy()
+
+
+# Test cases of the parallel scenario, importable by name in the test processes.
+from django.test import TransactionTestCase  # noqa: E402
+
+
+class ParallelOne(InParallel, TransactionTestCase):  # type: ignore[misc]
+    pass
+
+
+class ParallelTwo(InParallel, TransactionTestCase):  # type: ignore[misc]
+    pass
 
 
 if __name__ == "__main__":

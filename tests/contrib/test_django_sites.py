@@ -85,3 +85,10 @@ def test_djangos_test_runner_drops_its_test_database_while_jobqueue_used_it(back
 
 def test_drain_in_a_django_test_case_says_at_once_to_use_transaction_test_case(backend: str, tmp_path: Path) -> None:
     run_site("drain_in_django_tests", backend, tmp_path)
+
+
+def test_tests_run_in_parallel_processes_each_on_its_own_clone_of_the_test_database(
+    backend: str, tmp_path: Path
+) -> None:
+    # On SQLite a test database shared by processes must be a file (jobqueue refuses one in memory).
+    run_site("in_parallel_test_processes", backend, tmp_path, SITE_SQLITE_TEST_FILE="1")

@@ -299,28 +299,41 @@ def release_queues() -> None:
 
 
 def release_around_test_databases() -> None:
-    """Release jobqueue's pooled connections when Django creates or destroys a test database.
+    """Release jobqueue's pooled connections when Django creates, destroys or clones a test database.
 
     Django's test runner and pytest-django both go through ``creation.create_test_db`` and
     ``destroy_test_db``, and Django sends no signal there. Before a test database is dropped,
     jobqueue's connections to it must be closed (PostgreSQL refuses to drop a database others are
     connected to); before one is created, connections opened earlier to the real database must go,
-    so that the tests' jobs are read and run in the test database. Wraps the two methods once.
+    so that the tests' jobs are read and run in the test database. With ``--parallel``, each test
+    process points its connection at its own clone (``setup_worker_connection``): the connections
+    it inherited from the runner's process (the parent's, dropped at the fork without being closed)
+    led to the test database the runner made, not to the clone its jobs go to. Wraps the methods
+    once, on the base class and on the classes of the configured databases that have their own.
     """
+    from django.core.exceptions import ImproperlyConfigured
+    from django.db import connections
     from django.db.backends.base.creation import BaseDatabaseCreation
 
-    for name in ("create_test_db", "destroy_test_db"):
-        method = getattr(BaseDatabaseCreation, name)
-        if getattr(method, "releases_jobqueue", False):
+    classes = {BaseDatabaseCreation}
+    for alias in connections:
+        try:
+            classes.add(type(connections[alias].creation))
+        except ImproperlyConfigured:  # a backend that cannot load: Django says so when it is used
             continue
+    for cls in classes:
+        for name in ("create_test_db", "destroy_test_db", "setup_worker_connection"):
+            method = cls.__dict__.get(name)
+            if method is None or getattr(method, "releases_jobqueue", False):
+                continue  # inherited (wrapped where it is defined), absent (older Django), or wrapped
+            setattr(cls, name, _releasing(method))
 
-        def releasing(original: Callable[..., Any]) -> Callable[..., Any]:
-            @functools.wraps(original)
-            def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
-                release_queues()
-                return original(self, *args, **kwargs)
 
-            wrapper.releases_jobqueue = True  # type: ignore[attr-defined]
-            return wrapper
+def _releasing(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
+        release_queues()
+        return original(self, *args, **kwargs)
 
-        setattr(BaseDatabaseCreation, name, releasing(method))
+    wrapper.releases_jobqueue = True  # type: ignore[attr-defined]
+    return wrapper
