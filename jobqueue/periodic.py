@@ -50,6 +50,31 @@ logger = logging.getLogger("jobqueue.periodic")
 CATCH_UP_GRACE_SECONDS = 60.0
 
 
+# cron's nicknames, as Vixie cron and Celery's users write them.
+CRON_NICKNAMES = {
+    "@yearly": "0 0 1 1 *",
+    "@annually": "0 0 1 1 *",
+    "@monthly": "0 0 1 * *",
+    "@weekly": "0 0 * * 0",
+    "@daily": "0 0 * * *",
+    "@midnight": "0 0 * * *",
+    "@hourly": "0 * * * *",
+}
+
+
+def _cron_hint(expression: str) -> str:
+    """What a valid expression looks like, with what this one seems to have come from."""
+    fields = "five fields: minute hour day-of-month month day-of-week (or six, seconds first)"
+    nicknames = ", ".join(CRON_NICKNAMES)
+    if expression.strip().lower() == "@reboot":
+        return f"a schedule has no reboot to fire at; run the job from your deployment instead, or give {fields}"
+    if expression.startswith("@"):
+        return f"the nicknames are {nicknames}; or give {fields}"
+    if "?" in expression:
+        return f"'?' is Quartz's, not cron's: write '*' for the day you leave open; {fields}"
+    return f"{fields}, or one of {nicknames}"
+
+
 @dataclass(frozen=True)
 class Schedule:
     """When a task fires: ``cron`` in ``timezone``, or ``every`` fixed interval."""
@@ -76,12 +101,14 @@ class Schedule:
                     f"schedule {self.name!r}: cron= takes a string such as '*/5 * * * *', "
                     f"got {type(self.cron).__name__} {self.cron!r}"
                 )
+            nickname = CRON_NICKNAMES.get(self.cron.strip().lower())
+            if nickname is not None:
+                object.__setattr__(self, "cron", nickname)  # stored as cron reads it: "@hourly" is "0 * * * *"
             try:
                 CronSim(self.cron, datetime.now(self.tz))
             except CronSimError as exc:
                 raise ConfigurationError(
-                    f"schedule {self.name!r}: invalid cron expression {self.cron!r} ({exc}); "
-                    "five fields: minute hour day-of-month month day-of-week"
+                    f"schedule {self.name!r}: invalid cron expression {self.cron!r} ({exc}); {_cron_hint(self.cron)}"
                 ) from None
         else:
             self._check_every()

@@ -102,6 +102,13 @@ def test_catch_up_after_a_very_long_outage_finds_the_latest_fire(expression: str
     [
         ({"cron": "61 * * * *"}, "invalid cron expression"),
         ({"cron": "* * *"}, "invalid cron expression"),
+        ({"cron": "* * *"}, "five fields: minute hour day-of-month month day-of-week .or six, seconds first."),
+        ({"cron": "0 0 12 * * ?"}, "'\\?' is Quartz's, not cron's: write '\\*' for the day you leave open"),
+        ({"cron": "@reboot"}, "no reboot to fire at"),
+        (
+            {"cron": "@fortnightly"},
+            "the nicknames are @yearly, @annually, @monthly, @weekly, @daily, @midnight, @hourly",
+        ),
         ({"cron": "* * * * *", "timezone": "Mars/Olympus"}, "unknown timezone"),
         ({"cron": "* * * * *", "timezone": None}, "unknown timezone None"),  # a bare TypeError before
         ({"cron": "* * * * *", "timezone": 2}, "unknown timezone 2"),
@@ -133,6 +140,28 @@ def test_catch_up_after_a_very_long_outage_finds_the_latest_fire(expression: str
 def test_invalid_schedules(kwargs: dict, fragment: str) -> None:
     with pytest.raises(ConfigurationError, match=fragment):
         Schedule(name="s", task_name="t", **kwargs)
+
+
+@pytest.mark.parametrize(
+    "nickname, expression",
+    [("@hourly", "0 * * * *"), ("@DAILY", "0 0 * * *"), (" @midnight ", "0 0 * * *"), ("@weekly", "0 0 * * 0")]
+    + [("@monthly", "0 0 1 * *"), ("@yearly", "0 0 1 1 *"), ("@annually", "0 0 1 1 *")],
+)
+def test_crons_nicknames_are_the_expressions_they_stand_for(nickname: str, expression: str) -> None:
+    schedule = cron(nickname, "Europe/Paris")
+    assert schedule.expression == expression and schedule.definition() == cron(expression, "Europe/Paris").definition()
+    start = datetime(2026, 11, 28, 5, 30)
+    assert fires(schedule, start, 3) == fires(cron(expression, "Europe/Paris"), start, 3)
+
+
+def test_six_fields_count_seconds_first() -> None:
+    assert fires(cron("30 */20 * * * *"), datetime(2026, 11, 28, 5, 0), 2) == ["11-28 05:00", "11-28 05:20"]
+    schedule, at = cron("*/15 * * * * *"), datetime(2026, 11, 28, 5, 0)
+    assert [str(at := schedule.next_fire(at)) for _ in range(3)] == [
+        "2026-11-28 05:00:15",
+        "2026-11-28 05:00:30",
+        "2026-11-28 05:00:45",
+    ]
 
 
 def test_a_zoneinfo_is_taken_by_its_name() -> None:
