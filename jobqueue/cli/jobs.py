@@ -159,7 +159,7 @@ def _utc(value: Any) -> str:
     """A stored time (UTC), to the microsecond and marked as UTC, as ``jobs list`` marks its own."""
     if isinstance(value, datetime):
         value = value.astimezone(timezone.utc) if value.tzinfo is not None else value
-        return value.strftime("%Y-%m-%d %H:%M:%S.%fZ")
+        return str(value.strftime("%Y-%m-%d %H:%M:%S.%fZ"))
     return "-" if value is None else str(value)
 
 
