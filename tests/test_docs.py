@@ -6,6 +6,7 @@ import dataclasses
 import importlib
 import os
 import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -142,3 +143,23 @@ def _table_top(text: str, first_column: str) -> tuple[str, str]:
     lines = text.splitlines()
     at = next(number for number, line in enumerate(lines) if line.startswith(first_column))
     return lines[at], lines[at + 1]
+
+
+def test_the_unique_key_session_in_retries_runs_as_shown(tmp_path: Path) -> None:
+    """The commands of the page, typed as they are, print what the page shows (job ids aside)."""
+    text = (ROOT / "docs" / "retries.md").read_text()
+    session = text[text.index("$ jobqueue -A billing enqueue") :].split("```")[0].splitlines()
+    (tmp_path / "billing.py").write_text(
+        "from jobqueue import JobQueue\n\napp = JobQueue()\n\n\n@app.task\ndef send_invoice(invoice_id): ...\n"
+    )
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env.pop("JOBQUEUE_DATABASE_URL", None)
+    subprocess.run([sys.executable, "-m", "jobqueue", "-A", "billing", "db", "init"], cwd=tmp_path, env=env, check=True)
+    assert len(session) == 4, session
+    for command, shown in zip(session[0::2], session[1::2], strict=True):
+        args = shlex.split(command.removeprefix("$ jobqueue "))
+        done = subprocess.run(
+            [sys.executable, "-m", "jobqueue", *args], cwd=tmp_path, env=env, capture_output=True, text=True
+        )
+        assert done.returncode == 0, done.stderr
+        assert re.sub(r"job \d+", "job N", done.stdout.strip()) == re.sub(r"job \d+", "job N", shown)
