@@ -138,6 +138,15 @@ class Group(click.Group):
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
+        except click.NoSuchOption as exc:
+            # `jobqueue worker --app x` as Celery 4 took it: the option exists, before the command.
+            shown = [param for param in self.params if not getattr(param, "hidden", False)]  # bound: no --app
+            given = {name for param in shown for name in param.opts} if ctx.parent is None else set()
+            if exc.option_name in given and exc.ctx is not None and exc.ctx is not ctx:
+                command = exc.ctx.command_path.removeprefix(ctx.command_path).strip()
+                where = f"{ctx.command_path} {exc.option_name} ... {command} ..."
+                raise click.UsageError(f"{exc.option_name} goes before the command: {where}", exc.ctx) from None
+            raise
         except JobQueueError as exc:
             raise click.ClickException(mask_secrets(str(exc), ctx)) from None
         except sa.exc.DBAPIError as exc:

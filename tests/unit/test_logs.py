@@ -98,6 +98,20 @@ def test_a_module_whose_own_import_fails_is_named_with_the_line(tmp_path, monkey
     ]
 
 
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        (["worker", "--app", "tasks:app"], "Error: --app goes before the command: jobqueue --app ... worker ..."),
+        (["jobs", "list", "-l", "info"], "Error: -l goes before the command: jobqueue -l ... jobs list ..."),
+        (["status", "--nope"], "Error: No such option '--nope'."),
+    ],
+)
+def test_a_global_option_given_after_the_command_says_where_it_goes(args: list[str], expected: str) -> None:
+    result = CliRunner().invoke(cli, args, prog_name="jobqueue")
+    assert result.exit_code == 2
+    assert result.output.strip().splitlines()[-1] == expected
+
+
 def test_a_misspelt_setting_is_named_with_the_one_meant() -> None:
     with pytest.raises(ConfigurationError, match=r"'concurency' \(did you mean 'concurrency'\?\); known: "):
         JobQueue(concurency=2)
