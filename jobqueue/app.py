@@ -23,7 +23,7 @@ from jobqueue.storage.engine import create_engine, mask_url, same_database
 from jobqueue.storage.store import Store, commit_watch
 from jobqueue.storage.tables import MAX_ID, Tables, build_tables
 from jobqueue.storage.topics import START_LATEST, TopicStore
-from jobqueue.task import Task, build_options
+from jobqueue.task import Task, build_options, unknown_names
 from jobqueue.topics import Consumer, Topic, check_consumer, make_consumer, parse_groups
 
 if TYPE_CHECKING:
@@ -51,7 +51,8 @@ class JobQueue:
         unknown = sorted(set(settings) - set(setting_names()))
         if unknown:
             raise ConfigurationError(
-                f"unknown JobQueue setting(s): {', '.join(unknown)}; known: {', '.join(setting_names())}"
+                f"unknown JobQueue setting(s): {unknown_names(unknown, setting_names())}; "
+                f"known: {', '.join(setting_names())}"
             )
         self.settings = Settings(database_url=database_url, **settings)
         self.serializer = get_serializer(self.settings.serializer)

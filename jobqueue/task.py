@@ -115,16 +115,20 @@ def default_task_name(fn: Callable[..., Any]) -> str:
     return f"{module}.{qualname}"
 
 
+def unknown_names(unknown: Iterable[str], known: Sequence[str]) -> str:
+    """``unknown`` names quoted, each with the known name it is likely a typo of."""
+    return ", ".join(
+        f"{u!r} (did you mean {m[0]!r}?)" if (m := difflib.get_close_matches(u, known, 1)) else repr(u) for u in unknown
+    )
+
+
 def build_options(fn: Callable[..., Any], options: dict[str, Any], reserved_ok: bool = False) -> TaskOptions:
     """Check decorator options now, so a typo fails at import rather than in production."""
     unknown = sorted(set(options) - set(OPTION_NAMES))
     if unknown:
-        hints = [
-            f"{u!r} (did you mean {m[0]!r}?)" if (m := difflib.get_close_matches(u, OPTION_NAMES, 1)) else repr(u)
-            for u in unknown
-        ]
         raise ConfigurationError(
-            f"unknown task option {', '.join(hints)} on {fn.__qualname__}; known options: {', '.join(OPTION_NAMES)}"
+            f"unknown task option {unknown_names(unknown, OPTION_NAMES)} on {fn.__qualname__}; "
+            f"known options: {', '.join(OPTION_NAMES)}"
         )
     values = dict(options)
     values["name"] = validate_task_name(values.get("name") or default_task_name(fn), reserved_ok)

@@ -6,6 +6,7 @@ import dataclasses
 import importlib
 import os
 import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from jobqueue.settings import Settings
+from jobqueue.storage.tables import SCHEMA_VERSION
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = sorted((ROOT / "docs").glob("*.md")) + [ROOT / "README.md"]
@@ -44,6 +46,12 @@ def test_every_setting_is_documented() -> None:
     text = (ROOT / "docs" / "configuration.md").read_text()
     missing = [f.name for f in dataclasses.fields(Settings) if f"`{f.name}`" not in text]
     assert not missing
+
+
+def test_every_schema_version_is_documented() -> None:
+    text = (ROOT / "docs" / "upgrading.md").read_text()
+    rows = re.findall(r"^\| (\d+) \| ", text, re.M)
+    assert [int(version) for version in rows] == list(range(1, SCHEMA_VERSION + 1))
 
 
 def test_quickstart_example_runs_as_documented(tmp_path: Path) -> None:
@@ -93,3 +101,65 @@ def test_quickstart_tasks_run_through_the_cli(tmp_path: Path) -> None:
         quickstart.app.close()
     finally:
         sys.path.remove(str(ROOT / "examples"))
+
+
+# The tables the docs show, with what makes each command print one.
+SAMPLE_TABLES = [
+    ("periodic.md", "NAME ", ["periodic", "list"], "@app.periodic(cron='0 7 * * *')\n@app.task\ndef digest(): ..."),
+    ("topics.md", "TOPIC ", ["topics"], "app.init_schema()\napp.topic('orders').publish({'id': 7})"),
+    ("operations.md", "QUEUE ", ["status"], "@app.task\ndef noop(): ...\n\n\napp.init_schema()\nnoop.delay()"),
+]
+
+
+@pytest.mark.parametrize("doc, first_column, command, setup", SAMPLE_TABLES, ids=[t[0] for t in SAMPLE_TABLES])
+def test_a_table_shown_in_the_docs_has_the_columns_the_command_prints(
+    doc: str, first_column: str, command: list[str], setup: str, tmp_path: Path
+) -> None:
+    (tmp_path / "docs_app.py").write_text(f"from jobqueue import JobQueue\n\napp = JobQueue()\n{setup}\n")
+    env = dict(os.environ, PYTHONPATH=f"{ROOT}{os.pathsep}{tmp_path}", NO_COLOR="1")
+    env.pop("JOBQUEUE_DATABASE_URL", None)
+
+    def run(*args: str) -> str:
+        done = subprocess.run(
+            [sys.executable, "-m", "jobqueue", "--app", "docs_app", *args],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    run("db", "init")
+    printed, printed_next = _table_top(run(*command), first_column)
+    shown, shown_next = _table_top((ROOT / "docs" / doc).read_text(), first_column)
+    assert shown.split() == printed.split()
+    assert set(shown_next) <= {"-", " "} if set(printed_next) <= {"-", " "} else not set(shown_next) <= {"-", " "}
+
+
+def _table_top(text: str, first_column: str) -> tuple[str, str]:
+    """The header line of the table that starts with ``first_column``, and the line under it."""
+    lines = text.splitlines()
+    at = next(number for number, line in enumerate(lines) if line.startswith(first_column))
+    return lines[at], lines[at + 1]
+
+
+def test_the_unique_key_session_in_retries_runs_as_shown(tmp_path: Path) -> None:
+    """The commands of the page, typed as they are, print what the page shows (job ids aside)."""
+    text = (ROOT / "docs" / "retries.md").read_text()
+    session = text[text.index("$ jobqueue -A billing enqueue") :].split("```")[0].splitlines()
+    (tmp_path / "billing.py").write_text(
+        "from jobqueue import JobQueue\n\napp = JobQueue()\n\n\n@app.task\ndef send_invoice(invoice_id): ...\n"
+    )
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env.pop("JOBQUEUE_DATABASE_URL", None)
+    subprocess.run([sys.executable, "-m", "jobqueue", "-A", "billing", "db", "init"], cwd=tmp_path, env=env, check=True)
+    assert len(session) == 4, session
+    for command, shown in zip(session[0::2], session[1::2], strict=True):
+        args = shlex.split(command.removeprefix("$ jobqueue "))
+        done = subprocess.run(
+            [sys.executable, "-m", "jobqueue", *args], cwd=tmp_path, env=env, capture_output=True, text=True
+        )
+        assert done.returncode == 0, done.stderr
+        assert re.sub(r"job \d+", "job N", done.stdout.strip()) == re.sub(r"job \d+", "job N", shown)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from datetime import datetime, timezone
 from typing import Any
 
 import click
@@ -111,18 +112,18 @@ def show(state: CliState, /, job_id: int, as_json: bool) -> None:
         f"job {row['id']}  {row['task_name']}  {row['state']}  ({'active' if where == 'message' else 'archived'})",
         f"queue {row['queue']}  priority {row['priority']}  attempts {row['attempts_count']}  "
         f"deliveries {row['deliveries_count']}",
-        f"created      {row['created_at']}",
-        f"first try    {row.get('first_attempt_at') or '-'}",
-        f"last try     {row.get('last_attempt_at') or '-'}",
+        f"created      {_utc(row['created_at'])}",
+        f"first try    {_utc(row.get('first_attempt_at'))}",
+        f"last try     {_utc(row.get('last_attempt_at'))}",
     ]
     if where == "message":
-        lines.append(f"next try     {row['next_attempt_at']}")
+        lines.append(f"next try     {_utc(row['next_attempt_at'])}")
     if flow is not None:
         lines.append(f"flow key     {_flow_line(flow)}")
     if wait is not None and wait.reason:
         lines.append(f"waiting      {wait.reason}")
     if where != "message":
-        lines.append(f"finished     {row.get('finished_at') or '-'}  (archived {row['archived_at']})")
+        lines.append(f"finished     {_utc(row.get('finished_at'))}  (archived {_utc(row['archived_at'])})")
     if "schedule" in decoded:
         schedule = decoded["schedule"]
         lines.append(
@@ -152,6 +153,14 @@ def show(state: CliState, /, job_id: int, as_json: bool) -> None:
             f"{entry.get('archived_at')}: {entry.get('error_type')}: {entry.get('error_message')}"
         )
     click.echo(printable("\n".join(lines)))
+
+
+def _utc(value: Any) -> str:
+    """A stored time (UTC), to the microsecond and marked as UTC, as ``jobs list`` marks its own."""
+    if isinstance(value, datetime):
+        value = value.astimezone(timezone.utc) if value.tzinfo is not None else value
+        return str(value.strftime("%Y-%m-%d %H:%M:%S.%fZ"))
+    return "-" if value is None else str(value)
 
 
 @jobs.command()

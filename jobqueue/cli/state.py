@@ -68,23 +68,35 @@ def load_app(spec: str | None) -> JobQueue:
         sys.path.insert(0, os.getcwd())
     try:
         module = _import(target)
+    except ModuleNotFoundError as exc:
+        named = exc.name is not None and (target == exc.name or target.startswith(exc.name + "."))
+        if not named or target.endswith(".py") or os.sep in target:
+            raise _import_failed(target, exc) from exc  # the module's own import of another one failed
+        raise ConfigurationError(
+            f"cannot import {target!r} named by --app/{APP_ENV}: {exc} (looked for from {os.getcwd()} and "
+            "PYTHONPATH): run jobqueue from the directory that holds it, set PYTHONPATH, or give the path of its "
+            "file (path/to/tasks.py)"
+        ) from exc
     except (ImportError, ValueError) as exc:  # ValueError: a relative or empty module name
         raise ConfigurationError(f"cannot import {target!r} named by --app/{APP_ENV}: {exc}") from exc
     except JobQueueError:  # a task declared with a bad option: its message says which
         raise
-    except Exception as exc:  # the module's own code failed: what, and where (a SyntaxError says where)
-        frames = traceback.extract_tb(exc.__traceback__)
-        last = frames[-1] if frames and not isinstance(exc, SyntaxError) else None
-        where = f", at {last.filename} line {last.lineno}" if last else ""
-        raise ConfigurationError(
-            f"cannot import {target!r} named by --app/{APP_ENV}: {type(exc).__name__}: {exc}{where}"
-        ) from exc
+    except Exception as exc:  # the module's own code failed
+        raise _import_failed(target, exc) from exc
     app = getattr(module, attribute, None)
     if not isinstance(app, JobQueue):
         found = [name for name, value in vars(module).items() if isinstance(value, JobQueue)]
         hint = f"; JobQueue objects there: {', '.join(found)}" if found else ""
         raise ConfigurationError(f"{target}:{attribute} is not a JobQueue{hint} (give --app module:attribute)")
     return app
+
+
+def _import_failed(target: str, exc: Exception) -> ConfigurationError:
+    """What the app's module raised as it was imported, and where (a SyntaxError says where)."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    last = frames[-1] if frames and not isinstance(exc, SyntaxError) else None
+    where = f", at {last.filename} line {last.lineno}" if last else ""
+    return ConfigurationError(f"cannot import {target!r} named by --app/{APP_ENV}: {type(exc).__name__}: {exc}{where}")
 
 
 def _import(target: str) -> Any:
@@ -126,6 +138,15 @@ class Group(click.Group):
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
+        except click.NoSuchOption as exc:
+            # `jobqueue worker --app x` as Celery 4 took it: the option exists, before the command.
+            shown = [param for param in self.params if not getattr(param, "hidden", False)]  # bound: no --app
+            given = {name for param in shown for name in param.opts} if ctx.parent is None else set()
+            if exc.option_name in given and exc.ctx is not None and exc.ctx is not ctx:
+                command = exc.ctx.command_path.removeprefix(ctx.command_path).strip()
+                where = f"{ctx.command_path} {exc.option_name} ... {command} ..."
+                raise click.UsageError(f"{exc.option_name} goes before the command: {where}", exc.ctx) from None
+            raise
         except JobQueueError as exc:
             raise click.ClickException(mask_secrets(str(exc), ctx)) from None
         except sa.exc.DBAPIError as exc:

@@ -59,6 +59,15 @@ def worker(state: CliState, /, burst: bool, progress: bool, **options: Any) -> N
     try:
         app.configure(**changes)
     except ConfigurationError as exc:  # an option's value out of range: say which, before any work
-        raise click.UsageError(str(exc)) from None
+        raise click.UsageError(_as_option(str(exc), changes)) from None
     code = app.run_worker(burst=burst, progress=progress)
     raise SystemExit(code)
+
+
+def _as_option(message: str, given: dict[str, Any]) -> str:
+    """A setting's error as the command line reads it: ``--fetch-batch-size``, not ``fetch_batch_size``,
+    and no ``None`` (leaving the option out is how a command line says it)."""
+    name = next((name for name in given if message.startswith(f"{name} ")), None)
+    if name is None:
+        return message
+    return ("--" + name.replace("_", "-") + message[len(name) :]).replace(" or None, got", ", got")

@@ -92,6 +92,11 @@ def database_kind(name: str) -> str:
 def backend_name(url: str | sa.URL) -> str:
     """Return "sqlite", "postgresql" or "mysql" for a URL, or raise ConfigurationError."""
     name = database_kind(parse_url(url).get_backend_name())
+    if name == "postgres":  # what Heroku and many hosts hand out, and SQLAlchemy refuses
+        raise ConfigurationError(
+            f"unsupported database 'postgres' in {mask_url(url)!r}: write the scheme as postgresql:// "
+            "(or postgresql+psycopg2://)"
+        )
     if name not in ("sqlite", "postgresql", "mysql"):
         raise ConfigurationError(
             f"unsupported database {name!r} in {mask_url(url)!r}: jobqueue runs on sqlite, postgresql and mysql/mariadb"
@@ -127,17 +132,44 @@ def create_engine(url: str | sa.URL, **kwargs: Any) -> sa.Engine:
     if parsed.drivername in DEFAULT_DRIVERS:
         # A URL without a driver gets the one jobqueue installs (SQLAlchemy 2.1 would pick psycopg 3).
         parsed = parsed.set(drivername=DEFAULT_DRIVERS[parsed.drivername])
+    try:
+        dialect = parsed.get_dialect()
+    except sa.exc.NoSuchModuleError:
+        raise ConfigurationError(
+            f"SQLAlchemy knows no driver {parsed.get_driver_name()!r} for {mask_url(parsed)}: "
+            f"use {_default_url(parsed)}"
+        ) from None
+    if getattr(dialect, "is_async", False):
+        raise ConfigurationError(
+            f"{mask_url(parsed)} names an asyncio driver ({parsed.get_driver_name()}); jobqueue's workers and "
+            f"enqueues are synchronous: use {_default_url(parsed)}"
+        )
     parsed, options = cls.engine_options(parsed)
     options.update(kwargs)
     try:
         engine = sa.create_engine(parsed, **options)
     except ModuleNotFoundError as exc:
-        raise ConfigurationError(
-            f"the driver for {mask_url(parsed)} is not installed ({exc.name}); "
-            f"pip install 'jobqueue[{backend_name(parsed)}]'"
-        ) from None
+        raise ConfigurationError(_missing_driver(parsed, exc.name)) from None
     cls.configure(engine)
     return engine
+
+
+def _missing_driver(url: sa.URL, module: str | None) -> str:
+    """What to do when the driver a URL names cannot be imported."""
+    kind = backend_name(url)
+    extra = f"pip install 'jobqueue[{kind}]'"
+    if kind == "sqlite" or url.drivername in DEFAULT_DRIVERS.values():
+        return f"the driver for {mask_url(url)} is not installed ({module}); {extra}"
+    return (
+        f"the driver for {mask_url(url)} is not installed ({module}); install it, or use the driver "
+        f"{extra} brings: {_default_url(url)}"
+    )
+
+
+def _default_url(url: sa.URL) -> str:
+    """The scheme of the driver jobqueue installs for ``url``'s database, as a user would write it."""
+    backend = url.get_backend_name()
+    return "sqlite:///PATH" if backend == "sqlite" else f"{DEFAULT_DRIVERS.get(backend, backend)}://..."
 
 
 def check_listen_url(database_url: str | sa.URL, listen_url: str | None) -> None:

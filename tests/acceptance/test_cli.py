@@ -192,9 +192,12 @@ def test_a_queues_option_that_names_no_queue_is_refused_not_read_as_every_queue(
 @pytest.mark.parametrize(
     "args, fragment",
     [
-        (("-c", "10000"), "concurrency must be at most 1024 worker processes per supervisor, got 10000"),
+        (("-c", "10000"), "Error: --concurrency must be at most 1024 worker processes per supervisor, got 10000"),
         (("--concurrency", "1025"), "run more supervisors"),
-        (("--fetch-batch-size", "20000"), "fetch_batch_size must be at most 10000"),
+        (("--fetch-batch-size", "20000"), "Error: --fetch-batch-size must be at most 10000"),
+        # Named as typed, and without Python's None: leaving the option out is how to say none.
+        (("--metrics-port", "70000"), "Error: --metrics-port must be a TCP port (1-65535), got 70000\n"),
+        (("-c", "0"), "Error: --concurrency must be an integer >= 1, got 0\n"),
     ],
 )
 def test_a_worker_option_out_of_range_is_a_usage_error_before_anything_starts(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from datetime import datetime
 from pathlib import Path
 
@@ -32,6 +33,10 @@ def test_list_show_retry_a_failed_job(app: JobQueue, tmp_path: Path) -> None:
     assert "FAILED" in shown and "RuntimeError: first run fails" in shown
     assert "traceback:" in shown and 'raise RuntimeError("first run fails")' in shown
     assert "marker" in shown  # the arguments
+    # Its times are UTC, and say so, as the table's do.
+    stamp = r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{6}Z"
+    assert re.search(rf"^created      {stamp}$", shown, re.M), shown
+    assert re.search(rf"^finished     {stamp}  \(archived {stamp}\)$", shown, re.M), shown
     detail = json.loads(jobqueue("jobs", "show", str(failing.id), "--json").stdout)
     assert detail["attempts_count"] == 1 and detail["args"] == [str(tmp_path / "marker")]
 

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import pytest
 from click.testing import CliRunner
 
-from jobqueue import JobQueue, logs
+from jobqueue import ConfigurationError, JobQueue, logs
 from jobqueue.cli import bound_cli, cli
 from tests.acceptance.cli import ROOT
 
@@ -72,6 +72,49 @@ def test_a_missing_app_file_is_a_one_line_error(tmp_path) -> None:
     assert result.output.strip().splitlines() == [
         f"Error: cannot import '{tmp_path}/nothere.py' named by --app/JOBQUEUE_APP: no such file: {tmp_path}/nothere.py"
     ]
+
+
+def test_a_module_not_found_names_where_it_was_looked_for(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(cli, ["-A", "shop_tasks_not_here:app", "status"])
+    assert result.exit_code == 1
+    (line,) = result.output.strip().splitlines()
+    assert line == (
+        "Error: cannot import 'shop_tasks_not_here' named by --app/JOBQUEUE_APP: No module named "
+        f"'shop_tasks_not_here' (looked for from {tmp_path} and PYTHONPATH): run jobqueue from the directory "
+        "that holds it, set PYTHONPATH, or give the path of its file (path/to/tasks.py)"
+    )
+
+
+def test_a_module_whose_own_import_fails_is_named_with_the_line(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "shop_tasks_importing.py").write_text("import os\nimport a_library_not_installed\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    result = CliRunner().invoke(cli, ["-A", "shop_tasks_importing", "status"])
+    assert result.exit_code == 1
+    assert result.output.strip().splitlines() == [
+        "Error: cannot import 'shop_tasks_importing' named by --app/JOBQUEUE_APP: ModuleNotFoundError: No module "
+        f"named 'a_library_not_installed', at {tmp_path}/shop_tasks_importing.py line 2"
+    ]
+
+
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        (["worker", "--app", "tasks:app"], "Error: --app goes before the command: jobqueue --app ... worker ..."),
+        (["jobs", "list", "-l", "info"], "Error: -l goes before the command: jobqueue -l ... jobs list ..."),
+        (["status", "--nope"], "Error: No such option '--nope'."),
+    ],
+)
+def test_a_global_option_given_after_the_command_says_where_it_goes(args: list[str], expected: str) -> None:
+    result = CliRunner().invoke(cli, args, prog_name="jobqueue")
+    assert result.exit_code == 2
+    assert result.output.strip().splitlines()[-1] == expected
+
+
+def test_a_misspelt_setting_is_named_with_the_one_meant() -> None:
+    with pytest.raises(ConfigurationError, match=r"'concurency' \(did you mean 'concurrency'\?\); known: "):
+        JobQueue(concurency=2)
 
 
 def test_celery_short_options() -> None:

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import importlib.util
+
 import pytest
 
 from jobqueue import ConfigurationError, JobQueue
@@ -88,6 +90,39 @@ def test_passwords_are_masked() -> None:
 def test_bad_urls(url: str, fragment: str) -> None:
     with pytest.raises(ConfigurationError, match=fragment):
         backend_name(url) if "sqlite" not in url else create_engine(url).connect()
+
+
+def test_a_driver_that_is_not_installed_is_named_with_the_one_jobqueue_installs() -> None:
+    if importlib.util.find_spec("pg8000") is not None:
+        pytest.skip("pg8000 is installed here")
+    with pytest.raises(ConfigurationError) as raised:
+        create_engine("postgresql+pg8000://app:s3cret@db/app")
+    assert str(raised.value) == (
+        "the driver for postgresql+pg8000://app:***@db/app is not installed (pg8000); install it, or use "
+        "the driver pip install 'jobqueue[postgresql]' brings: postgresql+psycopg2://..."
+    )
+
+
+@pytest.mark.parametrize(
+    "url, fix",
+    [
+        ("postgres://app:s3cret@db/app", "write the scheme as postgresql://"),
+        (
+            "mysql+mysqlclient://app:s3cret@db/app",
+            "knows no driver 'mysqlclient' for mysql+mysqlclient://app:***@db/app: use mysql+mysqldb://...",
+        ),
+        (
+            "postgresql+asyncpg://app:s3cret@db/app",
+            "jobqueue's workers and enqueues are synchronous: use postgresql+psycopg2://...",
+        ),
+        ("sqlite+aiosqlite:///jobs.sqlite3", "synchronous: use sqlite:///PATH"),
+    ],
+)
+def test_a_url_a_user_often_gets_wrong_is_refused_naming_the_fix(url: str, fix: str) -> None:
+    with pytest.raises(ConfigurationError) as raised:
+        create_engine(url)
+    assert fix in str(raised.value)
+    assert "s3cret" not in str(raised.value)
 
 
 @pytest.mark.parametrize(
