@@ -132,10 +132,20 @@ def job(job_id: int) -> str:
         error_type=row.get("error_type" if archived else "last_error_type"),
         error_message=row.get("error_message" if archived else "last_error_message"),
         traceback=row.get("error_traceback" if archived else "last_error_traceback"),
-        history=row.get("history") or [],
+        history=_history(row.get("history")),
         can_retry=archived and state in RETRYABLE,
         can_cancel=not archived and state in CANCELLABLE,
     )
+
+
+def _history(stored: Any) -> list[dict[str, Any]] | str:
+    """The job's earlier failures, or, when the stored history is not a list of entries (edited by
+    hand), that value as text, so the page says what is wrong instead of failing."""
+    if not stored:
+        return []
+    if isinstance(stored, list) and all(isinstance(entry, dict) for entry in stored):
+        return stored
+    return stored if isinstance(stored, deadletter.Unreadable) else deadletter.Unreadable(stored)
 
 
 @pages.post(f"/jobs/<int(max={MAX_ID}):job_id>/retry")
