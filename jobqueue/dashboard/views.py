@@ -99,7 +99,9 @@ def failed() -> str:
     before = request.args.get("before", type=int)
     if before is not None and not 0 < before <= MAX_ID:
         before = None  # no job has an id out of that range (SQLite could not even compare it)
-    rows = deadletter.list_jobs(store, ["failed"], task, queue, limit=dashboard.page_size + 1, before_id=before)
+    # No task or queue name holds a NUL, which PostgreSQL could not even be sent: nothing matches.
+    impossible = "\x00" in f"{task}{queue}"
+    rows = [] if impossible else deadletter.list_jobs(store, ["failed"], task, queue, dashboard.page_size + 1, before)
     more = len(rows) > dashboard.page_size
     rows = rows[: dashboard.page_size]
     return render_template(
@@ -110,7 +112,7 @@ def failed() -> str:
         first_page=before is None,
         next_before=rows[-1]["id"] if more else None,
         # count_archived has no queue filter: a total is shown only where it would be right.
-        total=None if queue else deadletter.count_archived(store, "failed", task),
+        total=None if queue or impossible else deadletter.count_archived(store, "failed", task),
     )
 
 
@@ -170,9 +172,15 @@ def cancel(job_id: int) -> Response:
 def _back(job_id: int) -> Response:
     """Redirect to the form's ``next`` page if it is one of ours, else to the job's page."""
     target = request.form.get("next", "")
-    if not target.startswith("/") or target.startswith("//") or "\\" in target:
+    # Browsers drop tabs and newlines from a Location, so "/<tab>/evil.example" would lead to another
+    # site: a target with any control character or space is not taken.
+    if not target.startswith("/") or target.startswith("//") or "\\" in target or not _plain(target):
         target = url_for("pages.job", job_id=job_id)
     return redirect(target, code=303)
+
+
+def _plain(text: str) -> bool:
+    return text.isprintable() and " " not in text
 
 
 def context() -> dict[str, Any]:

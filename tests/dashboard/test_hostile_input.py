@@ -9,6 +9,7 @@ import sqlalchemy as sa
 
 from jobqueue import JobQueue
 from tests.conftest import only
+from tests.dashboard.conftest import csrf_of
 from tests.dashboard.test_app import failed_ids, page
 from tests.storage.test_lifecycle import run_due
 
@@ -42,3 +43,27 @@ def test_times_that_are_no_times_are_shown_as_stored(app: JobQueue, tasks: Simpl
     assert "&lt;unreadable: &#39;garbage&#39;&gt;" in page(client, f"/jobs/{failed.id}")
     listed = page(client, "/failed")
     assert failed_ids(listed) == [failed.id] and "&lt;unreadable: &#39;garbage&#39;&gt;" in listed
+
+
+def test_a_filter_no_name_can_hold_matches_nothing(app: JobQueue, tasks: SimpleNamespace, client) -> None:
+    """Task and queue names never hold a NUL, which PostgreSQL cannot even be sent."""
+    tasks.fail.delay("x")
+    run_due(app)
+    for query in ("queue=%00", "task=t.fail%00", "queue=default%00&task=t.fail"):
+        html = page(client, f"/failed?{query}", status=200)
+        assert failed_ids(html) == [] and "No failed jobs" in html
+
+
+def test_a_next_page_with_control_characters_stays_on_the_dashboard(
+    app: JobQueue, tasks: SimpleNamespace, client
+) -> None:
+    """Browsers drop tabs and newlines from a Location: "/<tab>/evil.example" would lead to
+    //evil.example, another site."""
+    failed = tasks.fail.delay("x")
+    run_due(app)
+    token = csrf_of(page(client, f"/jobs/{failed.id}"))
+    for target in ("/\t/evil.example/", "/\n/evil.example/", "/\r\n/evil.example/", "/\x00/evil.example/"):
+        response = client.post(f"/jobs/{failed.id}/retry", data={"csrf_token": token, "next": target})
+        assert response.status_code == 303 and response.headers["Location"] == f"/jobs/{failed.id}", target
+    response = client.post(f"/jobs/{failed.id}/retry", data={"csrf_token": token, "next": "/failed?task=t.fail"})
+    assert response.headers["Location"] == "/failed?task=t.fail"
