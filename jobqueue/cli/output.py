@@ -57,8 +57,10 @@ def console(stderr: bool = False) -> Console:
     ctx = click.get_current_context(silent=True)
     color = ctx.color if ctx is not None else None
     # Off a terminal rich would assume 80 columns and cut cells; keep them whole instead.
+    # No markup: what is printed holds text from jobs and the database ("[/x]" would be an error).
     return Console(
         file=stream,
+        markup=False,
         width=None if tty else 10_000,
         highlight=False,
         soft_wrap=not tty,

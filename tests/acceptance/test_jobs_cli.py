@@ -294,3 +294,22 @@ def test_control_characters_in_a_job_are_shown_escaped_never_sent_to_the_termina
         assert "\\x1b]0;retitled\\x07\\x0dhidden\\x9b31m" in shown, shown
     assert "unique_key   key\\x1b[8m" in jobqueue("jobs", "show", str(failed.id)).stdout
     assert json.loads(jobqueue("jobs", "show", str(failed.id), "--json").stdout)["error_message"] == hostile
+
+
+@pytest.mark.parametrize("edited", ["[/x]", "[red]X", "\x1b]0;hi\x07"])
+def test_status_counts_archived_jobs_in_an_unknown_state_apart(app: JobQueue, edited: str) -> None:
+    """An archive row whose state was edited by hand is counted as unknown, never printed as its
+    text: that could be markup or an escape sequence."""
+    import sqlalchemy as sa
+
+    handle = basic.add.delay(1, 1)
+    kept = basic.add.delay(2, 2)
+    jobqueue("worker", "--burst", "--concurrency", "1")
+    a = app.tables.archive
+    with app.engine.begin() as conn:
+        conn.execute(sa.update(a).where(a.c.id == handle.id).values(state=edited))
+    assert kept.status() == "completed"
+    shown = jobqueue("status", check=False)
+    assert shown.returncode == 0 and "Traceback" not in shown.stderr, shown.stderr[-2000:]
+    assert "archive: completed 1, unknown_state 1" in shown.stdout
+    assert json.loads(jobqueue("status", "--json").stdout)["archive"] == {"completed": 1, "unknown_state": 1}
