@@ -177,13 +177,17 @@ def retry(store: Store, job_ids: Iterable[int], now: datetime | None = None) -> 
     for job_id in job_ids:
         try:
             with store.writing() as conn:
-                row = conn.execute(sa.select(a).where(a.c.id == job_id).with_for_update()).mappings().first()
-                if row is None:
+                found = readable_rows(conn, sa.select(a).where(a.c.id == job_id).with_for_update())
+                if not found:
                     where = "still active" if _active(conn, store, job_id) else "not in the archive"
                     report.refused[job_id] = f"{where}; only archived jobs can be retried"
                     continue
+                row = found[0]
                 if row["state"] not in RETRYABLE_FROM_ARCHIVE:
                     report.refused[job_id] = f"{row['state'].lower()}; only failed or cancelled jobs are retried"
+                    continue
+                if unreadable := _unreadable(row):
+                    report.refused[job_id] = unreadable
                     continue
                 values = {name: row[name] for name in columns}
                 values.update(
@@ -207,6 +211,18 @@ def retry(store: Store, job_ids: Iterable[int], now: datetime | None = None) -> 
             continue
         report.retried.append(job_id)
     return report
+
+
+def _unreadable(row: dict[str, Any]) -> str | None:
+    """Why an archived row (edited by hand) cannot go back to the queue as it is, or None."""
+    for name, value in row.items():
+        if isinstance(value, Unreadable):
+            return f"its {name} cannot be read as stored, {value}; correct it (or set it to NULL) to retry the job"
+    history = row.get("history")
+    if history is not None and not isinstance(history, list):
+        shown = Unreadable(history)
+        return f"its history is {shown}, not a list of earlier outcomes; set it to NULL to retry the job"
+    return None
 
 
 def _active(conn: sa.Connection, store: Store, job_id: int) -> bool:

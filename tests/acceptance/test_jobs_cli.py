@@ -313,3 +313,31 @@ def test_status_counts_archived_jobs_in_an_unknown_state_apart(app: JobQueue, ed
     assert shown.returncode == 0 and "Traceback" not in shown.stderr, shown.stderr[-2000:]
     assert "archive: completed 1, unknown_state 1" in shown.stdout
     assert json.loads(jobqueue("status", "--json").stdout)["archive"] == {"completed": 1, "unknown_state": 1}
+
+
+def test_retrying_a_job_whose_row_was_edited_by_hand_says_which_value_to_correct(app: JobQueue, backend: str) -> None:
+    """A history that is no list (or, on SQLite, a time that is no time) cannot go back to the
+    queue as it is: the retry is refused with the value named, and the job stays archived."""
+    import sqlalchemy as sa
+
+    a = app.tables.archive
+    edits: list[tuple[dict[str, object], str]] = [
+        ({"history": 5}, "its history is <unreadable: 5>, not a list of earlier outcomes; set it to NULL"),
+        ({"history": "text"}, "its history is <unreadable: 'text'>"),
+    ]
+    if backend == "sqlite":
+        edits.append(({"archived_at": sa.literal_column("'garbage'")}, "its archived_at cannot be read as stored"))
+    for values, reason in edits:
+        handle = basic.fail.delay("x")
+        jobqueue("worker", "--burst", "--concurrency", "1")
+        with app.engine.begin() as conn:
+            conn.execute(sa.update(a).where(a.c.id == handle.id).values(**values))
+        refused = jobqueue("jobs", "retry", str(handle.id), check=False)
+        assert refused.returncode == 1 and "Traceback" not in refused.stderr, refused.stderr[-2000:]
+        assert f"job {handle.id} not retried: {reason}" in refused.stderr
+        assert handle.status() == "failed"
+        with app.engine.begin() as conn:  # the fix the message names
+            conn.execute(sa.update(a).where(a.c.id == handle.id).values(history=None, archived_at=utcnow()))
+        jobqueue("jobs", "retry", str(handle.id))
+        assert handle.status() == "pending"
+        jobqueue("jobs", "cancel", str(handle.id))
