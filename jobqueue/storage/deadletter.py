@@ -186,7 +186,7 @@ def retry(store: Store, job_ids: Iterable[int], now: datetime | None = None) -> 
                 if row["state"] not in RETRYABLE_FROM_ARCHIVE:
                     report.refused[job_id] = f"{row['state'].lower()}; only failed or cancelled jobs are retried"
                     continue
-                if unreadable := _unreadable(row):
+                if unreadable := _unreadable(row, a):
                     report.refused[job_id] = unreadable
                     continue
                 values = {name: row[name] for name in columns}
@@ -213,11 +213,12 @@ def retry(store: Store, job_ids: Iterable[int], now: datetime | None = None) -> 
     return report
 
 
-def _unreadable(row: dict[str, Any]) -> str | None:
+def _unreadable(row: dict[str, Any], table: sa.Table) -> str | None:
     """Why an archived row (edited by hand) cannot go back to the queue as it is, or None."""
     for name, value in row.items():
         if isinstance(value, Unreadable):
-            return f"its {name} cannot be read as stored, {value}; correct it (or set it to NULL) to retry the job"
+            fix = "correct it (or set it to NULL)" if table.c[name].nullable else "correct it"
+            return f"its {name} cannot be read as stored, {value}; {fix} to retry the job"
     history = row.get("history")
     if history is not None and not isinstance(history, list):
         shown = Unreadable(history)
