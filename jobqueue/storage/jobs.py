@@ -71,23 +71,27 @@ def cancel(store: Store, job_id: int, now: datetime | None = None, headers: dict
     m, a = store.tables.message, store.tables.archive
     columns = message_archive_columns(store.tables)
     with store.writing() as conn:
-        row = (
-            conn.execute(
-                sa.select(*[m.c[name] for name in columns])
-                .where(m.c.id == job_id, m.c.state.in_(READY_LITERALS))
-                .with_for_update()
-            )
-            .mappings()
-            .first()
-        )
-        if row is None:
+        locked = sa.select(m.c.id).where(m.c.id == job_id, m.c.state.in_(READY_LITERALS)).with_for_update()
+        if conn.execute(locked).first() is None:
             return False
-        conn.execute(sa.delete(m).where(m.c.id == job_id))
-        archived: dict[str, Any] = dict(row)
-        archived.update(state=MessageState.CANCELLED.value, finished_at=now, archived_at=now)
+        # Copied by the database as stored, never read here: a value edited by hand that Python
+        # cannot read (SQLite takes any text in any column) still moves with its job.
+        ended = {
+            "state": sa.literal(MessageState.CANCELLED.value, a.c.state.type),
+            "finished_at": sa.literal(now, a.c.finished_at.type),
+            "archived_at": sa.literal(now, a.c.archived_at.type),
+        }
+        copied = sa.select(*[ended.get(name, m.c[name]) for name in columns], *list(ended.values())[1:])
+        names = [*columns, "finished_at", "archived_at"]
+        conn.execute(sa.insert(a).from_select(names, copied.where(m.c.id == job_id)))
         if headers:
-            archived["headers"] = {**(row["headers"] if isinstance(row["headers"], dict) else {}), **headers}
-        conn.execute(sa.insert(a), archived)
+            try:
+                own = conn.execute(sa.select(m.c.headers).where(m.c.id == job_id)).scalar()
+            except ValueError:  # not JSON (SQLite, edited by hand): the given headers replace it
+                own = None
+            merged = {**(own if isinstance(own, dict) else {}), **headers}
+            conn.execute(sa.update(a).where(a.c.id == job_id).values(headers=merged))
+        conn.execute(sa.delete(m).where(m.c.id == job_id))
     return True
 
 

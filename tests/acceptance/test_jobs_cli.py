@@ -12,6 +12,7 @@ from jobqueue import JobQueue
 from jobqueue.clock import utcnow
 from tests.acceptance.cli import jobqueue
 from tests.apps import basic
+from tests.conftest import only
 
 
 def test_list_show_retry_a_failed_job(app: JobQueue, tmp_path: Path) -> None:
@@ -341,3 +342,25 @@ def test_retrying_a_job_whose_row_was_edited_by_hand_says_which_value_to_correct
         jobqueue("jobs", "retry", str(handle.id))
         assert handle.status() == "pending"
         jobqueue("jobs", "cancel", str(handle.id))
+
+
+@only("sqlite")  # the other databases refuse such values
+def test_cancelling_a_job_with_values_that_cannot_be_read_archives_them_as_stored(app: JobQueue) -> None:
+    import sqlalchemy as sa
+
+    handle = basic.add.apply_async((1, 1), countdown=3600)
+    m, a = app.tables.message, app.tables.archive
+    with app.engine.begin() as conn:
+        conn.execute(
+            sa.update(m)
+            .where(m.c.id == handle.id)
+            .values(headers=sa.literal_column("'{not json'"), created_at=sa.literal_column("'garbage'"))
+        )
+    cancelled = jobqueue("jobs", "cancel", str(handle.id), check=False)
+    assert cancelled.returncode == 0 and "Traceback" not in cancelled.stderr, cancelled.stderr[-2000:]
+    assert handle.status() == "cancelled"
+    with app.engine.connect() as conn:
+        stored = conn.execute(sa.text(f"SELECT headers, created_at FROM {a.name} WHERE id = {handle.id}")).one()
+    assert tuple(stored) == ("{not json", "garbage")
+    shown = jobqueue("jobs", "show", str(handle.id)).stdout
+    assert "CANCELLED" in shown and "created      <unreadable: 'garbage'>" in shown
