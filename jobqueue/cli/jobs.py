@@ -18,6 +18,7 @@ from jobqueue.periodic import Schedule
 from jobqueue.serialization import decode_row, loads_call
 from jobqueue.storage import deadletter, waiting
 from jobqueue.storage import jobs as job_queries
+from jobqueue.storage.readable import Unreadable
 from jobqueue.storage.tables import MAX_ID
 
 STATES = ["pending", "processing", "retryable", "completed", "failed", "cancelled"]
@@ -143,7 +144,7 @@ def show(state: CliState, /, job_id: int, as_json: bool) -> None:
         lines.extend("  " + line for line in traceback.rstrip().splitlines())
     history = row.get("history") or []
     if not isinstance(history, list) or not all(isinstance(entry, dict) for entry in history):
-        shown = history if isinstance(history, deadletter.Unreadable) else deadletter.Unreadable(history)
+        shown = history if isinstance(history, Unreadable) else Unreadable(history)
         lines.append(f"history      {shown}")
         history = []
     for number, entry in enumerate(history, 1):

@@ -11,7 +11,7 @@ import click
 from jobqueue.cli.output import echo_json, print_table
 from jobqueue.cli.state import CliState, Group
 from jobqueue.periodic import schedule_rows, schedule_state
-from jobqueue.storage.deadletter import Unreadable
+from jobqueue.storage.readable import Unreadable
 
 
 @click.group(cls=Group)

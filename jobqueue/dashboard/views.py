@@ -18,6 +18,7 @@ from jobqueue.dashboard.formatting import CHART_HEIGHT, CHART_WIDTH, chart
 from jobqueue.serialization import decode_row
 from jobqueue.storage import deadletter, history, jobs
 from jobqueue.storage.engine import mask_url
+from jobqueue.storage.readable import Unreadable
 from jobqueue.storage.tables import MAX_ID
 
 if TYPE_CHECKING:
@@ -147,7 +148,7 @@ def _history(stored: Any) -> list[dict[str, Any]] | str:
         return []
     if isinstance(stored, list) and all(isinstance(entry, dict) for entry in stored):
         return stored
-    return stored if isinstance(stored, deadletter.Unreadable) else deadletter.Unreadable(stored)
+    return stored if isinstance(stored, Unreadable) else Unreadable(stored)
 
 
 @pages.post(f"/jobs/<int(max={MAX_ID}):job_id>/retry")

@@ -12,6 +12,7 @@ from jobqueue.clock import utcnow
 from jobqueue.errors import CorruptMessage
 from jobqueue.job import ACTIVE_STATES, FINAL_STATES, SCHEDULE_TASK, MessageState
 from jobqueue.storage.dialects.common import READY_LITERALS
+from jobqueue.storage.readable import readable_rows
 from jobqueue.storage.store import Store
 from jobqueue.storage.tables import Tables
 
@@ -165,11 +166,13 @@ def worker_rows(store: Store, stale_after_seconds: float) -> list[dict[str, Any]
     w = store.tables.worker
     with store.reading() as conn:
         now = store.database_now(conn)
-        rows = [dict(row) for row in conn.execute(sa.select(w).order_by(w.c.hostname, w.c.started_at)).mappings()]
+        rows = readable_rows(conn, sa.select(w).order_by(w.c.hostname, w.c.started_at))
     for row in rows:
-        age = max(0.0, (now - row["heartbeat_at"]).total_seconds())
+        beat = row["heartbeat_at"]
+        # A heartbeat that cannot be read (edited by hand) proves no process alive: stale, no age.
+        age = max(0.0, (now - beat).total_seconds()) if isinstance(beat, datetime) else None
         row["heartbeat_age_seconds"] = age
-        row["stale"] = age > stale_after_seconds
+        row["stale"] = age is None or age > stale_after_seconds
         since = row.get("running_since")
-        row["running_seconds"] = max(0.0, (now - since).total_seconds()) if since is not None else None
+        row["running_seconds"] = max(0.0, (now - since).total_seconds()) if isinstance(since, datetime) else None
     return rows
