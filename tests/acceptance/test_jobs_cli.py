@@ -103,6 +103,12 @@ def test_purge_with_progress(app: JobQueue) -> None:
         (("jobs", "cancel", str(2**63)), "is not in the range"),
         (("jobs", "retry", "1", str(2**64)), "is not in the range"),
         (("jobs", "retry", "--", "-3"), "is not in the range 1<=x<=9223372036854775807"),
+        # bytes that are not UTF-8 (a Latin-1 terminal): Python passes them on as surrogates
+        (("jobs", "list", "--task", "\udcff"), "'--task': holds the byte(s) ff, which are not UTF-8"),
+        (("jobs", "list", "--queue", "a\udcff\udcfeb"), "'--queue': holds the byte(s) ff fe, which are not UTF-8"),
+        (("jobs", "purge", "--state", "failed", "--older-than", "1d", "--task", "\udcff", "--dry-run"), "not UTF-8"),
+        (("jobs", "retry", "--all-failed", "--task", "\udcff"), "give the name as UTF-8 text"),
+        (("enqueue", "\udcff", "--args", "[]"), "'TASK': holds the byte(s) ff"),
     ],
 )
 def test_bad_input(app: JobQueue, args: tuple[str, ...], fragment: str) -> None:
