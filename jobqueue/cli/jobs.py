@@ -18,6 +18,7 @@ from jobqueue.periodic import Schedule
 from jobqueue.serialization import decode_row, loads_call
 from jobqueue.storage import deadletter, waiting
 from jobqueue.storage import jobs as job_queries
+from jobqueue.storage.deadletter import UNKNOWN_STATE_NOTE, UnknownState
 from jobqueue.storage.readable import Unreadable
 from jobqueue.storage.tables import MAX_ID
 
@@ -101,7 +102,8 @@ def show(state: CliState, /, job_id: int, as_json: bool) -> None:
     holder, flow = (wait.holder, wait.flow) if wait else (None, None)
     if as_json:
         data = {k: v for k, v in row.items() if not isinstance(v, bytes)}
-        data.update(decoded, table=where, state=row["state"].lower(), waiting_for=holder, flow=flow)
+        shown_state = str(row["state"]) if isinstance(row["state"], UnknownState) else row["state"].lower()
+        data.update(decoded, table=where, state=shown_state, waiting_for=holder, flow=flow)
         data["waiting"] = wait.reason if wait else None
         echo_json(data)
         return
@@ -116,6 +118,8 @@ def show(state: CliState, /, job_id: int, as_json: bool) -> None:
         f"first try    {row.get('first_attempt_at') or '-'}",
         f"last try     {row.get('last_attempt_at') or '-'}",
     ]
+    if isinstance(row["state"], UnknownState):
+        lines.append(f"state        {UNKNOWN_STATE_NOTE}")
     if where == "message":
         lines.append(f"next try     {row['next_attempt_at']}")
     if flow is not None:

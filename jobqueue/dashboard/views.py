@@ -124,7 +124,8 @@ def job(job_id: int) -> str:
     if found is None:
         abort(404, f"job {job_id} not found: it never existed, was purged, or was not kept in the archive")
     where, row = found
-    state = row["state"].lower()
+    unknown = isinstance(row["state"], deadletter.UnknownState)
+    state = str(row["state"]) if unknown else row["state"].lower()
     archived = where == "archive"
     return render_template(
         "job.html",
@@ -136,6 +137,7 @@ def job(job_id: int) -> str:
         error_message=row.get("error_message" if archived else "last_error_message"),
         traceback=row.get("error_traceback" if archived else "last_error_traceback"),
         history=_history(row.get("history")),
+        unknown_state=deadletter.UNKNOWN_STATE_NOTE if unknown else None,
         can_retry=archived and state in RETRYABLE,
         can_cancel=not archived and state in CANCELLABLE,
     )

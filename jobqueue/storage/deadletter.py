@@ -22,6 +22,9 @@ RETRYABLE_FROM_ARCHIVE = (MessageState.FAILED.value, MessageState.CANCELLED.valu
 HISTORY_TRACEBACK_CHARS = 20_000
 
 
+UNKNOWN_STATE_NOTE = "a state jobqueue does not know (edited by hand?): no worker runs it; set it to PENDING to run it"
+
+
 class UnknownState(str):
     """A stored state that is none of jobqueue's (a row edited by hand): no worker runs it."""
 
@@ -98,13 +101,20 @@ def list_jobs(
 
 
 def job_row(store: Store, job_id: int) -> tuple[str, dict[str, Any]] | None:
-    """The job's full row and which table it is in ("message" or "archive"), or None."""
+    """The job's full row and which table it is in ("message" or "archive"), or None. A state
+    jobqueue does not know (edited by hand) comes as an :class:`UnknownState`."""
+    known = sorted(ACTIVE | ARCHIVED)
     with store.reading() as conn:
         for name in ("message", "archive"):
             table = getattr(store.tables, name)
-            found = readable_rows(conn, sa.select(table).where(table.c.id == job_id))
+            # Known by the database's own comparison, as workers fetch (MySQL's ignores case).
+            stmt = sa.select(table, table.c.state.in_(known).label("_known_state")).where(table.c.id == job_id)
+            found = readable_rows(conn, stmt)
             if found:
-                return name, found[0]
+                row = found[0]
+                if not row.pop("_known_state"):
+                    row["state"] = UnknownState(row["state"])
+                return name, row
     return None
 
 

@@ -370,3 +370,16 @@ def test_cancelling_a_job_with_values_that_cannot_be_read_archives_them_as_store
     assert tuple(stored) == ("{not json", "garbage")
     shown = jobqueue("jobs", "show", str(handle.id)).stdout
     assert "CANCELLED" in shown and "created      <unreadable: 'garbage'>" in shown
+
+
+def test_show_says_a_job_is_in_a_state_jobqueue_does_not_know(app: JobQueue) -> None:
+    import sqlalchemy as sa
+
+    edited = basic.add.delay(2, 2)
+    m = app.tables.message
+    with app.engine.begin() as conn:
+        conn.execute(sa.update(m).where(m.c.id == edited.id).values(state="BOGUS"))
+    shown = jobqueue("jobs", "show", str(edited.id)).stdout
+    assert f"job {edited.id}  basic.add  <unknown state: 'BOGUS'>  (active)" in shown
+    assert "no worker runs it; set it to PENDING to run it" in shown
+    assert json.loads(jobqueue("jobs", "show", str(edited.id), "--json").stdout)["state"] == "<unknown state: 'BOGUS'>"

@@ -67,3 +67,14 @@ def test_a_next_page_with_control_characters_stays_on_the_dashboard(
         assert response.status_code == 303 and response.headers["Location"] == f"/jobs/{failed.id}", target
     response = client.post(f"/jobs/{failed.id}/retry", data={"csrf_token": token, "next": "/failed?task=t.fail"})
     assert response.headers["Location"] == "/failed?task=t.fail"
+
+
+def test_a_job_in_a_state_jobqueue_does_not_know_says_so(app: JobQueue, tasks: SimpleNamespace, client) -> None:
+    edited = tasks.add.delay(1, 1)
+    m = app.tables.message
+    with app.engine.begin() as conn:
+        conn.execute(sa.update(m).where(m.c.id == edited.id).values(state="BOGUS"))
+    html = page(client, f"/jobs/{edited.id}")
+    assert 'id="state">&lt;unknown state: &#39;BOGUS&#39;&gt;<' in html
+    assert "does not know (edited by hand?): no worker runs it; set it to PENDING" in html
+    assert 'id="cancel"' not in html and 'id="retry"' not in html
