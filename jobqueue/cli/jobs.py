@@ -190,7 +190,7 @@ def retry(state: CliState, /, job_ids: tuple[int, ...], all_failed: bool, task: 
     else:
         click.echo(f"retried {len(report.retried)} job(s)" + (f": {_ids(report.retried)}" if report.retried else ""))
         for job_id, reason in report.refused.items():
-            click.echo(f"job {job_id} not retried: {reason}", err=True)
+            click.echo(printable(f"job {job_id} not retried: {reason}"), err=True)
     if report.refused:
         raise SystemExit(1)
 

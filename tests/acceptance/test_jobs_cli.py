@@ -383,3 +383,16 @@ def test_show_says_a_job_is_in_a_state_jobqueue_does_not_know(app: JobQueue) -> 
     assert f"job {edited.id}  basic.add  <unknown state: 'BOGUS'>  (active)" in shown
     assert "no worker runs it; set it to PENDING to run it" in shown
     assert json.loads(jobqueue("jobs", "show", str(edited.id), "--json").stdout)["state"] == "<unknown state: 'BOGUS'>"
+
+
+def test_a_refused_retry_writes_the_stored_state_with_its_control_characters_escaped(app: JobQueue) -> None:
+    import sqlalchemy as sa
+
+    handle = basic.add.delay(1, 1)
+    jobqueue("worker", "--burst", "--concurrency", "1")
+    a = app.tables.archive
+    with app.engine.begin() as conn:
+        conn.execute(sa.update(a).where(a.c.id == handle.id).values(state="\x1b]0;x\x07"))
+    refused = jobqueue("jobs", "retry", str(handle.id), check=False)
+    assert refused.returncode == 1 and "\x1b" not in refused.stderr and "\x07" not in refused.stderr
+    assert "not retried: \\x1b]0;x\\x07; only failed or cancelled jobs are retried" in refused.stderr
