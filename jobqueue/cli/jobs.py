@@ -14,8 +14,8 @@ from jobqueue.clock import utcnow
 from jobqueue.duration import parse_age
 from jobqueue.errors import JobNotFound
 from jobqueue.job import SCHEDULE_TASK
-from jobqueue.periodic import Schedule
-from jobqueue.serialization import decode_row, loads_call
+from jobqueue.periodic import schedule_message_contents
+from jobqueue.serialization import decode_row
 from jobqueue.storage import deadletter, waiting
 from jobqueue.storage import jobs as job_queries
 from jobqueue.storage.deadletter import UNKNOWN_STATE_NOTE, UnknownState
@@ -97,7 +97,7 @@ def show(state: CliState, /, job_id: int, as_json: bool) -> None:
     where, row = found
     decoded = decode_row(state.app.serializer, row)
     if row["task_name"] == SCHEDULE_TASK:  # its payload is the schedule, which holds the call
-        decoded.update(_schedule(state.app.serializer, row["payload"]))
+        decoded.update(schedule_message_contents(state.app.serializer, row["payload"]))
     wait = waiting.explain(state.app.store, [row]).get(job_id) if where == "message" else None
     holder, flow = (wait.holder, wait.flow) if wait else (None, None)
     if as_json:
@@ -266,27 +266,6 @@ def purge(
         echo_json({"purged": deleted, "state": state_name, "archived_before": before})
     else:
         click.echo(f"purged {deleted} {state_name} job(s) archived before {timestamp(before)}")
-
-
-def _schedule(serializer: Any, payload: bytes) -> dict[str, Any]:
-    """What a schedule message holds: the schedule, and the arguments of the job it fires."""
-    try:
-        schedule = Schedule.decode(payload)
-    except Exception as exc:
-        return {"schedule": f"<cannot decode: {exc}>"}
-    found: dict[str, Any] = {
-        "schedule": {
-            "name": schedule.name,
-            "task": schedule.task_name,
-            "expression": schedule.expression,
-            "timezone": schedule.timezone,
-        }
-    }
-    try:
-        found["args"], found["kwargs"] = loads_call(serializer, schedule.payload)
-    except Exception as exc:
-        found["args"] = found["kwargs"] = f"<cannot decode: {exc}>"
-    return found
 
 
 def _ids(ids: list[int], most: int = 20) -> str:

@@ -15,6 +15,8 @@ from werkzeug.wrappers import Response
 
 from jobqueue.clock import utcnow
 from jobqueue.dashboard.formatting import CHART_HEIGHT, CHART_WIDTH, chart
+from jobqueue.job import SCHEDULE_TASK
+from jobqueue.periodic import schedule_message_contents
 from jobqueue.serialization import decode_row
 from jobqueue.storage import deadletter, history, jobs
 from jobqueue.storage.engine import mask_url
@@ -132,7 +134,7 @@ def job(job_id: int) -> str:
         job=row,
         state=state,
         archived=archived,
-        decoded=decode_row(queue.serializer, row),
+        decoded=_decoded(queue, row),
         error_type=row.get("error_type" if archived else "last_error_type"),
         error_message=row.get("error_message" if archived else "last_error_message"),
         traceback=row.get("error_traceback" if archived else "last_error_traceback"),
@@ -141,6 +143,15 @@ def job(job_id: int) -> str:
         can_retry=archived and state in RETRYABLE,
         can_cancel=not archived and state in CANCELLABLE,
     )
+
+
+def _decoded(queue: JobQueue, row: dict[str, Any]) -> dict[str, Any]:
+    """The job's arguments, result and checkpoint; for a periodic schedule's message, its schedule
+    and the arguments of the jobs it fires."""
+    decoded = decode_row(queue.serializer, row)
+    if row["task_name"] == SCHEDULE_TASK:
+        decoded.update(schedule_message_contents(queue.serializer, row["payload"]))
+    return decoded
 
 
 def _history(stored: Any) -> list[dict[str, Any]] | str:
