@@ -433,3 +433,27 @@ def fire(
         "next_attempt_at": now,
     }
     return store.fire_schedule(message, job, next_fire, encode_state(when))
+
+
+def schedule_message_contents(serializer: Any, payload: bytes) -> dict[str, Any]:
+    """What a schedule message holds, for people: its schedule, and the arguments of the job it
+    fires (a part that cannot be read is a ``<cannot decode: ...>`` string)."""
+    from jobqueue.serialization import loads_call
+
+    try:
+        schedule = Schedule.decode(payload)
+    except Exception as exc:
+        return {"schedule": f"<cannot decode: {exc}>"}
+    found: dict[str, Any] = {
+        "schedule": {
+            "name": schedule.name,
+            "task": schedule.task_name,
+            "expression": schedule.expression,
+            "timezone": schedule.timezone,
+        }
+    }
+    try:
+        found["args"], found["kwargs"] = loads_call(serializer, schedule.payload)
+    except Exception as exc:
+        found["args"] = found["kwargs"] = f"<cannot decode: {exc}>"
+    return found

@@ -9,7 +9,7 @@ from typing import Any
 import click
 
 from jobqueue.cli.output import echo_json
-from jobqueue.cli.state import CliState
+from jobqueue.cli.state import UTF8_TEXT, CliState
 from jobqueue.errors import ConfigurationError, UnknownTaskError
 
 
@@ -28,10 +28,10 @@ def _json_arg(value: str | None, kind: type, name: str) -> Any:
 
 
 @click.command()
-@click.argument("task_name", metavar="TASK")
+@click.argument("task_name", metavar="TASK", type=UTF8_TEXT)
 @click.option("--args", "args_json", metavar="JSON", help="Positional arguments as a JSON array.")
 @click.option("--kwargs", "kwargs_json", metavar="JSON", help="Keyword arguments as a JSON object.")
-@click.option("--queue", help="Queue (default: the task's).")
+@click.option("--queue", type=UTF8_TEXT, help="Queue (default: the task's).")
 @click.option("--priority", type=int, help="Higher runs first.")
 @click.option("--countdown", type=float, metavar="SECONDS", help="Run no sooner than this many seconds from now.")
 @click.option(

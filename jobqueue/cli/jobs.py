@@ -10,15 +10,17 @@ from typing import Any
 import click
 
 from jobqueue.cli.output import echo_json, print_table, printable, progress_bar, timestamp
-from jobqueue.cli.state import CliState, Group
+from jobqueue.cli.state import UTF8_TEXT, CliState, Group
 from jobqueue.clock import utcnow
 from jobqueue.duration import parse_age
 from jobqueue.errors import JobNotFound
 from jobqueue.job import SCHEDULE_TASK
-from jobqueue.periodic import Schedule
-from jobqueue.serialization import decode_row, loads_call
+from jobqueue.periodic import schedule_message_contents
+from jobqueue.serialization import decode_row
 from jobqueue.storage import deadletter, waiting
 from jobqueue.storage import jobs as job_queries
+from jobqueue.storage.deadletter import UNKNOWN_STATE_NOTE, UnknownState
+from jobqueue.storage.readable import Unreadable
 from jobqueue.storage.tables import MAX_ID
 
 STATES = ["pending", "processing", "retryable", "completed", "failed", "cancelled"]
@@ -41,8 +43,8 @@ def jobs() -> None:
     type=click.Choice([*STATES, "unknown"]),
     help="Repeatable; default: all. unknown: states jobqueue does not know (edited by hand), which no worker runs.",
 )
-@click.option("--task", help="Only jobs of this task.")
-@click.option("--queue", help="Only jobs in this queue.")
+@click.option("--task", type=UTF8_TEXT, help="Only jobs of this task.")
+@click.option("--queue", type=UTF8_TEXT, help="Only jobs in this queue.")
 @click.option("--limit", default=50, show_default=True, type=click.IntRange(1, 100_000))
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.pass_obj
@@ -96,12 +98,13 @@ def show(state: CliState, /, job_id: int, as_json: bool) -> None:
     where, row = found
     decoded = decode_row(state.app.serializer, row)
     if row["task_name"] == SCHEDULE_TASK:  # its payload is the schedule, which holds the call
-        decoded.update(_schedule(state.app.serializer, row["payload"]))
+        decoded.update(schedule_message_contents(state.app.serializer, row["payload"]))
     wait = waiting.explain(state.app.store, [row]).get(job_id) if where == "message" else None
     holder, flow = (wait.holder, wait.flow) if wait else (None, None)
     if as_json:
         data = {k: v for k, v in row.items() if not isinstance(v, bytes)}
-        data.update(decoded, table=where, state=row["state"].lower(), waiting_for=holder, flow=flow)
+        shown_state = str(row["state"]) if isinstance(row["state"], UnknownState) else row["state"].lower()
+        data.update(decoded, table=where, state=shown_state, waiting_for=holder, flow=flow)
         data["waiting"] = wait.reason if wait else None
         echo_json(data)
         return
@@ -116,6 +119,8 @@ def show(state: CliState, /, job_id: int, as_json: bool) -> None:
         f"first try    {_utc(row.get('first_attempt_at'))}",
         f"last try     {_utc(row.get('last_attempt_at'))}",
     ]
+    if isinstance(row["state"], UnknownState):
+        lines.append(f"state        {UNKNOWN_STATE_NOTE}")
     if where == "message":
         lines.append(f"next try     {_utc(row['next_attempt_at'])}")
     if flow is not None:
@@ -144,7 +149,7 @@ def show(state: CliState, /, job_id: int, as_json: bool) -> None:
         lines.extend("  " + line for line in traceback.rstrip().splitlines())
     history = row.get("history") or []
     if not isinstance(history, list) or not all(isinstance(entry, dict) for entry in history):
-        shown = history if isinstance(history, deadletter.Unreadable) else deadletter.Unreadable(history)
+        shown = history if isinstance(history, Unreadable) else Unreadable(history)
         lines.append(f"history      {shown}")
         history = []
     for number, entry in enumerate(history, 1):
@@ -166,7 +171,7 @@ def _utc(value: Any) -> str:
 @jobs.command()
 @click.argument("job_ids", type=JOB_ID, nargs=-1)
 @click.option("--all-failed", is_flag=True, help="Retry every failed job (with --task: of that task).")
-@click.option("--task", help="With --all-failed: only this task's failed jobs.")
+@click.option("--task", type=UTF8_TEXT, help="With --all-failed: only this task's failed jobs.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.pass_obj
 def retry(state: CliState, /, job_ids: tuple[int, ...], all_failed: bool, task: str | None, as_json: bool) -> None:
@@ -194,7 +199,7 @@ def retry(state: CliState, /, job_ids: tuple[int, ...], all_failed: bool, task: 
     else:
         click.echo(f"retried {len(report.retried)} job(s)" + (f": {_ids(report.retried)}" if report.retried else ""))
         for job_id, reason in report.refused.items():
-            click.echo(f"job {job_id} not retried: {reason}", err=True)
+            click.echo(printable(f"job {job_id} not retried: {reason}"), err=True)
     if report.refused:
         raise SystemExit(1)
 
@@ -231,7 +236,7 @@ def cancel(state: CliState, /, job_ids: tuple[int, ...], as_json: bool) -> None:
 @click.option(
     "--older-than", required=True, metavar="AGE", help="Archived longer ago than this: 90s, 30m, 24h, 7d, 2w."
 )
-@click.option("--task", help="Only this task's jobs.")
+@click.option("--task", type=UTF8_TEXT, help="Only this task's jobs.")
 @click.option("--batch-size", default=1000, show_default=True, type=click.IntRange(1, 100_000))
 @click.option("--dry-run", is_flag=True, help="Only count what would be deleted.")
 @click.option("-y", "--yes", is_flag=True, help="Do not ask for confirmation.")
@@ -270,27 +275,6 @@ def purge(
         echo_json({"purged": deleted, "state": state_name, "archived_before": before})
     else:
         click.echo(f"purged {deleted} {state_name} job(s) archived before {timestamp(before)}")
-
-
-def _schedule(serializer: Any, payload: bytes) -> dict[str, Any]:
-    """What a schedule message holds: the schedule, and the arguments of the job it fires."""
-    try:
-        schedule = Schedule.decode(payload)
-    except Exception as exc:
-        return {"schedule": f"<cannot decode: {exc}>"}
-    found: dict[str, Any] = {
-        "schedule": {
-            "name": schedule.name,
-            "task": schedule.task_name,
-            "expression": schedule.expression,
-            "timezone": schedule.timezone,
-        }
-    }
-    try:
-        found["args"], found["kwargs"] = loads_call(serializer, schedule.payload)
-    except Exception as exc:
-        found["args"] = found["kwargs"] = f"<cannot decode: {exc}>"
-    return found
 
 
 def _ids(ids: list[int], most: int = 20) -> str:

@@ -57,8 +57,10 @@ def console(stderr: bool = False) -> Console:
     ctx = click.get_current_context(silent=True)
     color = ctx.color if ctx is not None else None
     # Off a terminal rich would assume 80 columns and cut cells; keep them whole instead.
+    # No markup: what is printed holds text from jobs and the database ("[/x]" would be an error).
     return Console(
         file=stream,
+        markup=False,
         width=None if tty else 10_000,
         highlight=False,
         soft_wrap=not tty,
@@ -78,6 +80,11 @@ def timestamp(value: datetime) -> str:
 # newline excepted. Text a job wrote (its error, its arguments) is shown with each written as an
 # escape such as \x1b, so that a job cannot retitle, recolour or rewrite the operator's terminal.
 _CONTROLS = {code: f"\\x{code:02x}" for code in [*range(0x20), *range(0x7F, 0xA0)] if chr(code) not in "\t\n"}
+# Bidirectional controls, which make a terminal that honours them show the text after them in
+# another order (an error that reads as something else): written as escapes such as \u202e.
+_CONTROLS.update(
+    {code: f"\\u{code:04x}" for code in [0x061C, 0x200E, 0x200F, *range(0x202A, 0x202F), *range(0x2066, 0x206A)]}
+)
 
 
 def printable(text: str) -> str:

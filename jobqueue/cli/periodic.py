@@ -11,6 +11,7 @@ import click
 from jobqueue.cli.output import echo_json, print_table
 from jobqueue.cli.state import CliState, Group
 from jobqueue.periodic import schedule_rows, schedule_state
+from jobqueue.storage.readable import Unreadable
 
 
 @click.group(cls=Group)
@@ -18,9 +19,19 @@ def periodic() -> None:
     """Periodic tasks (schedules are created by workers when they start)."""
 
 
-def _local(when: datetime | None, zone: str) -> str | None:
-    if when is None:
-        return None
+def _last_fire(checkpoint: bytes | None) -> datetime | str | None:
+    """When the schedule last fired, as its message's state records it; a state that cannot be
+    read (edited by hand) is shown as it is stored."""
+    try:
+        last = schedule_state(checkpoint).get("last_fire")
+        return datetime.fromisoformat(last) if last else None
+    except (ValueError, TypeError, AttributeError):
+        return str(Unreadable(checkpoint))
+
+
+def _local(when: datetime | str | None, zone: str) -> str | None:
+    if when is None or isinstance(when, str):
+        return when
     local = when.replace(tzinfo=timezone.utc).astimezone(ZoneInfo(zone))
     return local.strftime("%Y-%m-%d %H:%M:%S %Z")
 
@@ -36,8 +47,7 @@ def list_(state: CliState, /, as_json: bool) -> None:
     for name in sorted(set(rows) | set(app.schedules)):
         row = rows.get(name)
         schedule = (row.schedule if row is not None else None) or app.schedules.get(name)
-        last = schedule_state(row.checkpoint).get("last_fire") if row is not None else None
-        last_fire = datetime.fromisoformat(last) if last else None
+        last_fire = _last_fire(row.checkpoint) if row is not None else None
         if row is None:
             status = "not created yet (a worker creates it when it starts)"
         elif name not in app.schedules and app.schedules:

@@ -132,6 +132,30 @@ def setup_logging(state: CliState, app: JobQueue) -> None:
         logging.getLogger("jobqueue").setLevel(state.log_level.upper())
 
 
+class Utf8Text(click.ParamType):
+    """Text that can be sent to the database: a shell passes bytes that are not UTF-8 (a Latin-1
+    terminal, a script) as surrogates, which no driver can encode."""
+
+    name = "text"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str:
+        text = str(value)
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raw = text[exc.start : exc.end].encode("utf-8", "surrogateescape")
+            self.fail(
+                f"holds the byte(s) {raw.hex(' ')}, which are not UTF-8 (a terminal in another encoding?); "
+                "give the name as UTF-8 text",
+                param,
+                ctx,
+            )
+        return text
+
+
+UTF8_TEXT = Utf8Text()
+
+
 class Group(click.Group):
     """A click group that turns jobqueue errors into a one-line message and exit status 1."""
 

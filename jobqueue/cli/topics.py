@@ -7,7 +7,7 @@ import sys
 import click
 
 from jobqueue.cli.output import echo_json, print_table
-from jobqueue.cli.state import CliState
+from jobqueue.cli.state import UTF8_TEXT, CliState
 
 COLUMNS = ["topic", "group", "lag", "in_flight", "retrying", "dead_letters", "oldest_unfinished_seconds", "kept"]
 
@@ -34,8 +34,8 @@ def topics(ctx: click.Context, as_json: bool) -> None:
 
 
 @topics.command("drop-group")
-@click.argument("topic")
-@click.argument("group")
+@click.argument("topic", type=UTF8_TEXT)
+@click.argument("group", type=UTF8_TEXT)
 @click.option("-y", "--yes", is_flag=True, help="Do not ask for confirmation.")
 @click.pass_obj
 def drop_group(state: CliState, topic: str, group: str, yes: bool) -> None:

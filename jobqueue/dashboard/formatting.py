@@ -38,10 +38,13 @@ def age(seconds: float | None) -> str:
     raise AssertionError("unreachable")  # pragma: no cover
 
 
-def timestamp(value: datetime | None) -> str:
-    """A stored (naive UTC) timestamp, to the second, marked UTC."""
+def timestamp(value: datetime | str | None) -> str:
+    """A stored (naive UTC) timestamp, to the second, marked UTC; a value that is no time (a row
+    edited by hand, read as ``<unreadable: ...>``) is shown as it is."""
     if value is None:
         return MISSING
+    if not isinstance(value, datetime):
+        return str(value)
     return f"{value:%Y-%m-%d %H:%M:%S} UTC"
 
 

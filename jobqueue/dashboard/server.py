@@ -12,13 +12,24 @@ import io
 import re
 from collections.abc import Callable
 from typing import Any
+from urllib.parse import unquote_plus
 
 from flask import Flask
 from werkzeug.serving import WSGIRequestHandler, make_server
 
 from jobqueue.errors import ConfigurationError
 
-_TOKEN_IN_QUERY = re.compile(r"([?&]token=)[^&\s\"]*", re.IGNORECASE)
+# A query parameter of the request line; its name is compared decoded, as the dashboard reads it
+# (``?%74oken=`` is the token too).
+_QUERY_PARAMETER = re.compile(r"([?&;])([^=&;\s\"]*)=([^&;\s\"]*)")
+
+
+def _mask_token(text: str) -> str:
+    def mask(found: re.Match[str]) -> str:
+        name = unquote_plus(found.group(2))
+        return f"{found.group(1)}{found.group(2)}=***" if name.lower() == "token" else found.group(0)
+
+    return _QUERY_PARAMETER.sub(mask, text)
 
 
 class RequestHandler(WSGIRequestHandler):
@@ -29,7 +40,7 @@ class RequestHandler(WSGIRequestHandler):
         self.log("info", '"%s" %s %s', self.requestline, code, size)
 
     def log(self, type: str, message: str, *args: Any) -> None:
-        super().log(type, message, *(_TOKEN_IN_QUERY.sub(r"\1***", a) if isinstance(a, str) else a for a in args))
+        super().log(type, message, *(_mask_token(a) if isinstance(a, str) else a for a in args))
 
 
 def serve(app: Flask, host: str, port: int, on_ready: Callable[[str], None]) -> None:

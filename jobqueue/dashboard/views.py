@@ -15,9 +15,12 @@ from werkzeug.wrappers import Response
 
 from jobqueue.clock import utcnow
 from jobqueue.dashboard.formatting import CHART_HEIGHT, CHART_WIDTH, chart
+from jobqueue.job import SCHEDULE_TASK
+from jobqueue.periodic import schedule_message_contents
 from jobqueue.serialization import decode_row
 from jobqueue.storage import deadletter, history, jobs
 from jobqueue.storage.engine import mask_url
+from jobqueue.storage.readable import Unreadable
 from jobqueue.storage.tables import MAX_ID
 
 if TYPE_CHECKING:
@@ -99,7 +102,9 @@ def failed() -> str:
     before = request.args.get("before", type=int)
     if before is not None and not 0 < before <= MAX_ID:
         before = None  # no job has an id out of that range (SQLite could not even compare it)
-    rows = deadletter.list_jobs(store, ["failed"], task, queue, limit=dashboard.page_size + 1, before_id=before)
+    # No task or queue name holds a NUL, which PostgreSQL could not even be sent: nothing matches.
+    impossible = "\x00" in f"{task}{queue}"
+    rows = [] if impossible else deadletter.list_jobs(store, ["failed"], task, queue, dashboard.page_size + 1, before)
     more = len(rows) > dashboard.page_size
     rows = rows[: dashboard.page_size]
     return render_template(
@@ -110,7 +115,7 @@ def failed() -> str:
         first_page=before is None,
         next_before=rows[-1]["id"] if more else None,
         # count_archived has no queue filter: a total is shown only where it would be right.
-        total=None if queue else deadletter.count_archived(store, "failed", task),
+        total=None if queue or impossible else deadletter.count_archived(store, "failed", task),
     )
 
 
@@ -121,21 +126,42 @@ def job(job_id: int) -> str:
     if found is None:
         abort(404, f"job {job_id} not found: it never existed, was purged, or was not kept in the archive")
     where, row = found
-    state = row["state"].lower()
+    unknown = isinstance(row["state"], deadletter.UnknownState)
+    state = str(row["state"]) if unknown else row["state"].lower()
     archived = where == "archive"
     return render_template(
         "job.html",
         job=row,
         state=state,
         archived=archived,
-        decoded=decode_row(queue.serializer, row),
+        decoded=_decoded(queue, row),
         error_type=row.get("error_type" if archived else "last_error_type"),
         error_message=row.get("error_message" if archived else "last_error_message"),
         traceback=row.get("error_traceback" if archived else "last_error_traceback"),
-        history=row.get("history") or [],
+        history=_history(row.get("history")),
+        unknown_state=deadletter.UNKNOWN_STATE_NOTE if unknown else None,
         can_retry=archived and state in RETRYABLE,
         can_cancel=not archived and state in CANCELLABLE,
     )
+
+
+def _decoded(queue: JobQueue, row: dict[str, Any]) -> dict[str, Any]:
+    """The job's arguments, result and checkpoint; for a periodic schedule's message, its schedule
+    and the arguments of the jobs it fires."""
+    decoded = decode_row(queue.serializer, row)
+    if row["task_name"] == SCHEDULE_TASK:
+        decoded.update(schedule_message_contents(queue.serializer, row["payload"]))
+    return decoded
+
+
+def _history(stored: Any) -> list[dict[str, Any]] | str:
+    """The job's earlier failures, or, when the stored history is not a list of entries (edited by
+    hand), that value as text, so the page says what is wrong instead of failing."""
+    if not stored:
+        return []
+    if isinstance(stored, list) and all(isinstance(entry, dict) for entry in stored):
+        return stored
+    return stored if isinstance(stored, Unreadable) else Unreadable(stored)
 
 
 @pages.post(f"/jobs/<int(max={MAX_ID}):job_id>/retry")
@@ -160,9 +186,15 @@ def cancel(job_id: int) -> Response:
 def _back(job_id: int) -> Response:
     """Redirect to the form's ``next`` page if it is one of ours, else to the job's page."""
     target = request.form.get("next", "")
-    if not target.startswith("/") or target.startswith("//") or "\\" in target:
+    # Browsers drop tabs and newlines from a Location, so "/<tab>/evil.example" would lead to another
+    # site: a target with any control character or space is not taken.
+    if not target.startswith("/") or target.startswith("//") or "\\" in target or not _plain(target):
         target = url_for("pages.job", job_id=job_id)
     return redirect(target, code=303)
+
+
+def _plain(text: str) -> bool:
+    return text.isprintable() and " " not in text
 
 
 def context() -> dict[str, Any]:

@@ -12,6 +12,7 @@ import sqlalchemy as sa
 from jobqueue.clock import utcnow
 from jobqueue.job import ACTIVE_STATES, FINAL_STATES, SCHEDULE_TASK, MessageState
 from jobqueue.storage.jobs import message_archive_columns
+from jobqueue.storage.readable import Unreadable, readable_rows
 from jobqueue.storage.store import Store
 
 ACTIVE = {s.value for s in ACTIVE_STATES}
@@ -21,12 +22,7 @@ RETRYABLE_FROM_ARCHIVE = (MessageState.FAILED.value, MessageState.CANCELLED.valu
 HISTORY_TRACEBACK_CHARS = 20_000
 
 
-class Unreadable(str):
-    """A stored value that cannot be read as its column's type (a row edited by hand, say),
-    shown as it is stored so that one bad cell never hides the rest of a listing."""
-
-    def __new__(cls, raw: Any) -> Unreadable:
-        return super().__new__(cls, f"<unreadable: {raw!r:.200}>")
+UNKNOWN_STATE_NOTE = "a state jobqueue does not know (edited by hand?): no worker runs it; set it to PENDING to run it"
 
 
 class UnknownState(str):
@@ -34,30 +30,6 @@ class UnknownState(str):
 
     def __new__(cls, raw: Any) -> UnknownState:
         return super().__new__(cls, f"<unknown state: {raw!r:.50}>")
-
-
-def readable_rows(conn: sa.Connection, stmt: sa.Select[Any]) -> list[dict[str, Any]]:
-    """The rows of ``stmt`` as dicts; a value its column's type cannot read becomes an
-    :class:`Unreadable` (the statement is then read again, each value converted on its own)."""
-    try:
-        return [dict(row) for row in conn.execute(stmt).mappings()]
-    except (ValueError, TypeError, LookupError):  # a bad time, JSON text, or enum value
-        pass
-    columns = list(stmt.selected_columns)
-    names = [str(column.key) for column in columns]
-    untyped = [sa.type_coerce(c, sa.types.NullType()).label(name) for c, name in zip(columns, names, strict=True)]
-    raw = stmt.with_only_columns(*untyped)
-    readers = [c.type.dialect_impl(conn.dialect).result_processor(conn.dialect, None) for c in columns]
-    found = []
-    for row in conn.execute(raw):
-        values: dict[str, Any] = {}
-        for name, read, value in zip(names, readers, row, strict=True):
-            try:
-                values[name] = read(value) if read is not None and value is not None else value
-            except Exception:
-                values[name] = Unreadable(value)
-        found.append(values)
-    return found
 
 
 def list_jobs(
@@ -129,13 +101,20 @@ def list_jobs(
 
 
 def job_row(store: Store, job_id: int) -> tuple[str, dict[str, Any]] | None:
-    """The job's full row and which table it is in ("message" or "archive"), or None."""
+    """The job's full row and which table it is in ("message" or "archive"), or None. A state
+    jobqueue does not know (edited by hand) comes as an :class:`UnknownState`."""
+    known = sorted(ACTIVE | ARCHIVED)
     with store.reading() as conn:
         for name in ("message", "archive"):
             table = getattr(store.tables, name)
-            found = readable_rows(conn, sa.select(table).where(table.c.id == job_id))
+            # Known by the database's own comparison, as workers fetch (MySQL's ignores case).
+            stmt = sa.select(table, table.c.state.in_(known).label("_known_state")).where(table.c.id == job_id)
+            found = readable_rows(conn, stmt)
             if found:
-                return name, found[0]
+                row = found[0]
+                if not row.pop("_known_state"):
+                    row["state"] = UnknownState(row["state"])
+                return name, row
     return None
 
 
@@ -177,13 +156,17 @@ def retry(store: Store, job_ids: Iterable[int], now: datetime | None = None) -> 
     for job_id in job_ids:
         try:
             with store.writing() as conn:
-                row = conn.execute(sa.select(a).where(a.c.id == job_id).with_for_update()).mappings().first()
-                if row is None:
+                found = readable_rows(conn, sa.select(a).where(a.c.id == job_id).with_for_update())
+                if not found:
                     where = "still active" if _active(conn, store, job_id) else "not in the archive"
                     report.refused[job_id] = f"{where}; only archived jobs can be retried"
                     continue
+                row = found[0]
                 if row["state"] not in RETRYABLE_FROM_ARCHIVE:
                     report.refused[job_id] = f"{row['state'].lower()}; only failed or cancelled jobs are retried"
+                    continue
+                if unreadable := _unreadable(row, a):
+                    report.refused[job_id] = unreadable
                     continue
                 values = {name: row[name] for name in columns}
                 values.update(
@@ -207,6 +190,19 @@ def retry(store: Store, job_ids: Iterable[int], now: datetime | None = None) -> 
             continue
         report.retried.append(job_id)
     return report
+
+
+def _unreadable(row: dict[str, Any], table: sa.Table) -> str | None:
+    """Why an archived row (edited by hand) cannot go back to the queue as it is, or None."""
+    for name, value in row.items():
+        if isinstance(value, Unreadable):
+            fix = "correct it (or set it to NULL)" if table.c[name].nullable else "correct it"
+            return f"its {name} cannot be read as stored, {value}; {fix} to retry the job"
+    history = row.get("history")
+    if history is not None and not isinstance(history, list):
+        shown = Unreadable(history)
+        return f"its history is {shown}, not a list of earlier outcomes; set it to NULL to retry the job"
+    return None
 
 
 def _active(conn: sa.Connection, store: Store, job_id: int) -> bool:

@@ -10,8 +10,9 @@ import sqlalchemy as sa
 
 from jobqueue.clock import utcnow
 from jobqueue.errors import CorruptMessage
-from jobqueue.job import ACTIVE_STATES, SCHEDULE_TASK, MessageState
+from jobqueue.job import ACTIVE_STATES, FINAL_STATES, SCHEDULE_TASK, MessageState
 from jobqueue.storage.dialects.common import READY_LITERALS
+from jobqueue.storage.readable import readable_rows
 from jobqueue.storage.store import Store
 from jobqueue.storage.tables import Tables
 
@@ -71,23 +72,27 @@ def cancel(store: Store, job_id: int, now: datetime | None = None, headers: dict
     m, a = store.tables.message, store.tables.archive
     columns = message_archive_columns(store.tables)
     with store.writing() as conn:
-        row = (
-            conn.execute(
-                sa.select(*[m.c[name] for name in columns])
-                .where(m.c.id == job_id, m.c.state.in_(READY_LITERALS))
-                .with_for_update()
-            )
-            .mappings()
-            .first()
-        )
-        if row is None:
+        locked = sa.select(m.c.id).where(m.c.id == job_id, m.c.state.in_(READY_LITERALS)).with_for_update()
+        if conn.execute(locked).first() is None:
             return False
-        conn.execute(sa.delete(m).where(m.c.id == job_id))
-        archived: dict[str, Any] = dict(row)
-        archived.update(state=MessageState.CANCELLED.value, finished_at=now, archived_at=now)
+        # Copied by the database as stored, never read here: a value edited by hand that Python
+        # cannot read (SQLite takes any text in any column) still moves with its job.
+        ended = {
+            "state": sa.literal(MessageState.CANCELLED.value, a.c.state.type),
+            "finished_at": sa.literal(now, a.c.finished_at.type),
+            "archived_at": sa.literal(now, a.c.archived_at.type),
+        }
+        copied = sa.select(*[ended.get(name, m.c[name]) for name in columns], *list(ended.values())[1:])
+        names = [*columns, "finished_at", "archived_at"]
+        conn.execute(sa.insert(a).from_select(names, copied.where(m.c.id == job_id)))
         if headers:
-            archived["headers"] = {**(row["headers"] if isinstance(row["headers"], dict) else {}), **headers}
-        conn.execute(sa.insert(a), archived)
+            try:
+                own = conn.execute(sa.select(m.c.headers).where(m.c.id == job_id)).scalar()
+            except ValueError:  # not JSON (SQLite, edited by hand): the given headers replace it
+                own = None
+            merged = {**(own if isinstance(own, dict) else {}), **headers}
+            conn.execute(sa.update(a).where(a.c.id == job_id).values(headers=merged))
+        conn.execute(sa.delete(m).where(m.c.id == job_id))
     return True
 
 
@@ -143,12 +148,15 @@ def queue_counts(store: Store, now: datetime | None = None) -> list[dict[str, An
 
 
 def archive_counts(store: Store) -> dict[str, int]:
+    """How many archived jobs are in each final state (lower case); rows in a state jobqueue does
+    not know (edited by hand) are counted together as ``unknown_state``, never under their text."""
     a = store.tables.archive
+    # Known by the database's own comparison, as everything else reads them (MySQL's ignores case).
+    kind = sa.case(
+        (a.c.state.in_([state.value for state in FINAL_STATES]), sa.func.lower(a.c.state)), else_=UNKNOWN_STATE
+    ).label("kind")
     with store.reading() as conn:
-        return {
-            state.lower(): int(n)
-            for state, n in conn.execute(sa.select(a.c.state, sa.func.count()).group_by(a.c.state))
-        }
+        return {state: int(n) for state, n in conn.execute(sa.select(kind, sa.func.count()).group_by(kind))}
 
 
 def worker_rows(store: Store, stale_after_seconds: float) -> list[dict[str, Any]]:
@@ -158,11 +166,13 @@ def worker_rows(store: Store, stale_after_seconds: float) -> list[dict[str, Any]
     w = store.tables.worker
     with store.reading() as conn:
         now = store.database_now(conn)
-        rows = [dict(row) for row in conn.execute(sa.select(w).order_by(w.c.hostname, w.c.started_at)).mappings()]
+        rows = readable_rows(conn, sa.select(w).order_by(w.c.hostname, w.c.started_at))
     for row in rows:
-        age = max(0.0, (now - row["heartbeat_at"]).total_seconds())
+        beat = row["heartbeat_at"]
+        # A heartbeat that cannot be read (edited by hand) proves no process alive: stale, no age.
+        age = max(0.0, (now - beat).total_seconds()) if isinstance(beat, datetime) else None
         row["heartbeat_age_seconds"] = age
-        row["stale"] = age > stale_after_seconds
+        row["stale"] = age is None or age > stale_after_seconds
         since = row.get("running_since")
-        row["running_seconds"] = max(0.0, (now - since).total_seconds()) if since is not None else None
+        row["running_seconds"] = max(0.0, (now - since).total_seconds()) if isinstance(since, datetime) else None
     return rows

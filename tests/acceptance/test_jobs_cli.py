@@ -13,6 +13,7 @@ from jobqueue import JobQueue
 from jobqueue.clock import utcnow
 from tests.acceptance.cli import jobqueue
 from tests.apps import basic
+from tests.conftest import only
 
 
 def test_list_show_retry_a_failed_job(app: JobQueue, tmp_path: Path) -> None:
@@ -107,6 +108,12 @@ def test_purge_with_progress(app: JobQueue) -> None:
         (("jobs", "cancel", str(2**63)), "is not in the range"),
         (("jobs", "retry", "1", str(2**64)), "is not in the range"),
         (("jobs", "retry", "--", "-3"), "is not in the range 1<=x<=9223372036854775807"),
+        # bytes that are not UTF-8 (a Latin-1 terminal): Python passes them on as surrogates
+        (("jobs", "list", "--task", "\udcff"), "'--task': holds the byte(s) ff, which are not UTF-8"),
+        (("jobs", "list", "--queue", "a\udcff\udcfeb"), "'--queue': holds the byte(s) ff fe, which are not UTF-8"),
+        (("jobs", "purge", "--state", "failed", "--older-than", "1d", "--task", "\udcff", "--dry-run"), "not UTF-8"),
+        (("jobs", "retry", "--all-failed", "--task", "\udcff"), "give the name as UTF-8 text"),
+        (("enqueue", "\udcff", "--args", "[]"), "'TASK': holds the byte(s) ff"),
     ],
 )
 def test_bad_input(app: JobQueue, args: tuple[str, ...], fragment: str) -> None:
@@ -299,3 +306,98 @@ def test_control_characters_in_a_job_are_shown_escaped_never_sent_to_the_termina
         assert "\\x1b]0;retitled\\x07\\x0dhidden\\x9b31m" in shown, shown
     assert "unique_key   key\\x1b[8m" in jobqueue("jobs", "show", str(failed.id)).stdout
     assert json.loads(jobqueue("jobs", "show", str(failed.id), "--json").stdout)["error_message"] == hostile
+
+
+@pytest.mark.parametrize("edited", ["[/x]", "[red]X", "\x1b]0;hi\x07"])
+def test_status_counts_archived_jobs_in_an_unknown_state_apart(app: JobQueue, edited: str) -> None:
+    """An archive row whose state was edited by hand is counted as unknown, never printed as its
+    text: that could be markup or an escape sequence."""
+    import sqlalchemy as sa
+
+    handle = basic.add.delay(1, 1)
+    kept = basic.add.delay(2, 2)
+    jobqueue("worker", "--burst", "--concurrency", "1")
+    a = app.tables.archive
+    with app.engine.begin() as conn:
+        conn.execute(sa.update(a).where(a.c.id == handle.id).values(state=edited))
+    assert kept.status() == "completed"
+    shown = jobqueue("status", check=False)
+    assert shown.returncode == 0 and "Traceback" not in shown.stderr, shown.stderr[-2000:]
+    assert "archive: completed 1, unknown_state 1" in shown.stdout
+    assert json.loads(jobqueue("status", "--json").stdout)["archive"] == {"completed": 1, "unknown_state": 1}
+
+
+def test_retrying_a_job_whose_row_was_edited_by_hand_says_which_value_to_correct(app: JobQueue, backend: str) -> None:
+    """A history that is no list (or, on SQLite, a time that is no time) cannot go back to the
+    queue as it is: the retry is refused with the value named, and the job stays archived."""
+    import sqlalchemy as sa
+
+    a = app.tables.archive
+    edits: list[tuple[dict[str, object], str]] = [
+        ({"history": 5}, "its history is <unreadable: 5>, not a list of earlier outcomes; set it to NULL"),
+        ({"history": "text"}, "its history is <unreadable: 'text'>"),
+    ]
+    if backend == "sqlite":
+        edits.append(({"archived_at": sa.literal_column("'garbage'")}, "its archived_at cannot be read as stored"))
+    for values, reason in edits:
+        handle = basic.fail.delay("x")
+        jobqueue("worker", "--burst", "--concurrency", "1")
+        with app.engine.begin() as conn:
+            conn.execute(sa.update(a).where(a.c.id == handle.id).values(**values))
+        refused = jobqueue("jobs", "retry", str(handle.id), check=False)
+        assert refused.returncode == 1 and "Traceback" not in refused.stderr, refused.stderr[-2000:]
+        assert f"job {handle.id} not retried: {reason}" in refused.stderr
+        assert handle.status() == "failed"
+        with app.engine.begin() as conn:  # the fix the message names
+            conn.execute(sa.update(a).where(a.c.id == handle.id).values(history=None, archived_at=utcnow()))
+        jobqueue("jobs", "retry", str(handle.id))
+        assert handle.status() == "pending"
+        jobqueue("jobs", "cancel", str(handle.id))
+
+
+@only("sqlite")  # the other databases refuse such values
+def test_cancelling_a_job_with_values_that_cannot_be_read_archives_them_as_stored(app: JobQueue) -> None:
+    import sqlalchemy as sa
+
+    handle = basic.add.apply_async((1, 1), countdown=3600)
+    m, a = app.tables.message, app.tables.archive
+    with app.engine.begin() as conn:
+        conn.execute(
+            sa.update(m)
+            .where(m.c.id == handle.id)
+            .values(headers=sa.literal_column("'{not json'"), created_at=sa.literal_column("'garbage'"))
+        )
+    cancelled = jobqueue("jobs", "cancel", str(handle.id), check=False)
+    assert cancelled.returncode == 0 and "Traceback" not in cancelled.stderr, cancelled.stderr[-2000:]
+    assert handle.status() == "cancelled"
+    with app.engine.connect() as conn:
+        stored = conn.execute(sa.text(f"SELECT headers, created_at FROM {a.name} WHERE id = {handle.id}")).one()
+    assert tuple(stored) == ("{not json", "garbage")
+    shown = jobqueue("jobs", "show", str(handle.id)).stdout
+    assert "CANCELLED" in shown and "created      <unreadable: 'garbage'>" in shown
+
+
+def test_show_says_a_job_is_in_a_state_jobqueue_does_not_know(app: JobQueue) -> None:
+    import sqlalchemy as sa
+
+    edited = basic.add.delay(2, 2)
+    m = app.tables.message
+    with app.engine.begin() as conn:
+        conn.execute(sa.update(m).where(m.c.id == edited.id).values(state="BOGUS"))
+    shown = jobqueue("jobs", "show", str(edited.id)).stdout
+    assert f"job {edited.id}  basic.add  <unknown state: 'BOGUS'>  (active)" in shown
+    assert "no worker runs it; set it to PENDING to run it" in shown
+    assert json.loads(jobqueue("jobs", "show", str(edited.id), "--json").stdout)["state"] == "<unknown state: 'BOGUS'>"
+
+
+def test_a_refused_retry_writes_the_stored_state_with_its_control_characters_escaped(app: JobQueue) -> None:
+    import sqlalchemy as sa
+
+    handle = basic.add.delay(1, 1)
+    jobqueue("worker", "--burst", "--concurrency", "1")
+    a = app.tables.archive
+    with app.engine.begin() as conn:
+        conn.execute(sa.update(a).where(a.c.id == handle.id).values(state="\x1b]0;x\x07"))
+    refused = jobqueue("jobs", "retry", str(handle.id), check=False)
+    assert refused.returncode == 1 and "\x1b" not in refused.stderr and "\x07" not in refused.stderr
+    assert "not retried: \\x1b]0;x\\x07; only failed or cancelled jobs are retried" in refused.stderr

@@ -21,6 +21,7 @@ from jobqueue.storage import jobs as job_queries
 from tests import servers
 from tests.acceptance.cli import jobqueue
 from tests.apps import ops
+from tests.conftest import only
 from tests.runtime.harness import Worker, wait_for
 
 OPS = "tests.apps.ops:app"
@@ -226,3 +227,30 @@ def test_prometheus_scrape_counts_a_run_with_a_killed_worker_process(
     assert metrics[("jobqueue_queue_depth", (("queue", "default"), ("state", "ready")))] == 0
     processes = [metrics[("jobqueue_worker_processes", (("state", state),))] for state in ("busy", "idle")]
     assert sum(processes) == 2  # the replacement included
+
+
+@only("sqlite")  # the other databases refuse text that is no time
+def test_a_worker_row_whose_heartbeat_cannot_be_read_is_listed_as_stale(app: JobQueue) -> None:
+    """A worker row edited by hand must not take down `workers`, `status` or the dashboard: a
+    heartbeat that cannot be read proves no process alive."""
+    from jobqueue.dashboard import create_app
+
+    w = app.tables.worker
+    garbage: sa.ColumnElement[str] = sa.literal_column("'garbage'")
+    with app.engine.begin() as conn:
+        conn.execute(
+            sa.insert(w).values(
+                id="w1", supervisor_id="s1", hostname="h1", pid=1, started_at=garbage, heartbeat_at=garbage
+            )
+        )
+    for command in (("workers",), ("status",), ("workers", "--json")):
+        shown = jobqueue(*command, check=False)
+        assert shown.returncode == 0 and "Traceback" not in shown.stderr, (command, shown.stderr[-2000:])
+    (row,) = json.loads(jobqueue("workers", "--json").stdout)
+    assert (row["status"], row["heartbeat_age_seconds"], row["started_at"]) == (
+        "stale",
+        None,
+        "<unreadable: 'garbage'>",
+    )
+    assert "live worker processes: 0 (1 stale" in jobqueue("status").stdout
+    assert create_app(app).test_client().get("/").status_code == 200

@@ -308,3 +308,26 @@ def test_a_database_that_does_not_answer_is_a_page_without_its_password(caplog) 
     assert "someone:***@127.0.0.1:1/nowhere" in html  # the header names the database
     assert "hunter2" not in html + caplog.text and "dashboard request failed" in caplog.text
     unreachable.close()
+
+
+def test_a_periodic_schedules_message_shows_its_schedule_not_a_decoding_error(app: JobQueue, client) -> None:
+    from datetime import timedelta
+
+    import sqlalchemy as sa
+
+    from jobqueue import schedule_sync
+    from jobqueue.job import SCHEDULE_TASK
+
+    @app.periodic(every=timedelta(minutes=5), kwargs={"kind": "daily"})
+    @app.task(name="t.report")
+    def report(kind: str) -> str:
+        return kind
+
+    schedule_sync.sync(app.store, app.schedules, set(app.registry), utcnow())
+    m = app.tables.message
+    with app.engine.connect() as conn:
+        schedule_id = conn.execute(sa.select(m.c.id).where(m.c.task_name == SCHEDULE_TASK)).scalar_one()
+    html = page(client, f"/jobs/{schedule_id}")
+    assert "cannot decode" not in html
+    assert '<p id="schedule">t.report: runs t.report, every 300 s (UTC)' in html
+    assert "&#34;kind&#34;: &#34;daily&#34;" in html

@@ -65,8 +65,11 @@ def test_on_every_address_with_a_token_a_request_without_it_is_refused(db_url: s
         browser = urllib.request.build_opener(urllib.request.HTTPCookieProcessor(CookieJar()))
         assert status_of(dashboard.url + f"?token={TOKEN}", browser) == 200  # redirected, then the cookie
         assert status_of(dashboard.url + "failed", browser) == 200
+        # the parameter's name percent-encoded is read as the token too: masked all the same
+        assert status_of(dashboard.url + f"failed?%74oken={TOKEN}&task=x", browser) == 200
         log = dashboard.text()
     assert '"GET /?token=*** HTTP/1.1" 303' in log and TOKEN not in log + dashboard.ready_line
+    assert '"GET /failed?%74oken=***&task=x HTTP/1.1" 303' in log
     for secret in url_secrets(db_url):
         assert f":{secret}@" not in log + dashboard.ready_line
 

@@ -1,0 +1,39 @@
+"""Reading rows that may hold values their column's type cannot read (a row edited by hand)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import sqlalchemy as sa
+
+
+class Unreadable(str):
+    """A stored value that cannot be read as its column's type (a row edited by hand, say),
+    shown as it is stored so that one bad cell never hides the rest of a listing."""
+
+    def __new__(cls, raw: Any) -> Unreadable:
+        return super().__new__(cls, f"<unreadable: {raw!r:.200}>")
+
+
+def readable_rows(conn: sa.Connection, stmt: sa.Select[Any]) -> list[dict[str, Any]]:
+    """The rows of ``stmt`` as dicts; a value its column's type cannot read becomes an
+    :class:`Unreadable` (the statement is then read again, each value converted on its own)."""
+    try:
+        return [dict(row) for row in conn.execute(stmt).mappings()]
+    except (ValueError, TypeError, LookupError):  # a bad time, JSON text, or enum value
+        pass
+    columns = list(stmt.selected_columns)
+    names = [str(column.key) for column in columns]
+    untyped = [sa.type_coerce(c, sa.types.NullType()).label(name) for c, name in zip(columns, names, strict=True)]
+    raw = stmt.with_only_columns(*untyped)
+    readers = [c.type.dialect_impl(conn.dialect).result_processor(conn.dialect, None) for c in columns]
+    found = []
+    for row in conn.execute(raw):
+        values: dict[str, Any] = {}
+        for name, read, value in zip(names, readers, row, strict=True):
+            try:
+                values[name] = read(value) if read is not None and value is not None else value
+            except Exception:
+                values[name] = Unreadable(value)
+        found.append(values)
+    return found
