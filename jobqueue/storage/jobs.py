@@ -72,7 +72,10 @@ def cancel(store: Store, job_id: int, now: datetime | None = None, headers: dict
     m, a = store.tables.message, store.tables.archive
     columns = message_archive_columns(store.tables)
     with store.writing() as conn:
-        locked = sa.select(m.c.id).where(m.c.id == job_id, m.c.state.in_(READY_LITERALS)).with_for_update()
+        # Every column it copies, named (untyped: nothing is read from them): on tables an upgrade
+        # has yet to reach, the missing ones make the database refuse, which names the upgrade.
+        named = [sa.type_coerce(m.c[name], sa.types.NullType()) for name in columns]
+        locked = sa.select(*named).where(m.c.id == job_id, m.c.state.in_(READY_LITERALS)).with_for_update()
         if conn.execute(locked).first() is None:
             return False
         # Copied by the database as stored, never read here: a value edited by hand that Python
