@@ -155,6 +155,11 @@ def test_results_read_back_through_the_task_api() -> None:
     again = send_receipt.get_result(result.id)
     assert again.return_value == result.return_value and again.finished_at is not None
     assert again.enqueued_at.tzinfo is not None  # aware, as Django's API promises with USE_TZ
+    from jobqueue.contrib.django.backend import TaskResultDoesNotExist  # Django's, or the backport's
+
+    for unknown in ("99999999999999999999", "-1", "0", "lamp"):  # no job's, nor any id a database holds
+        with pytest.raises(TaskResultDoesNotExist):
+            send_receipt.get_result(unknown)
 
 
 @needs_task_api

@@ -30,6 +30,7 @@ from jobqueue.contrib.django.integration import MISSING_TASK_API, configured_app
 from jobqueue.errors import ConfigurationError, JobQueueError
 from jobqueue.retry import RetryStrategy, storable
 from jobqueue.settings import validate_queue_name
+from jobqueue.storage.tables import MAX_ID
 
 try:  # Django 6.0+
     from django.tasks import TaskContext, TaskResult, TaskResultStatus
@@ -133,6 +134,8 @@ class JobQueueBackend(BaseTaskBackend):
             job_id = int(result_id)
         except (TypeError, ValueError):
             raise TaskResultDoesNotExist(result_id) from None
+        if not 1 <= job_id <= MAX_ID:  # no job has it, and no database could be asked for it
+            raise TaskResultDoesNotExist(result_id)
         app = self.app
         found = job_row(app.store, job_id)
         if found is None:
