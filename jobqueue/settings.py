@@ -136,7 +136,10 @@ class Settings:
                 f"{self.release_stuck_timeout!r}; it is how long a dead worker's jobs wait before they run again"
             )
         if self.min_fetch_interval > self.max_fetch_interval:
-            raise ConfigurationError("min_fetch_interval must not exceed max_fetch_interval")
+            raise ConfigurationError(
+                f"min_fetch_interval must not exceed max_fetch_interval, got {self.min_fetch_interval!r} and "
+                f"{self.max_fetch_interval!r}"
+            )
         if not _finite_number(self.overfetch_factor) or self.overfetch_factor < 1:
             raise ConfigurationError(f"overfetch_factor must be a finite number >= 1, got {self.overfetch_factor!r}")
         if self.fetch_batch_size > MAX_FETCH_BATCH_SIZE:

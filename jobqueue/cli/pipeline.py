@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from typing import Any
 
@@ -28,6 +29,9 @@ def _spark(master: str | None) -> tuple[Any, Any]:
     except ImportError as exc:
         raise click.ClickException(str(exc)) from None
     click.echo(f"starting Spark on {master or 'local[*]'}...", err=True)
+    # The command logs at INFO; py4j's INFO lines ("Closing down clientserver connection") are
+    # the bridge's own business, not the report's.
+    logging.getLogger("py4j").setLevel(logging.WARNING)
     try:
         return spark, spark.get_session(master)
     except JobQueueError:

@@ -53,4 +53,5 @@ def drop_group(state: CliState, topic: str, group: str, yes: bool) -> None:
     deleted = state.app.topic_store.drop(topic, group)
     if deleted < 0:
         raise missing
-    click.echo(f"dropped group {group!r} of topic {topic!r}; {deleted} waiting deliveries deleted")
+    deliveries = "1 waiting delivery" if deleted == 1 else f"{deleted} waiting deliveries"
+    click.echo(f"dropped group {group!r} of topic {topic!r}; {deliveries} deleted")

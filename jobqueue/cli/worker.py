@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -59,15 +60,21 @@ def worker(state: CliState, /, burst: bool, progress: bool, **options: Any) -> N
     try:
         app.configure(**changes)
     except ConfigurationError as exc:  # an option's value out of range: say which, before any work
-        raise click.UsageError(_as_option(str(exc), changes)) from None
+        raise click.UsageError(_as_option(str(exc), options)) from None
     code = app.run_worker(burst=burst, progress=progress)
     raise SystemExit(code)
 
 
-def _as_option(message: str, given: dict[str, Any]) -> str:
+def _as_option(message: str, options: dict[str, Any]) -> str:
     """A setting's error as the command line reads it: ``--fetch-batch-size``, not ``fetch_batch_size``,
-    and no ``None`` (leaving the option out is how a command line says it)."""
-    name = next((name for name in given if message.startswith(f"{name} ")), None)
-    if name is None:
-        return message
-    return ("--" + name.replace("_", "-") + message[len(name) :]).replace(" or None, got", ", got")
+    for every option the message names, and no ``None`` (leaving the option out is how a command
+    line says it)."""
+
+    def option(found: re.Match[str]) -> str:
+        return "--" + found.group(0).replace("_", "-")
+
+    # Names of two words or more wherever they are; one-word names ("queues") only as the subject.
+    joined = "|".join(re.escape(name) for name in sorted(options, key=len, reverse=True) if "_" in name)
+    spelled = re.sub(rf"\b({joined})\b", option, message) if joined else message
+    spelled = re.sub(rf"^({'|'.join(re.escape(name) for name in options)})\b", option, spelled)
+    return spelled.replace(" or None, got", ", got")

@@ -173,9 +173,9 @@ class Supervisor:
         """Check the schema, create the schedules and fork the pool; wait out a database that is down."""
         queues = ",".join(self.settings.queues) if self.settings.queues else "all queues"
         logger.info(
-            "jobqueue worker %s: %s processes on %s serving %s; tasks: %s",
+            "jobqueue worker %s: %s on %s serving %s; tasks: %s",
             self.supervisor_id[:8],
-            self.size,
+            "1 process" if self.size == 1 else f"{self.size} processes",
             mask_url(self.app.database_url),
             queues,
             ", ".join(sorted(self.app.registry)),

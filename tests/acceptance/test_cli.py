@@ -180,13 +180,19 @@ def test_worker_without_an_app_refuses_to_start(db_url: str) -> None:
     assert result.returncode == 1 and "--app" in result.stderr
 
 
+@pytest.mark.parametrize("concurrency, said", [("1", " 1 process on "), ("2", " 2 processes on ")])
+def test_the_start_line_says_how_many_processes_serve_which_queues(db_url: str, concurrency: str, said: str) -> None:
+    result = jobqueue("worker", "--burst", "-c", concurrency, check=False)
+    assert result.returncode == 0 and said in result.stderr and " serving all queues; " in result.stderr, result.stderr
+
+
 @pytest.mark.parametrize("queues", ["", " , ,"])
 def test_a_queues_option_that_names_no_queue_is_refused_not_read_as_every_queue(db_url: str, queues: str) -> None:
     """As `-Q "$QUEUES"` with the variable unset: serving every queue instead would be a surprise."""
     result = jobqueue("worker", "--burst", "-Q", queues, check=False)
     assert result.returncode == 2
     assert "--queues names no queue" in result.stderr and "leave it out for every queue" in result.stderr, result.stderr
-    assert "processes on" not in result.stderr  # refused before starting
+    assert " serving " not in result.stderr  # refused before starting
 
 
 @pytest.mark.parametrize(
@@ -198,6 +204,10 @@ def test_a_queues_option_that_names_no_queue_is_refused_not_read_as_every_queue(
         # Named as typed, and without Python's None: leaving the option out is how to say none.
         (("--metrics-port", "70000"), "Error: --metrics-port must be a TCP port (1-65535), got 70000\n"),
         (("-c", "0"), "Error: --concurrency must be an integer >= 1, got 0\n"),
+        (
+            ("--min-fetch-interval", "5", "--max-fetch-interval", "1"),
+            "Error: --min-fetch-interval must not exceed --max-fetch-interval, got 5.0 and 1.0\n",
+        ),
     ],
 )
 def test_a_worker_option_out_of_range_is_a_usage_error_before_anything_starts(
@@ -207,7 +217,7 @@ def test_a_worker_option_out_of_range_is_a_usage_error_before_anything_starts(
     result = jobqueue("worker", "--burst", *args, check=False)
     assert result.returncode == 2, result.stderr
     assert fragment in result.stderr and "Traceback" not in result.stderr, result.stderr
-    assert "processes on" not in result.stderr and "started worker process" not in result.stderr
+    assert " serving " not in result.stderr and "started worker process" not in result.stderr
 
 
 def test_worker_refuses_a_listen_url_it_cannot_use(db_url: str, backend: str) -> None:

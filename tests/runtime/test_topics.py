@@ -191,7 +191,7 @@ def test_dead_letters_of_a_group_are_retried_and_a_group_dropped_from_the_comman
     assert stats["broken"]["lag"] == 1 and stats["broken"]["dead_letters"] == 2
     table = cli("topics")
     assert "broken" in table and "billing" in table
-    assert "1 waiting deliveries deleted" in cli("topics", "drop-group", "orders", "broken", "--yes")
+    assert "1 waiting delivery deleted" in cli("topics", "drop-group", "orders", "broken", "--yes")
     assert "broken" not in {entry["group"] for entry in json.loads(cli("topics", "--json"))}
     app.topic_store.collect()
     assert log_size(app) == 0
