@@ -73,21 +73,26 @@ def test_quickstart_example_runs_as_documented(tmp_path: Path) -> None:
     assert "Decimal('29.97')" in result.stdout
 
 
+def _jobqueue(app: str, cwd: Path, env: dict[str, str], *args: str) -> str:
+    """``jobqueue --app APP ARGS...`` in ``cwd``; its output, once it succeeded."""
+    result = subprocess.run(
+        [sys.executable, "-m", "jobqueue", "--app", app, *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
 def test_quickstart_tasks_run_through_the_cli(tmp_path: Path) -> None:
     env = dict(os.environ, PYTHONPATH=str(ROOT), JOBQUEUE_DATABASE_URL=f"sqlite:///{tmp_path}/q.sqlite3")
     app = str(ROOT / "examples" / "quickstart.py")
 
     def run(*args: str) -> str:
-        result = subprocess.run(
-            [sys.executable, "-m", "jobqueue", "--app", app, *args],
-            cwd=tmp_path,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-        assert result.returncode == 0, result.stderr
-        return result.stdout
+        return _jobqueue(app, tmp_path, env, *args)
 
     run("db", "init")
     out = run("enqueue", "quickstart.add", "--args", "[2, 3]")
@@ -120,16 +125,7 @@ def test_a_table_shown_in_the_docs_has_the_columns_the_command_prints(
     env.pop("JOBQUEUE_DATABASE_URL", None)
 
     def run(*args: str) -> str:
-        done = subprocess.run(
-            [sys.executable, "-m", "jobqueue", "--app", "docs_app", *args],
-            cwd=tmp_path,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-        assert done.returncode == 0, done.stderr
-        return done.stdout
+        return _jobqueue("docs_app", tmp_path, env, *args)
 
     run("db", "init")
     printed, printed_next = _table_top(run(*command), first_column)

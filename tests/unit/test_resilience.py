@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 import pytest
 import sqlalchemy as sa
@@ -176,19 +177,26 @@ def test_contention_is_retried_without_an_outage_warning(caplog: pytest.LogCaptu
     assert caplog.records == []
 
 
+def fails_then_writes(error: Exception, times: int) -> Callable[[], str]:
+    """A write that raises ``error`` ``times`` times, then returns "written"."""
+    failures = iter([error] * times)
+
+    def write() -> str:
+        failure = next(failures, None)
+        if failure is not None:
+            raise failure
+        return "written"
+
+    return write
+
+
 def test_a_full_database_is_retried_until_there_is_room_never_refused(caplog: pytest.LogCaptureFixture) -> None:
     # The server answers the probe (reads work) while every write fails for want of room: that is
     # not a refusal of this operation (which would fail the jobs whose outcomes it writes), and the
     # warning says what to do.
     guard_ = DatabaseGuard(logging.getLogger("test.guard"), "db", SQLITE.classify)
-    failures = iter([sa.exc.OperationalError("x", {}, FakeSQLiteError("database or disk is full"))] * 6)
+    write = fails_then_writes(sa.exc.OperationalError("x", {}, FakeSQLiteError("database or disk is full")), 6)
     probes = []
-
-    def write() -> str:
-        error = next(failures, None)
-        if error is not None:
-            raise error
-        return "written"
 
     with caplog.at_level(logging.WARNING, "test.guard"):
         assert guard_.call(write, probe=lambda: probes.append(1)) == "written"
@@ -205,14 +213,8 @@ def test_a_cancelled_statement_is_no_outage_and_never_taken_for_a_refusal(caplog
         return "the server's statement_timeout of 1 ms cancelled it; raise it"
 
     guard_ = DatabaseGuard(logging.getLogger("test.guard"), "db", POSTGRES.classify, explain)
-    failures = iter([sa.exc.OperationalError("x", {}, FakePostgresError("57014"))] * 6)
+    write = fails_then_writes(sa.exc.OperationalError("x", {}, FakePostgresError("57014")), 6)
     probes = []
-
-    def write() -> str:
-        error = next(failures, None)
-        if error is not None:
-            raise error
-        return "written"
 
     with caplog.at_level(logging.WARNING, "test.guard"):
         assert guard_.call(write, probe=lambda: probes.append(1), doing="writing job outcomes") == "written"

@@ -128,6 +128,11 @@ class WorkerState:
     jobs_done: int = 0
 
 
+def queue_shape(queues: tuple[str, ...] | None) -> str:
+    """Which statements serve a worker of ``queues``: "all" (None or none), "one" or "many"."""
+    return "all" if not queues else "one" if len(queues) == 1 else "many"
+
+
 @dataclass(frozen=True)
 class AcquireParams:
     worker_id: str
@@ -144,7 +149,7 @@ class AcquireParams:
     @property
     def shape(self) -> str:
         """Which acquire statement serves these queues: "all", "one" or "many"."""
-        return "all" if not self.queues else "one" if len(self.queues) == 1 else "many"
+        return queue_shape(self.queues)
 
     @property
     def statement(self) -> tuple[str, bool]:

@@ -19,7 +19,13 @@ from typing import TYPE_CHECKING, Any
 import sqlalchemy as sa
 
 from jobqueue.job import SCHEDULE_TASK
-from jobqueue.storage.dialects.common import PROCESSING, READY_LITERALS, AcquireParams, first_of_partition
+from jobqueue.storage.dialects.common import (
+    PROCESSING,
+    READY_LITERALS,
+    AcquireParams,
+    first_of_partition,
+    queue_shape,
+)
 from jobqueue.storage.tables import Timestamp
 
 if TYPE_CHECKING:
@@ -73,7 +79,7 @@ class DueCheck:
             return True
         if any(self._due_from(connection, queue, horizon, work_only=True) for queue in queues or (None,)):
             return True
-        shape = "all" if not queues else "one" if len(queues) == 1 else "many"
+        shape = queue_shape(queues)
         binds = {"now": horizon, "only_queue": queues[0] if queues else None, "queues": list(queues or ())}
         return connection.execute(self.dialect.flow_acquirer(shape).any_keys_until, binds).first() is not None
 
