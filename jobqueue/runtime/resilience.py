@@ -116,15 +116,20 @@ class DatabaseGuard:
                     f": {detail or EXPLAINED[kind]}",
                 )
                 return
+            if kind == FULL:
+                detail = (
+                    ": it has no room left to write; free disk space (or raise its table space's limit), "
+                    "and nothing is lost meanwhile"
+                )
+            else:  # a login refused (a password being changed, a database being restored): its fix
+                fix = self.explain(exc) if self.explain is not None else None
+                detail = f": the server refuses this login; {fix}" if fix else ""
             self.logger.warning(
                 "%s unavailable (%s: %s)%s; retrying with backoff",
                 self.what,
                 type(exc).__name__,
                 reason[0] if reason else "",
-                ": it has no room left to write; free disk space (or raise its table space's limit), and "
-                "nothing is lost meanwhile"
-                if self.classify(exc) == FULL
-                else "",
+                detail,
             )
         else:
             self.logger.debug("%s still unavailable: %s", self.what, exc)

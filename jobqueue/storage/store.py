@@ -117,16 +117,26 @@ class Store:
         return self.dialect.classify(exc)
 
     def explain(self, exc: BaseException) -> str | None:
-        """What a write refused or a statement cancelled means, and its fix (None: nothing to add)."""
+        """What a write refused, a statement cancelled or a login refused means, and its fix (None:
+        nothing to add)."""
         try:
-            return self.dialect.explain(exc)
+            return self.dialect.explain(exc) or self.dialect.login_refused(exc)
         except Exception:  # the explanation asks the server, which may not answer: the error says enough
             return None
 
     def check_workable(self) -> None:
         """Raise ConfigurationError, naming the cause and its fix, where a worker could never do
-        its work: a SQLite file this process may not write, a statement time limit too short for
-        any statement."""
+        its work: a login the server refuses (a database or user that does not exist, a wrong
+        password), a SQLite file this process may not write, a statement time limit too short for
+        any statement. A server that does not answer is no such case: the worker waits for it."""
+        try:
+            with self.engine.connect():
+                pass
+        except sa.exc.DBAPIError as exc:
+            fix = self.dialect.login_refused(exc)
+            if fix is not None:
+                reason = str(exc.orig).strip().splitlines()[0] if exc.orig else str(exc)
+                raise ConfigurationError(f"the database server refuses this login ({reason}): {fix}") from None
         self.dialect.check_workable()
 
     @contextmanager

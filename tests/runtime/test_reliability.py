@@ -7,6 +7,7 @@ Each test runs the real CLI in subprocesses, with real signals, against real dat
 from __future__ import annotations
 
 import collections
+import contextlib
 import os
 import signal
 import sqlite3
@@ -618,6 +619,71 @@ def test_a_worker_started_while_the_server_is_down_waits_for_it(
         server.start()
         assert worker.wait(90) == 0, worker.text()[-3000:]
         assert job.status() == "completed"
+        rt.app.close()
+
+
+@only("postgresql", "mysql")
+@pytest.mark.parametrize("refusal", ["database", "user"])
+def test_a_worker_whose_login_is_refused_at_start_exits_naming_the_fix(
+    backend: str, db_url: str, refusal: str, tmp_path: Path, workers: list[Worker]
+) -> None:
+    """A database or user that does not exist, or a wrong password, is no outage to wait out: no
+    start gets past it, so the worker says what to fix and exits (a server that does not answer is
+    waited for, above)."""
+    url = sa.make_url(db_url)
+    if refusal == "database":
+        url, fix = url.set(database=f"{url.database}_not_created"), "CREATE DATABASE"
+    elif backend == "postgresql":
+        url, fix = url.set(username="jobqueue_no_such_role"), "CREATE ROLE"
+    else:
+        url, fix = url.set(password="not-the-password"), "fix the user name and password"
+    url_text = url.render_as_string(hide_password=False)
+    worker = start(workers, tmp_path, "--burst", "--concurrency", "1", env={"JOBQUEUE_DATABASE_URL": url_text})
+    assert worker.wait(30) == 1, worker.text()[-3000:]
+    assert "refuses this login" in worker.text() and fix in worker.text(), worker.text()[-3000:]
+    assert "not-the-password" not in worker.text()
+
+
+@only("mysql")
+def test_a_login_refused_while_the_worker_runs_is_an_outage_that_loses_nothing(
+    tmp_path: Path, workers: list[Worker]
+) -> None:
+    """A password changed under running workers (and their sessions ended): their outcomes wait,
+    with a warning that says what the server refuses and its fix, and are written once it lets
+    them in again; no job fails or runs twice. (On a server of its own, whose root may add users.)"""
+    from tests.servers import private_server
+
+    with private_server("mysql") as server:
+        admin = sa.create_engine(server.url, poolclass=sa.pool.NullPool, isolation_level="AUTOCOMMIT")
+        url = sa.make_url(server.url)
+        with admin.connect() as conn:
+            conn.execute(sa.text("FLUSH PRIVILEGES"))  # the server starts without logins: now with them
+            conn.execute(sa.text("CREATE USER 'jq_login'@'127.0.0.1' IDENTIFIED BY 'first-pw'"))
+            conn.execute(sa.text(f"GRANT ALL ON `{url.database}`.* TO 'jq_login'@'127.0.0.1'"))
+        own = url.set(username="jq_login", password="first-pw").render_as_string(hide_password=False)
+        rt.app.configure(database_url=own)
+        rt.app.init_schema()
+        jobs = rt.short.bulk([(0.02,)] * 300)
+        worker = start(workers, tmp_path, "--burst", "--concurrency", "2", env={"JOBQUEUE_DATABASE_URL": own})
+        wait_for(lambda: "completed in" in worker.text(), 30, "the first job to complete")
+        with admin.connect() as conn:
+            conn.execute(sa.text("ALTER USER 'jq_login'@'127.0.0.1' IDENTIFIED BY 'second-pw'"))
+            for (pid,) in conn.execute(
+                sa.text("SELECT id FROM information_schema.PROCESSLIST WHERE user = 'jq_login'")
+            ).all():
+                with contextlib.suppress(sa.exc.DBAPIError):
+                    conn.execute(sa.text(f"KILL {int(pid)}"))
+            wait_for(lambda: "refuses this login" in worker.text(), 30, "the worker to report the refused login")
+            assert worker.process.poll() is None, worker.text()[-3000:]
+            conn.execute(sa.text("ALTER USER 'jq_login'@'127.0.0.1' IDENTIFIED BY 'first-pw'"))
+        admin.dispose()
+        assert worker.wait(90) == 0, worker.text()[-3000:]
+        assert "fix the user name and password" in worker.text()
+        assert "first-pw" not in worker.text() and "second-pw" not in worker.text()
+        rt.app.engine.dispose()  # its pooled session was ended with the workers' ones
+        states = archived(rt.app)
+        assert {states[h.id][0] for h in jobs} == {"COMPLETED"}, states
+        assert set(counters(rt.app).values()) == {(1, 1)}
         rt.app.close()
 
 

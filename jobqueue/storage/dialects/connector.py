@@ -189,6 +189,12 @@ class Connector:
         """For an error classified READ_ONLY or CANCELLED: what happened and its fix, for the log."""
         return None
 
+    def login_refused(self, exc: BaseException) -> str | None:
+        """If ``exc`` says that the server refused to log in (a database or user that does not
+        exist, a wrong password): the fix. Such an error is an outage once a worker runs (the
+        server may be coming back with its users), but no start can get past it."""
+        return None
+
     def missing_table(self, exc: sa.exc.DBAPIError) -> bool:
         """True if ``exc`` says that a table does not exist."""
         return False

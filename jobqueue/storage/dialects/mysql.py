@@ -48,6 +48,13 @@ UNKNOWN_COLUMN = 1054
 # OperationalError, so the code decides, not the class.
 MYSQL_DISCONNECTS = {1040, 1053, 1152, 1927, 2002, 2003, 2006, 2013, 2055, 4031}
 MYSQL_CONTENTION = {1205, 1213}
+# The server refused to log in, and the fix. Once a worker runs these are an outage (a database
+# being restored, a password being changed): its outcomes wait; no start gets past them.
+LOGIN_REFUSALS = {
+    1045: "fix the user name and password in the URL, or let the user log in from this host",
+    1049: "create the database (CREATE DATABASE), or fix its name in the URL",
+    1698: "this user logs in some other way (unix_socket): give the URL a user that logs in with a password",
+}
 # A statement the server's time limit stopped: MariaDB's max_statement_time (for every statement),
 # MySQL's max_execution_time (for SELECTs). No outage; below MIN_STATEMENT_SECONDS a worker
 # refuses to start, since even its quickest statements would be stopped.
@@ -301,7 +308,11 @@ class MySQLDialect(Dialect):
             # An internal temporary table of one query that outgrew tmp_table_size is that
             # query's own limit, not a full database: retrying it would never succeed.
             return None if "#sql" in text else FULL
-        return OUTAGE if code in MYSQL_DISCONNECTS else None
+        return OUTAGE if code in MYSQL_DISCONNECTS or code in LOGIN_REFUSALS else None
+
+    def login_refused(self, exc: BaseException) -> str | None:
+        code = _mysql_code(exc)
+        return LOGIN_REFUSALS[code] if isinstance(exc, sa.exc.OperationalError) and code in LOGIN_REFUSALS else None
 
     def explain(self, exc: BaseException) -> str | None:
         if _mysql_code(exc) not in STATEMENT_TIMEOUT:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import re
 import time
 from collections.abc import Callable, Iterator
 from datetime import datetime
@@ -59,6 +60,30 @@ CONTENTION_CODES = {"40001", "40P01", "55P03"}  # serialization failure, deadloc
 OUTAGE_CODES = {"25006", "57P01", "57P02", "57P03", "25P03"}
 UNDEFINED_TABLE = "42P01"
 UNDEFINED_COLUMN = "42703"
+# What the server (or PgBouncer) says when it refuses a login, and the fix: a worker does not start
+# past these. The messages come before any statement, so they carry no SQLSTATE to go by.
+LOGIN_REFUSALS = (
+    (
+        re.compile(r'database "(?P<name>[^"]*)" does not exist|no such database: (?P<pooled>\S+)'),
+        "create the database (CREATE DATABASE, or createdb), or fix its name in the URL",
+    ),
+    (
+        re.compile(r'role "[^"]*" does not exist|no such user'),
+        "create the user (CREATE ROLE ... LOGIN), or fix the user name in the URL",
+    ),
+    (
+        re.compile(r"password authentication failed|no password supplied|authentication failed"),
+        "fix the user name and password in the URL",
+    ),
+    (
+        re.compile(r"no pg_hba\.conf entry"),
+        "let this host, user and database log in through the server's pg_hba.conf, or fix the URL",
+    ),
+    (
+        re.compile(r"permission denied for database|does not have CONNECT privilege"),
+        "GRANT CONNECT ON DATABASE to the user in the URL",
+    ),
+)
 # Rounds of locking a flow row and inserting it if missing; two always do unless a sweep deletes
 # a row between them.
 FLOW_HOLD_TRIES = 3
@@ -168,6 +193,12 @@ class PostgreSQLDialect(Dialect):
             return
         what = f"is too short for a worker (under {MIN_STATEMENT_TIMEOUT_MS} ms)"
         raise ConfigurationError(statement_timeout_advice(timeout, self.engine.url.username, what, running=False))
+
+    def login_refused(self, exc: BaseException) -> str | None:
+        if not isinstance(exc, sa.exc.OperationalError) or getattr(exc.orig, "pgcode", None):
+            return None
+        text = str(exc.orig)
+        return next((fix for pattern, fix in LOGIN_REFUSALS if pattern.search(text)), None)
 
     def missing_table(self, exc: sa.exc.DBAPIError) -> bool:
         return getattr(exc.orig, "pgcode", None) == UNDEFINED_TABLE
