@@ -8,18 +8,15 @@ INSERT ... RETURNING; MySQL 8 has not, and bulk inserts there read the ids from 
 from __future__ import annotations
 
 import contextlib
-import logging
 import re
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from datetime import datetime, timedelta
-from functools import partial
-from typing import Any, TypeVar
+from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy import event
 
-from jobqueue.errors import ConfigurationError, SchemaError, SerializationError
+from jobqueue.errors import ConfigurationError, SchemaError
 from jobqueue.job import Batch, Message, Outcome, OutcomeKind
 from jobqueue.storage.dialects.base import Dialect
 from jobqueue.storage.dialects.common import (
@@ -31,16 +28,19 @@ from jobqueue.storage.dialects.common import (
     delivery_order,
 )
 from jobqueue.storage.dialects.connector import CANCELLED, CONTENTION, FULL, OUTAGE
+from jobqueue.storage.dialects.mysql_ids import FreshIds
+from jobqueue.storage.dialects.mysql_statements import (
+    PacketLimit,
+    connection_runner,
+    cursor_runner,
+    mysql_code,
+    outcome_bytes,
+)
 from jobqueue.storage.engine import IDLE_IN_TRANSACTION_SECONDS, unless_in_url
-from jobqueue.storage.outcomes import ARCHIVED, ARCHIVED_COLUMNS, COPIED, RELEASED, archived_values, requeue_binds
+from jobqueue.storage.outcomes import ARCHIVED, ARCHIVED_COLUMNS, COPIED, archived_values, requeue_binds
 from jobqueue.storage.tables import Timestamp
 
-T = TypeVar("T")
-Runner = Callable[[str, tuple[Any, ...]], Any]  # runs a statement with its parameters
-PACKET_OVERHEAD_PER_ROW = 1024  # the SQL text and the fixed columns of one row, generously
 SCHEMA_LOCK_SECONDS = 600
-STATEMENT_OVERHEAD = 8192  # the rest of a statement that carries one large value, generously
-DUPLICATE_KEY = 1062
 MISSING_TABLE = 1146
 UNKNOWN_COLUMN = 1054
 # Error codes worth retrying: server gone or restarting, too many connections; lock wait timeout and
@@ -64,55 +64,6 @@ ADVISED_STATEMENT_SECONDS = 60
 MYSQL_FULL = {1021, 1114}  # disk full; the table is full (its table space at its limit)
 # "Got error 28 from storage engine", "Error writing file ... (Errcode: 28 ...)": ENOSPC.
 MYSQL_WRITE_ERRORS = {3, 1030}
-FRESH_ID_TRIES = 10
-FLOOR_MAX_AGE_SECONDS = 1.0
-logger = logging.getLogger("jobqueue.storage")
-
-
-def _mysql_code(exc: BaseException) -> int | None:
-    orig = getattr(exc, "orig", None) or exc
-    args = getattr(orig, "args", ())
-    return args[0] if args and isinstance(args[0], int) else None
-
-
-def _connection_runner(connection: sa.Connection) -> Runner:
-    return lambda sql, params: connection.exec_driver_sql(sql, params)
-
-
-def _cursor_runner(cursor: Any) -> Runner:
-    def run(sql: str, params: tuple[Any, ...]) -> Any:
-        cursor.execute(sql, params)
-        return cursor
-
-    return run
-
-
-def _outcome_bytes(outcome: Outcome) -> int:
-    error = outcome.error
-    return (
-        len(outcome.result or b"")
-        + len(outcome.checkpoint or b"")
-        + (len(error.message) + len(error.traceback or "") if error else 0) * 4
-    )  # utf8mb4
-
-
-# The bytes the client escapes with a backslash in a statement's text (mysql_real_escape_string).
-_ESCAPED = (b"\0", b"'", b'"', b"\\", b"\n", b"\r", b"\x1a")
-
-
-def _escaped_length(value: bytes | str | None) -> int:
-    """How many bytes ``value`` takes in a statement's text, escaped."""
-    if not value:
-        return 0
-    data = value.encode("utf-8", "surrogatepass") if isinstance(value, str) else value
-    return len(data) + sum(data.count(byte) for byte in _ESCAPED)
-
-
-def _outcome_length(outcome: Outcome) -> int:
-    """How many bytes an outcome's own values take in the statements of a flush."""
-    error = outcome.error
-    texts = _escaped_length(error.message) + _escaped_length(error.traceback) if error else 0
-    return _escaped_length(outcome.result) + _escaped_length(outcome.checkpoint) + texts
 
 
 class MySQLDialect(Dialect):
@@ -158,6 +109,8 @@ class MySQLDialect(Dialect):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         m = self.message
+        self.packet = PacketLimit()
+        self.ids = FreshIds(m.name, self.tables.archive.name)
         # The lease times are bound: acquire reads the server's clock with the rows it locks.
         self.mark_acquired = (
             sa.update(m)
@@ -197,13 +150,12 @@ class MySQLDialect(Dialect):
         finals = [o for o in applied if o.kind is OutcomeKind.ARCHIVE]
         kept = [o for o in finals if o.retain]
         requeued = [o for o in applied if o.kind is not OutcomeKind.ARCHIVE]
-        run = _connection_runner(connection)
+        run = connection_runner(connection)
         for outcome in [*kept, *requeued]:  # what is sent
-            length = partial(_outcome_length, outcome)
-            self._check_fits(run, "the job's outcome takes", length, _outcome_bytes(outcome))
+            self.packet.check_outcome(run, outcome)
         # Each statement stays under the server's max_allowed_packet: one over it is refused and
         # the server drops the connection (a flush of 22 results of 900 KB was one such statement).
-        for chunk in self._packets(connection, kept, _outcome_bytes):
+        for chunk in self.packet.packets(run, kept, outcome_bytes):
             params: list[Any] = []
             for outcome in chunk:
                 params.append(outcome.message.id)
@@ -216,66 +168,16 @@ class MySQLDialect(Dialect):
             connection.execute(self.requeue, updates)
         return held
 
-    _max_packet: int | None = None
-
-    def _packet_limit(self, run: Runner) -> int:
-        """The server's max_allowed_packet, asked once per process."""
-        if self._max_packet is None:
-            # Read once per process: changing it on a running server is rare, and a statement over
-            # it anyway is refused on its own (the rest of a flush is still written).
-            self._max_packet = int(run("SELECT @@max_allowed_packet", ()).fetchone()[0] or 0)
-        return self._max_packet
-
-    def _check_fits(
-        self, run: Runner, what: str, length: Callable[[], int], size: int, instead: str = "pass a reference"
-    ) -> None:
-        """Refuse, before sending it, a value the server would refuse: a statement over its
-        max_allowed_packet is not an error the server names, it drops the connection. ``size`` is
-        the value's length in bytes, or more (escaping at most doubles it); ``length()`` its
-        escaped length, worked out only for values that might not fit. ``instead``: what the job
-        does with a reference to data stored elsewhere."""
-        limit = self._packet_limit(run)
-        if not limit or size + STATEMENT_OVERHEAD <= limit // 2:  # escaped, at most twice as long
-            return
-        escaped = length() + STATEMENT_OVERHEAD
-        if escaped > limit:
-            raise SerializationError(
-                f"{what} {escaped:,} bytes once escaped into a statement, over this server's "
-                f"max_allowed_packet ({limit:,} bytes): raise max_allowed_packet on the MySQL or MariaDB "
-                f"server, or store large data elsewhere and {instead}"
-            )
-
-    def _check_payloads(self, run: Runner, payloads: list[bytes]) -> None:
-        for payload in payloads:
-            self._check_fits(run, "the job's arguments take", partial(_escaped_length, payload), len(payload))
-
     def check_checkpoint(self, connection: sa.Connection, checkpoint: bytes | None) -> None:
         if checkpoint:
-            length = partial(_escaped_length, checkpoint)
-            run = _connection_runner(connection)
-            self._check_fits(run, "the job's checkpoint takes", length, len(checkpoint), "save a reference")
+            self.packet.check_checkpoint(connection_runner(connection), checkpoint)
 
     def row_pages(self, connection: sa.Connection, rows: list[dict[str, Any]], most: int = 1000) -> Iterator[list[Any]]:
-        self._check_payloads(_connection_runner(connection), [row["payload"] for row in rows])
-        for packet in self._packets(connection, rows, lambda row: len(row["payload"])):
+        run = connection_runner(connection)
+        self.packet.check_payloads(run, [row["payload"] for row in rows])
+        for packet in self.packet.packets(run, rows, lambda row: len(row["payload"])):
             for start in range(0, len(packet), most):
                 yield packet[start : start + most]
-
-    def _packets(self, connection: sa.Connection, items: list[T], size: Callable[[T], int]) -> Iterator[list[T]]:
-        """``items`` in runs whose statements stay well under the server's max_allowed_packet."""
-        if not items:
-            return
-        budget = max(self._packet_limit(_connection_runner(connection)) // 2, 1)  # escaping can double binary data
-        chunk: list[T] = []
-        used = 0
-        for item in items:
-            cost = size(item) + PACKET_OVERHEAD_PER_ROW
-            if chunk and used + cost > budget:
-                yield chunk
-                chunk, used = [], 0
-            chunk.append(item)
-            used += cost
-        yield chunk
 
     def _archive_copy_sql(self, rows: int) -> str:
         message, archive = self.message.name, self.tables.archive.name
@@ -296,7 +198,7 @@ class MySQLDialect(Dialect):
     client_clock = False
 
     def classify_driver_error(self, exc: sa.exc.DBAPIError) -> str | None:
-        code = _mysql_code(exc)
+        code = mysql_code(exc)
         if code in MYSQL_CONTENTION:
             return CONTENTION
         if code in STATEMENT_TIMEOUT:
@@ -311,11 +213,11 @@ class MySQLDialect(Dialect):
         return OUTAGE if code in MYSQL_DISCONNECTS or code in LOGIN_REFUSALS else None
 
     def login_refused(self, exc: BaseException) -> str | None:
-        code = _mysql_code(exc)
+        code = mysql_code(exc)
         return LOGIN_REFUSALS[code] if isinstance(exc, sa.exc.OperationalError) and code in LOGIN_REFUSALS else None
 
     def explain(self, exc: BaseException) -> str | None:
-        if _mysql_code(exc) not in STATEMENT_TIMEOUT:
+        if mysql_code(exc) not in STATEMENT_TIMEOUT:
             return None
         seconds, user = self._statement_time()
         return self._statement_time_advice(seconds, user, "stopped it", running=True)
@@ -324,7 +226,7 @@ class MySQLDialect(Dialect):
         try:
             seconds, user = self._statement_time()
         except sa.exc.DBAPIError as exc:
-            if _mysql_code(exc) in STATEMENT_TIMEOUT:  # so short that it stopped even this
+            if mysql_code(exc) in STATEMENT_TIMEOUT:  # so short that it stopped even this
                 raise ConfigurationError(
                     self._statement_time_advice(None, None, "is too short for a worker", running=False)
                 ) from None
@@ -352,10 +254,10 @@ class MySQLDialect(Dialect):
         )
 
     def missing_table(self, exc: sa.exc.DBAPIError) -> bool:
-        return _mysql_code(exc) == MISSING_TABLE
+        return mysql_code(exc) == MISSING_TABLE
 
     def missing_column(self, exc: sa.exc.DBAPIError) -> bool:
-        return _mysql_code(exc) == UNKNOWN_COLUMN
+        return mysql_code(exc) == UNKNOWN_COLUMN
 
     def clock(self) -> Any:
         # Cast: COALESCE with a parameter comes back as text, which the driver would not parse.
@@ -440,120 +342,29 @@ class MySQLDialect(Dialect):
             m.first_attempt_at = m.first_attempt_at or now
         return messages
 
-    # -- fresh ids ----------------------------------------------------------------------------------
-    # A job keeps its id in the archive, so a new message must never get the id of an archived
-    # job. TRUNCATE of the message table resets AUTO_INCREMENT (PostgreSQL's sequence and SQLite's
-    # AUTOINCREMENT never go back), and the next ids would collide. A healthy counter only goes up,
-    # so each process remembers the largest archived id (read again at most every
-    # FLOOR_MAX_AGE_SECONDS) and the largest id it was given itself: a new id above both is fresh,
-    # and only one at or below them is checked against the archive and, if taken, moved to a
-    # fresh id, which moves AUTO_INCREMENT past the archive. The first insert after a TRUNCATE gets
-    # a small id, so it is caught, and the counter is mended for everyone.
-    def archive_floor_sql(self) -> str:
-        return f"(SELECT COALESCE(MAX(id), 0) FROM {self.tables.archive.name})"
-
-    _floor: int = 0
-    _floor_read_at: float | None = None
-    _largest_id: int = 0
-
-    def _checked(
-        self, run: Callable[[str, tuple[Any, ...]], Any], ids: list[int], floor: int | None = None
-    ) -> list[int]:
-        """``ids`` as they are, or with those an archived job has moved to fresh ids (see above)."""
-        if not ids:
-            return ids
-        now = time.monotonic()
-        if floor is not None:
-            self._floor, self._floor_read_at = floor, now
-        elif self._floor_read_at is None or now - self._floor_read_at > FLOOR_MAX_AGE_SECONDS:
-            self._floor, self._floor_read_at = int(run(f"SELECT {self.archive_floor_sql()}", ()).fetchone()[0]), now
-        if min(ids) <= max(self._floor, self._largest_id):
-            # Perhaps the counter went back, perhaps another thread of ours was quicker: look at the
-            # archive and the counter as they are now. Then remember the counter from here (else
-            # every later insert would be checked until it passed the old ids).
-            self._floor = int(run(f"SELECT {self.archive_floor_sql()}", ()).fetchone()[0])
-            ids = self._move(run, ids, self._floor)
-            self._largest_id = max(ids)
-        else:
-            self._largest_id = max(self._largest_id, max(ids))
-        return ids
-
-    def _move(self, run: Callable[[str, tuple[Any, ...]], Any], ids: list[int], floor: int) -> list[int]:
-        """Move those of ``ids`` that an archived job has to fresh ids above ``floor``; and if the
-        counter itself is at or below ``floor`` (it went back), move the newest of ours too, which
-        sets it past the archive for every later insert."""
-        suspects = [job_id for job_id in ids if job_id <= floor]
-        if not suspects:
-            return ids
-        marks = ", ".join(["%s"] * len(suspects))
-        moving = {
-            int(row[0])
-            for row in run(
-                f"SELECT id FROM {self.tables.archive.name} WHERE id IN ({marks})", tuple(suspects)
-            ).fetchall()
-        }
-        counter = run(
-            "SELECT AUTO_INCREMENT FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = %s",
-            (self.message.name,),
-        ).fetchone()
-        if counter is not None and counter[0] is not None and int(counter[0]) <= floor:
-            moving.add(max(ids))  # still ours alone: nobody has its id yet
-        colliding = sorted(moving)
-        if not colliding:
-            return ids
-        message = self.message.name
-        moved: dict[int, int] = {}
-        for old in colliding:
-            for _ in range(FRESH_ID_TRIES):
-                new = int(run(f"SELECT GREATEST(COALESCE(MAX(id), 0), %s) + 1 FROM {message}", (floor,)).fetchone()[0])
-                try:
-                    # A worker may have taken the row in the instant since an autocommitted insert:
-                    # it goes back to the queue, uncounted, and that delivery's outcome is fenced out.
-                    # (MySQL assigns left to right, each seeing the ones before: counters first.)
-                    run(
-                        f"UPDATE {message} SET id = %s, attempts_count = attempts_count - (state = 'PROCESSING'), "
-                        "deliveries_count = deliveries_count - (state = 'PROCESSING'), state = 'PENDING', "
-                        f"{', '.join(f'{column} = NULL' for column in RELEASED)} WHERE id = %s",
-                        (new, old),
-                    )
-                except Exception as exc:
-                    if _mysql_code(exc) == DUPLICATE_KEY:  # another insert took that id just now
-                        continue
-                    raise
-                moved[old] = new
-                break
-            else:
-                raise RuntimeError(f"could not give job {old} a fresh id after {FRESH_ID_TRIES} tries")
-        logger.warning(
-            "%s new job id(s) collided with archived jobs (the message table's AUTO_INCREMENT went "
-            "back, after a TRUNCATE?); they were given fresh ids",
-            len(moved),
-        )
-        return [moved.get(job_id, job_id) for job_id in ids]
-
+    # -- fresh ids: a new job never gets the id of an archived one (see mysql_ids) ---------------------
     def fresh_ids(self, connection: sa.Connection, ids: list[int], floor: int | None = None) -> list[int]:
-        return self._checked(_connection_runner(connection), ids, floor)
+        return self.ids.checked(connection_runner(connection), ids, floor)
 
     def repair_ids(self, connection: sa.Connection) -> int:
         """Give fresh ids to waiting messages whose ids an archived job has (a worker's start)."""
         m, a = self.message, self.tables.archive
-        floor = int(connection.exec_driver_sql(f"SELECT {self.archive_floor_sql()}").scalar() or 0)
+        floor = int(connection.exec_driver_sql(f"SELECT {self.ids.floor_sql}").scalar() or 0)
         ids = list(connection.execute(sa.select(m.c.id).join(a, a.c.id == m.c.id).where(m.c.id <= floor)).scalars())
-        run = _connection_runner(connection)
-        return len(self._move(run, ids, floor)) if ids else 0
+        return len(self.ids.move(connection_runner(connection), ids, floor)) if ids else 0
 
     def insert_one(self, cursor: Any, row: dict[str, Any]) -> int:
-        self._check_payloads(_cursor_runner(cursor), [row["payload"]])
+        self.packet.check_payloads(cursor_runner(cursor), [row["payload"]])
         params = (
             row["payload"],
             row["unique_key"],
             *[self.format_value(column, row.get(column)) for column in BATCH_COLUMNS],
         )
         cursor.execute(self.insert_one_sql(), params)
-        return self._checked(_cursor_runner(cursor), [int(cursor.lastrowid)])[0]
+        return self.ids.checked(cursor_runner(cursor), [int(cursor.lastrowid)])[0]
 
     def insert_messages(self, connection: sa.Connection, rows: list[dict[str, Any]]) -> list[int]:
-        self._check_payloads(_connection_runner(connection), [row["payload"] for row in rows])
+        self.packet.check_payloads(connection_runner(connection), [row["payload"] for row in rows])
         if connection.dialect.insert_returning:  # MariaDB: INSERT ... RETURNING
             ids = super().insert_messages(connection, rows)
         else:
@@ -570,16 +381,15 @@ class MySQLDialect(Dialect):
             return super().insert_batch(connection, batch)
         # The same round trip reads the archive's largest id (see fresh ids).
         floor = connection.exec_driver_sql(
-            "SELECT "
-            + ", ".join(f"@jobqueue_{column} := %s" for column in BATCH_COLUMNS)
-            + f", {self.archive_floor_sql()}",
+            "SELECT " + ", ".join(f"@jobqueue_{column} := %s" for column in BATCH_COLUMNS) + f", {self.ids.floor_sql}",
             tuple(self.format_value(column, batch.common.get(column)) for column in BATCH_COLUMNS),
         ).one()[-1]
         row = "(%s, " + ", ".join(f"@jobqueue_{column}" for column in BATCH_COLUMNS) + ")"
         payloads = list(batch.payloads)
-        self._check_payloads(_connection_runner(connection), payloads)
+        run = connection_runner(connection)
+        self.packet.check_payloads(run, payloads)
         ids: list[int] = []
-        for packet in self._packets(connection, payloads, len):
+        for packet in self.packet.packets(run, payloads, len):
             first = connection.exec_driver_sql(
                 self.batch_insert_sql(", ".join([row] * len(packet))), tuple(packet)
             ).lastrowid
@@ -604,7 +414,7 @@ class MySQLDialect(Dialect):
         return [(job_id, key) for job_id, (_, key) in zip(fresh, inserted, strict=True)]
 
     def _insert_new(self, connection: sa.Connection, rows: list[dict[str, Any]]) -> list[tuple[int, str]]:
-        self._check_payloads(_connection_runner(connection), [row["payload"] for row in rows])
+        self.packet.check_payloads(connection_runner(connection), [row["payload"] for row in rows])
         m = self.message
         insert = sa.insert(m).prefix_with("IGNORE")
         if connection.dialect.insert_returning:
@@ -625,6 +435,6 @@ class MySQLDialect(Dialect):
     def insert_unique(self, connection: sa.Connection, row: dict[str, Any]) -> int | None:
         # IGNORE reports a skipped duplicate as no row (ON DUPLICATE KEY UPDATE could not: with
         # CLIENT_FOUND_ROWS, which SQLAlchemy sets, a no-op update reports one row like an insert).
-        self._check_payloads(_connection_runner(connection), [row["payload"]])
+        self.packet.check_payloads(connection_runner(connection), [row["payload"]])
         result = connection.execute(sa.insert(self.message).prefix_with("IGNORE").values(row))
         return self.fresh_ids(connection, [int(result.lastrowid)])[0] if result.rowcount == 1 else None
