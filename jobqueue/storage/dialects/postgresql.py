@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import re
-import time
 from collections.abc import Callable, Iterator
 from datetime import datetime
 from typing import Any
@@ -27,6 +26,7 @@ from jobqueue.storage.dialects.base import Dialect
 from jobqueue.storage.dialects.common import READY_LITERALS, AcquireParams, LeaseClock, delivery_order
 from jobqueue.storage.dialects.connector import CANCELLED, CONTENTION, FULL, OUTAGE
 from jobqueue.storage.dialects.flow import FlowAcquirer
+from jobqueue.storage.dialects.postgresql_listen import ListeningWaker
 from jobqueue.storage.dialects.postgresql_session import (
     MIN_STATEMENT_TIMEOUT_MS,
     QUERY_CANCELED,
@@ -48,7 +48,7 @@ from jobqueue.storage.dialects.postgresql_sql import (
     outcome_binds,
 )
 from jobqueue.storage.dialects.wakeup import PollingWaker, Waker, Wakers
-from jobqueue.storage.engine import create_engine, unless_in_url
+from jobqueue.storage.engine import unless_in_url
 from jobqueue.storage.tables import Tables, notify_channel, postgresql_notify_ddl
 
 logger = logging.getLogger("jobqueue.storage")
@@ -480,113 +480,3 @@ class PostgreSQLDialect(Dialect):
             )
             return polling
         return Wakers(ListeningWaker(self, listen_url, ready), polling)
-
-
-class ListeningWaker(Waker):
-    """A supervisor's LISTEN connection: every notification is news for one idle process.
-
-    One connection per host, whatever its number of processes, and no statement at all while
-    nothing happens. It is opened on ``listen_url`` if given: a pooler in transaction mode hands
-    each transaction to any server connection, so LISTEN through it would hear nothing. Lost, it
-    is opened again at most every ``RECONNECT_SECONDS``; the first reading after (re)connecting
-    counts as news, since a commit may have happened while nothing listened.
-
-    Every supervisor hears every notification. So that a job wakes one process in all, not one
-    per host, each notification has one owner among the supervisors serving the same queues (the
-    notifying server process's id modulo their number, see :meth:`set_peers`): the owner wakes a
-    process at once; the others look ``DEFER_SECONDS`` later, with one cheap query, and wake one
-    only if work is still waiting (the owner's processes were all busy, or it is gone).
-    """
-
-    RECONNECT_SECONDS = 1.0
-    DEFER_SECONDS = 0.02
-
-    def __init__(self, dialect: PostgreSQLDialect, listen_url: str | None, ready: Callable[[], bool]) -> None:
-        self.dialect = dialect
-        self.ready = ready
-        self.rank, self.peers = 0, 1  # this supervisor's place among its peers, and their number
-        self.deferred_at: float | None = None  # when to look at news another supervisor owned
-        self.channel = notify_channel(dialect.tables.prefix)
-        self.engine: sa.Engine | None = None
-        if listen_url is not None:
-            self.engine = create_engine(listen_url, pool_size=1, max_overflow=0)
-        self.raw: Any = None  # the DB-API connection, LISTENing
-        self.fresh = False  # (re)connected since the last check
-        self.retry_at = 0.0
-        self._connect()
-
-    def _connect(self) -> None:
-        self.retry_at = time.monotonic() + self.RECONNECT_SECONDS
-        pooled: Any = None
-        try:
-            engine = self.engine or self.dialect.engine
-            pooled = engine.raw_connection()
-            raw = pooled.dbapi_connection
-            raw.autocommit = True
-            with raw.cursor() as cursor:
-                cursor.execute(f"LISTEN {self.channel}")
-        except Exception as exc:
-            logger.warning("cannot LISTEN for new jobs (%s); polling every max_fetch_interval meanwhile", exc)
-            if pooled is not None:
-                with contextlib.suppress(Exception):
-                    pooled.invalidate()
-            return
-        self.pooled, self.raw, self.fresh = pooled, raw, True
-
-    def fileno(self) -> int | None:
-        if self.raw is None and time.monotonic() >= self.retry_at:
-            self._connect()
-        return self.raw.fileno() if self.raw is not None else None
-
-    def set_peers(self, rank: int, peers: int) -> None:
-        self.rank, self.peers = rank, max(1, peers)
-
-    def due_in(self, now: float) -> float | None:
-        due = [self.deferred_at - now] if self.deferred_at is not None else []
-        if self.raw is None:
-            due.append(self.retry_at - now)
-        return max(0.0, min(due)) if due else None
-
-    def check(self, now: float) -> int:
-        heard = self._deferred(now)
-        if self.raw is None:
-            self.fileno()  # reconnect when due
-            if self.raw is None:
-                return heard
-        heard, self.fresh = heard + int(self.fresh), False
-        try:
-            self.raw.poll()
-        except Exception as exc:
-            logger.warning("lost the LISTEN connection (%s); listening again", exc)
-            self._drop()
-            return heard + 1  # look at once: what committed meanwhile would wait for the next poll
-        for notify in self.raw.notifies:
-            if notify.pid % self.peers == self.rank:
-                heard += 1
-            elif self.deferred_at is None:
-                self.deferred_at = now + self.DEFER_SECONDS
-        self.raw.notifies.clear()
-        return heard
-
-    def _deferred(self, now: float) -> int:
-        """News another supervisor owned, once it had its chance: 1 if work still waits."""
-        if self.deferred_at is None or now < self.deferred_at:
-            return 0
-        self.deferred_at = None
-        try:
-            return int(self.ready())
-        except Exception as exc:  # an outage: the supervisor's guard reports it elsewhere
-            logger.debug("idle poll failed: %s", exc)
-            return 1
-
-    def _drop(self) -> None:
-        # Never back into a pool: it is still LISTENing.
-        with contextlib.suppress(Exception):
-            self.pooled.invalidate()
-        self.raw = None
-
-    def close(self) -> None:
-        if self.raw is not None:
-            self._drop()
-        if self.engine is not None:
-            self.engine.dispose()
