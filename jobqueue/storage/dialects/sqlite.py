@@ -6,12 +6,11 @@ select-and-mark atomic, and busy_timeout makes the other processes wait their tu
 
 from __future__ import annotations
 
-import json
 import os
 import sqlite3
 import time
 from collections import namedtuple
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any, cast
 
@@ -19,13 +18,20 @@ import sqlalchemy as sa
 from sqlalchemy import event
 from sqlalchemy.dialects import sqlite
 
-from jobqueue.clock import utcnow
 from jobqueue.errors import ConfigurationError
 from jobqueue.job import Batch, Message, MessageState, Outcome, OutcomeKind
 from jobqueue.storage.dialects.base import Dialect
-from jobqueue.storage.dialects.common import ACQUIRED_COLUMNS, BATCH_COLUMNS, AcquireParams, delivery_order, json_text
+from jobqueue.storage.dialects.common import BATCH_COLUMNS, AcquireParams, delivery_order, json_text
 from jobqueue.storage.dialects.connector import CONTENTION, FULL, OUTAGE, READ_ONLY
 from jobqueue.storage.dialects.flow import FlowAcquirer, is_partition
+from jobqueue.storage.dialects.sqlite_driver import (
+    COPY_ROWS_MOST,
+    DriverStatement,
+    JsonList,
+    execute_on_driver,
+    id_lists,
+)
+from jobqueue.storage.dialects.sqlite_rows import read_message
 from jobqueue.storage.dialects.wakeup import PollingWaker, Waker, Wakers
 from jobqueue.storage.engine import READONLY
 from jobqueue.storage.outcomes import ARCHIVED_COLUMNS, COPIED, archive_row, archived_values, requeue_binds
@@ -473,13 +479,13 @@ class SQLiteDialect(Dialect):
         held: set[tuple[int, int]] = set()
         processing = MessageState.PROCESSING.value
         sql = f"SELECT id, lease_token FROM {self.message.name} WHERE state = '{processing}' AND id IN "
-        for marks, ids in _id_lists(sorted({pair[0] for pair in pairs})):
+        for marks, ids in id_lists(sorted({pair[0] for pair in pairs})):
             held.update((row[0], row[1]) for row in execute_on_driver(connection, sql + marks, ids))
         return held & set(pairs)
 
     def delete_messages(self, connection: sa.Connection, ids: list[int]) -> None:
         sql = f"DELETE FROM {self.message.name} WHERE id IN "
-        for marks, chunk in _id_lists(ids):
+        for marks, chunk in id_lists(ids):
             execute_on_driver(connection, sql + marks, chunk)
 
     def _archive_copy_sql(self, rows: int) -> str:
@@ -601,67 +607,6 @@ class SQLiteDialect(Dialect):
         return messages
 
 
-# Archive copies go in statements of up to this many rows (13 values each), padded with rows of
-# NULLs to a power of two, so that a handful of statements is prepared and cached.
-COPY_ROWS_MOST = 256
-# Ids go in IN lists of up to this many, padded with NULLs (which match nothing) to a power of two,
-# so that a handful of statements is prepared and cached, not one per length.
-ID_LIST_MOST = 512
-
-
-class JsonList(sa.types.TypeDecorator[Any]):
-    """A list bound as its JSON text, for json_each."""
-
-    impl = sa.String
-    cache_ok = True
-
-    def process_bind_param(self, value: Any, dialect: sa.Dialect) -> Any:
-        return None if value is None else json.dumps(list(value))
-
-
-class DriverStatement:
-    """A statement compiled once for the driver itself: its SQL, the names of its columns, and
-    its values from a statement's binds (converted as SQLAlchemy would). ``expanding`` says that
-    it takes a list expanded per call, which SQL compiled once cannot."""
-
-    def __init__(self, statement: Any, dialect: sa.Dialect) -> None:
-        compiled = statement.compile(dialect=dialect)
-        self.sql = str(compiled)
-        self.names = tuple(compiled.positiontup or ())
-        self.expanding = any(compiled.binds[name].expanding for name in self.names)
-        self.processors = tuple(compiled.binds[name].type._cached_bind_processor(dialect) for name in self.names)
-        # Values the statement carries itself (a literal such as the 1 added to a count).
-        self.carried = {key: value for key, value in compiled.params.items() if not compiled.binds[key].required}
-        self.columns = tuple(column[0] for column in compiled._result_columns)
-
-    def values(self, binds: dict[str, Any]) -> tuple[Any, ...]:
-        binds = {**self.carried, **binds}
-        return tuple(
-            binds[name] if process is None else process(binds[name])
-            for name, process in zip(self.names, self.processors, strict=True)
-        )
-
-
-def execute_on_driver(connection: sa.Connection, sql: str, values: tuple[Any, ...]) -> sqlite3.Cursor:
-    """``sql`` executed on ``connection``'s driver connection, its cursor returned (rows read as the
-    driver gives them); an error is raised as SQLAlchemy raises a statement's, so that it is
-    classified and handled alike. Inside the write lock, which the other processes wait for,
-    SQLAlchemy's own execution and result rows cost as much as some of SQLite's work."""
-    driver: Any = connection.connection.driver_connection
-    try:
-        return driver.execute(sql, values)  # type: ignore[no-any-return]
-    except sqlite3.Error as exc:
-        raise sa.exc.DBAPIError.instance(sql, values, exc, sqlite3.Error) from exc
-
-
-def _id_lists(ids: list[int]) -> Iterator[tuple[str, tuple[int | None, ...]]]:
-    """``ids`` in runs: each the "(?, ?, ...)" of its IN list, and its values."""
-    for start in range(0, len(ids), ID_LIST_MOST):
-        chunk: tuple[int | None, ...] = tuple(ids[start : start + ID_LIST_MOST])
-        size = 1 << (len(chunk) - 1).bit_length()
-        yield "(" + ", ".join("?" * size) + ")", chunk + (None,) * (size - len(chunk))
-
-
 class SQLiteWaker(PollingWaker):
     """``PRAGMA data_version`` changes when another connection commits; reading it reads no table."""
 
@@ -680,164 +625,3 @@ class SQLiteWaker(PollingWaker):
 
     def close(self) -> None:
         self.connection.close()
-
-
-def _timestamp(value: Any) -> datetime:
-    if isinstance(value, datetime):
-        return value
-    if not isinstance(value, str):
-        raise TypeError(f"a {type(value).__name__}, not a timestamp")
-    return datetime.fromisoformat(value)
-
-
-def _json(value: Any) -> Any:
-    if value is None:
-        return None
-    if not isinstance(value, (str, bytes)):
-        raise TypeError(f"a {type(value).__name__}, not JSON text")
-    return json.loads(value)
-
-
-def _integer(value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{type(value).__name__} {value!r}, not an integer")
-    return value
-
-
-def _text(value: Any) -> str:
-    if not isinstance(value, str):
-        raise TypeError(f"{type(value).__name__} {value!r}, not text")
-    return value
-
-
-def _blob(value: Any) -> bytes:
-    if isinstance(value, str):
-        return value.encode("utf-8", "surrogateescape")
-    if not isinstance(value, bytes):
-        raise TypeError(f"{type(value).__name__} {value!r}, not bytes")
-    return value
-
-
-def _optional(decode: Callable[[Any], Any]) -> Callable[[Any], Any]:
-    return lambda value: None if value is None else decode(value)
-
-
-# How each acquired column is read back, and what stands in for a value that cannot be.
-_READERS: dict[str, tuple[Callable[[Any], Any], Callable[[], Any]]] = {
-    "id": (_integer, lambda: 0),
-    "task_name": (_text, lambda: "?"),
-    "queue": (_text, lambda: "?"),
-    "priority": (_integer, lambda: 0),
-    "payload": (_blob, lambda: b""),
-    "headers": (_json, lambda: None),
-    "attempts_count": (_integer, lambda: 1),
-    "deliveries_count": (_integer, lambda: 1),
-    "lease_token": (_integer, lambda: 0),
-    "created_at": (_timestamp, utcnow),
-    "first_attempt_at": (_optional(_timestamp), lambda: None),
-    "next_attempt_at": (_timestamp, utcnow),
-    "acquired_at": (_optional(_timestamp), utcnow),
-    "unique_key": (_optional(_text), lambda: None),
-    "partition_key": (_optional(_text), lambda: None),
-    "checkpoint": (_optional(_blob), lambda: None),
-    "options": (_json, lambda: None),
-    "history": (_json, lambda: None),
-    "flow_key": (_optional(_text), lambda: None),
-    "concurrency_limit": (_optional(_integer), lambda: 1),
-    "rate_interval_us": (_optional(_integer), lambda: None),
-}
-
-
-def read_message(row: Sequence[Any]) -> Message:
-    """An acquired row as a Message; a column that cannot be read is replaced and the message
-    marked ``corrupt`` with what was wrong, so that it fails alone with that cause."""
-    try:
-        return _read_fast(*row)
-    except Exception:
-        return _read_carefully(row)
-
-
-_parse = datetime.fromisoformat
-_loads = json.loads
-
-
-def _read_fast(
-    id: Any,
-    task_name: Any,
-    queue: Any,
-    priority: Any,
-    payload: Any,
-    headers: Any,
-    attempts: Any,
-    deliveries: Any,
-    token: Any,
-    created: Any,
-    first: Any,
-    next_at: Any,
-    acquired: Any,
-    unique_key: Any,
-    partition_key: Any,
-    checkpoint: Any,
-    options: Any,
-    history: Any,
-    flow_key: Any,
-    concurrency_limit: Any,
-    rate_interval_us: Any,
-) -> Message:
-    """The common case in one go: every column of the type it should be (else it raises)."""
-    if not (
-        type(id) is int
-        and type(priority) is int
-        and type(attempts) is int
-        and type(deliveries) is int
-        and type(token) is int
-        and type(task_name) is str
-        and type(queue) is str
-        and type(payload) is bytes
-        and (unique_key is None or type(unique_key) is str)
-        and (partition_key is None or type(partition_key) is str)
-        and (checkpoint is None or type(checkpoint) is bytes)
-        and (flow_key is None or type(flow_key) is str)
-        and (concurrency_limit is None or type(concurrency_limit) is int)
-        and (rate_interval_us is None or type(rate_interval_us) is int)
-    ):
-        raise TypeError("a column of an unexpected type")
-    return Message(
-        id,
-        task_name,
-        queue,
-        priority,
-        payload,
-        None if headers is None else _loads(headers),
-        attempts,
-        deliveries,
-        token,
-        _parse(created),
-        None if first is None else _parse(first),
-        _parse(next_at),
-        None if acquired is None else _parse(acquired),
-        unique_key,
-        partition_key,
-        checkpoint,
-        None if options is None else _loads(options),
-        None if history is None else _loads(history),
-        flow_key,
-        concurrency_limit,
-        rate_interval_us,
-    )
-
-
-def _read_carefully(row: Sequence[Any]) -> Message:
-    values: list[Any] = []
-    problems: list[str] = []
-    for column, value in zip(ACQUIRED_COLUMNS, row, strict=True):
-        read, stand_in = _READERS[column]
-        try:
-            values.append(read(value))
-        except Exception as exc:
-            problems.append(f"{column} {str(value)[:200]!r} cannot be read ({exc})")
-            values.append(stand_in())
-    message = Message(*values)
-    if problems:
-        message.corrupt = "; ".join(problems)
-    return message
