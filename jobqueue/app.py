@@ -23,7 +23,8 @@ from jobqueue.storage.engine import create_engine, mask_url, same_database
 from jobqueue.storage.store import Store, commit_watch
 from jobqueue.storage.tables import MAX_ID, Tables, build_tables
 from jobqueue.storage.topics import START_LATEST, TopicStore
-from jobqueue.task import Task, build_options, unknown_names
+from jobqueue.task import Task
+from jobqueue.task_options import build_options, unknown_names
 from jobqueue.topics import Consumer, Topic, check_consumer, make_consumer, parse_groups
 
 if TYPE_CHECKING:

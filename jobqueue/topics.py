@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING, Any
 
 from jobqueue.errors import ConfigurationError
 from jobqueue.storage.topics import START_EARLIEST, START_LATEST, Published, delivery_task
-from jobqueue.task import Task, build_options, check_headers, check_key, stored_call
+from jobqueue.task import Task, check_headers, check_key, stored_call
+from jobqueue.task_options import build_options
 
 if TYPE_CHECKING:
     from jobqueue.app import JobQueue
