@@ -36,8 +36,6 @@ from jobqueue.storage.dialects.wakeup import Waker
 from jobqueue.storage.engine import check_listen_url, database_kind, mask_url
 from jobqueue.storage.tables import SCHEMA_VERSION, Tables, Timestamp
 
-UNIQUE_RETRIES = 10
-
 
 def new_lease_token() -> int:
     """A random positive 63-bit token; one per acquisition, so a stale delivery can never match."""
