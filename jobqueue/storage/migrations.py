@@ -63,6 +63,19 @@ def _add_indexes(connection: sa.Connection, table: sa.Table, names: list[str]) -
     ]
 
 
+def create_missing(connection: sa.Connection, table: sa.Table) -> list[str]:
+    """``CREATE TABLE`` and ``CREATE INDEX`` for what of ``table`` the database lacks.
+
+    MySQL and MariaDB commit each of them by itself: a run cut short after the table was created
+    left it without some of its indexes, and the next run adds those.
+    """
+    dialect = connection.dialect
+    if not sa.inspect(connection).has_table(table.name):
+        created = [str(sa.schema.CreateTable(table).compile(dialect=dialect))]
+        return created + [str(sa.schema.CreateIndex(index).compile(dialect=dialect)) for index in table.indexes]
+    return _add_indexes(connection, table, sorted(str(index.name) for index in table.indexes))
+
+
 def _to_3(connection: sa.Connection, tables: Tables) -> list[str]:
     return _add_indexes(connection, tables.message, [f"ix_{tables.prefix}message_partition"])
 
@@ -70,29 +83,25 @@ def _to_3(connection: sa.Connection, tables: Tables) -> list[str]:
 def _to_4(connection: sa.Connection, tables: Tables) -> list[str]:
     flowed = ["flow_key", "concurrency_limit", "rate_interval_us"]
     statements = _add_columns(connection, tables.message, flowed) + _add_columns(connection, tables.archive, flowed)
+    statements += create_missing(connection, tables.flow)
     dialect = connection.dialect
-    if not sa.inspect(connection).has_table(tables.flow.name):
-        statements.append(str(sa.schema.CreateTable(tables.flow).compile(dialect=dialect)))
-        statements.extend(str(sa.schema.CreateIndex(index).compile(dialect=dialect)) for index in tables.flow.indexes)
     p = tables.prefix
     for name in (f"ix_{p}message_ready", f"ix_{p}message_ready_queue"):
         index = next(i for i in tables.message.indexes if i.name == name)
         if index.dialect_kwargs.get(f"{dialect.name}_where") is not None:
             # Partial on this database: the ready indexes now leave out messages with a flow key.
-            statements.append(f"DROP INDEX {name}")
+            statements.append(f"DROP INDEX IF EXISTS {name}")
             statements.append(str(sa.schema.CreateIndex(index).compile(dialect=dialect)))
     flow_indexes = [f"ix_{p}message_flow_ready", f"ix_{p}message_flow_state"]
     return statements + _add_indexes(connection, tables.message, flow_indexes)
 
 
 def _to_5(connection: sa.Connection, tables: Tables) -> list[str]:
-    dialect = connection.dialect
-    statements = []
-    for table in (tables.topic, tables.topic_group, tables.topic_message):
-        if not sa.inspect(connection).has_table(table.name):
-            statements.append(str(sa.schema.CreateTable(table).compile(dialect=dialect)))
-            statements.extend(str(sa.schema.CreateIndex(index).compile(dialect=dialect)) for index in table.indexes)
-    return statements
+    return [
+        s
+        for table in (tables.topic, tables.topic_group, tables.topic_message)
+        for s in create_missing(connection, table)
+    ]
 
 
 MIGRATIONS = (

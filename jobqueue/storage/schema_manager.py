@@ -2,11 +2,21 @@
 
 from __future__ import annotations
 
+import re
+
 import sqlalchemy as sa
 
 from jobqueue.storage.dialects import dialect_for
 from jobqueue.storage.dialects.base import Dialect
-from jobqueue.storage.migrations import installed_version, missing_error, newer_error, older_error, stamp, upgrade_on
+from jobqueue.storage.migrations import (
+    create_missing,
+    installed_version,
+    missing_error,
+    newer_error,
+    older_error,
+    stamp,
+    upgrade_on,
+)
 from jobqueue.storage.tables import SCHEMA_VERSION, Tables
 
 
@@ -30,14 +40,29 @@ def _init_locked(conn: sa.Connection, tables: Tables, dialect: Dialect) -> str:
     if version is not None and version > SCHEMA_VERSION:
         raise newer_error(conn, tables, version)
     done = upgrade_on(conn, tables) if version is not None and version < SCHEMA_VERSION else []
-    tables.metadata.create_all(conn, checkfirst=True)
+    # Not create_all: it skips a table that exists, and a `db init` cut short on MySQL or MariaDB
+    # (which commit each CREATE by itself) can have left one without some of its indexes.
+    added = [statement for table in tables.metadata.sorted_tables for statement in create_missing(conn, table)]
+    for statement in added:
+        conn.exec_driver_sql(statement)
     dialect.after_create(conn)
     if version is None:
         stamp(conn, tables, SCHEMA_VERSION)
         return f"created jobqueue schema {SCHEMA_VERSION} ({tables.prefix}*)"
     if version < SCHEMA_VERSION:
         return f"upgraded jobqueue schema {version} to {SCHEMA_VERSION} ({tables.prefix}*, {len(done)} statements)"
+    if added:
+        return (
+            f"jobqueue schema {SCHEMA_VERSION} ({tables.prefix}*) is up to date; created what it lacked: "
+            + ", ".join(_created(statement) for statement in added)
+        )
     return f"jobqueue schema {SCHEMA_VERSION} ({tables.prefix}*) is up to date"
+
+
+def _created(statement: str) -> str:
+    """What a CREATE statement makes: "index ix_jobqueue_flow_served"."""
+    found = re.search(r"\b(TABLE|INDEX)\s+(\S+)", statement)
+    return f"{found.group(1).lower()} {found.group(2)}" if found else statement.strip()
 
 
 def drop_schema_on(conn: sa.Connection, tables: Tables) -> None:

@@ -155,8 +155,7 @@ class TopicStore:
         the lock is held, which sees a registration that committed meanwhile.
         """
         tp, g = self.tables.topic, self.tables.topic_group
-        lock = sa.select(tp.c.name).where(tp.c.name == topic)
-        lock = lock.with_for_update() if exclusive else lock.with_for_update(read=True, key_share=True)
+        lock = self._topic_lock(topic, exclusive)
         row = conn.execute(lock).first()
         if row is None and not create:
             return None
@@ -174,6 +173,12 @@ class TopicStore:
             # the groups of that first read, missing one added since: a locking read sees it.
             groups = groups.with_for_update(read=True)
         return list(conn.execute(groups).scalars())
+
+    def _topic_lock(self, topic: str, exclusive: bool) -> sa.Select[Any]:
+        """The topic row's lock: shared by publishes and collections, taken alone by a group's change."""
+        tp = self.tables.topic
+        lock = sa.select(tp.c.name).where(tp.c.name == topic)
+        return lock.with_for_update() if exclusive else lock.with_for_update(read=True, key_share=True)
 
     def _deliver(
         self,
@@ -300,6 +305,10 @@ class TopicStore:
         if not ids and not moved:
             return 0
         with self.store.writing() as conn:
+            # A new "earliest" group reads the log a page at a time under the topic's lock taken
+            # alone: this waits for it, so it never loses the pages it has not read yet. (A group
+            # added since the snapshot above has its own copies of the messages it was given.)
+            conn.execute(self._topic_lock(topic, exclusive=False))
             for group, mark in moved.items():
                 conn.execute(sa.update(g).where(g.c.topic == topic, g.c.group_name == group).values(finished_id=mark))
             for start in range(0, len(ids), COLLECT_BATCH):

@@ -263,3 +263,94 @@ def test_commands_on_a_schema_behind_this_release_name_the_upgrade(old_database:
     with engine.connect() as conn:
         assert conn.execute(sa.text(f"SELECT count(*) FROM {PREFIX}message")).scalar_one() == 0
     engine.dispose()
+
+
+def layout(url: str, prefix: str) -> dict[str, tuple[set[tuple[str, bool]], set[tuple[str, tuple[str, ...], bool]]]]:
+    """Each table's columns and indexes (their names without the prefix)."""
+    engine = sa.create_engine(url)
+    try:
+        inspector = sa.inspect(engine)
+        return {
+            table[len(prefix) :]: (
+                {(c["name"], bool(c["nullable"])) for c in inspector.get_columns(table)},
+                {
+                    (str(i["name"]).replace(prefix, "", 1), tuple(i["column_names"]), bool(i["unique"]))
+                    for i in inspector.get_indexes(table)
+                },
+            )
+            for table in inspector.get_table_names()
+            if table.startswith(prefix)
+        }
+    finally:
+        engine.dispose()
+
+
+def fresh_layout(url: str) -> dict[str, tuple[set[tuple[str, bool]], set[tuple[str, tuple[str, ...], bool]]]]:
+    """The layout `db init` gives a new database, read from tables of another prefix."""
+    fresh = build_tables("jqnew_")
+    engine = sa.create_engine(url)
+    try:
+        with engine.begin() as conn:
+            fresh.metadata.create_all(conn)
+        return layout(url, "jqnew_")
+    finally:
+        with engine.begin() as conn:
+            fresh.metadata.drop_all(conn)
+        engine.dispose()
+
+
+def run_each(url: str, statements: list[str]) -> None:
+    """Run ``statements``, each committed by itself: what MySQL and MariaDB do with DDL."""
+    engine = sa.create_engine(url)
+    try:
+        with engine.connect() as conn:
+            for statement in statements:
+                conn.exec_driver_sql(statement)
+                conn.commit()
+    finally:
+        engine.dispose()
+
+
+def test_an_upgrade_cut_short_between_two_statements_is_finished_by_the_next(old_database: str) -> None:
+    """MariaDB commits each ALTER and CREATE by itself: an upgrade killed between two of them
+    leaves what it did so far (a table without its index, say), and the next upgrade must finish
+    it, whatever the database."""
+    tables = build_tables(PREFIX)
+    engine = sa.create_engine(old_database)
+    statements = [s.rstrip(";") for s in migrations.upgrade(engine, tables, dry_run=True) if not s.startswith("--")]
+    engine.dispose()
+    wanted = fresh_layout(old_database)
+    for done in range(1, len(statements)):
+        schema_1(old_database)
+        run_each(old_database, statements[:done])
+        engine = sa.create_engine(old_database)
+        migrations.upgrade(engine, tables)
+        engine.dispose()
+        assert layout(old_database, PREFIX) == wanted, f"cut after: {statements[done - 1]}"
+
+
+def test_a_db_init_cut_short_between_two_statements_is_finished_by_the_next(old_database: str) -> None:
+    tables = build_tables(PREFIX)
+    engine = sa.create_engine(old_database)
+    statements = []  # as create_all runs them: each table, then its indexes
+    for table in tables.metadata.sorted_tables:
+        statements.append(str(sa.schema.CreateTable(table).compile(dialect=engine.dialect)))
+        statements.extend(str(sa.schema.CreateIndex(index).compile(dialect=engine.dialect)) for index in table.indexes)
+    engine.dispose()
+    wanted = fresh_layout(old_database)
+    for done in range(1, len(statements)):
+        engine = sa.create_engine(old_database)
+        with engine.begin() as conn:
+            tables.metadata.drop_all(conn, checkfirst=True)
+        engine.dispose()
+        run_each(old_database, statements[:done])
+        upgrade.app.init_schema()
+        assert layout(old_database, PREFIX) == wanted, f"cut after: {statements[done - 1]}"
+    # On tables of the current version, it says what it had to add.
+    run_each(
+        old_database,
+        [f"DROP INDEX uq_{PREFIX}message_unique" + (f" ON {PREFIX}message" if "mysql" in old_database else "")],
+    )
+    said = upgrade.app.init_schema()
+    assert said.endswith(f"is up to date; created what it lacked: index uq_{PREFIX}message_unique"), said
+    assert layout(old_database, PREFIX) == wanted

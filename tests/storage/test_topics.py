@@ -288,3 +288,18 @@ def test_names_the_database_holds_equal_are_refused_not_merged(app: JobQueue, ba
     m = app.tables.message
     with app.engine.connect() as conn:
         assert conn.execute(sa.select(m.c.task_name)).scalars().all() == ["topic:orders:billing"]
+
+
+def test_a_group_added_from_the_earliest_gets_the_whole_log_while_another_worker_trims_it(app: JobQueue) -> None:
+    """An earliest group's catch-up reads the log a page at a time; a collection by another worker
+    meanwhile deleted the pages it had not read yet (messages every other group had finished), and
+    the new group got the first 1,000 of 5,000. Now it gets the log as it was when it was added:
+    all of it, or nothing if the collection came first."""
+    app.topic("orders").publish_many(range(5000))
+    app.topic_store.register("orders", "old", "latest")  # past every message: the log may go
+    adding = threading.Thread(target=lambda: app.topic_store.register("orders", "new", "earliest"))
+    adding.start()
+    while adding.is_alive():
+        app.topic_store.collect()
+    adding.join()
+    assert len(deliveries(app, "new")) in (0, 5000)
