@@ -127,14 +127,6 @@ class Store:
         its work: a login the server refuses (a database or user that does not exist, a wrong
         password), a SQLite file this process may not write, a statement time limit too short for
         any statement. A server that does not answer is no such case: the worker waits for it."""
-        try:
-            with self.engine.connect():
-                pass
-        except sa.exc.DBAPIError as exc:
-            fix = self.dialect.login_refused(exc)
-            if fix is not None:
-                reason = str(exc.orig).strip().splitlines()[0] if exc.orig else str(exc)
-                raise ConfigurationError(f"the database server refuses this login ({reason}): {fix}") from None
         self.dialect.check_workable()
 
     @contextmanager

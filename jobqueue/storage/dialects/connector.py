@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 
 import sqlalchemy as sa
 
+from jobqueue.errors import ConfigurationError
 from jobqueue.storage.engine import READONLY, create_engine
 
 T = TypeVar("T")
@@ -194,6 +195,13 @@ class Connector:
         exist, a wrong password): the fix. Such an error is an outage once a worker runs (the
         server may be coming back with its users), but no start can get past it."""
         return None
+
+    def refuse_login(self, exc: sa.exc.DBAPIError) -> None:
+        """Before a worker starts: raise ConfigurationError with the fix if ``exc`` is a refused login."""
+        fix = self.login_refused(exc)
+        if fix is not None:
+            reason = str(exc.orig).strip().splitlines()[0] if exc.orig else str(exc)
+            raise ConfigurationError(f"the database server refuses this login ({reason}): {fix}") from None
 
     def missing_table(self, exc: sa.exc.DBAPIError) -> bool:
         """True if ``exc`` says that a table does not exist."""

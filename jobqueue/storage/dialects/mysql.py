@@ -230,6 +230,7 @@ class MySQLDialect(Dialect):
                 raise ConfigurationError(
                     self._statement_time_advice(None, None, "is too short for a worker", running=False)
                 ) from None
+            self.refuse_login(exc)  # a database or user that does not exist, a wrong password
             return  # MySQL (no such variable), or the server is down: what follows waits, or says why
         if 0 < seconds < MIN_STATEMENT_SECONDS:
             what = f"is too short for a worker (under {MIN_STATEMENT_SECONDS} s)"

@@ -188,7 +188,8 @@ class PostgreSQLDialect(Dialect):
             timeout = read_statement_timeout(self.engine)
         except sa.exc.DBAPIError as exc:
             if getattr(exc.orig, "pgcode", None) != QUERY_CANCELED:
-                return  # the server is down or refuses us: what follows waits, or says why
+                self.refuse_login(exc)  # a database or user that does not exist, a wrong password
+                return  # the server is down: what follows waits
         if timeout is not None and not 0 < timeout.milliseconds < MIN_STATEMENT_TIMEOUT_MS:
             return
         what = f"is too short for a worker (under {MIN_STATEMENT_TIMEOUT_MS} ms)"
