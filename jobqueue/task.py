@@ -255,7 +255,7 @@ class Task:
         if countdown is not None:
             when = from_now("countdown", countdown)
         if headers is not None:
-            check_headers(headers)
+            check_headers(headers, self.app.settings.max_payload_bytes)
         for label, key in (("unique_key", unique_key), ("partition_key", partition_key)):
             if key is not None:
                 check_key(label, key)
@@ -350,19 +350,26 @@ def check_key(label: str, key: Any) -> str:
     return key
 
 
-def check_headers(headers: Any) -> None:
-    """Headers are stored as a JSON object: string keys, and values JSON carries unchanged."""
+def check_headers(headers: Any, limit: int) -> None:
+    """Headers are stored as a JSON object: string keys, and values JSON carries unchanged, in
+    all at most ``limit`` bytes (max_payload_bytes, as the arguments)."""
     if not isinstance(headers, dict) or not all(isinstance(key, str) for key in headers):
         raise ConfigurationError("headers must be a dict with string keys")
+    size = 2
     for key, value in headers.items():
         try:
-            json.dumps({key: value}, allow_nan=False, ensure_ascii=False).encode("utf-8")
+            size += len(json.dumps({key: value}, allow_nan=False, ensure_ascii=False).encode("utf-8"))
         except (TypeError, ValueError, RecursionError, UnicodeEncodeError) as exc:
             kind = type(value).__name__
             raise ConfigurationError(
                 f"headers[{key!r}]: a {kind} cannot be stored as a JSON header value ({exc}); "
                 "use strings, numbers, booleans, None, lists and dicts of them"
             ) from None
+    if size > limit:
+        raise SerializationError(
+            f"headers serialize to about {size} bytes, over max_payload_bytes={limit}: keep headers to "
+            "small values (ids, trace context) and pass data as arguments, or a reference to it"
+        )
 
 
 def _item(index: int | None) -> str:

@@ -93,7 +93,7 @@ class Topic:
                 key = str(key)
             check_key(f"{where}key", key)
         if headers is not None:
-            check_headers(headers)
+            check_headers(headers, self.app.settings.max_payload_bytes)
         data = stored_call(self.app, f"{where}topic {self.name}", "the payload and its envelope", (payload,), {})
         return Published(data, key, headers)
 

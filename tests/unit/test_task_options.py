@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import functools
 import os
+import sqlite3
 from dataclasses import dataclass
 
 import pytest
@@ -136,6 +137,27 @@ def test_oversized_payload_is_refused(tmp_path) -> None:
 
     with pytest.raises(SerializationError, match="max_payload_bytes=2048"):
         f.delay("x" * 5000)
+
+
+def test_oversized_headers_are_refused_and_write_nothing(tmp_path) -> None:
+    """Headers are stored with the job (once per group for a topic): they were accepted at any size."""
+    app = JobQueue(f"sqlite:///{tmp_path}/x.sqlite3", max_payload_bytes=2048)
+
+    @app.task
+    def f() -> None: ...
+
+    app.init_schema()
+    with pytest.raises(
+        SerializationError, match="headers serialize to about 50[0-9]{2} bytes, over max_payload_bytes=2048"
+    ):
+        f.apply_async(headers={"trace": "x" * 5000})
+    with pytest.raises(SerializationError, match="max_payload_bytes=2048"):
+        app.topic("orders").publish({"n": 1}, headers={"a": "x" * 1500, "b": "y" * 1500})
+    f.apply_async(headers={"trace": "x" * 1000})  # within the limit
+    database = sa.make_url(app.database_url).database
+    with sqlite3.connect(database or "") as raw:
+        assert raw.execute("SELECT count(*) FROM jobqueue_message").fetchone()[0] == 1
+    app.close()
 
 
 def test_bad_bulk_item_names_the_fix(app: JobQueue) -> None:
