@@ -17,15 +17,12 @@ import difflib
 import logging
 import os
 import signal
-import sys
 import time
 import uuid
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-import multiprocess
 from multiprocess import connection as mp_connection
 
 from jobqueue import topics
@@ -35,21 +32,19 @@ from jobqueue.job import MessageState, OutcomeKind
 from jobqueue.runtime import metrics
 from jobqueue.runtime.executor import Executor, outcome_fields
 from jobqueue.runtime.housekeeping import Housekeeping
+from jobqueue.runtime.pool import Child, Pool, pipe
 from jobqueue.runtime.process import (
     HOARD_SECONDS,
-    STOP_SIGNALS,
-    ChildSpec,
-    WorkerProcess,
     _drain,
-    capacity_of,
     name_process,
     poke,
 )
 from jobqueue.runtime.progress import Progress
 from jobqueue.runtime.resilience import DatabaseGuard, GaveUp
+from jobqueue.runtime.retry_later import RETRY_SOON_SECONDS, RetryLater
 from jobqueue.runtime.schedule_upkeep import ScheduleUpkeep
-from jobqueue.runtime.slot import Slot, SlotView
-from jobqueue.runtime.writer import OutcomeWriter, Unwritten
+from jobqueue.runtime.slot import SlotView
+from jobqueue.runtime.writer import OutcomeWriter
 from jobqueue.settings import resolve_listen_url
 from jobqueue.storage.dialects import WorkerState
 from jobqueue.storage.engine import check_listen_url, mask_url
@@ -62,22 +57,10 @@ logger = logging.getLogger("jobqueue.supervisor")
 TICK_SECONDS = 0.1
 BURST_HORIZON_SECONDS = 5.0
 BURST_CHECK_SECONDS = 0.25
-RESPAWN_BACKOFF_MAX_SECONDS = 10.0
-QUICK_DEATHS_BEFORE_BACKOFF = 3
-RETRY_SOON_SECONDS = 1.0
 LOOP_ERROR_PAUSE_SECONDS = 1.0
 # How often the supervisor writes SQLite's journal back into the database file (its worker
 # processes leave that to it, see Store.take_over_checkpoints).
 CHECKPOINT_SECONDS = 1.0
-
-
-@dataclass
-class Child:
-    spec: ChildSpec
-    process: Any
-    started: float
-    timed_out: SlotView | None = None
-    poked_at: float = 0.0  # monotonic time the supervisor last woke it
 
 
 @dataclass
@@ -90,8 +73,8 @@ class Supervisor:
     def __post_init__(self) -> None:
         self.settings = self.app.settings
         self.size = self.settings.effective_concurrency
-        self.context = multiprocess.get_context("fork")
-        self.children: dict[int, Child] = {}
+        self.pool = Pool(self.app, self.supervisor_id)
+        self.children = self.pool.children  # by slot index
         self.signals = 0
         self.stopping = False
         self.stop_deadline = 0.0
@@ -104,17 +87,11 @@ class Supervisor:
         self.next_checkpoint = 0.0
         self.checkpoints = False  # whether this supervisor writes the database's journal back
         self.next_burst_check = 0.0
-        self.next_pending_retry = 0.0
-        self.failing: set[str] = set()  # database work that failed for a reason retrying may not fix
-        self.respawn_at: dict[int, float] = {}
-        self.quick_deaths: dict[int, int] = {}
         self.done_by_dead = 0
         self.unspent = 0  # news of work that found no idle process to wake
         self.meter: Progress | None = None
         self.metrics: metrics.Metrics | None = None
         self.last_loop_error: tuple[str, float] | None = None
-        # Database work that failed during an outage, retried every tick until it succeeds.
-        self.pending: list[tuple[str, Callable[[], Any]]] = []
         self.guard = DatabaseGuard(
             logger,
             "database (supervisor)",
@@ -122,6 +99,8 @@ class Supervisor:
             lambda exc: self.app.store.explain(exc),
         )
         self.schedule_upkeep = ScheduleUpkeep(self.app, self.supervisor_id, self.guard)
+        # Database work that failed during an outage, retried every tick until it succeeds.
+        self.later = RetryLater(self.guard)
 
     # -- entry point -------------------------------------------------------------------------------
     def run(self) -> int:
@@ -141,8 +120,9 @@ class Supervisor:
             )
             self.app.configure(queues=tuple(dict.fromkeys([*tasks, *(c.queue for c in self.consumers)])))
             self.settings = self.app.settings
-        self.wake_r, self.wake_w = _pipe()
-        self.more_r, self.more_w = _pipe()
+        self.wake_r, self.wake_w = pipe()
+        self.more_r, self.more_w = pipe()
+        self.pool.more_w, self.pool.idle_w = self.more_w, self.wake_w
         self._install_signals()
         if self.settings.metrics_port:
             self.metrics = metrics.start(
@@ -155,7 +135,7 @@ class Supervisor:
         finally:
             # Whatever ended the loop, no child outlives it (they would run on unsupervised).
             if any(c.process.exitcode is None for c in self.children.values()):
-                self._kill_all("supervisor exiting")
+                self.pool.kill_all("supervisor exiting")
                 self._release_killed()
             if hasattr(self, "waker"):
                 self.waker.close()
@@ -211,7 +191,7 @@ class Supervisor:
         for index in range(self.size):
             if self.signals:  # stopped while forking (a large pool takes a while): the loop stops it
                 break
-            self._spawn(index)
+            self.pool.spawn(index)
         return True
 
     def _warn_of_strange_queues(self) -> None:
@@ -266,17 +246,18 @@ class Supervisor:
         if self.signals == 1 and not self.stopping:
             self._begin_stop("signal received")
         self._reap()
-        self._retry_pending()
+        self.later.retry_due()
         if self.stopping and not self.children:
-            self._finish_pending()
+            self.later.finish(self.settings.graceful_timeout, stopped=lambda: self.signals >= 2)
             logger.info("jobqueue worker %s stopped", self.supervisor_id[:8])
             return 0
-        self._respawn_due()
-        self._enforce_time_limits()
+        if not self.stopping:
+            self.pool.respawn_due()
+        self.pool.enforce_time_limits()
         self._take_back_buffers()
         self._maintenance()
         if self.stopping and time.monotonic() > self.stop_deadline:
-            self._kill_all("graceful_timeout passed")
+            self.pool.kill_all("graceful_timeout passed")
         if self.burst and not self.stopping:
             self._check_burst()
         if self.meter is not None:
@@ -298,7 +279,7 @@ class Supervisor:
         news_fd = self.waker.fileno()
         if news_fd is not None:
             waitables.append(news_fd)
-        idle = self._idle_children()
+        idle = self.pool.idle()
         timeout = TICK_SECONDS
         poll_due = self.waker.due_in(time.monotonic()) if idle else None
         if poll_due is not None:
@@ -321,7 +302,7 @@ class Supervisor:
             # Who idles now, not before the wait: a process woken for the last news may be running
             # that job already. Among the idle, the least recently woken first: one woken a moment
             # ago may not have fetched yet.
-            woken = sorted(self._idle_children(), key=lambda c: c.poked_at)[:wanted]
+            woken = sorted(self.pool.idle(), key=lambda c: c.poked_at)[:wanted]
             for child in woken:
                 child.poked_at = time.monotonic()
                 poke(child.spec.wake_w)
@@ -329,66 +310,9 @@ class Supervisor:
             # waits for the next process that idles; SQLite's data_version says it only once.
             self.unspent = min(wanted - len(woken), self.size)
 
-    def _idle_children(self) -> list[Child]:
-        idle = []
-        for child in self.children.values():
-            view = child.spec.slot.read()
-            if view is not None and view.idle:
-                idle.append(child)
-        return idle
-
-    # -- children ----------------------------------------------------------------------------------
-    def _spawn(self, index: int) -> None:
-        """Fork worker process ``index``; if anything fails (no processes, memory or descriptors
-        left, a framework hook), try again later with the slot's backoff."""
-        try:
-            child = self._fork(index)
-        except Exception as exc:
-            logger.error("could not start worker process %s: %s", index, exc)
-            self.quick_deaths[index] = self.quick_deaths.get(index, 0) + 1
-            self.respawn_at[index] = time.monotonic() + self._respawn_delay(index)
-            return
-        self.children[index] = child
-        logger.info("started worker process %s (pid %s)", index, child.process.pid)
-
-    def _fork(self, index: int) -> Child:
-        self.app.before_fork()
-        wake_r, wake_w = _pipe()
-        try:
-            capacity = capacity_of(self.settings.fetch_batch_size, self.settings.overfetch_factor)
-            spec = ChildSpec(
-                index=index,
-                worker_id=uuid.uuid4().hex,
-                supervisor_id=self.supervisor_id,
-                slot=Slot.create(self.context, capacity),
-                wake_r=wake_r,
-                wake_w=wake_w,
-                more_w=self.more_w,
-                idle_w=self.wake_w,
-                supervisor_pid=os.getpid(),
-            )
-            process = self.context.Process(target=_child_main, args=(self.app, spec), name=f"jobqueue-worker-{index}")
-            # Block stop signals across fork: a SIGTERM sent before the child installs its own
-            # handler then waits for it instead of hitting the supervisor's handler copied into it.
-            previous = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
-            try:
-                process.start()
-            finally:
-                signal.pthread_sigmask(signal.SIG_SETMASK, previous)
-        except BaseException:
-            os.close(wake_r)
-            os.close(wake_w)
-            raise
-        os.close(wake_r)
-        return Child(spec, process, time.monotonic())
-
     def _reap(self) -> None:
-        for index, child in list(self.children.items()):
-            code = child.process.exitcode
-            if code is None:
-                continue
-            del self.children[index]
-            view = child.spec.slot.read_raw()
+        for death in self.pool.dead():
+            child, code, view = death.child, death.code, death.view
             self.done_by_dead += view.done
             # A process leaves with status 0 only between jobs (recycled, stopping): one that ends
             # mid-job (a job calling os._exit(0)) died as surely as one killed by a signal.
@@ -397,7 +321,7 @@ class Supervisor:
                 running = f" while running job {view.running_id}" if view.running_id else ""
                 logger.error(
                     "worker process %s (pid %s) exited with %s%s; its messages are returned now",
-                    index,
+                    death.index,
                     child.process.pid,
                     how,
                     running,
@@ -406,8 +330,8 @@ class Supervisor:
             os.close(child.spec.wake_w)
             if not self.stopping:
                 if self.metrics is not None:
-                    self.metrics.process_died(child.process.pid, _death_cause(child, code, view.running_id))
-                self._schedule_respawn(index, child)
+                    self.metrics.process_died(child.process.pid, death.cause)
+                self.pool.respawn_later(death)
 
     def _release(self, child: Child) -> None:
         """Record a timeout kill, then return everything the dead child held, as one retried step.
@@ -431,7 +355,7 @@ class Supervisor:
                 logger.info("returned %s message(s) held by worker process pid %s to the queue", released, pid)
             self.store.remove_workers([worker_id])
 
-        self._do(f"release the messages of pid {pid}", release)
+        self.later.do(f"release the messages of pid {pid}", release)
 
     def _record_timeout(self, view: SlotView) -> None:
         message = self.store.held_message(view.running_id, view.token)
@@ -471,52 +395,6 @@ class Supervisor:
                 extra=outcome_fields(outcome),
             )
 
-    def _schedule_respawn(self, index: int, child: Child) -> None:
-        # Replace a dead child at once. Only a slot whose children keep dying right after starting,
-        # before running any job (a broken import, a database that refuses connections), backs off,
-        # so it is not a fork loop. A child killed by a job is the job's fault, not the slot's: poison
-        # protection ends that job, and the next child starts at once.
-        view = child.spec.slot.read_raw()
-        ran_a_job = bool(view.done or view.running_id)
-        quick = time.monotonic() - child.started < 1.0 and not ran_a_job
-        self.quick_deaths[index] = self.quick_deaths.get(index, 0) + 1 if quick else 0
-        self.respawn_at[index] = time.monotonic() + self._respawn_delay(index)
-
-    def _respawn_delay(self, index: int) -> float:
-        deaths = self.quick_deaths.get(index, 0)
-        if deaths < QUICK_DEATHS_BEFORE_BACKOFF:
-            return 0.0
-        delay = min(RESPAWN_BACKOFF_MAX_SECONDS, 0.5 * 2.0 ** (deaths - QUICK_DEATHS_BEFORE_BACKOFF))
-        logger.warning(
-            "worker process %s failed %s times in a row before running a job; next start in %.1f s",
-            index,
-            deaths,
-            delay,
-        )
-        return delay
-
-    def _respawn_due(self) -> None:
-        now = time.monotonic()
-        for index, at in list(self.respawn_at.items()):
-            if at <= now and not self.stopping:
-                del self.respawn_at[index]
-                self._spawn(index)
-
-    def _enforce_time_limits(self) -> None:
-        """Kill a child whose job passed its hard timeout; the reap records it and forks a replacement."""
-        now = time.monotonic_ns()
-        for child in self.children.values():
-            view = child.spec.slot.read()
-            if (
-                view is not None
-                and view.running_id
-                and view.deadline_ns
-                and now > view.deadline_ns
-                and child.timed_out is None
-            ):
-                child.timed_out = view
-                _kill(child.process.pid)
-
     def _take_back_buffers(self) -> None:
         """Return to the queue the unstarted messages waiting behind a job that has run too long.
 
@@ -547,42 +425,7 @@ class Supervisor:
                     self.unspent += 1  # an idle process of ours takes them now
                     self.store.notify()  # and idle processes elsewhere
 
-            self._do(f"hand back the buffer of pid {pid}", release)
-
-    # -- database work -----------------------------------------------------------------------------
-    def _do(self, what: str, operation: Callable[[], Any]) -> None:
-        """Run ``operation`` now; during an outage, or while the database refuses it, keep it for later."""
-        try:
-            ok, _ = self.guard.try_once(operation)
-        except (GaveUp, Unwritten):
-            ok = False
-        except Exception:
-            if what not in self.failing:  # once, not every retry
-                logger.exception("could not %s; trying again", what)
-            self.failing.add(what)
-            ok = False
-        if ok:
-            self.failing.discard(what)
-        else:
-            self.pending.append((what, operation))
-
-    def _retry_pending(self) -> None:
-        now = time.monotonic()
-        if now < self.next_pending_retry:
-            return
-        pending, self.pending = self.pending, []
-        for what, operation in pending:
-            self._do(what, operation)
-        self.next_pending_retry = now + (RETRY_SOON_SECONDS if self.pending else 0.0)
-
-    def _finish_pending(self) -> None:
-        deadline = time.monotonic() + self.settings.graceful_timeout
-        while self.pending and time.monotonic() < deadline and self.signals < 2:
-            time.sleep(RETRY_SOON_SECONDS)
-            self.next_pending_retry = 0.0
-            self._retry_pending()
-        for what, _ in self.pending:
-            logger.error("gave up trying to %s; the messages return to the queue when their leases expire", what)
+            self.later.do(f"hand back the buffer of pid {pid}", release)
 
     def _maintenance(self) -> None:
         now = time.monotonic()
@@ -679,11 +522,11 @@ class Supervisor:
         try:
             self.guard.try_once(self.store.checkpoint)
         except Exception:
-            if what not in self.failing:
+            if what not in self.later.failing:
                 logger.exception("could not %s; trying again every %.0f s", what, CHECKPOINT_SECONDS)
-            self.failing.add(what)
+            self.later.failing.add(what)
         else:
-            self.failing.discard(what)
+            self.later.failing.discard(what)
 
     @staticmethod
     def _worker_state(child: Child) -> WorkerState:
@@ -701,7 +544,7 @@ class Supervisor:
             return
         self.next_burst_check = now + BURST_CHECK_SECONDS
         views = [c.spec.slot.read() for c in self.children.values()]
-        if not views or self.pending or not all(v is not None and v.idle for v in views):
+        if not views or self.later.pending or not all(v is not None and v.idle for v in views):
             return
         horizon = utcnow() + timedelta(seconds=BURST_HORIZON_SECONDS)
         ok, busy = self.guard.try_once(lambda: self.store.has_work(self.settings.queues, horizon))
@@ -711,28 +554,16 @@ class Supervisor:
     # -- stopping ----------------------------------------------------------------------------------
     def _begin_stop(self, reason: str) -> None:
         self.stopping = True
-        self.respawn_at.clear()
         self.stop_deadline = time.monotonic() + self.settings.graceful_timeout
         logger.info("stopping (%s): running jobs get up to %s s to finish", reason, self.settings.graceful_timeout)
-        for child in self.children.values():
-            _signal(child.process.pid, signal.SIGTERM)
-
-    def _kill_all(self, reason: str) -> None:
-        alive = [c for c in self.children.values() if c.process.exitcode is None]
-        if alive:
-            logger.warning("%s: killing %s worker process(es); their messages are returned", reason, len(alive))
-        for child in alive:
-            _kill(child.process.pid)
-        for child in alive:
-            child.process.join(5)
+        self.pool.stop()
 
     def _cold_stop(self) -> int:
         self.stopping = True
-        self._kill_all("second signal")
+        self.pool.kill_all("second signal")
         self._reap()
-        self.next_pending_retry = 0.0
-        self._retry_pending()
-        for what, _ in self.pending:
+        self.later.retry_due(now_anyway=True)
+        for what, _ in self.later.pending:
             logger.error("could not %s before exiting; those messages return when their leases expire", what)
         logger.warning("cold shutdown")
         return 1
@@ -742,8 +573,7 @@ class Supervisor:
         self.stopping = True
         try:
             self._reap()
-            self.next_pending_retry = 0.0
-            self._retry_pending()
+            self.later.retry_due(now_anyway=True)
         except Exception:
             logger.exception(
                 "could not return the messages of the killed worker processes; they return when their leases expire"
@@ -758,47 +588,6 @@ class Supervisor:
     def _done(self) -> int:
         views = [c.spec.slot.read_raw() for c in self.children.values()]
         return self.done_by_dead + sum(v.done for v in views)
-
-
-def _child_main(app: JobQueue, spec: ChildSpec) -> None:
-    code = 1
-    try:
-        if metrics.active is not None:
-            metrics.active.in_child()
-        code = WorkerProcess(app, spec).main()
-    except Exception:
-        logger.exception("worker process %s crashed", os.getpid())
-    finally:
-        logging.shutdown()
-    sys.exit(code)
-
-
-def _death_cause(child: Child, code: int, running_id: int) -> str:
-    """Why a worker process ended, for the metrics: a status of 0 mid-job is a death too."""
-    if child.timed_out:
-        return "timeout"
-    if code < 0:
-        return "killed"
-    return "exited" if code or running_id else "recycled"
-
-
-def _pipe() -> tuple[int, int]:
-    read_fd, write_fd = os.pipe()
-    os.set_blocking(read_fd, False)
-    os.set_blocking(write_fd, False)
-    return read_fd, write_fd
-
-
-def _signal(pid: int | None, signum: int) -> None:
-    if pid:
-        try:
-            os.kill(pid, signum)
-        except ProcessLookupError:
-            pass
-
-
-def _kill(pid: int | None) -> None:
-    _signal(pid, signal.SIGKILL)
 
 
 def run_supervisor(app: JobQueue, burst: bool = False, progress: bool = False) -> int:
