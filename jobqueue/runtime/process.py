@@ -19,14 +19,11 @@ process left running without a supervisor would run jobs whose leases nobody ren
 
 from __future__ import annotations
 
-import errno
 import logging
 import math
 import os
-import resource
 import select
 import signal
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -39,6 +36,20 @@ from jobqueue.job import Message, MessageState, Outcome, OutcomeKind
 from jobqueue.runtime import metrics
 from jobqueue.runtime.executor import Executor, StoreDeliveryWriter, log_outcome
 from jobqueue.runtime.holdings import BEHIND, Holdings
+from jobqueue.runtime.oscalls import (
+    descriptors_floor,
+    descriptors_used_up,
+    die_with_supervisor,
+    drain,
+    forked_by_a_job,
+    ignore_signal,
+    lowest_free_descriptor,
+    name_process,
+    orphaned,
+    poke,
+    rss_kib,
+    watch_supervisor,
+)
 from jobqueue.runtime.resilience import DatabaseGuard, GaveUp
 from jobqueue.runtime.slot import Slot
 from jobqueue.runtime.surroundings import Surroundings
@@ -59,9 +70,6 @@ KEEPER_TICK_SECONDS = 0.1
 KEEPER_JOIN_SECONDS = 30.0
 FLUSH_BACKOFF_MAX_SECONDS = 30.0
 STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT}
-PR_SET_PDEATHSIG = 1
-# A process with fewer free file descriptors than this (or a tenth of its limit) is replaced.
-DESCRIPTORS_SPARE = 16
 
 
 @dataclass
@@ -237,7 +245,7 @@ class WorkerProcess:
         self._set_idle(True)
         ready, _, _ = select.select([self.spec.wake_r], [], [], KEEPER_TICK_SECONDS)
         if ready:
-            _drain(self.spec.wake_r)
+            drain(self.spec.wake_r)
         self.next_fetch_at = 0.0
 
     def _fetch_due(self) -> bool:
@@ -387,7 +395,7 @@ class WorkerProcess:
         self._set_idle(True)
         ready, _, _ = select.select([self.spec.wake_r], [], [], None if timeout == math.inf else timeout)
         if ready:
-            _drain(self.spec.wake_r)
+            drain(self.spec.wake_r)
             self.next_fetch_at = 0.0  # woken: work may have arrived (or a signal, which the loop sees)
 
     def _set_idle(self, idle: bool) -> None:
@@ -597,65 +605,6 @@ class WorkerProcess:
             )
 
 
-def lowest_free_descriptor(own_fd: int) -> int | None:
-    """The lowest file descriptor this process could open next (every one below it is in use),
-    from a dup of ``own_fd``; None when it can open none."""
-    try:
-        fd = os.dup(own_fd)
-    except OSError as exc:
-        if exc.errno == errno.EMFILE:
-            return None
-        raise
-    os.close(fd)
-    return fd
-
-
-def descriptors_used_up(own_fd: int, baseline: int, floor: int = 0) -> tuple[int, int] | None:
-    """(in use, limit) when this process has used up nearly every file descriptor it may open and
-    a job took them (they grew by the spare margin since the process started, ``baseline``: a
-    process that inherits that many from its supervisor is not recycled for them, as a fresh one
-    would have them too); else None. Cheap enough for every job: one dup, and below ``floor``
-    (see descriptors_floor) nothing more."""
-    lowest_free = lowest_free_descriptor(own_fd)
-    if lowest_free is not None and lowest_free < floor:
-        return None
-    limit, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if limit == resource.RLIM_INFINITY:
-        return None
-    spare = max(DESCRIPTORS_SPARE, limit // 10)
-    in_use = limit if lowest_free is None else lowest_free
-    if in_use < limit - spare or in_use - baseline < spare:
-        return None
-    return in_use, limit
-
-
-def descriptors_floor() -> int:
-    """Below this many descriptors in use, no limit is near: the limit as it is now less its spare
-    margin (a job that lowers the limit is seen once no descriptor is left)."""
-    limit, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if limit == resource.RLIM_INFINITY:
-        return sys.maxsize
-    return limit - max(DESCRIPTORS_SPARE, limit // 10)
-
-
-def ignore_signal(signum: int, frame: Any) -> None:
-    """Do nothing: a worker process's SIGINT (the supervisor decides what Ctrl-C means)."""
-
-
-def forked_by_a_job() -> None:
-    """In a process a job forks (a multiprocessing pool's, a daemon): SIGTERM ends it again, as
-    in any Python program, instead of only telling a worker loop it does not run to stop (so
-    ``Pool.terminate()``, which stops its processes with SIGTERM, does not wait forever), and its
-    signals no longer wake the worker process. SIGINT still does nothing, as in the worker: Ctrl-C
-    reaches the whole process group, and the supervisor decides what it means (a program it
-    starts gets SIGINT's default again)."""
-    try:
-        signal.set_wakeup_fd(-1)
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    except (ValueError, OSError):  # forked from a thread Python does not take for the main one
-        pass
-
-
 def serves_rated(app: JobQueue, queues: tuple[str, ...] | None) -> bool:
     """Whether a task of these queues has a rate limit (then acquire says when a held-back key may
     start again)."""
@@ -664,79 +613,12 @@ def serves_rated(app: JobQueue, queues: tuple[str, ...] | None) -> bool:
     )
 
 
-def watch_supervisor(supervisor_pid: int) -> None:
-    """In a new worker process: die with the supervisor, whatever kills it.
-
-    On Linux the kernel sends SIGKILL the moment the supervisor exits (a parent-death signal); a
-    supervisor that died before this call is noticed at once. Elsewhere the keeper thread compares
-    the parent's pid every tick.
-    """
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    except (OSError, AttributeError):
-        pass  # not Linux: the keeper's check is the only watch
-    if orphaned(supervisor_pid):
-        die_with_supervisor()
-
-
-def orphaned(supervisor_pid: int) -> bool:
-    return bool(supervisor_pid) and os.getppid() != supervisor_pid
-
-
-def die_with_supervisor() -> None:
-    """Stop at once: unsupervised, our leases are renewed by nobody, and a new supervisor will
-    hand our messages to others. Outcomes not yet written are lost; those jobs run again."""
-    os.kill(os.getpid(), signal.SIGKILL)
-
-
 def capacity_of(fetch_batch_size: int, overfetch_factor: float) -> int:
     """How many messages a process may hold unstarted (and how many outcomes make it flush)."""
     return max(1, int(fetch_batch_size * overfetch_factor))
-
-
-def poke(fd: int) -> None:
-    """Write a byte to a wake-up pipe (a full pipe means the reader is being woken already)."""
-    try:
-        os.write(fd, b"!")
-    except OSError:
-        pass
-
-
-def _drain(fd: int) -> None:
-    try:
-        while os.read(fd, 4096):
-            pass
-    except BlockingIOError:
-        pass
-
-
-def rss_kib() -> int:
-    """This process's resident set size in KiB (Linux /proc; peak RSS elsewhere)."""
-    try:
-        with open("/proc/self/statm") as statm:
-            return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") // 1024
-    except OSError:
-        import resource
-
-        return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
 
 
 def _version() -> str:
     from jobqueue.version import __version__
 
     return __version__
-
-
-def name_process(name: str) -> str:
-    """Name this process in every log line it writes: the logging module reads the name from the
-    standard library's multiprocessing, which processes forked by ``multiprocess`` never set."""
-    import multiprocessing
-
-    import multiprocess
-
-    multiprocessing.current_process().name = name
-    multiprocess.current_process().name = name
-    return name

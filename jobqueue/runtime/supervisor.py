@@ -32,13 +32,9 @@ from jobqueue.job import MessageState, OutcomeKind
 from jobqueue.runtime import metrics
 from jobqueue.runtime.executor import Executor, outcome_fields
 from jobqueue.runtime.housekeeping import Housekeeping
+from jobqueue.runtime.oscalls import drain, name_process, poke
 from jobqueue.runtime.pool import Child, Pool, pipe
-from jobqueue.runtime.process import (
-    HOARD_SECONDS,
-    _drain,
-    name_process,
-    poke,
-)
+from jobqueue.runtime.process import HOARD_SECONDS
 from jobqueue.runtime.progress import Progress
 from jobqueue.runtime.resilience import DatabaseGuard, GaveUp
 from jobqueue.runtime.retry_later import RETRY_SOON_SECONDS, RetryLater
@@ -286,12 +282,12 @@ class Supervisor:
             timeout = min(timeout, poll_due)
         ready = mp_connection.wait(waitables, timeout=timeout)
         if self.wake_r in ready:
-            _drain(self.wake_r)
+            drain(self.wake_r)
         # Idle processes are woken one per piece of news, not all at once: one new job wakes one
         # process, and a process whose fetch came back full asks (more_r) for a sibling to join it.
         wanted = 0
         if self.more_r in ready:
-            _drain(self.more_r)
+            drain(self.more_r)
             wanted += 1
         # A LISTEN connection is read whenever it has something, lest it stay readable; pollers only
         # ask while someone idles.

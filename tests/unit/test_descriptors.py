@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from jobqueue.runtime import process
+from jobqueue.runtime import oscalls as process
 
 
 @pytest.fixture
