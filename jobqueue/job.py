@@ -158,6 +158,7 @@ class Outcome:
     checkpoint: bytes | None = None
     retain: bool = True
     duration_seconds: float | None = None  # how long the handler ran, for the log line
+    ran: bool = True  # False: failed without running (its attempt is not counted)
     # The exception behind ``error``, for signal receivers and the log in this process; never stored.
     exception: BaseException | None = field(default=None, repr=False, compare=False)
 

@@ -437,6 +437,7 @@ class Executor:
         """Fail a message without running it; the attempt its acquisition counted never started."""
         message.attempts_count -= 1
         outcome = self._failed(message, started, error)
+        outcome.ran = False
         return announce(self.app.registry.get(message.task_name), JobContext(message, self.serializer), outcome)
 
     def _failed(

@@ -176,6 +176,11 @@ class Holdings:
                 if not self.outcomes:
                     self.oldest_outcome_at = time.monotonic()
                 self.outcomes.append(outcome)
+                if not outcome.ran and message is not None:
+                    # Failed without running: should the process die before this outcome is
+                    # written, the message goes back as if never fetched, its attempt uncounted.
+                    self.started.discard(message.id)
+                    self.slot.set_started(self.started)
             elif message is not None:
                 self._forget([message])
             if message is not None and message.partition is not None:

@@ -196,6 +196,26 @@ def test_a_job_that_kills_its_process_takes_no_finished_job_with_it(
     assert "next start in" not in log, "poison deaths must not slow down the respawn of its slot"
 
 
+def test_a_job_failed_unrun_before_its_process_died_counts_no_attempt(
+    app: JobQueue, tmp_path: Path, workers: list[Worker]
+) -> None:
+    """A message over max_deliveries is failed without running. If the process dies before that
+    failure is written (here the next job kills it), the job never ran: it goes back uncounted, as
+    a buffered one would, and its archive row shows no attempt."""
+    refused = rt.short.delay(0)
+    with app.engine.begin() as conn:  # as if ten earlier deliveries had each died with their process
+        m = app.tables.message
+        conn.execute(sa.update(m).where(m.c.id == refused.id).values(deliveries_count=10))
+    poison = rt.crash.delay()  # fetched in the same batch, started right after the refusal
+    worker = start(workers, tmp_path, "--burst", "--concurrency", "1", "--flush-interval", "30")
+    assert worker.wait(60) == 0, worker.text()[-3000:]
+    states = archived(app)
+    assert states[refused.id][:2] == ("FAILED", "jobqueue.errors.MaxDeliveriesExceeded")
+    assert states[poison.id][:2] == ("FAILED", "jobqueue.errors.MaxDeliveriesExceeded")
+    assert not [r for r in runs(tmp_path / "runs.txt") if r[1] == refused.id], "the refused job ran"
+    assert counters(app)[refused.id][0] == 0, "an attempt was counted for a job that never ran"
+
+
 def test_respawn_does_not_back_off_for_deaths_caused_by_jobs(
     app: JobQueue, tmp_path: Path, workers: list[Worker]
 ) -> None:
