@@ -11,6 +11,8 @@ import sys
 from typing import Any
 
 PR_SET_PDEATHSIG = 1
+# The exit status of a worker process whose own descriptors a job closed (see descriptor_identity).
+DESCRIPTORS_LOST_STATUS = 3
 # A process with fewer free file descriptors than this (or a tenth of its limit) is replaced.
 DESCRIPTORS_SPARE = 16
 
@@ -139,3 +141,14 @@ def name_process(name: str) -> str:
     multiprocessing.current_process().name = name
     multiprocess.current_process().name = name
     return name
+
+
+def descriptor_identity(fd: int) -> tuple[int, int] | None:
+    """What ``fd`` is open on (device and inode), or None if it is closed: a job that closed the
+    descriptors it did not open (``os.closerange(3, ...)``, as daemonizing code does) took this
+    process's pipes and database files with them, and a number reopened since names another file."""
+    try:
+        stat = os.fstat(fd)
+    except OSError:
+        return None
+    return stat.st_dev, stat.st_ino

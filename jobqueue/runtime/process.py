@@ -19,6 +19,7 @@ process left running without a supervisor would run jobs whose leases nobody ren
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
@@ -37,6 +38,8 @@ from jobqueue.runtime import metrics
 from jobqueue.runtime.executor import Executor, StoreDeliveryWriter, log_outcome
 from jobqueue.runtime.holdings import BEHIND, Holdings
 from jobqueue.runtime.oscalls import (
+    DESCRIPTORS_LOST_STATUS,
+    descriptor_identity,
     descriptors_floor,
     descriptors_used_up,
     die_with_supervisor,
@@ -135,6 +138,7 @@ class WorkerProcess:
         self._install_signals()
         # Put back after each job, signal handlers included: a job's chdir is its own.
         self.surroundings = Surroundings()
+        self.own_pipe = descriptor_identity(self.spec.wake_r)  # checked after every job
         # A log line that cannot be written is dropped, not raised: a job may close the stream a
         # handler writes to (sys.stderr, closed by daemonizing code), and the next line would then
         # raise inside this process's loop and end it. jobqueue's own handler has its own copy.
@@ -344,6 +348,8 @@ class WorkerProcess:
         began = time.perf_counter()
         self.acked_first = None
         outcome = self.executor.execute(message)  # never raises for what the job did
+        if descriptor_identity(self.spec.wake_r) != self.own_pipe:
+            self._descriptors_lost(message)
         self.surroundings.restore()
         pending = self.held.finish(outcome, settled=self.acked_first == message.id)
         duration = time.perf_counter() - began
@@ -373,6 +379,21 @@ class WorkerProcess:
             # fetch). Nobody else would say so: the news of that job came when it was enqueued, and
             # whoever it woke found its partition busy.
             self.next_fetch_at = 0.0
+
+    def _descriptors_lost(self, message: Message) -> None:
+        """The job closed descriptors it did not open: this process's pipes, log and database files
+        went with them, and writing through a number reopened since could write into another file
+        (on SQLite, a page of the database into a job's file). Exit at once, the job still marked
+        running: like a job that kills its process, it is charged a delivery, and after
+        max_deliveries it fails without running; what the process held goes back to the queue."""
+        with contextlib.suppress(Exception):
+            logger.error(
+                "worker process %s: job %s %s closed the process's own file descriptors; the process exits",
+                os.getpid(),
+                message.id,
+                message.task_name,
+            )
+        os._exit(DESCRIPTORS_LOST_STATUS)
 
     def _report_stale(self) -> None:
         stale = self.held.take_stale()
