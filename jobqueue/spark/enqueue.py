@@ -3,24 +3,27 @@
 from __future__ import annotations
 
 import itertools
+import re
+import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
 import sqlalchemy as sa
+from pyspark import SparkContext
 from pyspark.sql import DataFrame, Row
-from pyspark.sql import functions as F
 from pyspark.sql.types import ArrayType, BinaryType, DataType, MapType, StructType, TimestampType
 
-from jobqueue.errors import ConfigurationError, SerializationError
+from jobqueue.errors import ConfigurationError, SchemaError, SerializationError
 from jobqueue.job import Batch
 from jobqueue.retry import RetryStrategy
 from jobqueue.serialization import dumps_call, get_serializer
+from jobqueue.spark.columns import check_keys, check_types, column
 from jobqueue.storage.engine import absolute_url, create_engine
 from jobqueue.storage.store import Store
 from jobqueue.storage.tables import build_tables
-from jobqueue.task import Task
+from jobqueue.task import Task, check_key
 
 DEFAULT_BATCH_SIZE = 1000
 
@@ -80,6 +83,12 @@ def enqueue_dataframe(
         raise ConfigurationError(
             f"column(s) {', '.join(map(repr, missing))} not in the DataFrame; its columns: {', '.join(df.columns)}"
         )
+    if partition_key is not None and partition_key in df.columns:
+        raise ConfigurationError(
+            f"partition_key={partition_key!r} is one key for every job of this call, and also the name of "
+            "a column: enqueue_dataframe does not read keys from columns. For one key per value, enqueue "
+            "each value's rows apart (df.where(...)) with its key; nothing was enqueued"
+        )
     if task.flow.per_call:
         raise ConfigurationError(
             f"task {task.name} takes its concurrency_key from its arguments, which enqueue_dataframe does "
@@ -95,7 +104,10 @@ def enqueue_dataframe(
         retry_strategy=retry_strategy,
     )
     app = task.app
-    schema = {column.name: column.dataType for column in df.schema.fields}
+    check_types(df, arg_columns + list(kwarg_columns.values()), app.settings.serializer, task.name)
+    if unique_key is not None:
+        check_keys(df, unique_key, task.name)
+    schema = {entry.name: entry.dataType for entry in df.schema.fields}
     spec = _EnqueueSpec(
         url=executor_url(database_url or app.database_url),
         prefix=app.settings.table_prefix,
@@ -109,10 +121,57 @@ def enqueue_dataframe(
         batch_size=batch_size,
         types=tuple(schema[name] for name in wanted),
     )
-    selected = [F.col(name) for name in arg_columns + list(kwarg_columns.values())]
+    selected = [column(name) for name in arg_columns + list(kwarg_columns.values())]
     if unique_key is not None:
-        selected.append(F.col(unique_key).cast("string"))
-    return int(df.select(*selected).rdd.mapPartitions(spec.write).sum())
+        selected.append(column(unique_key).cast("string"))
+    rows = df.select(*selected).rdd
+    return _settled(rows.context, task.name, lambda: int(rows.mapPartitions(spec.write).sum()))
+
+
+# The errors of ours an executor may raise (a row over max_payload_bytes, tables missing), as the
+# last line of the Python traceback that Spark's exception carries.
+_EXECUTOR_ERRORS = {error.__name__: error for error in (ConfigurationError, SchemaError, SerializationError)}
+_PYTHON_ERROR = re.compile(r"^jobqueue\.errors\.(\w+): (.+)$", re.MULTILINE)
+SETTLE_SECONDS = 120.0
+
+
+def _settled(context: SparkContext, task_name: str, write: Callable[[], int]) -> int:
+    """Run ``write`` (a Spark job); if it fails, return only once every task of the job has ended.
+
+    When one task fails, Spark fails the job at once but stops the tasks still running only a few
+    seconds later: until then they go on committing batches. Waiting for them means the queue no
+    longer changes once the error is raised. One of our errors from an executor is raised again as
+    itself, saying what stays enqueued.
+    """
+    tracker = context.statusTracker()
+    group = context.getLocalProperty("spark.jobGroup.id")
+    before = set(tracker.getJobIdsForGroup(group))
+    try:
+        return write()
+    except BaseException as exc:
+        deadline = time.monotonic() + SETTLE_SECONDS
+        while not (ended := _ended(tracker, set(tracker.getJobIdsForGroup(group)) - before)):
+            if time.monotonic() > deadline:
+                break
+            time.sleep(0.1)  # Spark offers no way to wait for killed tasks
+        found = _PYTHON_ERROR.findall(str(exc)) if isinstance(exc, Exception) else []
+        if not found or found[-1][0] not in _EXECUTOR_ERRORS:
+            raise
+        name, message = found[-1]
+        still = "" if ended else f"; some of its Spark tasks still ran {SETTLE_SECONDS:.0f} s later, and may add more"
+        raise _EXECUTOR_ERRORS[name](
+            f"{message}. enqueue_dataframe stopped: the batches of {task_name} committed before stay enqueued "
+            f"(with unique_key, running it again adds only the rest){still}"
+        ) from exc
+
+
+def _ended(tracker: Any, jobs: set[int]) -> bool:
+    """Whether these Spark jobs are over and none of their tasks still runs."""
+    infos = [tracker.getJobInfo(job) for job in jobs]
+    if any(info is not None and info.status in ("RUNNING", "UNKNOWN") for info in infos):
+        return False
+    stages = [tracker.getStageInfo(stage) for info in infos if info is not None for stage in info.stageIds]
+    return not any(stage is not None and stage.numActiveTasks for stage in stages)
 
 
 def executor_url(url: str | sa.URL) -> str:
@@ -171,14 +230,8 @@ class _EnqueueSpec:
         return payload
 
     def _key(self, key: Any) -> str:
-        if key is None:
-            raise ConfigurationError(
-                f"task {self.task_name}: a row has a null unique_key; drop or fill "
-                "null keys first, e.g. df.where(df.key.isNotNull())"
-            )
-        if not 0 < len(key) <= 255:
-            raise ConfigurationError(f"task {self.task_name}: unique_key {key[:40]!r} must be 1 to 255 characters")
-        return str(key)
+        # The driver checked every key before Spark ran (check_keys): this is a second guard.
+        return check_key(f"task {self.task_name}: unique_key", key)
 
 
 def _converter(data_type: DataType) -> Callable[[Any], Any]:
@@ -194,7 +247,7 @@ def _converter(data_type: DataType) -> Callable[[Any], Any]:
         item = _converter(data_type.elementType)
         return lambda value: None if value is None else [item(v) for v in value]
     if isinstance(data_type, MapType):
-        key, item = _converter(data_type.keyType), _converter(data_type.valueType)
+        key, item = _hashable(_converter(data_type.keyType)), _converter(data_type.valueType)
         return lambda value: None if value is None else {key(k): item(v) for k, v in value.items()}
     if isinstance(data_type, BinaryType):
         return lambda value: None if value is None else bytes(value)
@@ -203,3 +256,17 @@ def _converter(data_type: DataType) -> Callable[[Any], Any]:
 
 def _same(value: Any) -> Any:
     return value
+
+
+def _hashable(convert: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """A map key's converter: a struct or an array (a dict or a list once converted) as a tuple,
+    at any depth, since a dict key must be hashable."""
+
+    def frozen(value: Any) -> Any:
+        if isinstance(value, dict):
+            return tuple(frozen(item) for item in value.values())
+        if isinstance(value, list):
+            return tuple(frozen(item) for item in value)
+        return value
+
+    return lambda value: frozen(convert(value))

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from datetime import datetime, timezone
 from decimal import Decimal
 from typing import Any
@@ -10,7 +13,7 @@ import pytest
 import sqlalchemy as sa
 
 from jobqueue import JobQueue
-from jobqueue.errors import ConfigurationError
+from jobqueue.errors import ConfigurationError, SerializationError
 from jobqueue.serialization import loads_call
 from tests.acceptance.cli import jobqueue
 from tests.apps import pipeline
@@ -188,8 +191,124 @@ def test_bad_input_is_refused_with_the_fix(spark: Any, score: Any, app: JobQueue
         enqueue_dataframe(df, score, args=["user_id"], batch_size=0)
     with pytest.raises(TypeError, match=r"task pipeline.score: score\(\) got an unexpected keyword argument 'label'"):
         enqueue_dataframe(df, score, args=["user_id"], kwargs={"label": "key"})  # checked once, before Spark runs
-    with pytest.raises(Exception, match="null unique_key; drop or fill null keys first"):
+    with pytest.raises(ConfigurationError, match=r"'key' holds 10 null, of 10 rows; nothing was enqueued"):
         enqueue_dataframe(df.withColumn("key", F.lit(None).cast("string")), score, args=["user_id"], unique_key="key")
-    with pytest.raises(Exception, match="cannot serialize|not serializable|unsupported"):
-        enqueue_dataframe(df.withColumn("interval", F.expr("INTERVAL 3 DAYS")), score, args=["interval"])
+    with pytest.raises(ConfigurationError, match="'key' is one key for every job of this call, and also the name of a"):
+        enqueue_dataframe(df, score, args=["user_id"], partition_key="key")  # a key per row was meant
     assert messages(app) == []
+
+
+@only("sqlite")
+def test_columns_the_serializer_cannot_carry_are_refused_before_spark_runs(
+    spark: Any, score: Any, app: JobQueue
+) -> None:
+    from pyspark.sql import functions as F
+
+    from jobqueue.spark import enqueue_dataframe
+
+    df = users(spark, 3000)
+    odd = {
+        "INTERVAL 3 DAYS": r"column 'odd' \(interval day\)",
+        "named_struct('at', 1, 'wait', array(INTERVAL 3 DAYS))": r"column 'odd', field wait\[\] \(interval day\)",
+        "INTERVAL '1' YEAR": r"column 'odd' \(interval year\)",
+        "make_interval(1, 2, 0, 3)": r"column 'odd' \(interval\)",
+        "parse_json('{\"x\": 1}')": r"column 'odd' \(variant\)",
+        "map(array(1), 1)": r"column 'odd', field \[key\] \(array<int>\): a map whose keys are arrays",
+    }
+    for expression, named in odd.items():
+        with pytest.raises(ConfigurationError, match=rf"{named}.*cast\('string'\).*nothing was enqueued") as refused:
+            enqueue_dataframe(df.withColumn("odd", F.expr(expression)), score, args=["user_id", "odd"])
+        assert "task pipeline.score" in str(refused.value)
+    assert messages(app) == []
+    # Values Python can hold, however nested, go in: nulls as None, map keys that are structs as
+    # tuples (a dict key must be hashable), from columns of any name.
+    odd_names = df.select(
+        F.col("user_id").alias("user.id"),
+        F.create_map(F.struct(F.col("user_id").alias("a"), F.lit("b")), F.lit(None).cast("string")).alias("m`x"),
+        F.lit(None).alias("by list"),
+    )
+    assert enqueue_dataframe(odd_names, score, args=["user.id", "m`x", "by list"]) == 3000
+    calls = [loads_call(app.serializer, r[2])[0] for r in messages(app)]
+    assert sorted(calls)[7] == [7, {(7, "b"): None}, None]
+
+
+def test_bad_unique_keys_are_refused_before_anything_is_written(spark: Any, score: Any, app: JobQueue) -> None:
+    from pyspark.sql import functions as F
+
+    from jobqueue.spark import enqueue_dataframe
+
+    ids = F.col("id")
+    key = (
+        F.when(ids == 2500, None)
+        .when(ids.isin(2600, 2601), "")
+        .when(ids == 2700, "x" * 256)
+        .when(ids == 2800, "a\x00b")
+        .otherwise(F.concat(F.lit("user-"), ids))
+    )
+    df = spark.range(3000, numPartitions=3).select(ids.alias("user_id"), key.alias("user key"))
+    refused = (
+        r"task pipeline.score: unique_key column 'user key' holds 1 null, 2 empty, 1 longer than 255 "
+        r"characters and 1 with a NUL character, of 3,000 rows; nothing was enqueued"
+    )
+    with pytest.raises(ConfigurationError, match=refused):
+        enqueue_dataframe(df, score, args=["user_id"], unique_key="user key", batch_size=100)
+    assert messages(app) == []
+
+
+def running_tasks(spark: Any) -> int:
+    """How many Spark tasks run now, in jobs that failed too (Spark kills those within seconds)."""
+    tracker = spark.sparkContext.statusTracker()
+    jobs = [tracker.getJobInfo(job) for job in tracker.getJobIdsForGroup(None)]
+    stages = [tracker.getStageInfo(stage) for job in jobs if job is not None for stage in job.stageIds]
+    return sum(stage.numActiveTasks for stage in stages if stage is not None)
+
+
+@contextmanager
+def message_table_locked(app: JobQueue, backend: str) -> Iterator[Callable[[], None]]:
+    """Hold a lock that makes every insert into the message table wait; yield what releases it."""
+    table = app.tables.message.name
+    conn = app.engine.raw_connection()
+    cursor = conn.cursor()
+    if backend == "sqlite":
+        conn.driver_connection.isolation_level = None
+        cursor.execute("BEGIN IMMEDIATE")
+    elif backend == "postgresql":
+        cursor.execute(f"LOCK TABLE {table} IN EXCLUSIVE MODE")
+    else:
+        cursor.execute(f"LOCK TABLES {table} WRITE")
+    try:
+        yield conn.rollback if backend != "mysql" else lambda: cursor.execute("UNLOCK TABLES")
+    finally:
+        conn.close()
+
+
+def test_a_failed_enqueue_has_stopped_writing_when_it_raises(
+    spark: Any, app: JobQueue, db_url: str, backend: str
+) -> None:
+    """One partition fails at once while the other waits to insert: the Spark job fails, and Spark
+    kills the tasks still running a few seconds later. enqueue_dataframe raises once they have
+    ended, so the queue no longer changes after it: here, nothing was written."""
+    from pyspark.sql import functions as F
+
+    from jobqueue.spark import enqueue_dataframe
+
+    small = JobQueue(db_url, max_payload_bytes=1024)
+    text = small.task(name="pipeline.text")(lambda text: text)
+    ids = F.col("id")
+    # Partition 0 holds ids 0 to 999; partition 1 starts with a row over max_payload_bytes.
+    df = spark.range(2000, numPartitions=2).select(
+        F.when(ids == 1000, F.repeat(F.lit("x"), 2000)).otherwise(F.concat(F.lit("row-"), ids)).alias("text")
+    )
+    try:
+        with message_table_locked(app, backend) as release:
+            with pytest.raises(SerializationError, match=r"over max_payload_bytes=1024.* committed before") as failed:
+                enqueue_dataframe(df, text, args=["text"])
+            release()
+            assert messages(app) == []
+            deadline = time.monotonic() + 60
+            while running_tasks(spark) and time.monotonic() < deadline:
+                time.sleep(0.1)
+        assert messages(app) == [], "rows were written after enqueue_dataframe raised"
+        assert "task pipeline.text: a row's arguments serialize to 2" in str(failed.value)
+    finally:
+        small.close()
