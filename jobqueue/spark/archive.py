@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
@@ -127,8 +126,11 @@ class _ReadSpec:
 
     def read_range(self, bounds: tuple[int, int]) -> Iterator[tuple[Any, ...]]:
         archive = build_tables(self.prefix).archive
+        # JSON columns as the database's text, not parsed: Spark gets text anyway, and a row edited
+        # by hand into text that does not parse (SQLite takes any) must not stop the whole read.
+        columns = [sa.cast(c, sa.Text).label(c.name) if c.name in _JSON else c for c in archive.columns]
         stmt = (
-            sa.select(archive)
+            sa.select(*columns)
             .where(archive.c.id >= bounds[0], archive.c.id < bounds[1], *self.window.where(archive.c.archived_at))
             .order_by(archive.c.id)
         )
@@ -137,16 +139,12 @@ class _ReadSpec:
             with engine.connect() as conn:
                 result = conn.execution_options(stream_results=True, yield_per=2000).execute(stmt)
                 for row in result:
-                    yield tuple(_spark_value(name, value) for name, value in zip(result.keys(), row, strict=True))
+                    yield tuple(_spark_value(value) for value in row)
         finally:
             engine.dispose()
 
 
-def _spark_value(name: str, value: Any) -> Any:
-    if value is None:
-        return None
-    if name in _JSON:
-        return json.dumps(value, separators=(",", ":"))
+def _spark_value(value: Any) -> Any:
     if isinstance(value, datetime):
         return value.replace(tzinfo=timezone.utc)  # stored as naive UTC; aware, Spark keeps the instant
     return value

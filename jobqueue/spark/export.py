@@ -74,16 +74,20 @@ def export_archive(
         try:
             rows.write.mode("append").partitionBy("date", "queue").parquet(path)
         except (Py4JJavaError, PySparkException) as exc:  # a path that cannot be written: say why, in a line
-            reason = exc.java_exception.toString() if isinstance(exc, Py4JJavaError) else str(exc)
-            raise ExportError(
-                f"cannot write the export to {path}: {(reason.strip().splitlines() or ['?'])[0]}; nothing was purged"
-            ) from exc
+            raise ExportError(f"cannot write the export to {path}: {_reason(exc)}; nothing was purged") from exc
         finally:
             spark.conf.set("spark.sql.parquet.outputTimestampType", previous or "INT96")
-        written = spark.read.parquet(path).where(F.col("export_batch") == batch).select("id", "archived_at")
-        # Compared inside Spark, so that no list of ids has to fit on the driver.
-        missing = archive.select("id").exceptAll(written.select("id")).count()
-        unexpected = written.select("id").exceptAll(archive.select("id")).count()
+        try:
+            written = spark.read.parquet(path).where(F.col("export_batch") == batch).select("id", "archived_at")
+            # Compared inside Spark, so that no list of ids has to fit on the driver.
+            missing = archive.select("id").exceptAll(written.select("id")).count()
+            unexpected = written.select("id").exceptAll(archive.select("id")).count()
+        except (Py4JJavaError, PySparkException) as exc:  # other files there, that are not Parquet
+            raise ExportError(
+                f"cannot read the export back from {path} to check it: {_reason(exc)}; nothing was purged; "
+                f"remove the rows with export_batch = '{batch}' (and any file there that is not this "
+                "export's) before exporting again"
+            ) from exc
     finally:
         archive.unpersist()
     if missing or unexpected:
@@ -119,6 +123,12 @@ def _purge(
     finally:
         engine.dispose()
     return deleted
+
+
+def _reason(exc: Py4JJavaError | PySparkException) -> str:
+    """The first line of what Spark says went wrong, without the JVM's stack trace."""
+    reason = exc.java_exception.toString() if isinstance(exc, Py4JJavaError) else str(exc)
+    return (reason.strip().splitlines() or ["?"])[0]
 
 
 def _naive_utc(value: datetime) -> datetime:

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import sqlalchemy as sa
 from click.testing import CliRunner
 
 from jobqueue import JobQueue
@@ -177,3 +178,44 @@ def test_an_export_to_a_path_it_cannot_write_is_one_line_and_purges_nothing(
     assert f"Error: cannot write the export to {target}: " in result.output
     assert "nothing was purged" in result.output
     assert len(data.ids_archived_before(app, utcnow() + timedelta(days=1))) == len(rows)
+    # A folder that holds files other than Parquet: the rows are written, but cannot be read back
+    # to be checked, which is one line too, naming the batch whose files stay.
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "data.csv").write_text("a,b\n1,2\n")
+    result = CliRunner().invoke(cli, ["archive", "export", "--to", str(other), "--purge", "--master", master])
+    assert isinstance(result.exception, SystemExit) and result.exit_code == 1, result.output
+    assert "Traceback" not in result.output and "\tat " not in result.output, result.output[-3000:]
+    assert f"Error: cannot read the export back from {other} to check it: " in result.output
+    assert re.search(r"nothing was purged; remove the rows with export_batch = '[\w-]+' ", result.output)
+    assert len(data.ids_archived_before(app, utcnow() + timedelta(days=1))) == len(rows)
+
+
+@pytest.mark.parametrize("master", ["local"], indirect=True)
+def test_rows_edited_by_hand_are_read_as_they_are(
+    spark: Any, master: str, app: JobQueue, backend: str, tmp_path: Path
+) -> None:
+    """JSON the database holds as text (SQLite) need not parse: it is handed on as that text."""
+    from jobqueue.spark import archive_stats, read_archive
+    from jobqueue.spark.report import write_report
+
+    data.fill_archive(app, 200)
+    table = app.tables.archive.name
+    edits = [
+        f"UPDATE {table} SET first_attempt_at = NULL, last_attempt_at = NULL, finished_at = NULL WHERE id = 5",
+        f"UPDATE {table} SET state = 'WEIRD', task_name = '<b>odd</b>' WHERE id = 6",
+    ]
+    if backend == "sqlite":  # the other databases refuse JSON that does not parse
+        edits.append(f"UPDATE {table} SET headers = '{{not json', history = 'null' WHERE id = 10")
+    with app.engine.begin() as conn:
+        for edit in edits:
+            conn.execute(sa.text(edit))
+    rows = {row.id: row for row in read_archive(spark, app.database_url).collect()}
+    assert len(rows) == 200 and rows[6].state == "WEIRD" and rows[5].finished_at is None
+    if backend == "sqlite":
+        assert (rows[10].headers, rows[10].history) == ("{not json", "null")
+    totals = archive_stats(read_archive(spark, app.database_url), by=()).collect()[0]
+    assert totals.total == 200 and totals.completed + totals.failed + totals.cancelled == 199
+    out = tmp_path / "report.html"
+    assert write_report(spark, app.database_url, str(out)) == 200
+    assert "&lt;b&gt;odd&lt;/b&gt;" in out.read_text()
