@@ -192,3 +192,16 @@ def test_a_value_in_its_bdi_is_still_escaped(app: JobQueue, tasks: SimpleNamespa
     for path in ("/failed", f"/jobs/{failed.id}"):
         html = page(client, path)
         assert f"<bdi>{RLO}&lt;b&gt;not bold&lt;/b&gt;</bdi>" in html and "<b>not bold" not in html, path
+
+
+def test_a_huge_error_edited_in_by_hand_is_listed_cut(app: JobQueue, tasks: SimpleNamespace, client) -> None:
+    """The failed jobs show an error of over 200 characters as its first 199 and "~" (the database
+    cuts it: see the test of ``jobs list``); the job's page shows it whole."""
+    failed = tasks.fail.delay("x")
+    run_due(app)
+    start = "ü€😀" * 70
+    a = app.tables.archive
+    with app.engine.begin() as conn:
+        conn.execute(sa.update(a).where(a.c.id == failed.id).values(error_message=start + "x" * 5_000_000))
+    html = page(client, "/failed")
+    assert f"<bdi>{start[:199]}~</bdi>" in html and len(html) < 20_000
