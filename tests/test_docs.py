@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import json
 import os
 import re
 import shlex
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -120,7 +122,74 @@ SAMPLE_TABLES = [
 def test_a_table_shown_in_the_docs_has_the_columns_the_command_prints(
     doc: str, first_column: str, command: list[str], setup: str, tmp_path: Path
 ) -> None:
-    (tmp_path / "docs_app.py").write_text(f"from jobqueue import JobQueue\n\napp = JobQueue()\n{setup}\n")
+    run, _ = _docs_app(tmp_path, setup)
+    printed, printed_next = _table_top(run(*command), first_column)
+    shown, shown_next = _table_top((ROOT / "docs" / doc).read_text(), first_column)
+    assert shown.split() == printed.split()
+    assert set(shown_next) <= {"-", " "} if set(printed_next) <= {"-", " "} else not set(shown_next) <= {"-", " "}
+
+
+# Jobs held back by their keys, as flow-control.md shows them: the partition's first job, one of
+# three calls to a key with a limit of 1 and two of three notes (2/m) taken by a fetch, then a
+# second job of the partition.
+HELD_KEYS_APP = """
+@app.task(name="add")
+def add(x, y): ...
+
+
+@app.task(name="partner_call", concurrency_key="partner", concurrency_limit=1)
+def partner_call(n): ...
+
+
+@app.task(name="notify", rate_limit="2/m")
+def notify(n): ...
+"""
+HELD_KEYS_SETUP = """
+from docs_app import add, app, notify, partner_call
+
+add.apply_async((1, 2), partition_key="acct-7")
+partner_call.bulk([(n,) for n in range(3)])
+notify.bulk([(n,) for n in range(3)])
+app.store.acquire("w" * 32, None, 10, 30.0, flow=True)  # the fetch a worker makes
+add.apply_async((3, 4), partition_key="acct-7")
+"""
+RATE_TIME = re.compile(r"\d\d:\d\d:\d\d\.\d{3} UTC")
+
+
+def test_the_keys_holding_jobs_back_in_flow_control_are_what_the_commands_print(tmp_path: Path) -> None:
+    """The samples of `jobqueue status` and `jobs show` on keyed jobs, line for line (the time a
+    rate allows the next start aside)."""
+    run, env = _docs_app(tmp_path, HELD_KEYS_APP)
+    (tmp_path / "setup_jobs.py").write_text(HELD_KEYS_SETUP)
+    subprocess.run([sys.executable, "setup_jobs.py"], cwd=tmp_path, env=env, check=True, timeout=120)
+    text = (ROOT / "docs" / "flow-control.md").read_text()
+
+    status = run("status").splitlines()
+    at = status.index("jobs held back by their keys (the most waiting first):")
+    printed = [RATE_TIME.sub("HH:MM:SS.mmm UTC", line.rstrip()) for line in status[at : status.index("", at)]]
+    shown = _block_from(text, "jobs held back by their keys")
+    assert [RATE_TIME.sub("HH:MM:SS.mmm UTC", line) for line in shown] == printed
+
+    listed = json.loads(run("jobs", "list", "--json"))
+    waiting = next(row for row in listed if row["task_name"] == "partner_call" and row["waiting"])
+    detail = run("jobs", "show", str(waiting["id"])).splitlines()
+    shown = _block_from(text, "flow key     'partner'")
+    assert [line for line in detail if line.startswith(("flow key ", "waiting "))] == shown
+    assert "WAITING" in run("jobs", "list").splitlines()[0].split()  # the column the page names
+
+
+def _block_from(text: str, first: str) -> list[str]:
+    """The lines of the ``` block of ``text`` that starts with the line starting with ``first``."""
+    lines = text.splitlines()
+    at = next(number for number, line in enumerate(lines) if line.startswith(first))
+    assert lines[at - 1] == "```", f"{first!r} does not start a block"
+    return lines[at : lines.index("```", at)]
+
+
+def _docs_app(tmp_path: Path, code: str) -> tuple[Callable[..., str], dict[str, str]]:
+    """``docs_app``: a JobQueue on ``jobqueue.sqlite3`` in ``tmp_path``, then ``code``, its tables made;
+    a function that runs ``jobqueue --app docs_app ARGS...`` there, and the environment it runs in."""
+    (tmp_path / "docs_app.py").write_text(f"from jobqueue import JobQueue\n\napp = JobQueue()\n{code}\n")
     env = dict(os.environ, PYTHONPATH=f"{ROOT}{os.pathsep}{tmp_path}", NO_COLOR="1")
     env.pop("JOBQUEUE_DATABASE_URL", None)
 
@@ -128,10 +197,7 @@ def test_a_table_shown_in_the_docs_has_the_columns_the_command_prints(
         return _jobqueue("docs_app", tmp_path, env, *args)
 
     run("db", "init")
-    printed, printed_next = _table_top(run(*command), first_column)
-    shown, shown_next = _table_top((ROOT / "docs" / doc).read_text(), first_column)
-    assert shown.split() == printed.split()
-    assert set(shown_next) <= {"-", " "} if set(printed_next) <= {"-", " "} else not set(shown_next) <= {"-", " "}
+    return run, env
 
 
 def _table_top(text: str, first_column: str) -> tuple[str, str]:

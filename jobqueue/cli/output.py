@@ -18,6 +18,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from jobqueue import bidi
+
 # Styles by the state a cell names, and for counts of a state that need attention.
 STATE_STYLES = {
     "ready": "cyan",
@@ -82,9 +84,7 @@ def timestamp(value: datetime) -> str:
 _CONTROLS = {code: f"\\x{code:02x}" for code in [*range(0x20), *range(0x7F, 0xA0)] if chr(code) not in "\t\n"}
 # Bidirectional controls, which make a terminal that honours them show the text after them in
 # another order (an error that reads as something else): written as escapes such as \u202e.
-_CONTROLS.update(
-    {code: f"\\u{code:04x}" for code in [0x061C, 0x200E, 0x200F, *range(0x202A, 0x202F), *range(0x2066, 0x206A)]}
-)
+_CONTROLS.update(bidi.ESCAPES)
 
 
 def printable(text: str) -> str:

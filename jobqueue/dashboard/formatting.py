@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from jobqueue.bidi import bidi_escaped
 from jobqueue.storage.history import MinuteCount
 
 MISSING = "-"
@@ -49,10 +50,20 @@ def timestamp(value: datetime | str | None) -> str:
 
 
 def pretty_json(value: Any) -> str:
-    """Arguments and results as indented JSON (what they were enqueued as, give or take tuples)."""
+    """Arguments and results as indented JSON (what they were enqueued as, give or take tuples).
+
+    Bidirectional controls are written as their JSON escapes (the same strings): in a ``<pre>`` one
+    would reorder the rest of its line, keys and quotes included.
+    """
     if isinstance(value, str) and value.startswith("<cannot decode"):
-        return value
-    return json.dumps(value, indent=2, default=str, ensure_ascii=False)
+        return bidi_escaped(value)
+    return bidi_escaped(json.dumps(value, indent=2, default=str, ensure_ascii=False))
+
+
+def preformatted(value: Any) -> str:
+    """Text for a ``<pre>`` (a traceback), its bidirectional controls written as escapes: there an
+    isolate would not end a control's reach over the rest of its line."""
+    return bidi_escaped(str(value))
 
 
 @dataclass(frozen=True)
@@ -95,4 +106,10 @@ def chart(minutes: Sequence[MinuteCount]) -> tuple[list[Bar], int]:
     return bars, peak
 
 
-FILTERS = {"age": age, "timestamp": timestamp, "shown": shown, "pretty_json": pretty_json}
+FILTERS = {
+    "age": age,
+    "timestamp": timestamp,
+    "shown": shown,
+    "pretty_json": pretty_json,
+    "preformatted": preformatted,
+}

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from flask import Blueprint, abort, current_app, flash, redirect, render_template, request, url_for
+from markupsafe import Markup
 from werkzeug.wrappers import Response
 
 from jobqueue.clock import utcnow
@@ -170,7 +171,9 @@ def retry(job_id: int) -> Response:
     if job_id in report.retried:
         flash(f"job {job_id} is back in its queue, attempts reset", "ok")
     else:
-        flash(f"job {job_id} not retried: {report.refused.get(job_id, 'unknown reason')}", "error")
+        # The reason may quote the stored state (a row edited by hand): isolated, as every value from a job.
+        reason = report.refused.get(job_id, "unknown reason")
+        flash(Markup("job {} not retried: <bdi>{}</bdi>").format(job_id, reason), "error")
     return _back(job_id)
 
 

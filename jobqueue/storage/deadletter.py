@@ -20,6 +20,8 @@ ARCHIVED = {s.value for s in FINAL_STATES}
 UNKNOWN = "UNKNOWN"  # as a state asked for: any state jobqueue does not know
 RETRYABLE_FROM_ARCHIVE = (MessageState.FAILED.value, MessageState.CANCELLED.value)
 HISTORY_TRACEBACK_CHARS = 20_000
+# A listing shows an error longer than this as its first LISTED_ERROR_CHARS - 1 characters and "~".
+LISTED_ERROR_CHARS = 200
 
 
 UNKNOWN_STATE_NOTE = "a state jobqueue does not know (edited by hand?): no worker runs it; set it to PENDING to run it"
@@ -58,6 +60,7 @@ def list_jobs(
             chosen = sorted(wanted & in_table)
             if not chosen and not unknown:
                 continue
+            error = table.c.error_message if table is a else table.c.last_error_message
             stmt = sa.select(
                 table.c.id,
                 table.c.task_name,
@@ -68,7 +71,9 @@ def list_jobs(
                 table.c.created_at,
                 table.c[when].label("when"),
                 (table.c.error_type if table is a else table.c.last_error_type).label("error_type"),
-                (table.c.error_message if table is a else table.c.last_error_message).label("error"),
+                # Cut by the database, in characters on all three (a message edited in by hand may
+                # be megabytes); one more than is shown, to tell a longer error from one that fits.
+                sa.func.substr(error, 1, LISTED_ERROR_CHARS + 1, type_=error.type).label("error"),
                 table.c.partition_key,
                 table.c.flow_key,
                 table.c.concurrency_limit,
@@ -95,8 +100,9 @@ def list_jobs(
     for row in found:
         state = row["state"]
         row["state"] = state.lower() if row.pop("known_state") else UnknownState(state)
-        if row["error"] and len(row["error"]) > 200:
-            row["error"] = row["error"][:199] + "~"
+        error = row["error"]
+        if isinstance(error, str) and len(error) > LISTED_ERROR_CHARS:
+            row["error"] = error[: LISTED_ERROR_CHARS - 1] + "~"
     return found[:limit]
 
 

@@ -401,3 +401,46 @@ def test_a_refused_retry_writes_the_stored_state_with_its_control_characters_esc
     refused = jobqueue("jobs", "retry", str(handle.id), check=False)
     assert refused.returncode == 1 and "\x1b" not in refused.stderr and "\x07" not in refused.stderr
     assert "not retried: \\x1b]0;x\\x07; only failed or cancelled jobs are retried" in refused.stderr
+
+
+def test_a_huge_error_is_cut_by_the_database_and_listed_as_before(app: JobQueue) -> None:
+    """``jobs list`` (and the dashboard's failed jobs, from the same query) shows an error of over
+    200 characters as its first 199 and "~". The database cuts it: an error of 5 MB (edited in by
+    hand; a worker keeps 10 KB) is not fetched whole to show 200 characters."""
+    import sqlalchemy as sa
+
+    from jobqueue.storage import deadletter
+
+    start = "ü€😀" * 70  # 210 characters of 2, 3 and 4 bytes: a cut by bytes would not match
+    huge = start + "x" * 5_000_000
+    failed = basic.fail.delay("boom")
+    jobqueue("worker", "--burst", "--concurrency", "1")
+    waiting, exact, one_more = (basic.add.apply_async((n, 0), countdown=3600) for n in range(3))
+    a, m = app.tables.archive, app.tables.message
+    with app.engine.begin() as conn:
+        conn.execute(sa.update(a).where(a.c.id == failed.id).values(error_message=huge))
+        for handle, error in ((waiting, huge), (exact, "y" * 199 + "😀"), (one_more, "y" * 200 + "😀")):
+            conn.execute(sa.update(m).where(m.c.id == handle.id).values(last_error_message=error))
+    cut = start[:199] + "~"
+    listed = {row["id"]: row["error"] for row in json.loads(jobqueue("jobs", "list", "--json").stdout)}
+    assert listed == {failed.id: cut, waiting.id: cut, exact.id: "y" * 199 + "😀", one_more.id: "y" * 199 + "~"}
+    table = jobqueue("jobs", "list").stdout
+    assert cut in table and "y" * 199 + "😀" in table and len(table) < 10_000
+
+    # What the database sent: the statements the listing ran, run again as they were sent.
+    sent: list[tuple[str, object]] = []
+
+    def record(conn, cursor, statement, parameters, context, executemany) -> None:
+        sent.append((statement, parameters))
+
+    sa.event.listen(sa.engine.Engine, "before_cursor_execute", record)
+    try:
+        assert {row["id"]: row["error"] for row in deadletter.list_jobs(app.store)} == listed
+    finally:
+        sa.event.remove(sa.engine.Engine, "before_cursor_execute", record)
+    selects = [(statement, parameters) for statement, parameters in sent if "error" in statement]
+    assert len(selects) == 2, sent  # the message table's, the archive's
+    with app.engine.connect() as conn:
+        for statement, parameters in selects:
+            for row in conn.exec_driver_sql(statement, parameters):  # type: ignore[arg-type]
+                assert max(len(value) for value in row if isinstance(value, (str, bytes))) <= 201 * 4, statement

@@ -107,7 +107,7 @@ def test_failed_jobs_newest_first_a_page_at_a_time(app: JobQueue, tasks: SimpleN
     run_due(app)
     first = page(client, "/failed")
     assert failed_ids(first) == [ids[4], ids[3]] and "5 in all" in first
-    assert "<strong>ValueError</strong>: n4" in first
+    assert "<strong><bdi>ValueError</bdi></strong>: <bdi>n4</bdi>" in first
     older = re.search(r'rel="next" href="([^"]+)"', first).group(1).replace("&amp;", "&")
     second = page(client, older)
     assert failed_ids(second) == [ids[2], ids[1]]
@@ -129,7 +129,7 @@ def test_job_page_shows_arguments_error_traceback_and_history(app: JobQueue, tas
     client.post(f"/jobs/{handle.id}/retry", data={"csrf_token": csrf_of(html)})
     run_due(app)  # fails again: the first failure is now in its history
     again = page(client, f"/jobs/{handle.id}")
-    assert re.search(r'<ol class="history">.*failed</span>\s*after 1 attempt\(s\)', again, re.S)
+    assert re.search(r'<ol class="history">.*failed</span>\s*after <bdi>1</bdi> attempt\(s\)', again, re.S)
     assert page(client, "/jobs/987654321", status=404).count("not found") == 1
 
 
@@ -329,5 +329,6 @@ def test_a_periodic_schedules_message_shows_its_schedule_not_a_decoding_error(ap
         schedule_id = conn.execute(sa.select(m.c.id).where(m.c.task_name == SCHEDULE_TASK)).scalar_one()
     html = page(client, f"/jobs/{schedule_id}")
     assert "cannot decode" not in html
-    assert '<p id="schedule">t.report: runs t.report, every 300 s (UTC)' in html
+    schedule = '<p id="schedule"><bdi>t.report</bdi>: runs <bdi>t.report</bdi>, <bdi>every 300 s</bdi> (<bdi>UTC</bdi>)'
+    assert schedule in html
     assert "&#34;kind&#34;: &#34;daily&#34;" in html
