@@ -289,3 +289,23 @@ def test_settings_the_pooler_refuses_are_named_until_the_role_has_them(
             conn.exec_driver_sql(f"ALTER ROLE CURRENT_USER IN DATABASE {database} RESET ALL")
         direct.dispose()
         pgbouncer.admin(f"RECONNECT {database}")
+
+
+@only("postgresql")
+@pytest.mark.parametrize("refusal", ["database", "user"])
+def test_a_login_the_pooler_refuses_stops_the_worker_at_start_naming_the_fix(
+    pooled: str, refusal: str, tmp_path: Path, workers: list[Worker]
+) -> None:
+    """PgBouncer words its refusals its own way (a user missing from its auth_file: '"trust"
+    authentication failed' here, "no such user" under other auth types; a database the server
+    lacks, the server's own words passed on): either is no outage to wait out, so the worker says
+    what to fix and exits."""
+    url = sa.make_url(pooled)
+    if refusal == "database":
+        url, fix = url.set(database=f"{url.database}_not_created"), "CREATE DATABASE"
+    else:
+        url, fix = url.set(username="jobqueue_no_such_role"), "list the user in the pooler's auth_file"
+    url_text = url.render_as_string(hide_password=False)
+    worker = start(workers, tmp_path, "--burst", "--concurrency", "1", env={"JOBQUEUE_DATABASE_URL": url_text})
+    assert worker.wait(30) == 1, worker.text()[-3000:]
+    assert "refuses this login" in worker.text() and fix in worker.text(), worker.text()[-3000:]

@@ -64,15 +64,20 @@ UNDEFINED_COLUMN = "42703"
 # past these. The messages come before any statement, so they carry no SQLSTATE to go by.
 LOGIN_REFUSALS = (
     (
-        re.compile(r'database "(?P<name>[^"]*)" does not exist|no such database: (?P<pooled>\S+)'),
+        re.compile(r'database "[^"]*" does not exist|no such database'),
         "create the database (CREATE DATABASE, or createdb), or fix its name in the URL",
     ),
     (
-        re.compile(r'role "[^"]*" does not exist|no such user'),
+        # PgBouncer's words for a user its auth_file (or auth_query) does not know.
+        re.compile(r'no such user|"trust" authentication failed'),
+        "list the user in the pooler's auth_file (or give it an auth_query), or fix the user name in the URL",
+    ),
+    (
+        re.compile(r'role "[^"]*" does not exist'),
         "create the user (CREATE ROLE ... LOGIN), or fix the user name in the URL",
     ),
     (
-        re.compile(r"password authentication failed|no password supplied|authentication failed"),
+        re.compile(r"authentication failed|no password supplied"),
         "fix the user name and password in the URL",
     ),
     (
