@@ -33,12 +33,13 @@ _JSON = ("headers", "options", "history")
 _TIMES = ("created_at", "first_attempt_at", "last_attempt_at", "finished_at", "archived_at")
 
 # Every archive column: JSON columns as their JSON text, blobs as binary, times as TIMESTAMP (UTC).
+# Times may be null: SQLite holds them as text, and a row edited by hand may hold text that is none.
 ARCHIVE_SCHEMA = StructType(
     [
         StructField(
             column.name,
             _TYPES.get(column.name, TimestampType() if column.name in _TIMES else StringType()),
-            nullable=column.nullable or column.name == "id",
+            nullable=column.nullable or column.name == "id" or column.name in _TIMES,
         )
         for column in build_tables().archive.columns
     ]
@@ -126,25 +127,45 @@ class _ReadSpec:
 
     def read_range(self, bounds: tuple[int, int]) -> Iterator[tuple[Any, ...]]:
         archive = build_tables(self.prefix).archive
+        engine = create_engine(self.url)
         # JSON columns as the database's text, not parsed: Spark gets text anyway, and a row edited
         # by hand into text that does not parse (SQLite takes any) must not stop the whole read.
-        columns = [sa.cast(c, sa.Text).label(c.name) if c.name in _JSON else c for c in archive.columns]
+        # SQLite holds times as text too, parsed here: a time that does not parse is read as null.
+        columns = [_read_as(c, engine.dialect.name) for c in archive.columns]
+        times = [c.name in _TIMES for c in archive.columns]
         stmt = (
             sa.select(*columns)
             .where(archive.c.id >= bounds[0], archive.c.id < bounds[1], *self.window.where(archive.c.archived_at))
             .order_by(archive.c.id)
         )
-        engine = create_engine(self.url)
         try:
             with engine.connect() as conn:
                 result = conn.execution_options(stream_results=True, yield_per=2000).execute(stmt)
                 for row in result:
-                    yield tuple(_spark_value(value) for value in row)
+                    yield tuple(_spark_time(value) if time else value for value, time in zip(row, times, strict=True))
         finally:
             engine.dispose()
 
 
-def _spark_value(value: Any) -> Any:
-    if isinstance(value, datetime):
-        return value.replace(tzinfo=timezone.utc)  # stored as naive UTC; aware, Spark keeps the instant
-    return value
+def _read_as(column: sa.Column[Any], dialect: str) -> Any:
+    """What a read selects of ``column``: the JSON columns cast to text by the database, SQLite's
+    times as the text it holds (parsed by :func:`_spark_time`), the rest as they are."""
+    if column.name in _JSON:
+        return sa.cast(column, sa.Text).label(column.name)
+    if column.name in _TIMES and dialect == "sqlite":
+        return sa.type_coerce(column, sa.Text).label(column.name)
+    return column
+
+
+def _spark_time(value: Any) -> datetime | None:
+    """A time of the archive, stored as naive UTC (a datetime, or SQLite's text of one), as an aware
+    UTC datetime: Spark keeps the instant whatever its session's time zone. None where it is null or
+    its text is no time (a row edited by hand)."""
+    if isinstance(value, str):
+        try:
+            value = datetime.fromisoformat(value)
+        except ValueError:
+            return None
+    if not isinstance(value, datetime):
+        return None
+    return value.replace(tzinfo=timezone.utc) if value.tzinfo is None else value.astimezone(timezone.utc)

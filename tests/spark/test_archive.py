@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import re
-from datetime import timedelta, timezone
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
@@ -205,8 +205,10 @@ def test_rows_edited_by_hand_are_read_as_they_are(
         f"UPDATE {table} SET first_attempt_at = NULL, last_attempt_at = NULL, finished_at = NULL WHERE id = 5",
         f"UPDATE {table} SET state = 'WEIRD', task_name = '<b>odd</b>' WHERE id = 6",
     ]
-    if backend == "sqlite":  # the other databases refuse JSON that does not parse
+    if backend == "sqlite":  # the other databases refuse JSON that does not parse, and times that are not
         edits.append(f"UPDATE {table} SET headers = '{{not json', history = 'null' WHERE id = 10")
+        edits.append(f"UPDATE {table} SET finished_at = 'yesterday', created_at = 42 WHERE id = 11")
+        edits.append(f"UPDATE {table} SET last_attempt_at = '2026-11-27 10:00:00+02:00' WHERE id = 12")
     with app.engine.begin() as conn:
         for edit in edits:
             conn.execute(sa.text(edit))
@@ -214,6 +216,8 @@ def test_rows_edited_by_hand_are_read_as_they_are(
     assert len(rows) == 200 and rows[6].state == "WEIRD" and rows[5].finished_at is None
     if backend == "sqlite":
         assert (rows[10].headers, rows[10].history) == ("{not json", "null")
+        assert (rows[11].finished_at, rows[11].created_at) == (None, None) and rows[11].archived_at is not None
+        assert rows[12].last_attempt_at.astimezone(timezone.utc).replace(tzinfo=None) == datetime(2026, 11, 27, 8, 0)
     totals = archive_stats(read_archive(spark, app.database_url), by=()).collect()[0]
     assert totals.total == 200 and totals.completed + totals.failed + totals.cancelled == 199
     out = tmp_path / "report.html"
