@@ -13,6 +13,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from jobqueue.flow import rate_horizon
 from jobqueue.job import READY_STATES, MessageState
 from jobqueue.storage.dialects.common import PROCESSING, READY_LITERALS
 from jobqueue.storage.store import Store
@@ -75,7 +76,7 @@ def explain(store: Store, rows: Iterable[dict[str, Any]]) -> dict[int, Wait]:
             rows_of_keys = sa.select(spelled.c.n, f.c.next_start_at).join(f, f.c.flow_key == spelled.c.key)
             for n, at in conn.execute(rows_of_keys).all():
                 with_row.add(chunk[n])
-                if at is not None and at > now:
+                if _holds(at, now):
                     next_start[chunk[n]] = at
     found: dict[int, Wait] = {}
     for row in rows:
@@ -135,6 +136,12 @@ def _state_of(head: Any, now: datetime) -> str:
         doing = "retrying" if head.state == MessageState.RETRYABLE.value else "scheduled"
         return f"{doing} at {head.next_attempt_at:%Y-%m-%d %H:%M:%S}"
     return "ready"
+
+
+def _holds(next_start_at: datetime | None, now: datetime) -> bool:
+    """Whether a key's next start holds its jobs back at ``now``: one past the rate horizon does
+    not (no rate wrote it: see rate_horizon), as the acquire sees it."""
+    return next_start_at is not None and now < next_start_at <= rate_horizon(now)
 
 
 def _flow_reason(flow: dict[str, Any]) -> str | None:
@@ -212,7 +219,7 @@ def blocked_keys(store: Store, most: int = STATUS_KEYS) -> list[dict[str, Any]]:
             "key": key,
             "running": int(running),
             "limit": limit,
-            "next_start_at": next_start_at if next_start_at is not None and next_start_at > now else None,
+            "next_start_at": next_start_at if _holds(next_start_at, now) else None,
         }
         reason = NO_ROW if row_key is None else _flow_reason(flow)
         if reason is not None:

@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any
 import sqlalchemy as sa
 from sqlalchemy.sql.util import ClauseAdapter
 
-from jobqueue.flow import HASHED_PARTITION_LENGTH, PARTITION_KEY_PREFIX, partition_flow
+from jobqueue.flow import HASHED_PARTITION_LENGTH, PARTITION_KEY_PREFIX, partition_flow, rate_horizon
 from jobqueue.job import Message
 from jobqueue.storage.dialects.common import (
     PROCESSING,
@@ -49,6 +49,7 @@ from jobqueue.storage.dialects.common import (
     delivery_order,
     first_of_partition,
 )
+from jobqueue.storage.tables import Timestamp
 
 if TYPE_CHECKING:
     from jobqueue.storage.dialects.base import Dialect
@@ -166,8 +167,11 @@ class FlowAcquirer:
         )
         locked = (f.c.flow_key, f.c.next_start_at, clock.label("now"))
 
+        # A next start past the rate horizon is no rate's (see rate_horizon): it holds nothing back.
+        beyond_any_rate = f.c.next_start_at > sa.bindparam("rate_horizon", type_=Timestamp)
+
         def may_start_at(time: Any) -> list[Any]:
-            return [sa.or_(f.c.next_start_at.is_(None), f.c.next_start_at <= time), has_ready]
+            return [sa.or_(f.c.next_start_at.is_(None), f.c.next_start_at <= time, beyond_any_rate), has_ready]
 
         may_start = may_start_at(clock)
         self.keys = sa.select(*locked).where(*may_start).order_by(f.c.served_at, f.c.flow_key).limit(KEYS_PER_ACQUIRE)
@@ -222,7 +226,9 @@ class FlowAcquirer:
         )
         # By id, forced: MariaDB read every entry of the running partitions' index ranges instead.
         self.of_partitions = mariadb_hint(of_partitions, m, "FORCE INDEX (PRIMARY)")
-        self.due = sa.select(sa.func.min(f.c.next_start_at), clock).where(f.c.next_start_at > clock, has_ready)
+        self.due = sa.select(sa.func.min(f.c.next_start_at), clock).where(
+            f.c.next_start_at > clock, ~beyond_any_rate, has_ready
+        )
         self.served = (
             sa.update(f)
             .where(f.c.flow_key == sa.bindparam("key"))
@@ -465,6 +471,8 @@ class FlowAcquirer:
                     allowed = min(allowed, head.concurrency_limit - running.get(lock.flow_key, 0))
                 if head.rate_interval_us is not None:
                     interval = timedelta(microseconds=head.rate_interval_us)
+                    if next_start is not None and next_start > rate_horizon(now):
+                        next_start = None  # no rate's: a clock set back or a hand edit left it
                     start = now - interval if next_start is None else max(next_start, now - interval)
                     allowed = min(allowed, (now - start) // interval + 1)
                     if allowed > 0:
