@@ -49,6 +49,7 @@ from jobqueue.storage.dialects.common import (
     delivery_order,
     first_of_partition,
 )
+from jobqueue.storage.readable import as_stored, stored_time
 from jobqueue.storage.tables import Timestamp
 
 if TYPE_CHECKING:
@@ -165,10 +166,13 @@ class FlowAcquirer:
             sa.and_(partition_row, self._head_ready(f.c.flow_key)),
             sa.and_(~partition_row, any_ready.scalar_subquery().isnot(None)),
         )
-        locked = (f.c.flow_key, f.c.next_start_at, clock.label("now"))
+        # The next start as stored: a hand-edited one that is no time must not fail every fetch.
+        locked = (f.c.flow_key, as_stored(f.c.next_start_at), clock.label("now"))
 
         # A next start past the rate horizon is no rate's (see rate_horizon): it holds nothing back.
         beyond_any_rate = f.c.next_start_at > sa.bindparam("rate_horizon", type_=Timestamp)
+        if dialect.name == "sqlite":  # nor does text that is no time, which SQLite lets a hand edit store
+            beyond_any_rate = sa.or_(beyond_any_rate, sa.func.datetime(f.c.next_start_at).is_(None))
 
         def may_start_at(time: Any) -> list[Any]:
             return [sa.or_(f.c.next_start_at.is_(None), f.c.next_start_at <= time, beyond_any_rate), has_ready]
@@ -226,7 +230,7 @@ class FlowAcquirer:
         )
         # By id, forced: MariaDB read every entry of the running partitions' index ranges instead.
         self.of_partitions = mariadb_hint(of_partitions, m, "FORCE INDEX (PRIMARY)")
-        self.due = sa.select(sa.func.min(f.c.next_start_at), clock).where(
+        self.due = sa.select(sa.type_coerce(sa.func.min(f.c.next_start_at), sa.types.NullType()), clock).where(
             f.c.next_start_at > clock, ~beyond_any_rate, has_ready
         )
         self.served = (
@@ -375,8 +379,8 @@ class FlowAcquirer:
         if locked:
             result.messages = self._take(connection, params, binds, locked, take)
         if params.rated:
-            due, now = connection.execute(self.due, binds).one()
-            if due is not None:
+            stored, now = connection.execute(self.due, binds).one()
+            if (due := stored_time(stored)) is not None:
                 result.due_in = (due - now).total_seconds()
         return result
 
@@ -464,7 +468,8 @@ class FlowAcquirer:
                         chosen.append(row.id)
                 candidates = [row for row in candidates if row.id not in corrupt]
             allowed = min(len(candidates), params.limit - len(chosen))
-            next_start = lock.next_start_at
+            # None too if it is no time (SQLite text edited by hand): written again below.
+            stored = next_start = stored_time(lock.next_start_at)
             if candidates:
                 head = candidates[0]
                 if head.concurrency_limit is not None:
@@ -481,7 +486,7 @@ class FlowAcquirer:
             chosen.extend(row.id for row in candidates[:allowed])
             if partition:
                 runs.update((row.id, lock.flow_key) for row in candidates[:allowed])
-            if next_start == lock.next_start_at:
+            if next_start == stored and (stored is not None or lock.next_start_at is None):
                 served_only.append(lock.flow_key)
             else:
                 served.append({"key": lock.flow_key, "served": now, "next_start": next_start})
