@@ -21,6 +21,7 @@ import re
 import unicodedata
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 from typing import Any
 
 from jobqueue.errors import ConfigurationError
@@ -41,6 +42,13 @@ MAX_CONCURRENCY_LIMIT = 2_147_483_647
 
 _RATE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*/\s*(s|sec|second|m|min|minute|h|hour)\s*$")
 _UNIT_SECONDS = {"s": 1, "sec": 1, "second": 1, "m": 60, "min": 60, "minute": 60, "h": 3600, "hour": 3600}
+
+
+def rate_horizon(now: datetime) -> datetime:
+    """The furthest ahead of ``now`` a rate's next start can be: one interval, a day at the slowest.
+    A next start further ahead was left by a database clock that was set back, or by a row edited
+    by hand; it is ignored, as if the key had been quiet, rather than hold the key's jobs till then."""
+    return now + timedelta(seconds=RATE_MEMORY_SECONDS)
 
 
 def rate_interval_us(rate: Any) -> int:

@@ -9,6 +9,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
+from jobqueue.ack import AckPolicy
 from jobqueue.clock import to_naive_utc, utcnow
 from jobqueue.context import JobContext, activate, deactivate, from_now
 from jobqueue.errors import ConfigurationError, SerializationError
@@ -259,6 +260,12 @@ class Task:
         for label, key in (("unique_key", unique_key), ("partition_key", partition_key)):
             if key is not None:
                 check_key(label, key)
+        if partition_key is not None and self.options.ack_policy is AckPolicy.ACK_FIRST:
+            raise ConfigurationError(
+                f"task {self.name} acks first (ack_policy=ACK_FIRST): each job is completed before it runs, "
+                "which ends its turn in its partition at once, so the key's next job would run alongside it; "
+                "enqueue it without partition_key, or give the task another ack policy"
+            )
         if retry_strategy is not None and not isinstance(retry_strategy, RetryStrategy):
             raise ConfigurationError("retry_strategy must be a strategy from jobqueue.retry")
         if retry_strategy is not None and not storable(retry_strategy):

@@ -145,6 +145,13 @@ def build_options(fn: Callable[..., Any], options: dict[str, Any], reserved_ok: 
     if not isinstance(values.get("bind", False), bool):
         raise ConfigurationError("bind must be True or False")
     Flow.of(values["name"], values.get("concurrency_key"), values.get("concurrency_limit"), values.get("rate_limit"))
+    if policy is AckPolicy.ACK_FIRST and values.get("concurrency_limit") is not None:
+        raise ConfigurationError(
+            f"task {values['name']}: ack_policy=ACK_FIRST completes each job before it runs, which frees its "
+            f"concurrency slot at once, so concurrency_limit={values['concurrency_limit']} could not bound the "
+            "jobs running; keep the default ack policy (and make the task safe to run twice), or drop "
+            "concurrency_limit"
+        )
     return TaskOptions(**values)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 import sqlalchemy as sa
@@ -37,3 +38,21 @@ def readable_rows(conn: sa.Connection, stmt: sa.Select[Any]) -> list[dict[str, A
                 values[name] = Unreadable(value)
         found.append(values)
     return found
+
+
+def as_stored(column: Any) -> Any:
+    """``column`` read as the driver gives it, its type's conversion left to :func:`stored_time`."""
+    return sa.type_coerce(column, sa.types.NullType()).label(column.key)
+
+
+def stored_time(value: Any) -> datetime | None:
+    """A timestamp read :func:`as_stored`, or None if it holds none: SQLite stores any value in any
+    column, so a row edited by hand may hold text (or a number) where a time belongs."""
+    if isinstance(value, datetime):
+        return value
+    if isinstance(value, str):
+        try:
+            return datetime.fromisoformat(value)
+        except ValueError:
+            return None
+    return None

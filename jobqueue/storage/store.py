@@ -21,7 +21,7 @@ import sqlalchemy as sa
 
 from jobqueue.clock import utcnow
 from jobqueue.errors import ConfigurationError, SchemaError
-from jobqueue.flow import RATE_MEMORY_SECONDS
+from jobqueue.flow import RATE_MEMORY_SECONDS, rate_horizon
 from jobqueue.job import Batch, Message, MessageState, Outcome
 from jobqueue.storage import flowkeys
 from jobqueue.storage.dialects import dialect_for
@@ -565,7 +565,11 @@ class Store:
         f, m = self.tables.flow, self.tables.message
         idle = [
             f.c.served_at < sa.bindparam("quiet_before", type_=Timestamp),
-            sa.or_(f.c.next_start_at.is_(None), f.c.next_start_at < sa.bindparam("rates_before", type_=Timestamp)),
+            sa.or_(
+                f.c.next_start_at.is_(None),
+                f.c.next_start_at < sa.bindparam("rates_before", type_=Timestamp),
+                f.c.next_start_at > sa.bindparam("rate_horizon", type_=Timestamp),  # no rate's: see rate_horizon
+            ),
             ~sa.exists().where(m.c.flow_key == f.c.flow_key),
         ]
         found = sa.select(f.c.flow_key).where(*idle).order_by(f.c.served_at).limit(most)
@@ -574,6 +578,7 @@ class Store:
             binds = {
                 "quiet_before": now - timedelta(seconds=idle_seconds),
                 "rates_before": now - timedelta(seconds=max(idle_seconds, RATE_MEMORY_SECONDS)),
+                "rate_horizon": rate_horizon(now),
             }
             keys = list(conn.execute(found.with_for_update(skip_locked=True), binds).scalars())
             if not keys:

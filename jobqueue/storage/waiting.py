@@ -13,8 +13,10 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from jobqueue.flow import rate_horizon
 from jobqueue.job import READY_STATES, MessageState
 from jobqueue.storage.dialects.common import PROCESSING, READY_LITERALS
+from jobqueue.storage.readable import as_stored, stored_time
 from jobqueue.storage.store import Store
 
 # How many keys `jobqueue status` lists, the most waiting jobs first.
@@ -72,10 +74,11 @@ def explain(store: Store, rows: Iterable[dict[str, Any]]) -> dict[int, Wait]:
                 .group_by(spelled.c.n)
             )
             running.update({chunk[n]: count for n, count in conn.execute(counted).all()})
-            rows_of_keys = sa.select(spelled.c.n, f.c.next_start_at).join(f, f.c.flow_key == spelled.c.key)
-            for n, at in conn.execute(rows_of_keys).all():
+            rows_of_keys = sa.select(spelled.c.n, as_stored(f.c.next_start_at)).join(f, f.c.flow_key == spelled.c.key)
+            for n, stored in conn.execute(rows_of_keys).all():
                 with_row.add(chunk[n])
-                if at is not None and at > now:
+                at = stored_time(stored)
+                if at is not None and _holds(at, now):
                     next_start[chunk[n]] = at
     found: dict[int, Wait] = {}
     for row in rows:
@@ -137,6 +140,12 @@ def _state_of(head: Any, now: datetime) -> str:
     return "ready"
 
 
+def _holds(next_start_at: datetime | None, now: datetime) -> bool:
+    """Whether a key's next start holds its jobs back at ``now``: one past the rate horizon does
+    not (no rate wrote it: see rate_horizon), as the acquire sees it."""
+    return next_start_at is not None and now < next_start_at <= rate_horizon(now)
+
+
 def _flow_reason(flow: dict[str, Any]) -> str | None:
     """Why a flow key starts none of its ready jobs now, or None if it may."""
     limit, running = flow["limit"], flow["running"]
@@ -170,7 +179,7 @@ def blocked_keys(store: Store, most: int = STATUS_KEYS) -> list[dict[str, Any]]:
                 count_due,
                 sa.func.sum(sa.case((m.c.state == PROCESSING, 1), else_=0)),
                 sa.func.max(m.c.concurrency_limit),
-                f.c.next_start_at,
+                as_stored(f.c.next_start_at),
                 f.c.flow_key.label("row_key"),
             )
             .join(f, f.c.flow_key == m.c.flow_key, isouter=True)
@@ -207,12 +216,13 @@ def blocked_keys(store: Store, most: int = STATUS_KEYS) -> list[dict[str, Any]]:
         for key, oldest, waiting in held
         if oldest in heads
     ]
-    for key, ready, running, limit, next_start_at, row_key in flows:
+    for key, ready, running, limit, stored, row_key in flows:
+        next_start_at = stored_time(stored)
         flow = {
             "key": key,
             "running": int(running),
             "limit": limit,
-            "next_start_at": next_start_at if next_start_at is not None and next_start_at > now else None,
+            "next_start_at": next_start_at if _holds(next_start_at, now) else None,
         }
         reason = NO_ROW if row_key is None else _flow_reason(flow)
         if reason is not None:

@@ -186,3 +186,19 @@ def freeze(worker: Worker, engine: sa.Engine, tries: int = 200) -> None:
         worker.signal(signal.SIGCONT)
         time.sleep(0.013)
     raise AssertionError("could not stop the worker outside a transaction")
+
+
+def freeze_host(worker: Worker, engine: sa.Engine, tries: int = 400) -> list[int]:
+    """SIGSTOP ``worker`` and its processes, as a host that freezes whole, at a moment none of them
+    holds a transaction open (see freeze); return their pids, for SIGCONT."""
+    for _ in range(tries):
+        pids = worker.children() + [worker.pid]
+        for pid in pids:
+            os.kill(pid, signal.SIGSTOP)
+        time.sleep(0.01)
+        if not others_in_transaction(engine):
+            return pids
+        for pid in pids:
+            os.kill(pid, signal.SIGCONT)
+        time.sleep(0.013)
+    raise AssertionError("could not stop the worker outside a transaction")

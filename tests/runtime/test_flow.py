@@ -14,7 +14,7 @@ import sqlalchemy as sa
 
 from jobqueue import JobQueue
 from tests.apps import runtime as rt
-from tests.runtime.harness import REPORTS, Worker, recorded, start, wait_for
+from tests.runtime.harness import REPORTS, Worker, freeze_host, recorded, start, wait_for
 
 KEYS = 50
 PER_KEY = 100
@@ -137,6 +137,37 @@ def test_a_partitions_next_job_starts_when_the_one_before_it_ends(
     waited = (second_start - first_end) / 1e9
     assert waited < 5, f"the partition's next job started {waited:.1f} s after the one before it"
     REPORTS.append(f"partition turn [{backend}]: the next job started {waited * 1000:.0f} ms after the previous")
+
+
+def test_a_host_frozen_past_its_lease_starts_nothing_more_of_its_partition_when_it_wakes(
+    app: JobQueue, backend: str, tmp_path: Path, workers: list[Worker]
+) -> None:
+    """A supervisor and its process frozen while they run a partition's run, past its lease:
+    another supervisor runs the job again, then the rest in order. Woken, the frozen process
+    finishes the job it was in (its outcome dropped: lease lost) and starts nothing more."""
+    log = tmp_path / "runs.txt"
+    handles = rt.in_turn.bulk([("p", seq, 0.1) for seq in range(8)], partition_key="p")
+    args = ("--concurrency", "1", "--release-stuck-timeout", "2", "--release-stuck-interval", "0.5")
+    first = start(workers, tmp_path, *args, name="first")
+    wait_for(lambda: len(partition_runs(log)) >= 3, 30, "the run to be under way")
+    frozen = freeze_host(first, app.engine)
+    at = len(partition_runs(log))
+    second = start(workers, tmp_path, *args, name="second")
+    wait_for(lambda: sum(e[0] == "start" for e in partition_runs(log)[at:]) >= 2, 40, "the other to go on")
+    for pid in frozen:
+        os.kill(pid, signal.SIGCONT)
+    wait_for(lambda: not _remaining(app), 60, "every job to finish")
+    for supervisor in (first, second):
+        supervisor.signal(signal.SIGTERM)
+        assert supervisor.wait(30) == 0, supervisor.text()[-3000:]
+    assert {h.status() for h in handles} == {"completed"}
+    events = partition_runs(log)
+    woken = [e for e in events[at:] if e[2] in frozen]
+    assert [e[0] for e in woken] in ([], ["end"]), f"the woken process ran more of the partition: {woken}"
+    resumed = [seq for event, _, pid, _, _, seq in events[at:] if event == "start" and pid not in frozen]
+    assert resumed == sorted(resumed) and resumed[-1] == 7, resumed
+    if woken:
+        assert "lease lost" in first.text()
 
 
 def test_a_concurrency_limit_is_never_exceeded_under_sigkills_and_no_slot_leaks(

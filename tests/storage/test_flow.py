@@ -519,6 +519,18 @@ def test_concurrency_keys_the_database_holds_equal_share_one_limit(app: JobQueue
     assert take(app) == []
 
 
+def test_accents_and_emoji_are_one_concurrency_key_on_mariadb_only(app: JobQueue, backend: str) -> None:
+    """MariaDB's default collation also ignores accents, and holds every character beyond the
+    Basic Multilingual Plane equal: "café" and "cafe" share a slot there, and so do two emoji."""
+
+    @app.task(name="t.api", concurrency_key=lambda key: key, concurrency_limit=1)
+    def api(key: str) -> None: ...
+
+    jobs = [api.delay(key) for key in ("café", "cafe", "🔑", "🍕")]
+    taken = sorted(m.id for m in take(app))
+    assert taken == ([jobs[0].id, jobs[2].id] if backend == "mysql" else [job.id for job in jobs])
+
+
 def test_jobs_their_key_holds_back_are_not_work_for_a_burst(app: JobQueue, add) -> None:
     """--burst stops when nothing is running or due soon: a job behind a partition's head that
     retries in an hour, or one whose key's rate allows its next start in an hour, is not due."""

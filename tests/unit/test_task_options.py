@@ -258,3 +258,23 @@ def test_a_callable_without_a_name_must_be_given_one(app: JobQueue) -> None:
     with pytest.raises(ConfigurationError, match=r"has no name of its own.*@app.task\(name=\.\.\.\)"):
         app.task(functools.partial(add, 1))
     assert app.task(name="add_one")(functools.partial(add, 1))(2) == 3
+
+
+def test_acking_first_is_refused_with_a_concurrency_limit_or_a_partition_key(app: JobQueue) -> None:
+    """ACK_FIRST completes a job before its handler runs: the slot of its concurrency key and the
+    turn of its partition ended then, and the key's next jobs ran alongside it (three at once under
+    concurrency_limit=1). The combinations are refused, before anything is written."""
+    with pytest.raises(ConfigurationError, match="ACK_FIRST completes each job before it runs.*concurrency_limit=1"):
+        app.task(name="t.api", concurrency_key="partner", concurrency_limit=1, ack_policy=AckPolicy.ACK_FIRST)(
+            lambda: None
+        )
+
+    @app.task(name="t.once", concurrency_key="partner", rate_limit="5/s", ack_policy=AckPolicy.ACK_FIRST)
+    def once(n: int) -> None: ...
+
+    for enqueue in (
+        lambda: once.apply_async((1,), partition_key="acct"),
+        lambda: once.bulk([(1,), (2,)], partition_key="acct"),
+    ):
+        with pytest.raises(ConfigurationError, match="acks first.*enqueue it without partition_key"):
+            enqueue()

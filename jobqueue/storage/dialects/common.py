@@ -9,6 +9,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from jobqueue.flow import rate_horizon
 from jobqueue.job import READY_STATES
 
 # Literal states (not bind parameters) so that PostgreSQL and SQLite can prove a query matches the
@@ -159,6 +160,7 @@ class AcquireParams:
     def binds(self) -> dict[str, Any]:
         binds: dict[str, Any] = {
             "now": self.now,
+            "rate_horizon": rate_horizon(self.now),
             "limit": self.limit,
             "token": self.token,
             "worker_id": self.worker_id,

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 
+from jobqueue.flow import rate_horizon
 from jobqueue.job import SCHEDULE_TASK
 from jobqueue.storage.dialects.common import (
     PROCESSING,
@@ -80,7 +81,12 @@ class DueCheck:
         if any(self._due_from(connection, queue, horizon, work_only=True) for queue in queues or (None,)):
             return True
         shape = queue_shape(queues)
-        binds = {"now": horizon, "only_queue": queues[0] if queues else None, "queues": list(queues or ())}
+        binds = {
+            "now": horizon,
+            "rate_horizon": rate_horizon(horizon),
+            "only_queue": queues[0] if queues else None,
+            "queues": list(queues or ()),
+        }
         return connection.execute(self.dialect.flow_acquirer(shape).any_keys_until, binds).first() is not None
 
     def next_level(self, connection: sa.Connection, queues: tuple[str, ...] | None, below: int | None) -> int | None:

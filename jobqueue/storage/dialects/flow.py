@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any
 import sqlalchemy as sa
 from sqlalchemy.sql.util import ClauseAdapter
 
-from jobqueue.flow import HASHED_PARTITION_LENGTH, PARTITION_KEY_PREFIX, partition_flow
+from jobqueue.flow import HASHED_PARTITION_LENGTH, PARTITION_KEY_PREFIX, partition_flow, rate_horizon
 from jobqueue.job import Message
 from jobqueue.storage.dialects.common import (
     PROCESSING,
@@ -49,6 +49,8 @@ from jobqueue.storage.dialects.common import (
     delivery_order,
     first_of_partition,
 )
+from jobqueue.storage.readable import as_stored, stored_time
+from jobqueue.storage.tables import Timestamp
 
 if TYPE_CHECKING:
     from jobqueue.storage.dialects.base import Dialect
@@ -164,10 +166,16 @@ class FlowAcquirer:
             sa.and_(partition_row, self._head_ready(f.c.flow_key)),
             sa.and_(~partition_row, any_ready.scalar_subquery().isnot(None)),
         )
-        locked = (f.c.flow_key, f.c.next_start_at, clock.label("now"))
+        # The next start as stored: a hand-edited one that is no time must not fail every fetch.
+        locked = (f.c.flow_key, as_stored(f.c.next_start_at), clock.label("now"))
+
+        # A next start past the rate horizon is no rate's (see rate_horizon): it holds nothing back.
+        beyond_any_rate = f.c.next_start_at > sa.bindparam("rate_horizon", type_=Timestamp)
+        if dialect.name == "sqlite":  # nor does text that is no time, which SQLite lets a hand edit store
+            beyond_any_rate = sa.or_(beyond_any_rate, sa.func.datetime(f.c.next_start_at).is_(None))
 
         def may_start_at(time: Any) -> list[Any]:
-            return [sa.or_(f.c.next_start_at.is_(None), f.c.next_start_at <= time), has_ready]
+            return [sa.or_(f.c.next_start_at.is_(None), f.c.next_start_at <= time, beyond_any_rate), has_ready]
 
         may_start = may_start_at(clock)
         self.keys = sa.select(*locked).where(*may_start).order_by(f.c.served_at, f.c.flow_key).limit(KEYS_PER_ACQUIRE)
@@ -222,7 +230,9 @@ class FlowAcquirer:
         )
         # By id, forced: MariaDB read every entry of the running partitions' index ranges instead.
         self.of_partitions = mariadb_hint(of_partitions, m, "FORCE INDEX (PRIMARY)")
-        self.due = sa.select(sa.func.min(f.c.next_start_at), clock).where(f.c.next_start_at > clock, has_ready)
+        self.due = sa.select(sa.type_coerce(sa.func.min(f.c.next_start_at), sa.types.NullType()), clock).where(
+            f.c.next_start_at > clock, ~beyond_any_rate, has_ready
+        )
         self.served = (
             sa.update(f)
             .where(f.c.flow_key == sa.bindparam("key"))
@@ -369,8 +379,8 @@ class FlowAcquirer:
         if locked:
             result.messages = self._take(connection, params, binds, locked, take)
         if params.rated:
-            due, now = connection.execute(self.due, binds).one()
-            if due is not None:
+            stored, now = connection.execute(self.due, binds).one()
+            if (due := stored_time(stored)) is not None:
                 result.due_in = (due - now).total_seconds()
         return result
 
@@ -458,13 +468,16 @@ class FlowAcquirer:
                         chosen.append(row.id)
                 candidates = [row for row in candidates if row.id not in corrupt]
             allowed = min(len(candidates), params.limit - len(chosen))
-            next_start = lock.next_start_at
+            # None too if it is no time (SQLite text edited by hand): written again below.
+            stored = next_start = stored_time(lock.next_start_at)
             if candidates:
                 head = candidates[0]
                 if head.concurrency_limit is not None:
                     allowed = min(allowed, head.concurrency_limit - running.get(lock.flow_key, 0))
                 if head.rate_interval_us is not None:
                     interval = timedelta(microseconds=head.rate_interval_us)
+                    if next_start is not None and next_start > rate_horizon(now):
+                        next_start = None  # no rate's: a clock set back or a hand edit left it
                     start = now - interval if next_start is None else max(next_start, now - interval)
                     allowed = min(allowed, (now - start) // interval + 1)
                     if allowed > 0:
@@ -473,7 +486,7 @@ class FlowAcquirer:
             chosen.extend(row.id for row in candidates[:allowed])
             if partition:
                 runs.update((row.id, lock.flow_key) for row in candidates[:allowed])
-            if next_start == lock.next_start_at:
+            if next_start == stored and (stored is not None or lock.next_start_at is None):
                 served_only.append(lock.flow_key)
             else:
                 served.append({"key": lock.flow_key, "served": now, "next_start": next_start})
