@@ -126,8 +126,8 @@ class Message:
     rate_interval_us: int | None = None
     corrupt: str | None = None  # why its row could not be read back (it is failed without running)
     # Taken in a partition's run: the partition's key as the database spells it in its flow row.
-    # Keys the database compares as equal (MariaDB ignores case) are one partition, whatever
-    # their spelling here.
+    # Keys the database compares as equal (none that differ, unless a key column's collation was
+    # changed by hand) are one partition, whatever their spelling here.
     run_key: str | None = None
 
     @property

@@ -104,6 +104,27 @@ def _to_5(connection: sa.Connection, tables: Tables) -> list[str]:
     ]
 
 
+def _to_6(connection: sa.Connection, tables: Tables) -> list[str]:
+    """On MySQL and MariaDB, the key columns take a binary collation (see tables.Key): one ALTER
+    per table, which rebuilds it. Run again, it changes nothing. Elsewhere keys already compare
+    exactly: nothing to do."""
+    if connection.dialect.name not in ("mysql", "mariadb"):
+        return []
+    statements = []
+    for table, names in (
+        (tables.message, ["unique_key", "partition_key", "flow_key"]),
+        (tables.archive, ["unique_key", "partition_key", "flow_key"]),
+        (tables.flow, ["flow_key"]),
+    ):
+        changes = []
+        for name in names:
+            column = table.c[name]
+            kind = column.type.compile(dialect=connection.dialect)
+            changes.append(f"MODIFY COLUMN {name} {kind}{'' if column.nullable else ' NOT NULL'}")
+        statements.append(f"ALTER TABLE {table.name} " + ", ".join(changes))
+    return statements
+
+
 MIGRATIONS = (
     Migration(
         2,
@@ -122,6 +143,12 @@ MIGRATIONS = (
         5,
         "topics with consumer groups: a log of published messages, each topic's groups and their watermarks",
         _to_5,
+    ),
+    Migration(
+        6,
+        "keys (unique, partition, concurrency, rate) compare exactly on MySQL and MariaDB, "
+        "as on PostgreSQL and SQLite: case, accents, emoji and trailing spaces tell keys apart",
+        _to_6,
     ),
 )
 assert MIGRATIONS[-1].version == SCHEMA_VERSION, "the newest migration must reach SCHEMA_VERSION"

@@ -15,12 +15,13 @@ from dataclasses import dataclass
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import mysql
+from sqlalchemy.ext.compiler import compiles
 
 from jobqueue.job import READY_STATES
 
 # The version of the layout below. Raising it takes a numbered migration in storage.migrations that
 # brings a database of the version before up to it (and a Django migration that runs it).
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 
 _MYSQL = ("mysql", "mariadb")
 Id = sa.BigInteger().with_variant(sa.Integer(), "sqlite")  # INTEGER PRIMARY KEY is SQLite's rowid
@@ -29,6 +30,24 @@ Blob = sa.LargeBinary().with_variant(mysql.LONGBLOB(), *_MYSQL)  # BLOB stops at
 LongText = sa.Text().with_variant(mysql.MEDIUMTEXT(), *_MYSQL)
 Timestamp = sa.DateTime().with_variant(mysql.DATETIME(fsp=6), *_MYSQL)  # DATETIME drops microseconds
 Json = sa.JSON(none_as_null=True)  # None is SQL NULL, not the JSON text 'null' (parsed back on every read)
+
+
+class Key(sa.String):
+    """A key (unique, partition, concurrency or rate key): text compared exactly, as written.
+
+    MySQL's and MariaDB's default collations hold "Acme", "acme", "acmé" and "acme " equal, and
+    every emoji equal to every other: two jobs with such unique keys would be taken for one, two
+    tenants would share one concurrency slot. There keys get a binary collation that does not pad
+    trailing spaces, as PostgreSQL and SQLite compare them (schema 6).
+    """
+
+
+@compiles(Key, "mysql")
+@compiles(Key, "mariadb")
+def _key_on_mysql(key: Key, compiler: sa.sql.compiler.TypeCompiler, **kw: object) -> str:
+    collation = "utf8mb4_nopad_bin" if getattr(compiler.dialect, "is_mariadb", False) else "utf8mb4_0900_bin"
+    return f"VARCHAR({key.length}) COLLATE {collation}"
+
 
 _READY_STATES = "state IN ({})".format(", ".join(f"'{state}'" for state in READY_STATES))
 _READY = sa.text(_READY_STATES)
@@ -82,11 +101,11 @@ def _job_columns() -> list[sa.Column[object]]:
         sa.Column("state", sa.String(10), nullable=False),
         sa.Column("payload", Blob, nullable=False),
         sa.Column("headers", Json),
-        sa.Column("unique_key", sa.String(255)),
-        sa.Column("partition_key", sa.String(255)),
+        sa.Column("unique_key", Key(255)),
+        sa.Column("partition_key", Key(255)),
         # The concurrency key, or "task:<name>", and its limits as the task declared them when the
         # job was enqueued (schema 4).
-        sa.Column("flow_key", sa.String(255)),
+        sa.Column("flow_key", Key(255)),
         sa.Column("concurrency_limit", sa.Integer),
         sa.Column("rate_interval_us", sa.BigInteger),  # microseconds between two starts
         sa.Column("checkpoint", Blob),
@@ -226,7 +245,7 @@ def build_tables(prefix: str = "jobqueue_", metadata: sa.MetaData | None = None)
     flow = sa.Table(
         f"{prefix}flow",
         md,
-        sa.Column("flow_key", sa.String(255), primary_key=True),
+        sa.Column("flow_key", Key(255), primary_key=True),
         sa.Column("served_at", Timestamp, nullable=False),
         sa.Column("next_start_at", Timestamp),
         mysql_charset="utf8mb4",

@@ -119,9 +119,9 @@ def _chunks(keys: list[str]) -> list[list[str]]:
 
 def _spellings(keys: list[str]) -> Any:
     """``keys`` as a table of (n, key): rows looked up through it are found as the database
-    compares text and told apart by ``n``, as the caller spelled them. (MariaDB's collation holds
-    'Acct' equal to 'acct': grouped or mapped by the spelling a row has, a job of 'acct' behind
-    one of 'Acct' would be missed.)"""
+    compares text and told apart by ``n``, as the caller spelled them. (Were a key column's
+    collation changed by hand to one that holds 'Acct' equal to 'acct', grouped or mapped by the
+    spelling a row has, a job of 'acct' behind one of 'Acct' would be missed.)"""
     parts = [sa.select(sa.literal(n).label("n"), sa.literal(key, sa.String).label("key")) for n, key in enumerate(keys)]
     return (parts[0] if len(parts) == 1 else sa.union_all(*parts)).subquery("spelled")
 

@@ -45,12 +45,15 @@ def schema_1(url: str) -> None:
     engine.dispose()
 
 
-def columns(url: str, prefix: str) -> dict[str, set[tuple[str, bool]]]:
+def columns(url: str, prefix: str) -> dict[str, set[tuple[str, bool, str | None]]]:
     engine = sa.create_engine(url)
     try:
         inspector = sa.inspect(engine)
         return {
-            table[len(prefix) :]: {(c["name"], bool(c["nullable"])) for c in inspector.get_columns(table)}
+            table[len(prefix) :]: {
+                (c["name"], bool(c["nullable"]), getattr(c["type"], "collation", None))
+                for c in inspector.get_columns(table)
+            }
             for table in inspector.get_table_names()
             if table.startswith(prefix)
         }
@@ -227,7 +230,7 @@ def test_manage_py_migrate_upgrades_a_schema_1_database(backend: str, tmp_path: 
 
         run("migrate", "jobqueue", "0001", "--fake")  # as the last release left it: 0001 applied
         run("migrate")
-        assert "running_job_id" in {name for name, _ in columns(url, "jobqueue_")["worker"]}
+        assert "running_job_id" in {column[0] for column in columns(url, "jobqueue_")["worker"]}
         engine = sa.create_engine(url)
         with engine.connect() as conn:
             assert migrations.installed_version(conn, build_tables()) == SCHEMA_VERSION
@@ -265,14 +268,19 @@ def test_commands_on_a_schema_behind_this_release_name_the_upgrade(old_database:
     engine.dispose()
 
 
-def layout(url: str, prefix: str) -> dict[str, tuple[set[tuple[str, bool]], set[tuple[str, tuple[str, ...], bool]]]]:
+def layout(
+    url: str, prefix: str
+) -> dict[str, tuple[set[tuple[str, bool, str | None]], set[tuple[str, tuple[str, ...], bool]]]]:
     """Each table's columns and indexes (their names without the prefix)."""
     engine = sa.create_engine(url)
     try:
         inspector = sa.inspect(engine)
         return {
             table[len(prefix) :]: (
-                {(c["name"], bool(c["nullable"])) for c in inspector.get_columns(table)},
+                {
+                    (c["name"], bool(c["nullable"]), getattr(c["type"], "collation", None))
+                    for c in inspector.get_columns(table)
+                },
                 {
                     (str(i["name"]).replace(prefix, "", 1), tuple(i["column_names"]), bool(i["unique"]))
                     for i in inspector.get_indexes(table)
@@ -285,7 +293,9 @@ def layout(url: str, prefix: str) -> dict[str, tuple[set[tuple[str, bool]], set[
         engine.dispose()
 
 
-def fresh_layout(url: str) -> dict[str, tuple[set[tuple[str, bool]], set[tuple[str, tuple[str, ...], bool]]]]:
+def fresh_layout(
+    url: str,
+) -> dict[str, tuple[set[tuple[str, bool, str | None]], set[tuple[str, tuple[str, ...], bool]]]]:
     """The layout `db init` gives a new database, read from tables of another prefix."""
     fresh = build_tables("jqnew_")
     engine = sa.create_engine(url)
@@ -333,9 +343,12 @@ def test_a_db_init_cut_short_between_two_statements_is_finished_by_the_next(old_
     tables = build_tables(PREFIX)
     engine = sa.create_engine(old_database)
     statements = []  # as create_all runs them: each table, then its indexes
-    for table in tables.metadata.sorted_tables:
-        statements.append(str(sa.schema.CreateTable(table).compile(dialect=engine.dialect)))
-        statements.extend(str(sa.schema.CreateIndex(index).compile(dialect=engine.dialect)) for index in table.indexes)
+    with engine.connect() as conn:  # the dialect knows the server (MariaDB's collations are not MySQL's)
+        for table in tables.metadata.sorted_tables:
+            statements.append(str(sa.schema.CreateTable(table).compile(dialect=conn.dialect)))
+            statements.extend(
+                str(sa.schema.CreateIndex(index).compile(dialect=conn.dialect)) for index in table.indexes
+            )
     engine.dispose()
     wanted = fresh_layout(old_database)
     for done in range(1, len(statements)):

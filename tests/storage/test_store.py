@@ -110,6 +110,16 @@ def test_unique_key_returns_the_active_job(app: JobQueue, add) -> None:
     assert (first.existing, again.existing, other.existing) == (False, True, False)
 
 
+def test_unique_keys_are_compared_exactly_on_every_database(app: JobQueue, add) -> None:
+    """Keys that differ in case, accents, emoji or trailing spaces are different jobs, on MariaDB
+    too: its default collation would take each for the first and drop the job."""
+    keys = ["order-1", "Order-1", "order-1 ", "café", "cafe", "😀", "😁"]
+    handles = [add.apply_async((n, n), unique_key=key) for n, key in enumerate(keys)]
+    assert len({h.id for h in handles}) == len(keys) and not any(h.existing for h in handles)
+    assert [add.apply_async((0, 0), unique_key=key).id for key in keys] == [h.id for h in handles]
+    assert len(rows(app)) == len(keys)
+
+
 def test_handles_say_which_unique_keys_found_an_active_job(app: JobQueue, add) -> None:
     held = add.apply_async((0, 0), unique_key="held")
     handles = add.bulk([(1, 1), (2, 2), (1, 1), (3, 3)], unique_key=["held", "new", "new", None], batch_size=2)

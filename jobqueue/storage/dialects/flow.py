@@ -206,9 +206,9 @@ class FlowAcquirer:
                 .with_for_update(skip_locked=True, key_share=True)
             )
             self.lock = mariadb_hint(lock, f, "FORCE INDEX (PRIMARY)")
-        # Counted per key as the flow row spells it: MariaDB's collation holds keys that differ
-        # only in case or trailing spaces ('Acme', 'acme ') equal, so they share one row and its
-        # limit, and their running jobs must be counted under the spelling that was locked.
+        # Counted per key as the flow row spells it: keys the database holds equal (none that
+        # differ, unless a key column's collation was changed by hand to one that ignores case)
+        # share one row and its limit, and their running jobs count under the spelling locked.
         self.running = (
             sa.select(f.c.flow_key, sa.func.count())
             .select_from(f.join(m, m.c.flow_key == f.c.flow_key))
@@ -219,7 +219,7 @@ class FlowAcquirer:
         # one runs: see partition_run): their keys, read once per fetch on the running rows' index
         # (one row per running or buffered job: up to fetch_batch_size per process), then which of
         # the candidates ``ids`` belong to one of them, by id and compared by the database
-        # (MariaDB's comparison ignores case). A join of the two read every running row once per
+        # (as the flow rows are). A join of the two read every running row once per
         # candidate on SQLite.
         self.running_partitions = (
             sa.select(m.c.partition_key).where(m.c.state == PROCESSING, m.c.partition_key.isnot(None)).distinct()
