@@ -45,7 +45,13 @@ class Key(sa.String):
 @compiles(Key, "mysql")
 @compiles(Key, "mariadb")
 def _key_on_mysql(key: Key, compiler: sa.sql.compiler.TypeCompiler, **kw: object) -> str:
-    collation = "utf8mb4_nopad_bin" if getattr(compiler.dialect, "is_mariadb", False) else "utf8mb4_0900_bin"
+    dialect = compiler.dialect
+    if getattr(dialect, "is_mariadb", False):
+        collation = "utf8mb4_nopad_bin"
+    elif (dialect.server_version_info or (8, 0, 17)) >= (8, 0, 17):
+        collation = "utf8mb4_0900_bin"
+    else:  # MySQL before 8.0.17 has no binary collation that does not pad: trailing spaces are ignored
+        collation = "utf8mb4_bin"
     return f"VARCHAR({key.length}) COLLATE {collation}"
 
 
