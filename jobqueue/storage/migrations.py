@@ -3,9 +3,9 @@
 A new database gets the current layout at once (``init``); an older one is brought up step by step
 (``upgrade``), each step in its own transaction where the database allows DDL in one (PostgreSQL,
 SQLite; MySQL commits each ALTER by itself, so a step is written to be run again safely). Every
-step only adds: workers of the release before keep running on an upgraded database until they
-are replaced (see docs/upgrading.md). Each applied version is recorded with the release that
-applied it, so that an older release can say which one to install.
+step only adds, or makes keys compare exactly: workers of the release before keep running on an
+upgraded database until they are replaced (see docs/upgrading.md). Each applied version is
+recorded with the release that applied it, so that an older release can say which one to install.
 """
 
 from __future__ import annotations
