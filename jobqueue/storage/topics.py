@@ -250,7 +250,12 @@ class TopicStore:
             after = page[-1].id
 
     def drop(self, topic: str, group: str) -> int:
-        """Remove a group: its row and its deliveries not yet running; return how many were deleted."""
+        """Remove a group: its row and all its deliveries; return how many were waiting (-1: no
+        such group).
+
+        A delivery running now is deleted too: its handler goes on to its end, but nothing brings
+        it back (neither a retry nor its lease's expiry, when its process dies) for a group that
+        is gone; its outcome finds no row to write to, as a lost lease's."""
         g, m = self.tables.topic_group, self.tables.message
         task = delivery_task(topic, group)
         with self.store.writing() as conn:
@@ -260,11 +265,10 @@ class TopicStore:
             gone = conn.execute(sa.delete(g).where(g.c.topic == topic, g.c.group_name == group)).rowcount
             if not gone:
                 return -1
-            return int(
-                conn.execute(
-                    sa.delete(m).where(m.c.task_name == task, m.c.unique_key.isnot(None), m.c.state.in_(READY_LITERALS))
-                ).rowcount
-            )
+            deliveries = [m.c.task_name == task, m.c.unique_key.isnot(None)]
+            waiting = conn.execute(sa.delete(m).where(*deliveries, m.c.state.in_(READY_LITERALS))).rowcount
+            conn.execute(sa.delete(m).where(*deliveries))  # the running ones
+            return int(waiting)
 
     # -- the log's garbage collection --------------------------------------------------------------------
     def collect(self) -> int:
