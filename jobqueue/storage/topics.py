@@ -215,13 +215,24 @@ class TopicStore:
         if exists is not None:
             return _registered(topic, group, exists)
         now = utcnow()
+        tp = self.tables.topic
+        with self.store.writing() as conn:
+            # The topic's row first, in a transaction of its own. Made in the one below, a
+            # brand-new topic's row could deadlock two workers registering its groups at once on
+            # MariaDB: the second one's INSERT IGNORE waits for the first's row and then holds a
+            # shared lock on it, which its SELECT ... FOR UPDATE must upgrade, while the first,
+            # registering its next group, already waits for an exclusive lock behind that shared
+            # one. Created here, the row's first lock in the transaction below is its exclusive one.
+            conn.execute(
+                self.dialect.insert_ignoring(tp, [tp.c.name]),
+                {"name": topic, "created_at": now, "groups_changed_at": now},
+            )
         with self.store.writing() as conn:
             # Waits for publishes in progress; publishes that begin now wait for this to commit.
             self._groups_locked(conn, topic, now, exclusive=True)
             exists = conn.execute(stored).first()
             if exists is not None:
                 return _registered(topic, group, exists)
-            tp = self.tables.topic
             conn.execute(sa.update(tp).where(tp.c.name == topic).values(groups_changed_at=now))
             newest = conn.execute(sa.select(sa.func.max(t.c.id)).where(t.c.topic == topic)).scalar()
             finished = 0 if start == START_EARLIEST or newest is None else int(newest)
