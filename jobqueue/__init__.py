@@ -18,8 +18,11 @@ from jobqueue.errors import (
     UnknownTaskError,
 )
 from jobqueue.handle import JobHandle
+from jobqueue.logs import guard_loggers
 from jobqueue.task import Task
 from jobqueue.version import __version__
+
+guard_loggers()  # job-controlled text in log lines, escaped (see jobqueue.logs.OneLineFilter)
 
 __all__ = [
     "AckPolicy",

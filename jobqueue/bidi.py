@@ -12,3 +12,28 @@ ESCAPES = {code: f"\\u{code:04x}" for code in CONTROLS}
 def bidi_escaped(text: str) -> str:
     """``text`` with each bidirectional control written as its escape (\\u202e), the rest as it is."""
     return text.translate(ESCAPES)
+
+
+# What else a log line must not carry raw: line breaks (a job's text would start a line of its own,
+# forged as the log's), carriage returns, terminal escape sequences and the other C0 and C1
+# controls, and Unicode's own line and paragraph separators. Tabs stay as they are.
+_LINE_CONTROLS = (*range(0x00, 0x09), *range(0x0A, 0x20), *range(0x7F, 0xA0), 0x2028, 0x2029)
+LINE_ESCAPES = {
+    **ESCAPES,
+    **{code: f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" for code in _LINE_CONTROLS},
+    0x0A: "\\n",
+    0x0D: "\\r",
+}
+# Where a traceback's own line breaks must stay: all of the above but the newline.
+BLOCK_ESCAPES = {code: escape for code, escape in LINE_ESCAPES.items() if code != 0x0A}
+
+
+def line_escaped(text: str) -> str:
+    """``text`` as one line: bidirectional controls, line breaks and other control characters
+    written as escapes (\\u202e, \\n, \\x1b), the rest as it is."""
+    return text if text.isprintable() else text.translate(LINE_ESCAPES)
+
+
+def block_escaped(text: str) -> str:
+    """:func:`line_escaped`, keeping the line breaks (of a traceback)."""
+    return text.translate(BLOCK_ESCAPES)

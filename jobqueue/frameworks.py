@@ -42,6 +42,11 @@ class Framework:
 
         return commit_watch(connection)
 
+    def never_commits(self) -> str | None:
+        """Why the framework's transaction open now will never commit, naming the fix (a test
+        framework's that rolls back every test), or None when it may commit."""
+        return None
+
     @contextmanager
     def job_scope(self) -> Iterator[None]:
         """Wraps every job a worker process runs."""

@@ -59,10 +59,12 @@ class JobHandle:
 
     def _raise_uncommitted(self) -> None:
         if self._uncommitted is not None and self._uncommitted():
+            framework = self.app.framework
+            fix = framework.never_commits() if framework is not None else None
             raise JobNotCommitted(
                 f"job {self.id} was enqueued in a transaction that has not committed yet: no worker "
                 "(and no other connection) can see it until that transaction commits, and it is gone "
-                "if it rolls back; read its status after the commit"
+                f"if it rolls back; {fix or 'read its status after the commit'}"
             )
 
     def get(self, timeout: float | None = None) -> Any:

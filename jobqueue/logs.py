@@ -16,9 +16,25 @@ import sys
 from datetime import datetime, timezone
 from typing import Any, TextIO
 
+from jobqueue.bidi import block_escaped, line_escaped
+
 # What jobqueue adds to the records of job outcomes (see runtime.executor.outcome_fields).
 JOB_FIELDS = ("job_id", "task", "queue", "attempt", "outcome", "duration_seconds")
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(processName)s %(name)s: %(message)s"
+
+# Every logger jobqueue logs on (tests/unit/test_logs.py checks the list against the code).
+LOGGERS = (
+    "jobqueue",
+    "jobqueue.dashboard",
+    "jobqueue.periodic",
+    "jobqueue.signals",
+    "jobqueue.storage",
+    "jobqueue.supervisor",
+    "jobqueue.testing",
+    "jobqueue.worker",
+)
+# Record attributes that carry a job's text to formatters (the JSON one writes them as fields).
+TEXT_FIELDS = ("task", "queue")
 
 # Set by the worker's progress line while it is on a terminal: a log line then first clears the
 # terminal's last line, where the progress line is drawn again at its next refresh. Forked worker
@@ -64,6 +80,76 @@ class JsonFormatter(logging.Formatter):
         if record.exc_text:
             entry["traceback"] = record.exc_text
         return json.dumps(entry, ensure_ascii=False, default=str)
+
+
+class OneLineFilter(logging.Filter):
+    """Write the text of jobs and enqueuers in jobqueue's log records as escapes where it would
+    mislead an operator: bidirectional controls (U+202E shows "\\u202egnp.exe" as "exe.png" on
+    a terminal that honours it), line breaks that would start a forged line of the log, terminal
+    escape sequences. Task names, queues, error messages and arguments reach the messages through
+    their arguments; a job's traceback keeps its line breaks.
+
+    A filter on jobqueue's loggers, not a formatter: it serves whatever handlers and formatters
+    the application's own logging set-up has (Django's LOGGING). A message with nothing to escape
+    costs one ``str.isprintable`` pass more.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        if not message.isprintable():
+            record.msg, record.args = line_escaped(message), None
+        elif record.args:
+            # Formatted once here: the formatter reads it back without formatting it again.
+            record.msg, record.args = message, None
+        if record.exc_info and not record.exc_text:
+            # As a formatter would write it (it keeps the text it finds), so that it is escaped too.
+            record.exc_text = one_line_messages(
+                _TRACEBACKS.formatException(record.exc_info), chained_messages(record.exc_info[1])
+            )
+        elif record.exc_text:
+            record.exc_text = block_escaped(record.exc_text)
+        fields = record.__dict__
+        for name in TEXT_FIELDS:
+            value = fields.get(name)
+            if isinstance(value, str) and not value.isprintable():
+                fields[name] = line_escaped(value)
+        return True
+
+
+def one_line_messages(traceback: str, messages: list[str]) -> str:
+    """``traceback`` with each of the exception ``messages`` in it written on one line (a line
+    break in one would start a line of its own after the traceback's), and escaped as
+    :class:`OneLineFilter` escapes messages; the traceback's own line breaks stay."""
+    for message in messages:
+        if message and not message.isprintable():
+            traceback = traceback.replace(message, line_escaped(message))
+    return block_escaped(traceback)
+
+
+def chained_messages(exc: BaseException | None) -> list[str]:
+    """The messages of ``exc`` and of the exceptions chained to it, as a traceback shows them."""
+    messages: list[str] = []
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        try:
+            messages.append(str(exc))
+        except Exception:
+            pass  # the traceback says "<exception str() failed>"
+        exc = exc.__cause__ or exc.__context__
+    return messages
+
+
+ONE_LINE = OneLineFilter()
+_TRACEBACKS = logging.Formatter()
+
+
+def guard_loggers() -> None:
+    """Put :class:`OneLineFilter` on every logger of jobqueue's (once)."""
+    for name in LOGGERS:
+        logger = logging.getLogger(name)
+        if ONE_LINE not in logger.filters:
+            logger.addFilter(ONE_LINE)
 
 
 class StderrHandler(logging.StreamHandler):

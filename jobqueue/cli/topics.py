@@ -39,8 +39,9 @@ def topics(ctx: click.Context, as_json: bool) -> None:
 @click.option("-y", "--yes", is_flag=True, help="Do not ask for confirmation.")
 @click.pass_obj
 def drop_group(state: CliState, topic: str, group: str, yes: bool) -> None:
-    """Remove GROUP from TOPIC: it gets no more messages, its waiting deliveries are deleted, and
-    the log no longer keeps messages for it. A worker that still runs the group adds it again
+    """Remove GROUP from TOPIC: it gets no more messages, its deliveries are deleted (one running
+    now finishes, and is neither retried nor delivered again), and the log no longer keeps
+    messages for it. A worker that still runs the group adds it again
     (from the latest message) when it starts."""
     missing = click.ClickException(f"topic {topic!r} has no group {group!r}; `jobqueue topics` lists them")
     if not yes:

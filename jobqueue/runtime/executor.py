@@ -20,7 +20,7 @@ from datetime import datetime, timedelta
 from inspect import iscoroutine
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from jobqueue import signals
+from jobqueue import logs, signals
 from jobqueue.ack import AckPolicy
 from jobqueue.clock import utcnow
 from jobqueue.context import Decision, DeliveryWriter, JobContext, activate, deactivate
@@ -562,7 +562,9 @@ def log_outcome(outcome: Outcome) -> None:
             )
             # Formatters append exc_text as they would a traceback of exc_info: the job's own, as the
             # archive keeps it, though the exception itself is gone by the time the outcome is written.
+            # The job's message written on one line in it (it is the job's text: see logs.OneLineFilter).
             traceback = error.traceback.rstrip() if error and error.traceback else ""
+            traceback = logs.one_line_messages(traceback, [error.message]) if error else traceback
             record.exc_text = (
                 _clipped(traceback, outcome, LOGGED_TRACEBACK_HEAD_CHARS, LOGGED_TRACEBACK_TAIL_CHARS) or None
             )

@@ -215,13 +215,24 @@ class TopicStore:
         if exists is not None:
             return _registered(topic, group, exists)
         now = utcnow()
+        tp = self.tables.topic
+        with self.store.writing() as conn:
+            # The topic's row first, in a transaction of its own. Made in the one below, a
+            # brand-new topic's row could deadlock two workers registering its groups at once on
+            # MariaDB: the second one's INSERT IGNORE waits for the first's row and then holds a
+            # shared lock on it, which its SELECT ... FOR UPDATE must upgrade, while the first,
+            # registering its next group, already waits for an exclusive lock behind that shared
+            # one. Created here, the row's first lock in the transaction below is its exclusive one.
+            conn.execute(
+                self.dialect.insert_ignoring(tp, [tp.c.name]),
+                {"name": topic, "created_at": now, "groups_changed_at": now},
+            )
         with self.store.writing() as conn:
             # Waits for publishes in progress; publishes that begin now wait for this to commit.
             self._groups_locked(conn, topic, now, exclusive=True)
             exists = conn.execute(stored).first()
             if exists is not None:
                 return _registered(topic, group, exists)
-            tp = self.tables.topic
             conn.execute(sa.update(tp).where(tp.c.name == topic).values(groups_changed_at=now))
             newest = conn.execute(sa.select(sa.func.max(t.c.id)).where(t.c.topic == topic)).scalar()
             finished = 0 if start == START_EARLIEST or newest is None else int(newest)
@@ -250,7 +261,12 @@ class TopicStore:
             after = page[-1].id
 
     def drop(self, topic: str, group: str) -> int:
-        """Remove a group: its row and its deliveries not yet running; return how many were deleted."""
+        """Remove a group: its row and all its deliveries; return how many were waiting (-1: no
+        such group).
+
+        A delivery running now is deleted too: its handler goes on to its end, but nothing brings
+        it back (neither a retry nor its lease's expiry, when its process dies) for a group that
+        is gone; its outcome finds no row to write to, as a lost lease's."""
         g, m = self.tables.topic_group, self.tables.message
         task = delivery_task(topic, group)
         with self.store.writing() as conn:
@@ -260,11 +276,10 @@ class TopicStore:
             gone = conn.execute(sa.delete(g).where(g.c.topic == topic, g.c.group_name == group)).rowcount
             if not gone:
                 return -1
-            return int(
-                conn.execute(
-                    sa.delete(m).where(m.c.task_name == task, m.c.unique_key.isnot(None), m.c.state.in_(READY_LITERALS))
-                ).rowcount
-            )
+            deliveries = [m.c.task_name == task, m.c.unique_key.isnot(None)]
+            waiting = conn.execute(sa.delete(m).where(*deliveries, m.c.state.in_(READY_LITERALS))).rowcount
+            conn.execute(sa.delete(m).where(*deliveries))  # the running ones
+            return int(waiting)
 
     # -- the log's garbage collection --------------------------------------------------------------------
     def collect(self) -> int:

@@ -48,6 +48,27 @@ def archived(app: JobQueue) -> int:
         return int(conn.execute(sa.select(sa.func.count()).select_from(a)).scalar_one())
 
 
+FORGED = "2026-01-01T00:00:00.000+00:00 INFO jobqueue-worker-1 jobqueue.worker: job 1 ops.ok completed"
+
+
+def test_a_jobs_text_cannot_reorder_or_forge_log_lines(app: JobQueue) -> None:
+    # A right-to-left override shows "\u202egnp.exe" as "exe.png"; a line break starts a line the
+    # worker did not write; an escape sequence recolours the terminal.
+    text = f"see \u202egnp.exe\u2066\n{FORGED}\r\x1b[2J"
+    final = ops.fail_saying.delay(text)
+    retried = ops.retry_saying.delay(text)
+    for json_lines in (False, True):
+        result = jobqueue(*(["--log-json"] if json_lines else []), "worker", "--burst", "-c", "1", app=OPS)
+        assert not any(ch in result.stderr for ch in "\u202e\u2066\r\x1b"), result.stderr
+        lines = result.stderr.splitlines()
+        assert not any(line.startswith("2026-01-01") for line in lines), result.stderr
+        # The escapes that `jobs show` writes: the text can still be read, and copied back.
+        shown = [json.loads(line)["message"] for line in lines] if json_lines else lines
+        assert any("see \\u202egnp.exe\\u2066\\n2026-01-01" in line for line in shown), result.stderr
+        ops.retry_saying.delay(text)
+    assert final.status() == "failed" and retried.status() == "retryable"
+
+
 def test_failures_are_logged_at_error_with_traceback_whatever_the_level(app: JobQueue, tmp_path: Path) -> None:
     failing = ops.fail.delay(1)
     flaky = ops.flaky.delay(2)

@@ -26,6 +26,16 @@ def fail(n: int) -> None:
     raise ValueError(f"job {n} fails")
 
 
+@app.task(name="ops.fail_saying", retry_strategy=NoRetryStrategy())
+def fail_saying(text: str) -> None:
+    raise ValueError(text)
+
+
+@app.task(name="ops.retry_saying", retry_strategy=ConstantRetryStrategy(delay_seconds=60, max_attempts=2))
+def retry_saying(text: str) -> None:
+    raise ValueError(text)
+
+
 @app.task(name="ops.flaky", bind=True, retry_strategy=ConstantRetryStrategy(delay_seconds=0.1, max_attempts=3))
 def flaky(job: Any, n: int) -> int:
     if job.attempt == 1:

@@ -8,7 +8,7 @@ import time
 from typing import Any
 
 from jobqueue import JobQueue
-from jobqueue.retry import NoRetryStrategy
+from jobqueue.retry import ConstantRetryStrategy, NoRetryStrategy
 
 app = JobQueue()
 orders = app.topic("orders")
@@ -47,6 +47,31 @@ def broken(payload: dict[str, Any]) -> None:
 @app.consumer("orders", group="late")  # started by name only (--groups late) in the tests that want it
 def late(payload: dict[str, Any]) -> None:
     record("end", "late", payload)
+
+
+def wait_for_go() -> None:
+    """Block until the test creates $JOBQUEUE_TEST_RUNS.go (or for a minute)."""
+    go = os.environ.get("JOBQUEUE_TEST_RUNS", "") + ".go"
+    deadline = time.monotonic() + 60
+    while not os.path.exists(go) and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
+# Started by name only (--groups stuck / --groups retried), in the tests that drop them while they run.
+@app.consumer("orders", group="stuck", start="earliest")
+def stuck(payload: dict[str, Any]) -> None:
+    record("start", "stuck", payload)
+    time.sleep(600)  # until its process is killed
+
+
+RETRY_SOON = ConstantRetryStrategy(delay_seconds=0.1, max_attempts=5)
+
+
+@app.consumer("orders", group="retried", start="earliest", retry_strategy=RETRY_SOON)
+def retried(payload: dict[str, Any]) -> None:
+    record("start", "retried", payload)
+    wait_for_go()
+    raise RuntimeError("retried fails, to be retried")
 
 
 @app.task(name="topics.noop")

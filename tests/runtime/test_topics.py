@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -195,6 +196,54 @@ def test_dead_letters_of_a_group_are_retried_and_a_group_dropped_from_the_comman
     assert "broken" not in {entry["group"] for entry in json.loads(cli("topics", "--json"))}
     app.topic_store.collect()
     assert log_size(app) == 0
+
+
+def starts(log: Path, group: str) -> int:
+    return sum(1 for e in events(log) if e[0] == "start" and e[1] == group) if log.exists() else 0
+
+
+def test_a_delivery_running_when_its_group_is_dropped_never_runs_again_after_a_sigkill(
+    app: JobQueue, tmp_path: Path, workers: list[Worker]
+) -> None:
+    log = tmp_path / "runs.txt"
+    args = ("--concurrency", "1", "--release-stuck-timeout", "1", "--release-stuck-interval", "0.2")
+    worker = start(workers, tmp_path, *args, "--groups", "stuck,billing", app=APP)
+    wait_for(lambda: len(topics_json()) == 2, 60, "the groups to be added")
+    tp.orders.publish({"key": "k", "seq": 1}, key="k")
+    wait_for(lambda: starts(log, "stuck") == 1, 60, "the delivery to start")
+    assert "0 waiting deliveries deleted" in cli("topics", "drop-group", "orders", "stuck", "--yes")
+    (child,) = worker.children()
+    os.kill(child, signal.SIGKILL)  # its lease is released at once, or expires: either must not bring it back
+    # A later message for another group, run by the process started in the killed one's place: by
+    # then the released delivery would have run first (one process, oldest first).
+    tp.orders.publish({"key": "k", "seq": 2}, key="k")
+
+    def billing_ran_both_or_stuck_ran_again() -> bool:
+        return sum(1 for e in events(log) if e[:2] == ("end", "billing")) == 2 or starts(log, "stuck") > 1
+
+    wait_for(billing_ran_both_or_stuck_ran_again, 60, "billing to run both")
+    time.sleep(2)  # two lease timeouts: a delivery returned to PENDING would have run by now
+    assert starts(log, "stuck") == 1, worker.text()
+
+
+def test_a_delivery_running_when_its_group_is_dropped_is_not_retried(
+    app: JobQueue, tmp_path: Path, workers: list[Worker]
+) -> None:
+    log = tmp_path / "runs.txt"
+    worker = start(workers, tmp_path, "--concurrency", "1", "--groups", "retried,billing", app=APP)
+    wait_for(lambda: len(topics_json()) == 2, 60, "the groups to be added")
+    tp.orders.publish({"key": "k", "seq": 1}, key="k")
+    wait_for(lambda: starts(log, "retried") == 1, 60, "the delivery to start")
+    cli("topics", "drop-group", "orders", "retried", "--yes")
+    Path(f"{log}.go").touch()  # it fails now, and its retry strategy would run it again in 0.1 s
+    tp.orders.publish({"key": "k", "seq": 2}, key="k")
+    wait_for(lambda: sum(1 for e in events(log) if e[:2] == ("end", "billing")) == 2, 60, "billing to run both")
+    time.sleep(1)  # ten retry delays
+    assert starts(log, "retried") == 1, worker.text()
+    with app.engine.connect() as conn:
+        m = app.tables.message
+        left = conn.execute(sa.select(sa.func.count()).where(m.c.task_name == "topic:orders:retried")).scalar_one()
+    assert left == 0
 
 
 def test_drop_group_names_a_missing_group_before_asking_and_never_asks_without_a_terminal(app: JobQueue) -> None:

@@ -528,6 +528,19 @@ def test_a_sqlite_supervisor_takes_over_the_checkpoints(app: JobQueue) -> None:
     assert os.path.getsize(wal) == grown
 
 
+def test_init_schema_any_number_of_times_adds_no_connect_listener(app: JobQueue) -> None:
+    from jobqueue.storage.schema_manager import check_schema, init_schema
+
+    tables = app.store.tables  # the store's own dialect is set up once, as an application does at start
+    before = len(app.engine.pool.dispatch.connect)
+    for _ in range(5):  # `db init` in-process, a test suite's setup: each makes a new dialect
+        init_schema(app.engine, tables)
+        check_schema(app.engine, tables)
+    assert len(app.engine.pool.dispatch.connect) == before
+    app.store.take_over_checkpoints()  # and the pool it makes anew keeps as many
+    assert len(app.engine.pool.dispatch.connect) == before
+
+
 @only("sqlite")
 def test_sqlite_enqueue_one_sends_what_the_generic_path_sends(dialect: Dialect) -> None:
     from jobqueue.storage.dialects.common import BATCH_COLUMNS

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 import subprocess
@@ -167,3 +168,37 @@ def test_a_line_logged_after_logging_shut_down_is_written_not_a_logging_error() 
     assert result.returncode == 0
     assert "said after shutdown" in result.stderr
     assert "Logging error" not in result.stderr and "Traceback" not in result.stderr
+
+
+def test_every_logger_of_jobqueues_escapes_the_text_of_jobs() -> None:
+    import re
+    from pathlib import Path
+
+    source = Path(logs.__file__).parent
+    named = {
+        name
+        for path in source.rglob("*.py")
+        for name in re.findall(r'getLogger\("(jobqueue[\w.]*)"\)', path.read_text(encoding="utf-8"))
+    }
+    assert named == set(logs.LOGGERS)
+    assert all(logs.ONE_LINE in logging.getLogger(name).filters for name in logs.LOGGERS)
+
+
+def test_an_exception_logged_by_jobqueue_keeps_its_messages_on_their_lines(root_logging: logging.Logger) -> None:
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(logs.TextFormatter())
+    root_logging.handlers[:] = [handler]
+    try:
+        try:
+            raise KeyError("inner\nINFO forged")
+        except KeyError as exc:
+            raise ValueError("\u202egnp.exe\n2026-01-01 INFO forged") from exc
+    except ValueError:
+        logging.getLogger("jobqueue.worker").exception("job %s %s raised", 1, "t\u202e", extra={"task": "t\u202e"})
+    text = stream.getvalue()
+    assert "\u202e" not in text and "job 1 t\\u202e raised" in text
+    assert "ValueError: \\u202egnp.exe\\n2026-01-01 INFO forged" in text
+    assert "KeyError: 'inner\\nINFO forged'" in text
+    assert not any(line.startswith(("2026-01-01", "INFO")) for line in text.splitlines())
+    assert text.splitlines()[1] == "Traceback (most recent call last):"

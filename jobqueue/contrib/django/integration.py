@@ -166,6 +166,21 @@ class DjangoIntegration(Framework):
 
         return still_open
 
+    def never_commits(self) -> str | None:
+        # django.test.TestCase (and pytest-django's django_db without transaction=True) opens the
+        # outermost atomic block of each database itself and marks it so, as Django's own check of
+        # atomic(durable=True) reads it.
+        from django.db import connections
+
+        blocks = getattr(connections[self.alias], "atomic_blocks", None)
+        if not blocks or not getattr(blocks[0], "_from_testcase", False):
+            return None
+        return (
+            "this one is django.test.TestCase's, which never commits (captureOnCommitCallbacks runs "
+            "the on_commit callbacks, but commits nothing either): use django.test.TransactionTestCase "
+            "(pytest-django: @pytest.mark.django_db(transaction=True)), whose tests commit"
+        )
+
     def engine(self) -> sa.Engine:
         if self._engine is None:
             from django.db import connections

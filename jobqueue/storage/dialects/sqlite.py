@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import sqlite3
 import time
+import weakref
 from collections import namedtuple
 from collections.abc import Callable, Sequence
 from datetime import datetime
@@ -149,6 +150,32 @@ def _user_name() -> str:
         return f"uid {uid}"
 
 
+class _Checkpoints:
+    """Whether the connections an engine opens leave the journal to checkpoint(): the one connect
+    listener of that engine, however many dialects are made for it (init_schema and check_schema
+    make one per call, and a listener each would pile up on a long-lived engine)."""
+
+    def __init__(self) -> None:
+        self.elsewhere = False
+
+    def __call__(self, dbapi_connection: Any, _record: Any) -> None:
+        if self.elsewhere:
+            dbapi_connection.execute(f"PRAGMA wal_autocheckpoint={SAFETY_NET_CHECKPOINT_PAGES}")
+
+
+# By engine; the listener holds no reference to its engine, so an engine is dropped as before.
+_CHECKPOINTS: weakref.WeakKeyDictionary[sa.Engine, _Checkpoints] = weakref.WeakKeyDictionary()
+
+
+def _checkpoints(engine: sa.Engine) -> _Checkpoints:
+    """``engine``'s checkpoint setting, its connect listener installed the first time."""
+    setting = _CHECKPOINTS.get(engine)
+    if setting is None:
+        setting = _CHECKPOINTS[engine] = _Checkpoints()
+        event.listen(engine, "connect", setting)
+    return setting
+
+
 def refuse_in_memory() -> Any:
     raise ConfigurationError(
         "an in-memory SQLite database cannot be shared by worker processes; use a "
@@ -206,7 +233,6 @@ class SQLiteDialect(Dialect):
 
     def __init__(self, engine: sa.Engine, tables: Any) -> None:
         super().__init__(engine, tables)
-        self.checkpoints_elsewhere = False
         self._archive_copies: dict[int, str] = {}
         # The acquire statements as the driver takes them, by shape (None: not on the driver).
         self._driver_acquires: dict[tuple[str, bool], DriverStatement | None] = {}
@@ -216,11 +242,7 @@ class SQLiteDialect(Dialect):
         # next to nothing, where a pool checkout and its reset cost a third of the insert.
         self._spares: list[sqlite3.Connection] = []
         self._spares_pid = os.getpid()
-
-        @event.listens_for(engine, "connect")
-        def leave_checkpoints(dbapi_connection: Any, _record: Any) -> None:
-            if self.checkpoints_elsewhere:
-                dbapi_connection.execute(f"PRAGMA wal_autocheckpoint={SAFETY_NET_CHECKPOINT_PAGES}")
+        self._checkpoints = _checkpoints(engine)
 
     def take_over_checkpoints(self) -> bool:
         # By default the commit that takes the WAL past 1000 pages copies them into the database
@@ -228,7 +250,7 @@ class SQLiteDialect(Dialect):
         # fetch). Connections opened from now on, here and in processes forked from here, leave
         # that to checkpoint(), unless the WAL grows ten times as large (checkpoint() has not run:
         # the supervisor is stuck).
-        self.checkpoints_elsewhere = True
+        self._checkpoints.elsewhere = True
         self.dispose()
         return True
 
