@@ -97,10 +97,7 @@ class OneLineFilter(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         message = record.getMessage()
         if not message.isprintable():
-            record.msg, record.args = line_escaped(message), None
-        elif record.args:
-            # Formatted once here: the formatter reads it back without formatting it again.
-            record.msg, record.args = message, None
+            record.msg, record.args = _escaped_call(record, message)
         if record.exc_info and not record.exc_text:
             # As a formatter would write it (it keeps the text it finds), so that it is escaped too.
             record.exc_text = one_line_messages(
@@ -114,6 +111,18 @@ class OneLineFilter(logging.Filter):
             if isinstance(value, str) and not value.isprintable():
                 fields[name] = line_escaped(value)
         return True
+
+
+def _escaped_call(record: logging.LogRecord, message: str) -> tuple[Any, Any]:
+    """The record's message and arguments with what needs it escaped: its string arguments where
+    that is enough, so that the message keeps its template (error trackers such as Sentry group
+    records by it); else the whole formatted ``message``."""
+    template, args = record.msg, record.args
+    if isinstance(template, str) and template.isprintable() and isinstance(args, tuple):
+        escaped = tuple(line_escaped(arg) if isinstance(arg, str) else arg for arg in args)
+        if (template % escaped).isprintable():
+            return template, escaped
+    return line_escaped(message), None
 
 
 def one_line_messages(traceback: str, messages: list[str]) -> str:

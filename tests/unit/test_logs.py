@@ -202,3 +202,21 @@ def test_an_exception_logged_by_jobqueue_keeps_its_messages_on_their_lines(root_
     assert "KeyError: 'inner\\nINFO forged'" in text
     assert not any(line.startswith(("2026-01-01", "INFO")) for line in text.splitlines())
     assert text.splitlines()[1] == "Traceback (most recent call last):"
+
+
+def test_a_record_keeps_its_template_where_escaping_its_arguments_is_enough() -> None:
+    """Error trackers group records by their message template: it is kept, with the arguments
+    escaped, unless the text to escape comes from elsewhere (an object's str())."""
+    from jobqueue.logs import OneLineFilter
+
+    def filtered(msg: str, *args: object) -> logging.LogRecord:
+        record = logging.LogRecord("jobqueue.worker", logging.ERROR, __file__, 1, msg, args, None)
+        assert OneLineFilter().filter(record)
+        return record
+
+    plain = filtered("job %s %s failed", 7, "t.ok")
+    assert (plain.msg, plain.args) == ("job %s %s failed", (7, "t.ok"))
+    hostile = filtered("job %s %s failed: %s", 7, "t.x", "a\u202eb\nc")
+    assert hostile.msg == "job %s %s failed: %s" and hostile.getMessage() == "job 7 t.x failed: a\\u202eb\\nc"
+    error = filtered("job %s failed: %s", 7, ValueError("x\ny"))
+    assert error.getMessage() == "job 7 failed: x\\ny" and error.args is None
