@@ -1,4 +1,4 @@
-"""Two schedules whose names differ only in case: one schedule to MariaDB, which compares them equal."""
+"""Two schedules whose names differ only in case: two schedules on every database."""
 
 from __future__ import annotations
 
