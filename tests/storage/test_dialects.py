@@ -459,7 +459,7 @@ def test_a_killed_connection_is_an_outage(
 def test_a_sqlite_writer_waits_for_the_lock_then_gives_up_as_contention(
     app: JobQueue, dialect: Dialect, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from jobqueue.storage.dialects import sqlite as sqlite_dialect
+    from jobqueue.storage.dialects import sqlite_connection as sqlite_dialect
 
     class Counted:
         """A DB-API connection that counts the times it is asked for the write lock."""
@@ -544,7 +544,7 @@ def test_init_schema_any_number_of_times_adds_no_connect_listener(app: JobQueue)
 @only("sqlite")
 def test_sqlite_enqueue_one_sends_what_the_generic_path_sends(dialect: Dialect) -> None:
     from jobqueue.storage.dialects.common import BATCH_COLUMNS
-    from jobqueue.storage.dialects.sqlite import insert_one_params
+    from jobqueue.storage.dialects.sqlite_rows import insert_one_params
 
     full = {
         **row(key="k"),

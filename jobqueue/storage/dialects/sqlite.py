@@ -8,180 +8,35 @@ from __future__ import annotations
 
 import os
 import sqlite3
-import time
-import weakref
 from collections import namedtuple
 from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any, cast
 
 import sqlalchemy as sa
-from sqlalchemy import event
 from sqlalchemy.dialects import sqlite
 
 from jobqueue.errors import ConfigurationError
-from jobqueue.job import Batch, Message, MessageState, Outcome, OutcomeKind
+from jobqueue.job import Batch, Message, Outcome
 from jobqueue.storage.dialects.base import Dialect
-from jobqueue.storage.dialects.common import BATCH_COLUMNS, AcquireParams, delivery_order, json_text
+from jobqueue.storage.dialects.common import BATCH_COLUMNS, AcquireParams, delivery_order
 from jobqueue.storage.dialects.connector import CONTENTION, FULL, OUTAGE, READ_ONLY
 from jobqueue.storage.dialects.flow import FlowAcquirer, is_partition
-from jobqueue.storage.dialects.sqlite_driver import (
-    COPY_ROWS_MOST,
-    DriverStatement,
-    JsonList,
-    execute_on_driver,
-    id_lists,
-)
-from jobqueue.storage.dialects.sqlite_rows import read_message
+from jobqueue.storage.dialects.sqlite_access import access_problem, cannot_write
+from jobqueue.storage.dialects.sqlite_connection import SQLITE_CONTENTION, checkpoints, configure, engine_options
+from jobqueue.storage.dialects.sqlite_driver import DriverStatement, JsonList, execute_on_driver
+from jobqueue.storage.dialects.sqlite_outcomes import OutcomeWriter, archive_copies
+from jobqueue.storage.dialects.sqlite_rows import insert_one_params, read_message, sqlite_value
 from jobqueue.storage.dialects.wakeup import PollingWaker, Waker, Wakers
-from jobqueue.storage.engine import READONLY
-from jobqueue.storage.outcomes import ARCHIVED_COLUMNS, COPIED, archive_row, archived_values, requeue_binds
 
-SQLITE_DATETIME = "%Y-%m-%d %H:%M:%S.%f"  # what SQLAlchemy's DateTime stores on SQLite
-BUSY_TIMEOUT_SECONDS = 30.0
-SQLITE_CONTENTION = ("database is locked", "database table is locked", "database is busy")
 SQLITE_OUTAGE = ("disk i/o error", "unable to open database file")
 SQLITE_FULL = ("database or disk is full",)
 # "attempt to write a readonly database": the file, or the directory where SQLite must create its
 # journal (-wal, -shm), may not be written by this process.
 SQLITE_READ_ONLY = ("readonly database",)
-
-
-DATETIME_COLUMNS = {
-    "created_at",
-    "next_attempt_at",
-    "first_attempt_at",
-    "last_attempt_at",
-    "finished_at",
-    "archived_at",
-}
-
-
-Delivery = tuple[int, int]  # a message id and the lease token of one delivery of it
-
-
-def _stamp(value: datetime) -> str:
-    # The text SQLAlchemy's DateTime stores (SQLITE_DATETIME), by isoformat's C fast path.
-    return value.isoformat(" ", "microseconds")
-
-
-def insert_one_params(row: dict[str, Any]) -> tuple[Any, ...]:
-    """The values of ``Dialect.insert_one_sql`` for one row: ``sqlite_value`` of each, inlined
-    (the per-column calls cost as much as the rest of a delay()'s Python)."""
-    get = row.get
-    headers, options = get("headers"), get("options")
-    created, due = get("created_at"), get("next_attempt_at")
-    return (
-        row["payload"],
-        get("unique_key"),
-        get("task_name"),
-        get("queue"),
-        get("priority"),
-        get("state"),
-        None if headers is None else json_text(headers),
-        get("partition_key"),
-        get("flow_key"),
-        get("concurrency_limit"),
-        get("rate_interval_us"),
-        None if options is None else json_text(options),
-        get("attempts_count"),
-        get("deliveries_count"),
-        None if created is None else _stamp(created),
-        None if due is None else _stamp(due),
-    )
-
-
-def sqlite_value(column: str, value: Any) -> Any:
-    if column in ("headers", "options"):
-        return json_text(value)
-    if column in DATETIME_COLUMNS:
-        # The text SQLAlchemy's DateTime stores (SQLITE_DATETIME), by isoformat's C fast path.
-        return None if value is None else value.isoformat(" ", "microseconds")
-    return value
-
-
-# While another process writes, a writer tries again for the lock this often (doubling from the
-# first pause to the last): SQLite's own busy handler sleeps 1, 2, 5, 10 ms... between tries, many
-# times as long as the transactions it waits for, and two worker processes spent most of their
-# time asleep in it.
-BUSY_PAUSES_SECONDS = (0.0001, 0.002)
-# Where the supervisor writes the journal back (every second), its worker processes' connections
-# do it themselves only past this many pages (SQLite's own default is 1,000).
-SAFETY_NET_CHECKPOINT_PAGES = 10_000
 # Idle connections kept for delay() (see SQLiteDialect.enqueue_one); one per thread enqueuing at
 # the same time is the most that ever helps.
 SPARE_ENQUEUE_CONNECTIONS = 4
-
-
-def begin_immediate(driver: Any) -> None:
-    """BEGIN IMMEDIATE on a DB-API connection: wait for the write lock, trying again every
-    BUSY_PAUSES_SECONDS, for BUSY_TIMEOUT_SECONDS at most; then SQLite's "database is locked"
-    (as an SQLAlchemy OperationalError, which the dialect classifies as contention).
-    The connection's own busy timeout (for everything else) is off meanwhile."""
-    pause, longest = BUSY_PAUSES_SECONDS
-    deadline = time.monotonic() + BUSY_TIMEOUT_SECONDS
-    own = driver.execute("PRAGMA busy_timeout").fetchone()[0]
-    driver.execute("PRAGMA busy_timeout=0")
-    try:
-        while True:
-            try:
-                driver.execute("BEGIN IMMEDIATE")
-                return
-            except sqlite3.OperationalError as exc:
-                if not str(exc).lower().startswith(SQLITE_CONTENTION):
-                    raise
-                if time.monotonic() > deadline:
-                    # As SQLAlchemy reports a statement's errors: contention, retried by the caller.
-                    raise sa.exc.DBAPIError.instance("BEGIN IMMEDIATE", None, exc, sqlite3.Error) from exc
-            time.sleep(pause)
-            pause = min(pause * 2, longest)
-    finally:
-        driver.execute(f"PRAGMA busy_timeout={int(own)}")
-
-
-def _user_name() -> str:
-    """Who this process writes files as."""
-    uid = os.geteuid()
-    try:
-        import pwd  # POSIX only
-
-        return f"{pwd.getpwuid(uid).pw_name!r}"
-    except (ImportError, KeyError):
-        return f"uid {uid}"
-
-
-class _Checkpoints:
-    """Whether the connections an engine opens leave the journal to checkpoint(): the one connect
-    listener of that engine, however many dialects are made for it (init_schema and check_schema
-    make one per call, and a listener each would pile up on a long-lived engine)."""
-
-    def __init__(self) -> None:
-        self.elsewhere = False
-
-    def __call__(self, dbapi_connection: Any, _record: Any) -> None:
-        if self.elsewhere:
-            dbapi_connection.execute(f"PRAGMA wal_autocheckpoint={SAFETY_NET_CHECKPOINT_PAGES}")
-
-
-# By engine; the listener holds no reference to its engine, so an engine is dropped as before.
-_CHECKPOINTS: weakref.WeakKeyDictionary[sa.Engine, _Checkpoints] = weakref.WeakKeyDictionary()
-
-
-def _checkpoints(engine: sa.Engine) -> _Checkpoints:
-    """``engine``'s checkpoint setting, its connect listener installed the first time."""
-    setting = _CHECKPOINTS.get(engine)
-    if setting is None:
-        setting = _CHECKPOINTS[engine] = _Checkpoints()
-        event.listen(engine, "connect", setting)
-    return setting
-
-
-def refuse_in_memory() -> Any:
-    raise ConfigurationError(
-        "an in-memory SQLite database cannot be shared by worker processes; use a "
-        "file, for example sqlite:///jobqueue.sqlite3 (under Django, give the "
-        "database, and DATABASES[...]['TEST']['NAME'] for tests, a file path)"
-    )
 
 
 class SQLiteDialect(Dialect):
@@ -190,50 +45,15 @@ class SQLiteDialect(Dialect):
 
     @classmethod
     def engine_options(cls, url: sa.URL) -> tuple[sa.URL, dict[str, Any]]:
-        database = url.database or ""
-        if database in ("", ":memory:") or url.query.get("mode") == "memory" or "mode=memory" in database:
-            # Each connection would see its own empty database; worker processes could never share
-            # it. Refused when a connection opens: under Django, jobs are still written through
-            # Django's connection (a test's), and only what reads them on jobqueue's own fails.
-            return url, {"creator": refuse_in_memory, "poolclass": sa.pool.NullPool}
-        return url, {"connect_args": {"timeout": BUSY_TIMEOUT_SECONDS, "check_same_thread": False}}
+        return engine_options(url)
 
     @classmethod
     def configure(cls, engine: sa.Engine) -> None:
-        @event.listens_for(engine, "connect")
-        def on_connect(dbapi_connection: Any, _record: Any) -> None:
-            # Let SQLAlchemy's "begin" event issue BEGIN itself (the pysqlite driver would defer it).
-            dbapi_connection.isolation_level = None
-            cursor = dbapi_connection.cursor()
-            # WAL: readers never block the writer. NORMAL: durable across process crashes, and only
-            # the last transactions can be lost on power failure (see docs/configuration.md).
-            try:
-                cursor.execute("PRAGMA journal_mode=WAL")
-            except sqlite3.OperationalError as exc:
-                if "locked" not in str(exc):
-                    raise
-                # Another connection is writing to a database not in WAL mode yet (a Django test's
-                # transaction, on the file Django just made), and the switch does not wait for it.
-                # This connection works in the database's mode; the next one to connect switches
-                # it, and every connection then follows.
-            cursor.execute("PRAGMA synchronous=NORMAL")
-            cursor.execute(f"PRAGMA busy_timeout={int(BUSY_TIMEOUT_SECONDS * 1000)}")
-            cursor.close()
-
-        @event.listens_for(engine, "begin")
-        def on_begin(connection: sa.Connection) -> None:
-            # IMMEDIATE takes the write lock up front: a deferred transaction that reads and then
-            # writes fails with SQLITE_BUSY (no wait) if another process wrote in between.
-            # Straight on the driver: the event runs twice per worker batch.
-            driver: Any = connection.connection.driver_connection
-            if connection.get_execution_options().get(READONLY):
-                driver.execute("BEGIN")
-            else:
-                begin_immediate(driver)
+        configure(engine)
 
     def __init__(self, engine: sa.Engine, tables: Any) -> None:
         super().__init__(engine, tables)
-        self._archive_copies: dict[int, str] = {}
+        self.outcome_writer = OutcomeWriter(tables, self.requeue)
         # The acquire statements as the driver takes them, by shape (None: not on the driver).
         self._driver_acquires: dict[tuple[str, bool], DriverStatement | None] = {}
         self._driver_take: DriverStatement | None = None
@@ -242,7 +62,7 @@ class SQLiteDialect(Dialect):
         # next to nothing, where a pool checkout and its reset cost a third of the insert.
         self._spares: list[sqlite3.Connection] = []
         self._spares_pid = os.getpid()
-        self._checkpoints = _checkpoints(engine)
+        self._checkpoints = checkpoints(engine)
 
     def take_over_checkpoints(self) -> bool:
         # By default the commit that takes the WAL past 1000 pages copies them into the database
@@ -358,7 +178,7 @@ class SQLiteDialect(Dialect):
     def unwritable(self, exc: sa.exc.DBAPIError) -> str | None:
         text = str(exc.orig).lower()
         if any(part in text for part in SQLITE_READ_ONLY):
-            return self.access_problem() or self._cannot_write("SQLite refuses to write it")
+            return self.access_problem() or cannot_write(self.engine.url.database, "SQLite refuses to write it")
         if "unable to open database file" in text:
             return self.access_problem()  # None: not a question of permissions (an outage)
         return None
@@ -369,30 +189,7 @@ class SQLiteDialect(Dialect):
     def access_problem(self) -> str | None:
         """Why this process cannot write the database file, as far as its permissions tell; None
         if they allow it (or the database is no plain file path)."""
-        database = self.engine.url.database
-        if not database or database.startswith("file:"):
-            return None
-        path = os.path.abspath(database)
-        directory = os.path.dirname(path)
-        if not os.path.isdir(directory):
-            return f"the directory {directory} of the SQLite database {path} does not exist: create it, or fix the URL"
-        if os.path.exists(path) and not os.access(path, os.R_OK | os.W_OK):
-            return self._cannot_write("this user may not write the file")
-        if not os.access(directory, os.W_OK | os.X_OK):
-            return self._cannot_write(f"this user may not create files in its directory {directory}")
-        for journal in (f"{path}-wal", f"{path}-shm"):
-            if os.path.exists(journal) and not os.access(journal, os.R_OK | os.W_OK):
-                return self._cannot_write(f"this user may not write its journal file {journal}")
-        return None
-
-    def _cannot_write(self, reason: str) -> str:
-        path = os.path.abspath(self.engine.url.database or "")
-        directory, name = os.path.split(path)
-        return (
-            f"cannot write the SQLite database {path} as user {_user_name()}: {reason}. Give that user "
-            f"write permission on the file and on its directory {directory} (SQLite creates its journal, "
-            f"{name}-wal and {name}-shm, beside the file), or run as the user who owns them"
-        )
+        return access_problem(self.engine.url.database)
 
     def missing_table(self, exc: sa.exc.DBAPIError) -> bool:
         return "no such table" in str(exc.orig).lower()
@@ -417,119 +214,18 @@ class SQLiteDialect(Dialect):
     def flush(self, outcomes: list[Outcome], now: datetime) -> set[tuple[int, int]]:
         # The archive rows' values are built before BEGIN IMMEDIATE: other processes wait for the
         # write lock while it is held.
-        copies = self.archive_copies(outcomes, now)
+        copies = archive_copies(outcomes, now)
         with self.engine.begin() as connection:
-            return self._apply(connection, outcomes, now, copies)
+            return self.outcome_writer.apply(connection, outcomes, now, copies)
 
     def apply_outcomes(self, connection: sa.Connection, outcomes: list[Outcome], now: datetime) -> set[tuple[int, int]]:
-        return self._apply(connection, outcomes, now, self.archive_copies(outcomes, now))
-
-    @staticmethod
-    def archive_copies(outcomes: list[Outcome], now: datetime) -> dict[tuple[int, int], tuple[Any, ...]]:
-        """The bind values of each archive copy (the message id and its lease token, then ARCHIVED
-        values), by delivery."""
-        archived_at = _stamp(now)
-        return {
-            (o.message.id, o.message.lease_token): (
-                o.message.id,
-                o.message.lease_token,
-                *archived_values(o, archived_at, _stamp),
-            )
-            for o in outcomes
-            if o.kind is OutcomeKind.ARCHIVE and o.retain and o.message.corrupt is None
-        }
-
-    def _apply(
-        self,
-        connection: sa.Connection,
-        outcomes: list[Outcome],
-        now: datetime,
-        copies: dict[tuple[int, int], tuple[Any, ...]],
-    ) -> set[tuple[int, int]]:
-        # Inside BEGIN IMMEDIATE: the write lock is ours, so nothing can change the rows meanwhile.
-        # Archive rows are copied from the message rows by the database (payloads never travel
-        # back), one INSERT ... SELECT for up to COPY_ROWS_MOST of them (a third cheaper than one
-        # execution per row), then one DELETE. The copy checks its leases itself: it copies a
-        # message only while it is PROCESSING under the outcome's token, and says which it copied;
-        # the other outcomes (requeues, and jobs archived without a copy) are checked by lock_held.
-        pairs = [(o.message.id, o.message.lease_token) for o in outcomes]
-        if len({key[0] for key in copies}) == len(copies):
-            held = self._copy(connection, list(copies.items()))
-            held |= self.lock_held(connection, [pair for pair in pairs if pair not in copies])
-        else:  # two deliveries of one message: a copied id would not say which of them holds it
-            held = self.lock_held(connection, pairs)
-            self._copy(connection, [(key, copy) for key, copy in copies.items() if key in held])
-        applied = [o for o in outcomes if (o.message.id, o.message.lease_token) in held]
-        finals = [o for o in applied if o.kind is OutcomeKind.ARCHIVE]
-        if finals:
-            # A corrupt row is archived from the values that could be read (its error message holds
-            # the unreadable text), so that the archive never holds text it cannot read back.
-            repaired = [archive_row(o, now) for o in finals if o.retain and o.message.corrupt is not None]
-            if repaired:
-                connection.execute(sa.insert(self.tables.archive), repaired)
-            self.delete_messages(connection, [o.message.id for o in finals])
-        updates = [requeue_binds(o, now) for o in applied if o.kind is not OutcomeKind.ARCHIVE]
-        if updates:
-            connection.execute(self.requeue, updates)
-        return held
-
-    def _copy(
-        self, connection: sa.Connection, copies: list[tuple[tuple[int, int], tuple[Any, ...]]]
-    ) -> set[tuple[int, int]]:
-        """Copy into the archive the messages of ``copies`` whose lease is still held; return
-        those deliveries. When a statement copies fewer rows than it was given (a lease was lost),
-        lock_held says which: the rows it copied are still PROCESSING under their tokens."""
-        held: set[Delivery] = set()
-        width = len(ARCHIVED_COLUMNS) + 2
-        for start in range(0, len(copies), COPY_ROWS_MOST):
-            chunk = copies[start : start + COPY_ROWS_MOST]
-            size = 1 << (len(chunk) - 1).bit_length()
-            values = [value for _key, copy in chunk for value in copy]
-            values += [None] * ((size - len(chunk)) * width)
-            keys = [key for key, _copy in chunk]
-            if execute_on_driver(connection, self._archive_copy_sql(size), tuple(values)).rowcount == len(chunk):
-                held.update(keys)
-            else:
-                held |= self.lock_held(connection, keys)
-        return held
+        return self.outcome_writer.apply(connection, outcomes, now, archive_copies(outcomes, now))
 
     def lock_held(self, connection: sa.Connection, pairs: list[tuple[int, int]]) -> set[tuple[int, int]]:
-        # The write lock is ours already; by id alone, the token compared here. Plain SQL: the
-        # expanding IN list of the shared statement is compiled anew for every flush.
-        if not pairs:
-            return set()
-        held: set[tuple[int, int]] = set()
-        processing = MessageState.PROCESSING.value
-        sql = f"SELECT id, lease_token FROM {self.message.name} WHERE state = '{processing}' AND id IN "
-        for marks, ids in id_lists(sorted({pair[0] for pair in pairs})):
-            held.update((row[0], row[1]) for row in execute_on_driver(connection, sql + marks, ids))
-        return held & set(pairs)
+        return self.outcome_writer.lock_held(connection, pairs)
 
     def delete_messages(self, connection: sa.Connection, ids: list[int]) -> None:
-        sql = f"DELETE FROM {self.message.name} WHERE id IN "
-        for marks, chunk in id_lists(ids):
-            execute_on_driver(connection, sql + marks, chunk)
-
-    def _archive_copy_sql(self, rows: int) -> str:
-        """Copy ``rows`` messages into the archive, each joined to the values its outcome supplies
-        (its id and lease token, then ARCHIVED_COLUMNS) while it is PROCESSING under that token; a
-        row of NULLs joins no message and adds nothing. (No RETURNING: it made the copy a quarter
-        slower, where the count of rows copied says whether all were.)"""
-        sql = self._archive_copies.get(rows)
-        if sql is None:
-            message, archive = self.message.name, self.tables.archive.name
-            columns = ", ".join(COPIED + ARCHIVED_COLUMNS)
-            copied = ", ".join(f"m.{column}" for column in COPIED)
-            # SQLite names the columns of a VALUES list column1, column2...
-            supplied = ", ".join(f"v.column{number + 3}" for number in range(len(ARCHIVED_COLUMNS)))
-            row = "(" + ", ".join("?" * (len(ARCHIVED_COLUMNS) + 2)) + ")"
-            processing = MessageState.PROCESSING.value
-            sql = self._archive_copies[rows] = (
-                f"INSERT INTO {archive} ({columns}) SELECT {copied}, {supplied} "
-                f"FROM (VALUES {', '.join([row] * rows)}) AS v JOIN {message} AS m "
-                f"ON m.id = v.column1 AND m.lease_token = v.column2 AND m.state = '{processing}'"
-            )
-        return sql
+        self.outcome_writer.delete_messages(connection, ids)
 
     def check_server(self, connection: sa.Connection) -> None:
         self._require(sqlite3.sqlite_version_info, (3, 35), "SQLite")

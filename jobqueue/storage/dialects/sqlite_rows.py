@@ -1,4 +1,5 @@
-"""SQLite: acquired rows read back as messages, a hand-edited value failing only its own message.
+"""SQLite: the values a row is written with, and acquired rows read back as messages, a
+hand-edited value failing only its own message.
 
 SQLite stores any value in any column, so a row edited by hand may hold text where a timestamp or
 JSON belongs. The common case is read in one go; a row that does not fit is read column by column,
@@ -15,7 +16,58 @@ from typing import Any
 
 from jobqueue.clock import utcnow
 from jobqueue.job import Message
-from jobqueue.storage.dialects.common import ACQUIRED_COLUMNS
+from jobqueue.storage.dialects.common import ACQUIRED_COLUMNS, json_text
+
+SQLITE_DATETIME = "%Y-%m-%d %H:%M:%S.%f"  # what SQLAlchemy's DateTime stores on SQLite
+
+DATETIME_COLUMNS = {
+    "created_at",
+    "next_attempt_at",
+    "first_attempt_at",
+    "last_attempt_at",
+    "finished_at",
+    "archived_at",
+}
+
+
+def stamp(value: datetime) -> str:
+    # The text SQLAlchemy's DateTime stores (SQLITE_DATETIME), by isoformat's C fast path.
+    return value.isoformat(" ", "microseconds")
+
+
+def insert_one_params(row: dict[str, Any]) -> tuple[Any, ...]:
+    """The values of ``Dialect.insert_one_sql`` for one row: ``sqlite_value`` of each, inlined
+    (the per-column calls cost as much as the rest of a delay()'s Python)."""
+    get = row.get
+    headers, options = get("headers"), get("options")
+    created, due = get("created_at"), get("next_attempt_at")
+    return (
+        row["payload"],
+        get("unique_key"),
+        get("task_name"),
+        get("queue"),
+        get("priority"),
+        get("state"),
+        None if headers is None else json_text(headers),
+        get("partition_key"),
+        get("flow_key"),
+        get("concurrency_limit"),
+        get("rate_interval_us"),
+        None if options is None else json_text(options),
+        get("attempts_count"),
+        get("deliveries_count"),
+        None if created is None else stamp(created),
+        None if due is None else stamp(due),
+    )
+
+
+def sqlite_value(column: str, value: Any) -> Any:
+    if column in ("headers", "options"):
+        return json_text(value)
+    if column in DATETIME_COLUMNS:
+        # The text SQLAlchemy's DateTime stores (SQLITE_DATETIME), by isoformat's C fast path.
+        return None if value is None else value.isoformat(" ", "microseconds")
+    return value
 
 
 def _timestamp(value: Any) -> datetime:
