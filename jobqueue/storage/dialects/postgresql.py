@@ -1,9 +1,9 @@
 """PostgreSQL: acquire in one statement, a CTE with FOR UPDATE SKIP LOCKED feeding UPDATE ... RETURNING.
 
 Acquire, on the path from enqueue to a job's start, runs on the driver as a prepared statement
-(postgresql_sql.Prepared); a flush is one statement in autocommit; bulk() streams one COPY. An
-insert trigger notifies (delivered at COMMIT, so a rolled-back enqueue wakes nobody), and each
-supervisor LISTENs on one connection for all its processes (:class:`ListeningWaker`), on
+(postgresql_sql.Prepared); a flush is one statement in autocommit; bulk() streams one COPY
+(postgresql_copy). An insert trigger notifies (delivered at COMMIT, so a rolled-back enqueue wakes
+nobody), and each supervisor LISTENs on one connection for all its processes (:class:`ListeningWaker`), on
 ``listen_database_url`` where the database URL goes through a pooler in transaction mode. With a
 driver other than psycopg2 (psycopg 3, untested) the supervisor polls.
 """
@@ -26,6 +26,7 @@ from jobqueue.storage.dialects.base import Dialect
 from jobqueue.storage.dialects.common import READY_LITERALS, AcquireParams, LeaseClock, delivery_order
 from jobqueue.storage.dialects.connector import CANCELLED, CONTENTION, FULL, OUTAGE
 from jobqueue.storage.dialects.flow import FlowAcquirer
+from jobqueue.storage.dialects.postgresql_copy import UnseenStatements, copy_batch, copy_unseen
 from jobqueue.storage.dialects.postgresql_listen import ListeningWaker
 from jobqueue.storage.dialects.postgresql_session import (
     MIN_STATEMENT_TIMEOUT_MS,
@@ -40,11 +41,8 @@ from jobqueue.storage.dialects.postgresql_session import (
 from jobqueue.storage.dialects.postgresql_sql import (
     Misses,
     Prepared,
-    UnseenStatements,
     acquired_message,
     build_apply_outcomes,
-    copy_batch,
-    copy_unseen,
     outcome_binds,
 )
 from jobqueue.storage.dialects.wakeup import PollingWaker, Waker, Wakers
