@@ -36,6 +36,7 @@ START_EARLIEST = "earliest"
 ID_DIGITS = 20  # a BIGINT has at most 19 digits
 COLLECT_BATCH = 5000  # log rows deleted per statement
 COLLECT_MOST = 50_000  # log rows one collection deletes, per topic (the next one goes on)
+UNREADABLE_KEYS_PAGE = 100  # delivery keys read at a time past one that holds no log id
 
 
 def delivery_task(topic: str, group: str) -> str:
@@ -45,6 +46,13 @@ def delivery_task(topic: str, group: str) -> str:
 
 def delivery_key(message_id: int) -> str:
     return str(message_id).zfill(ID_DIGITS)
+
+
+def _log_id(key: str) -> int | None:
+    """The log id a delivery's unique key holds, or None for text no delivery_key makes."""
+    if len(key) == ID_DIGITS and key.isascii() and key.isdigit():
+        return int(key)
+    return None
 
 
 def delivery_partition(topic: str, group: str, key: str) -> str:
@@ -331,11 +339,24 @@ class TopicStore:
         return len(ids)
 
     def _oldest_unfinished(self, conn: sa.Connection, task: str) -> int | None:
+        """The log id of the group's oldest unfinished delivery (its unique key, the id zero-padded
+        so that text order is id order), or None if it has none.
+
+        A key that holds no log id (edited by hand) is passed over: that delivery keeps its own
+        copy of the payload, so it needs nothing of the log, and the others go on being trimmed.
+        """
         m = self.tables.message
-        key = conn.execute(
-            sa.select(sa.func.min(m.c.unique_key)).where(m.c.task_name == task, m.c.unique_key.isnot(None))
-        ).scalar()
-        return int(key) if key is not None else None
+        keys = sa.select(m.c.unique_key).where(m.c.task_name == task, m.c.unique_key.isnot(None))
+        after, most = None, 1  # the oldest key alone, unless it holds no log id
+        while True:
+            page = keys if after is None else keys.where(m.c.unique_key > after)
+            found = list(conn.execute(page.order_by(m.c.unique_key).limit(most)).scalars())
+            for key in found:
+                if _log_id(key) is not None:
+                    return _log_id(key)
+            if len(found) < most:
+                return None
+            after, most = found[-1], UNREADABLE_KEYS_PAGE
 
     # -- what the CLI shows ---------------------------------------------------------------------------------
     def stats(self, now: datetime | None = None) -> list[dict[str, Any]]:

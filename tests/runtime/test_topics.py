@@ -221,7 +221,10 @@ def test_a_delivery_running_when_its_group_is_dropped_never_runs_again_after_a_s
     def billing_ran_both_or_stuck_ran_again() -> bool:
         return sum(1 for e in events(log) if e[:2] == ("end", "billing")) == 2 or starts(log, "stuck") > 1
 
-    wait_for(billing_ran_both_or_stuck_ran_again, 60, "billing to run both")
+    try:
+        wait_for(billing_ran_both_or_stuck_ran_again, 60, "billing to run both")
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}; the runs: {events(log)}; the worker's log:\n{worker.text()}") from None
     time.sleep(2)  # two lease timeouts: a delivery returned to PENDING would have run by now
     assert starts(log, "stuck") == 1, worker.text()
 

@@ -339,3 +339,22 @@ def test_two_processes_registering_a_new_topics_groups_at_once_never_deadlock(ap
     assert outcomes.count(3) == 0 and outcomes.count(4) == 0, outcomes
     stats = {(row["topic"], row["group"]) for row in app.topic_store.stats()}
     assert len(stats) == 300 * 3
+
+
+def test_a_delivery_key_edited_into_no_log_id_stops_no_trimming(app: JobQueue) -> None:
+    # A delivery's unique key names its message in the log. Edited by hand into text that names
+    # none, it used to make every collection raise, so no topic's log was trimmed again.
+    consumers(app, "billing")
+    register(app)
+    app.topic("orders").publish_many([{"n": n} for n in range(10)])
+    rows = deliveries(app, "billing")
+    m = app.tables.message
+    with app.engine.begin() as conn:
+        for row, text in zip(rows[:3], ("not-an-id", "0", "-1"), strict=True):
+            conn.execute(sa.update(m).where(m.c.id == row["id"]).values(unique_key=text))
+    for row in rows[3:6]:
+        jobs.cancel(app.store, row["id"])
+    # The oldest delivery that names its message is the seventh: the six before it may go.
+    assert app.topic_store.collect() == 6 and log_size(app) == 4
+    # The edited deliveries still run from their own copies of the payloads.
+    assert [loads_call(app.serializer, r["payload"])[0][0]["n"] for r in deliveries(app, "billing")[:3]] == [0, 1, 2]
