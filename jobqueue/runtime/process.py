@@ -57,7 +57,8 @@ from jobqueue.runtime.resilience import DatabaseGuard, GaveUp
 from jobqueue.runtime.slot import Slot
 from jobqueue.runtime.surroundings import Surroundings
 from jobqueue.runtime.writer import OutcomeWriter, Unwritten
-from jobqueue.storage.store import FlushResult, new_lease_token
+from jobqueue.storage.store_acquire import new_lease_token
+from jobqueue.storage.store_deliveries import FlushResult
 
 if TYPE_CHECKING:
     from jobqueue.app import JobQueue
