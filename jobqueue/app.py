@@ -15,7 +15,8 @@ import sqlalchemy as sa
 
 from jobqueue.errors import ConfigurationError, UnknownTaskError
 from jobqueue.handle import JobHandle
-from jobqueue.periodic import Schedule, make_schedule
+from jobqueue.periodic import make_schedule
+from jobqueue.schedule_times import Schedule
 from jobqueue.serialization import get_serializer
 from jobqueue.settings import DATABASE_URL_ENV, Settings, parse_queues, resolve_database_url, setting_names
 from jobqueue.storage import schema_manager

@@ -35,10 +35,11 @@ from jobqueue.errors import (
 )
 from jobqueue.flow import NO_FLOW
 from jobqueue.job import ErrorInfo, Message, MessageState, Outcome, OutcomeKind
-from jobqueue.periodic import CATCH_UP_GRACE_SECONDS, SCHEDULE_TASK, Schedule, fire, flow_columns
+from jobqueue.periodic import SCHEDULE_TASK, fire, flow_columns
 from jobqueue.retry import RetryStrategy, default_strategy, strategy_from_dict
 from jobqueue.runtime.aio import CoroutineRunner
 from jobqueue.runtime.resilience import GaveUp
+from jobqueue.schedule_times import CATCH_UP_GRACE_SECONDS, Schedule
 from jobqueue.serialization import loads_call
 
 if TYPE_CHECKING:
