@@ -35,7 +35,7 @@ from jobqueue import signals
 from jobqueue.clock import utcnow
 from jobqueue.job import Message, MessageState, Outcome, OutcomeKind
 from jobqueue.runtime import metrics
-from jobqueue.runtime.executor import Executor, StoreDeliveryWriter, log_outcome
+from jobqueue.runtime.executor import Executor, StoreDeliveryWriter
 from jobqueue.runtime.holdings import BEHIND, Holdings
 from jobqueue.runtime.oscalls import (
     DESCRIPTORS_LOST_STATUS,
@@ -53,6 +53,7 @@ from jobqueue.runtime.oscalls import (
     rss_kib,
     watch_supervisor,
 )
+from jobqueue.runtime.outcome_log import log_outcome
 from jobqueue.runtime.resilience import DatabaseGuard, GaveUp
 from jobqueue.runtime.slot import Slot
 from jobqueue.runtime.surroundings import Surroundings

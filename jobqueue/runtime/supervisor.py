@@ -30,9 +30,10 @@ from jobqueue.clock import utcnow
 from jobqueue.errors import ConfigurationError, TimeLimitExceeded
 from jobqueue.job import MessageState, OutcomeKind
 from jobqueue.runtime import metrics
-from jobqueue.runtime.executor import Executor, outcome_fields
+from jobqueue.runtime.executor import Executor
 from jobqueue.runtime.housekeeping import Housekeeping
 from jobqueue.runtime.oscalls import drain, name_process, poke
+from jobqueue.runtime.outcome_log import outcome_fields
 from jobqueue.runtime.pool import Child, Pool, pipe
 from jobqueue.runtime.process import HOARD_SECONDS
 from jobqueue.runtime.progress import Progress
