@@ -15,12 +15,14 @@ import sqlalchemy as sa
 
 from jobqueue.errors import ConfigurationError, UnknownTaskError
 from jobqueue.handle import JobHandle
-from jobqueue.periodic import Schedule, make_schedule
+from jobqueue.periodic import make_schedule
+from jobqueue.schedule_times import Schedule
 from jobqueue.serialization import get_serializer
 from jobqueue.settings import DATABASE_URL_ENV, Settings, parse_queues, resolve_database_url, setting_names
 from jobqueue.storage import schema_manager
 from jobqueue.storage.engine import create_engine, mask_url, same_database
-from jobqueue.storage.store import Store, commit_watch
+from jobqueue.storage.store import Store
+from jobqueue.storage.store_base import commit_watch
 from jobqueue.storage.tables import MAX_ID, Tables, build_tables
 from jobqueue.storage.topics import START_LATEST, TopicStore
 from jobqueue.task import Task

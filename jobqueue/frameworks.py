@@ -38,7 +38,7 @@ class Framework:
     def commit_watch(self, connection: Any) -> Callable[[], bool] | None:
         """After an enqueue through ``connection``: a function telling whether the transaction
         holding the new job is still open (None: it is committed already)."""
-        from jobqueue.storage.store import commit_watch
+        from jobqueue.storage.store_base import commit_watch
 
         return commit_watch(connection)
 

@@ -18,7 +18,7 @@ from typing import Any, TextIO
 
 from jobqueue.bidi import block_escaped, line_escaped
 
-# What jobqueue adds to the records of job outcomes (see runtime.executor.outcome_fields).
+# What jobqueue adds to the records of job outcomes (see runtime.outcome_log.outcome_fields).
 JOB_FIELDS = ("job_id", "task", "queue", "attempt", "outcome", "duration_seconds")
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(processName)s %(name)s: %(message)s"
 

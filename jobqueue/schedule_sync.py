@@ -1,6 +1,6 @@
 """Making the schedule messages match an app's code: at a worker's start (:func:`sync`), and
-while it runs, creating again those deleted by hand (:class:`Keeper`). What a schedule is and
-how it fires is ``jobqueue.periodic``'s."""
+while it runs, creating again those deleted by hand (:class:`Keeper`). What a schedule is is
+``jobqueue.schedule_times``'s, and how it fires ``jobqueue.periodic``'s."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING
 
-from jobqueue.periodic import Schedule, ScheduleRow, message_headers, message_row, schedule_rows
+from jobqueue.periodic import ScheduleRow, message_headers, message_row, schedule_rows
+from jobqueue.schedule_times import Schedule
 from jobqueue.storage import jobs
 from jobqueue.storage import schedules as stored
 

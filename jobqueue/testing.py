@@ -26,7 +26,8 @@ from jobqueue.errors import ConfigurationError
 from jobqueue.handle import JobHandle
 from jobqueue.job import Message, Outcome
 from jobqueue.periodic import SCHEDULE_TASK
-from jobqueue.runtime.executor import Executor, StoreDeliveryWriter, log_outcome
+from jobqueue.runtime.executor import Executor, StoreDeliveryWriter
+from jobqueue.runtime.outcome_log import log_outcome
 from jobqueue.runtime.process import serves_rated
 from jobqueue.runtime.resilience import DatabaseGuard, GaveUp
 from jobqueue.runtime.writer import OutcomeWriter, Unwritten

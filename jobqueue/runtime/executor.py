@@ -16,29 +16,30 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
-from datetime import datetime, timedelta
+from datetime import datetime
 from inspect import iscoroutine
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from jobqueue import logs, signals
+from jobqueue import signals
 from jobqueue.ack import AckPolicy
 from jobqueue.clock import utcnow
-from jobqueue.context import Decision, DeliveryWriter, JobContext, activate, deactivate
+from jobqueue.context import DeliveryWriter, JobContext, activate, deactivate
 from jobqueue.errors import (
     CorruptMessage,
     LeaseLost,
     MaxDeliveriesExceeded,
-    Rejected,
     SerializationError,
     SoftTimeLimitExceeded,
     UnknownTaskError,
 )
 from jobqueue.flow import NO_FLOW
-from jobqueue.job import ErrorInfo, Message, MessageState, Outcome, OutcomeKind
-from jobqueue.periodic import CATCH_UP_GRACE_SECONDS, SCHEDULE_TASK, Schedule, fire, flow_columns
-from jobqueue.retry import RetryStrategy, default_strategy, strategy_from_dict
+from jobqueue.job import ErrorInfo, Message, MessageState, Outcome
+from jobqueue.periodic import SCHEDULE_TASK, fire, flow_columns
+from jobqueue.retry import default_strategy
 from jobqueue.runtime.aio import CoroutineRunner
+from jobqueue.runtime.decisions import OutcomeDecisions, announce
 from jobqueue.runtime.resilience import GaveUp
+from jobqueue.schedule_times import CATCH_UP_GRACE_SECONDS, Schedule
 from jobqueue.serialization import loads_call
 
 if TYPE_CHECKING:
@@ -78,7 +79,7 @@ class TaskPlan:
         self.max_deliveries = options.max_deliveries or max_deliveries
 
 
-class Executor:
+class Executor(OutcomeDecisions):
     """Turns messages into outcomes for one worker process."""
 
     def __init__(
@@ -303,298 +304,6 @@ class Executor:
         except BaseException:
             logger.exception("job %s %s raised after it was acked (ACK_FIRST: not retried)", message.id, task.name)
         return None
-
-    # -- decisions ---------------------------------------------------------------------------------
-    def _after_return(
-        self, task: Task, policy: AckPolicy, context: JobContext, message: Message, started: datetime, result: Any
-    ) -> Outcome:
-        decision = context.decision
-        if decision is None and result is None:  # most jobs: nothing returned, nothing decided
-            if policy is AckPolicy.MANUAL:
-                logger.warning("job %s %s returned without ack/nack/reject (MANUAL); acked", message.id, task.name)
-            return self._outcome(message, started, MessageState.COMPLETED, context=context)
-        if decision is Decision.DEFER:
-            return self._deferred(message, started, context)
-        if decision is Decision.NACK:
-            return self._nacked(task, message, started, context, None)
-        if decision is Decision.REJECT:
-            return self._failed(message, started, Rejected(context.reject_reason or "rejected by the handler"), context)
-        if decision is None and policy is AckPolicy.MANUAL:
-            logger.warning("job %s %s returned without ack/nack/reject (MANUAL); acked", message.id, task.name)
-        try:
-            data = None if result is None else self.serializer.dumps(result, path="result")
-        except SerializationError as exc:
-            return self._failed(
-                message,
-                started,
-                SerializationError(f"task {task.name} returned a value that cannot be stored: {exc}"),
-                context,
-            )
-        if data is not None and len(data) > self.settings.max_payload_bytes:
-            return self._failed(
-                message,
-                started,
-                SerializationError(
-                    f"task {task.name} returned {len(data)} bytes, over max_payload_bytes="
-                    f"{self.settings.max_payload_bytes}; store large results elsewhere and return a reference"
-                ),
-                context,
-            )
-        outcome = self._outcome(message, started, MessageState.COMPLETED, context=context)
-        outcome.result = data
-        return outcome
-
-    def _after_error(
-        self,
-        task: Task,
-        policy: AckPolicy,
-        context: JobContext,
-        message: Message,
-        started: datetime,
-        exc: BaseException,
-        error: ErrorInfo,
-    ) -> Outcome:
-        decision = context.decision
-        if decision is Decision.DEFER:
-            return self._deferred(message, started, context)
-        if decision is Decision.ACK or (decision is None and policy is AckPolicy.ACK):
-            return self._outcome(message, started, MessageState.COMPLETED, error, context=context)
-        if decision is Decision.REJECT or (decision is None and policy is AckPolicy.REJECT_ON_ERROR):
-            return self._failed(message, started, error, context)
-        retry_on = task.options.retry_on
-        if decision is None and retry_on is not None and not isinstance(exc, retry_on):
-            return self._failed(message, started, error, context)
-        return self._nacked(task, message, started, context, error, exc)
-
-    def strategy_for(self, task: Task | None, message: Message) -> RetryStrategy:
-        """The per-call override stored with the message, else the task's, else the default."""
-        stored = (message.options or {}).get("retry")
-        if stored:
-            return strategy_from_dict(stored)
-        if task is not None and task.options.retry_strategy is not None:
-            return task.options.retry_strategy
-        return self.default_strategy
-
-    def _nacked(
-        self,
-        task: Task | None,
-        message: Message,
-        started: datetime,
-        context: JobContext | None,
-        error: ErrorInfo | None,
-        exception: BaseException | None = None,
-    ) -> Outcome:
-        now = utcnow()
-        strategy: RetryStrategy | None = None
-        try:
-            # A strategy stored with the job may not be rebuilt (written by an older release).
-            strategy = self.strategy_for(task, message)
-            next_at = strategy.decide(message.attempts_count, message.first_attempt_at or started, now)
-        except Exception as exc:
-            # The job is failed, and its own error stays the one archived: the strategy's fault is
-            # added to it, not put in its place.
-            outcome = self._failed(message, started, strategy_fault(strategy, exc, error), context)
-            outcome.exception = exception
-            return outcome
-        if next_at is None:
-            error = error or ErrorInfo(
-                "Nacked", f"nacked by the handler with no retry left after attempt {message.attempts_count}"
-            )
-            return self._failed(message, started, error, context)
-        if context is not None and context.nack_delay_seconds is not None:
-            next_at = now + timedelta(seconds=max(0.0, context.nack_delay_seconds))
-        outcome = self._outcome(message, started, MessageState.RETRYABLE, error, context=context)
-        outcome.kind, outcome.next_attempt_at = OutcomeKind.RETRY, next_at
-        return outcome
-
-    def nack_for_timeout(self, message: Message, exc: BaseException) -> Outcome:
-        """The outcome of a job killed for passing its hard ``timeout`` (recorded by the supervisor).
-
-        Decided as for an exception the job raised: retried by its strategy under NACK_ON_ERROR
-        (unless ``retry_on`` leaves the time limit out), failed under REJECT_ON_ERROR, completed
-        with the error under ACK.
-        """
-        task = self.app.registry.get(message.task_name)
-        started = message.acquired_at or utcnow()
-        error = ErrorInfo.from_exception(exc)
-        context = JobContext(message, self.serializer)
-        if task is None:
-            outcome = self._nacked(None, message, started, None, error, exc)
-        else:
-            policy = task.options.ack_policy or AckPolicy.NACK_ON_ERROR
-            outcome = self._after_error(task, policy, context, message, started, exc, error)
-        outcome.exception = exc
-        return announce(task, context, outcome)
-
-    def _deferred(self, message: Message, started: datetime, context: JobContext) -> Outcome:
-        until = context.defer_until or utcnow()
-        outcome = self._outcome(message, started, MessageState.PENDING, context=context)
-        outcome.kind, outcome.next_attempt_at = OutcomeKind.DEFER, until
-        self.wake_at = until
-        return outcome
-
-    def _refused(self, message: Message, started: datetime, error: Exception) -> Outcome:
-        """Fail a message without running it; the attempt its acquisition counted never started."""
-        message.attempts_count -= 1
-        outcome = self._failed(message, started, error)
-        outcome.ran = False
-        return announce(self.app.registry.get(message.task_name), JobContext(message, self.serializer), outcome)
-
-    def _failed(
-        self, message: Message, started: datetime, error: Exception | ErrorInfo, context: JobContext | None = None
-    ) -> Outcome:
-        info = error if isinstance(error, ErrorInfo) else ErrorInfo.from_exception(error)
-        outcome = self._outcome(message, started, MessageState.FAILED, info, context=context)
-        if isinstance(error, BaseException):
-            outcome.exception = error
-        return outcome
-
-    def _outcome(
-        self,
-        message: Message,
-        started: datetime,
-        state: MessageState,
-        error: ErrorInfo | None = None,
-        context: JobContext | None = None,
-    ) -> Outcome:
-        retain = self.retain.get(state, True)
-        return Outcome(
-            message=message,
-            kind=OutcomeKind.ARCHIVE,
-            state=state,
-            finished_at=utcnow(),
-            started_at=started,
-            error=error,
-            retain=retain,
-            checkpoint=context.checkpoint_bytes if context is not None else message.checkpoint,
-        )
-
-
-def strategy_fault(strategy: RetryStrategy | None, exc: Exception, error: ErrorInfo | None) -> ErrorInfo:
-    """The error of a job not retried because its retry strategy raised (or, None, could not be
-    rebuilt from what the job stored): the job's own error (if it raised one) with the strategy's
-    fault added to its message and traceback."""
-    fault = ErrorInfo.from_exception(exc)
-    which = "the retry strategy stored with it" if strategy is None else f"its retry strategy {type(strategy).__name__}"
-    note = f"not retried: {which} raised {fault.type}: {fault.message}"
-    trace = traceback.format_exc()
-    if error is None:
-        return ErrorInfo(fault.type, note, trace)
-    both = f"{error.traceback or ''}\nThen, deciding its retry:\n{trace}"
-    return ErrorInfo(error.type, f"{error.message} ({note})", both)
-
-
-def announce(task: Task | None, context: JobContext, outcome: Outcome, result: Any = None) -> Outcome:
-    """Send the signal of ``outcome`` (succeeded, retrying or failed) and return it."""
-    if not (signals.job_succeeded.receivers or signals.job_retrying.receivers or signals.job_failed.receivers):
-        return outcome  # nobody listens: build none of the arguments
-    error = outcome.error
-    if outcome.kind is OutcomeKind.RETRY:
-        signals.job_retrying.send(
-            task,
-            job=context,
-            exception=outcome.exception,
-            traceback=error.traceback if error else None,
-            retry_at=outcome.next_attempt_at,
-        )
-    elif outcome.state is MessageState.FAILED:
-        signals.job_failed.send(
-            task, job=context, exception=outcome.exception, traceback=error.traceback if error else None
-        )
-    elif outcome.state is MessageState.COMPLETED and outcome.kind is OutcomeKind.ARCHIVE:
-        signals.job_succeeded.send(task, job=context, result=result)
-    return outcome
-
-
-def outcome_fields(outcome: Outcome) -> dict[str, Any]:
-    """The structured fields of an outcome's log line (``--log-json`` writes them as keys)."""
-    m = outcome.message
-    return {
-        "job_id": m.id,
-        "task": m.task_name,
-        "queue": m.queue,
-        "attempt": m.attempts_count,
-        "outcome": outcome.name,
-        "duration_seconds": round(outcome.duration_seconds or 0.0, 6),
-    }
-
-
-# How much of a job's error message and traceback one log line carries: a job may fail with a
-# message of megabytes, which a log pipeline should not have to carry (the archive keeps more:
-# ``jobqueue jobs show``). A traceback keeps its start and its end, where the error is raised.
-LOGGED_ERROR_CHARS = 2_000
-LOGGED_TRACEBACK_HEAD_CHARS = 5_000
-LOGGED_TRACEBACK_TAIL_CHARS = 15_000
-
-
-def _clipped(text: str, outcome: Outcome, head: int, tail: int = 0) -> str:
-    left_out = len(text) - head - tail
-    if left_out <= 0:
-        return text
-    where = f": `jobqueue jobs show {outcome.message.id}` has more" if outcome.retain else ""
-    end = text[-tail:] if tail else ""
-    return f"{text[:head]}... ({left_out:,} characters left out{where}) ...{end}"
-
-
-def log_outcome(outcome: Outcome) -> None:
-    """One line per job outcome, once it is written: a success at INFO, a retry at WARNING and a
-    final failure at ERROR with the job's traceback (whatever the level of the other lines)."""
-    m = outcome.message
-    error = outcome.error
-    if outcome.kind is OutcomeKind.ARCHIVE and outcome.state is MessageState.FAILED:
-        if logger.isEnabledFor(logging.ERROR):
-            record = logger.makeRecord(
-                logger.name,
-                logging.ERROR,
-                __file__,
-                0,
-                "job %s %s failed on attempt %s after %.1f ms: %s: %s",
-                (
-                    m.id,
-                    m.task_name,
-                    m.attempts_count,
-                    (outcome.duration_seconds or 0.0) * 1000,
-                    error.type if error else "?",
-                    _clipped(error.message, outcome, LOGGED_ERROR_CHARS) if error else "",
-                ),
-                None,
-                extra=outcome_fields(outcome),
-            )
-            # Formatters append exc_text as they would a traceback of exc_info: the job's own, as the
-            # archive keeps it, though the exception itself is gone by the time the outcome is written.
-            # The job's message written on one line in it (it is the job's text: see logs.OneLineFilter).
-            traceback = error.traceback.rstrip() if error and error.traceback else ""
-            traceback = logs.one_line_messages(traceback, [error.message]) if error else traceback
-            record.exc_text = (
-                _clipped(traceback, outcome, LOGGED_TRACEBACK_HEAD_CHARS, LOGGED_TRACEBACK_TAIL_CHARS) or None
-            )
-            logger.handle(record)
-    elif outcome.kind is OutcomeKind.RETRY:
-        logger.warning(
-            "job %s %s failed on attempt %s (%s: %s); retry at %s",
-            m.id,
-            m.task_name,
-            m.attempts_count,
-            error.type if error else "nack",
-            _clipped(error.message, outcome, LOGGED_ERROR_CHARS) if error else "",
-            outcome.next_attempt_at,
-            extra=outcome_fields(outcome),
-        )
-    elif not logger.isEnabledFor(logging.INFO):
-        return  # the common case of a busy worker: build nothing for a line nobody reads
-    elif outcome.kind is OutcomeKind.DEFER:
-        logger.info(
-            "job %s %s deferred to %s", m.id, m.task_name, outcome.next_attempt_at, extra=outcome_fields(outcome)
-        )
-    elif outcome.kind is OutcomeKind.ARCHIVE:
-        logger.info(
-            "job %s %s %s in %.1f ms",
-            m.id,
-            m.task_name,
-            outcome.state.public,
-            (outcome.duration_seconds or 0.0) * 1000,
-            extra=outcome_fields(outcome),
-        )
 
 
 def leave_forked_child(exc: BaseException | None) -> NoReturn:

@@ -21,57 +21,48 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import math
 import os
-import select
 import signal
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from jobqueue import signals
 from jobqueue.clock import utcnow
-from jobqueue.job import Message, MessageState, Outcome, OutcomeKind
-from jobqueue.runtime import metrics
-from jobqueue.runtime.executor import Executor, StoreDeliveryWriter, log_outcome
+from jobqueue.job import Message
+from jobqueue.runtime.executor import Executor, StoreDeliveryWriter
 from jobqueue.runtime.holdings import BEHIND, Holdings
 from jobqueue.runtime.oscalls import (
     DESCRIPTORS_LOST_STATUS,
     descriptor_identity,
     descriptors_floor,
     descriptors_used_up,
-    die_with_supervisor,
-    drain,
     forked_by_a_job,
     ignore_signal,
     lowest_free_descriptor,
     name_process,
-    orphaned,
-    poke,
     rss_kib,
     watch_supervisor,
 )
+from jobqueue.runtime.process_fetch import PREFETCH_WINDOW_SECONDS, Fetching
+from jobqueue.runtime.process_flush import Flushing
+from jobqueue.runtime.process_keeper import KEEPER_TICK_SECONDS, KeeperThread
 from jobqueue.runtime.resilience import DatabaseGuard, GaveUp
 from jobqueue.runtime.slot import Slot
 from jobqueue.runtime.surroundings import Surroundings
-from jobqueue.runtime.writer import OutcomeWriter, Unwritten
-from jobqueue.storage.store import FlushResult, new_lease_token
+from jobqueue.runtime.writer import OutcomeWriter
 
 if TYPE_CHECKING:
     from jobqueue.app import JobQueue
 
 logger = logging.getLogger("jobqueue.worker")
 
-PREFETCH_WINDOW_SECONDS = 0.1
 EWMA_WEIGHT = 0.2
 # A job running this long (twice what a whole batch was sized for) loses the unstarted messages
 # behind it to the supervisor, which returns them to the queue.
 HOARD_SECONDS = 2 * PREFETCH_WINDOW_SECONDS
-KEEPER_TICK_SECONDS = 0.1
 KEEPER_JOIN_SECONDS = 30.0
-FLUSH_BACKOFF_MAX_SECONDS = 30.0
 STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT}
 
 
@@ -90,7 +81,7 @@ class ChildSpec:
     supervisor_pid: int = 0
 
 
-class WorkerProcess:
+class WorkerProcess(Fetching, Flushing, KeeperThread):
     def __init__(self, app: JobQueue, spec: ChildSpec) -> None:
         self.app = app
         self.settings = app.settings
@@ -218,116 +209,6 @@ class WorkerProcess:
                 else:
                     self._wait_for_supervisor()
 
-    def _supervisor_renewing(self) -> bool:
-        """False while the supervisor has renewed nothing for longer than the start window: it is
-        stopped (SIGSTOP, a debugger) or stuck, and a job taken now could outlive its lease with
-        nobody to renew it, and run again elsewhere at the same time. No new work is taken then."""
-        silent = time.monotonic_ns() - self.spec.slot.renewed_ns() > self.lease_window * 1e9
-        if not silent:
-            if self.silent_since is not None:
-                logger.warning(
-                    "worker process %s: the supervisor renews leases again after %.1f s; taking work again",
-                    os.getpid(),
-                    time.monotonic() - self.silent_since,
-                )
-                self.silent_since = None
-            return True
-        if self.silent_since is None:
-            self.silent_since = time.monotonic()
-            logger.warning(
-                "worker process %s: the supervisor (pid %s) has renewed no lease for over %.1f s (it is "
-                "stopped or stuck, or the database is unavailable to it); this process takes no new job "
-                "until it does",
-                os.getpid(),
-                self.spec.supervisor_pid,
-                self.lease_window,
-            )
-        return False
-
-    def _wait_for_supervisor(self) -> None:
-        """Nothing to run and the supervisor silent: look again a tick later (or when woken)."""
-        self._set_idle(True)
-        ready, _, _ = select.select([self.spec.wake_r], [], [], KEEPER_TICK_SECONDS)
-        if ready:
-            drain(self.spec.wake_r)
-        self.next_fetch_at = 0.0
-
-    def _fetch_due(self) -> bool:
-        if time.monotonic() < self.next_fetch_at:
-            return False
-        # An empty buffer always fetches (its batch list starts anew); a top-up only when a whole
-        # batch fits and the slot can list one more batch.
-        held = len(self.held)
-        return not held or (self.capacity - held >= self.settings.fetch_batch_size and self.held.can_fetch())
-
-    def fetch_limit(self) -> int:
-        """How many messages to ask for: what fits, and no more than PREFETCH_WINDOW_SECONDS of work."""
-        limit = min(self.settings.fetch_batch_size, self.capacity - len(self.held))
-        if self.avg_duration is None:
-            # Nothing known yet: one message tells us how long they take, and asking for a second
-            # tells whether more wait (then a sibling is woken for them; the supervisor takes the
-            # second back for an idle process if the first turns out slow).
-            return min(2, limit)
-        return max(1, min(limit, int(PREFETCH_WINDOW_SECONDS / max(self.avg_duration, 1e-6))))
-
-    def _fetch(self) -> None:
-        limit = self.fetch_limit()
-
-        sent_ns = 0
-
-        def acquire() -> list[Message]:
-            nonlocal sent_ns
-            # The token is ours before the statement runs, so an acquisition whose COMMIT reply was
-            # lost (connection dropped) can be found and undone before we try again.
-            self.pending_token = new_lease_token()
-            sent_ns = time.monotonic_ns()  # the lease runs from no earlier than this
-            messages = self.store.acquire(
-                self.spec.worker_id,
-                self.settings.queues,
-                limit,
-                self.settings.release_stuck_timeout,
-                token=self.pending_token,
-                flow=True,
-                rated=self.rated,
-            )
-            self.pending_token = None
-            return messages
-
-        messages = self.guard.call(
-            acquire, give_up=lambda: self.stopping, on_retry=self._undo_lost_acquire, doing="acquiring jobs"
-        )
-        self.held.add_fetched(messages, sent_ns)
-        now = time.monotonic()
-        if len(messages) >= limit:
-            # A full batch: more may be waiting, so the supervisor wakes a sibling, and this
-            # process looks again as soon as it has room.
-            poke(self.spec.more_w)
-            self.next_fetch_at = now + self.settings.min_fetch_interval
-        else:
-            # The queues had no more for us: the next fetch waits for news of work, which the
-            # supervisor brings (new jobs, and delayed ones coming due), so that an idle process
-            # sends no statement and a job that arrives alone costs one acquire.
-            self.next_fetch_at = math.inf
-        if self.wake_at is not None:
-            # A message we deferred comes due before then: look again right then.
-            if self.wake_at <= now:
-                self.wake_at = None
-            else:
-                self.next_fetch_at = min(self.next_fetch_at, self.wake_at)
-        due_in = self.store.flow_due_in if self.rated else None
-        if due_in is not None:
-            # A key held back by its rate may start its next job then.
-            self.next_fetch_at = min(self.next_fetch_at, now + max(0.001, due_in))
-        if not messages and not len(self.held):
-            self._set_idle(True)
-        elif messages:
-            self._set_idle(False)
-
-    def _undo_lost_acquire(self) -> None:
-        if self.pending_token is not None:
-            self.store.release_token(self.pending_token)
-            self.pending_token = None
-
     def _timeout_of(self, message: Message) -> float | None:
         task = self.app.registry.get(message.task_name)
         return task.options.timeout if task else None
@@ -409,24 +290,6 @@ class WorkerProcess:
                 self.spec.supervisor_pid,
             )
 
-    def _idle_wait(self) -> None:
-        timeout = self.next_fetch_at - time.monotonic()
-        if timeout <= 0 or self.stopping:
-            return
-        self._set_idle(True)
-        ready, _, _ = select.select([self.spec.wake_r], [], [], None if timeout == math.inf else timeout)
-        if ready:
-            drain(self.spec.wake_r)
-            self.next_fetch_at = 0.0  # woken: work may have arrived (or a signal, which the loop sees)
-
-    def _set_idle(self, idle: bool) -> None:
-        if idle == self.idle:
-            return
-        self.idle = idle
-        self.spec.slot.set_idle(idle)
-        if idle:
-            poke(self.spec.idle_w)  # news that found nobody idle is ours now
-
     def _recycle_due(self) -> bool:
         limit = self.settings.max_tasks_per_child
         if limit is not None and self.done >= limit:
@@ -454,162 +317,6 @@ class WorkerProcess:
             )
             return True
         return False
-
-    # -- writing outcomes --------------------------------------------------------------------------
-    def _flush(self, give_up: Callable[[], bool] = lambda: False) -> None:
-        """Write every pending outcome; while the database refuses all writes, keep them and retry."""
-        backoff = 1.0
-        while True:
-            taken = self.held.take_pending()
-            if not taken:
-                return
-            try:
-                # Retrying is safe: outcomes are fenced, so any a lost COMMIT did apply come back as lost.
-                result = self.writer.write(taken, give_up=give_up)
-            except GaveUp:
-                self.held.restore(taken)
-                raise
-            except Unwritten as refused:
-                self._written(refused.written)
-                self.held.restore(refused.remaining)
-                logger.error(
-                    "worker process %s: the database refuses to store %s outcome(s) (%s); they are kept "
-                    "and written again in %.0f s",
-                    os.getpid(),
-                    len(refused.remaining),
-                    refused.__cause__,
-                    backoff,
-                    exc_info=refused.__cause__,
-                )
-                deadline = time.monotonic() + backoff
-                while time.monotonic() < deadline and not give_up():
-                    time.sleep(0.1)
-                if give_up():
-                    raise GaveUp("the database refuses to store outcomes") from None
-                backoff = min(backoff * 2, FLUSH_BACKOFF_MAX_SECONDS)
-                continue
-            self._written(result, self.guard.last_call_retried)
-            return
-
-    def _written(self, result: FlushResult, retried: bool = False) -> None:
-        self.held.written(result.applied, result.lost)
-        self.last_flush = time.monotonic()
-        self._report(result, retried)
-
-    @staticmethod
-    def _report(result: FlushResult, retried: bool) -> None:
-        """One line per outcome written; for one dropped by fencing, say that the lease was lost."""
-        if logger.isEnabledFor(logging.INFO):
-            for outcome in result.applied:
-                log_outcome(outcome)
-        else:  # only failures and retries have a line then (at ERROR and WARNING)
-            for outcome in result.applied:
-                if outcome.kind is OutcomeKind.RETRY or outcome.state is MessageState.FAILED:
-                    log_outcome(outcome)
-        if metrics.active is not None:
-            metrics.active.written(result.applied)
-            if not retried:  # on a retry, "lost" may be an outcome the first try applied
-                metrics.active.lost(result.lost)
-        for outcome in result.lost:
-            if outcome.kind is OutcomeKind.RETURN:
-                continue  # a hand-back whose lease had gone anyway: nothing was lost
-            if retried:
-                logger.info(
-                    "job %s %s: outcome not applied on retry (applied before the connection dropped, "
-                    "or the lease was lost)",
-                    outcome.message.id,
-                    outcome.message.task_name,
-                )
-            else:
-                logger.warning(
-                    "job %s %s: lease lost (it expired and the message was released or taken by "
-                    "another worker); this delivery's %s outcome is dropped",
-                    outcome.message.id,
-                    outcome.message.task_name,
-                    outcome.state.public,
-                )
-
-    def _ack_first(self, outcome: Outcome) -> bool:
-        """Record one outcome before the handler runs (ACK_FIRST); False if the lease was lost."""
-        result = self.writer.write([outcome])
-        if result.applied:
-            acked = result.applied[0].state is MessageState.COMPLETED
-        else:
-            # After a lost COMMIT reply the retry finds the job archived: ours if it carries our stamp.
-            acked = self.guard.last_call_retried and self.store.archived_with(outcome.message.id, outcome.finished_at)
-        if acked:
-            self.acked_first = outcome.message.id
-        return acked
-
-    def _keeper(self) -> None:
-        """Keeper thread: leave with the supervisor; while a job runs, write overdue outcomes, and
-        renew its lease while the supervisor does not."""
-        while not self.keeper_stop.wait(KEEPER_TICK_SECONDS):
-            if orphaned(self.spec.supervisor_pid):
-                die_with_supervisor()
-            try:
-                self._keep_running_lease()
-            except Exception as exc:  # tried again next tick; the supervisor may be back by then
-                logger.debug("keeper could not renew the running job's lease: %s", exc)
-            taken = self.held.take_overdue(self.settings.flush_interval)
-            if not taken:
-                continue
-            try:
-                result = self.keeper_writer.write(taken, give_up=lambda: True)
-            except Unwritten as refused:
-                self._written(refused.written)
-                self.held.restore(refused.remaining)  # the main loop writes them, or says why not
-                continue
-            except Exception as exc:
-                # Nothing is lost: what it took is written later (fenced, so writing twice is harmless).
-                logger.debug("keeper could not write %s outcome(s) yet: %s", len(taken), exc)
-                self.held.restore(taken)
-                continue
-            self._written(result)
-
-    def _keep_running_lease(self) -> None:
-        """While the supervisor misses its renewals (stopped or stuck), renew the running job's
-        lease from here, as the supervisor would have: the job is alive and running, and letting
-        its lease run out would have another worker run it at the same time. Not past the job's
-        hard time limit, which only the supervisor enforces."""
-        lease = self.held.running_lease()
-        if lease is None:
-            return
-        message, renewed_ns = lease
-        now_ns = time.monotonic_ns()
-        interval = self.settings.heartbeat_interval
-        # The supervisor renews every interval, a tick late at most: past half an interval more,
-        # it missed one. (At least half the lease is left then.)
-        if now_ns - renewed_ns <= (1.5 * interval + KEEPER_TICK_SECONDS) * 1e9:
-            return
-        if now_ns < self.keeper_renew_after_ns or message.id in (self.acked_first, self.keeper_lost):
-            return  # tried a moment ago; or nothing to renew: archived before it ran, or lost
-        deadline = self._timeout_of(message)
-        if deadline is not None and self.held.running_since is not None:
-            if time.monotonic() - self.held.running_since > deadline:
-                return
-        ok, kept = self.keeper_renewals.try_once(
-            lambda: self.store.extend_lease(message.id, message.lease_token, self.settings.release_stuck_timeout)
-        )
-        if not ok:
-            self.keeper_renew_after_ns = now_ns + int(min(1.0, interval / 3) * 1e9)  # the database is out too
-            return
-        if not kept:
-            self.keeper_lost = message.id  # its outcome will be fenced out; nothing to renew
-            return
-        self.held.lease_extended(message, now_ns)
-        if message.id != self.keeper_renewed_id:  # once per job
-            self.keeper_renewed_id = message.id
-            logger.warning(
-                "worker process %s: job %s %s: its lease renewed by the worker process itself (the "
-                "supervisor, pid %s, has renewed nothing for %.1f s: stopped, stuck, or the database "
-                "unavailable to it)",
-                os.getpid(),
-                message.id,
-                message.task_name,
-                self.spec.supervisor_pid,
-                (now_ns - self.spec.slot.renewed_ns()) / 1e9,
-            )
 
     def _shutdown(self) -> None:
         # Hand back what we hold but never started, uncounted, then write everything out, trying

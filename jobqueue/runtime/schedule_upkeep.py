@@ -1,7 +1,7 @@
 """A supervisor's part in periodic tasks: make the schedule messages match its code at start
 (create, update, retire), apply later the changes that found their schedule busy being fired, and
 create again the schedule messages deleted or cancelled by hand while it runs. What a schedule
-means is ``jobqueue.periodic``'s and how a sync decides ``jobqueue.schedule_sync``'s; here is
+means is ``jobqueue.schedule_times``'s and how a sync decides ``jobqueue.schedule_sync``'s; here is
 when a supervisor does it and what it logs.
 """
 

@@ -27,22 +27,19 @@ from multiprocess import connection as mp_connection
 
 from jobqueue import topics
 from jobqueue.clock import utcnow
-from jobqueue.errors import ConfigurationError, TimeLimitExceeded
-from jobqueue.job import MessageState, OutcomeKind
+from jobqueue.errors import ConfigurationError
 from jobqueue.runtime import metrics
-from jobqueue.runtime.executor import Executor, outcome_fields
+from jobqueue.runtime.executor import Executor
 from jobqueue.runtime.housekeeping import Housekeeping
 from jobqueue.runtime.oscalls import drain, name_process, poke
-from jobqueue.runtime.pool import Child, Pool, pipe
-from jobqueue.runtime.process import HOARD_SECONDS
+from jobqueue.runtime.pool import Pool, pipe
 from jobqueue.runtime.progress import Progress
 from jobqueue.runtime.resilience import DatabaseGuard, GaveUp
-from jobqueue.runtime.retry_later import RETRY_SOON_SECONDS, RetryLater
+from jobqueue.runtime.retry_later import RetryLater
 from jobqueue.runtime.schedule_upkeep import ScheduleUpkeep
-from jobqueue.runtime.slot import SlotView
-from jobqueue.runtime.writer import OutcomeWriter
+from jobqueue.runtime.supervisor_maintenance import Maintenance
+from jobqueue.runtime.supervisor_reap import Reaping
 from jobqueue.settings import resolve_listen_url
-from jobqueue.storage.dialects import WorkerState
 from jobqueue.storage.engine import check_listen_url, mask_url
 
 if TYPE_CHECKING:
@@ -54,13 +51,10 @@ TICK_SECONDS = 0.1
 BURST_HORIZON_SECONDS = 5.0
 BURST_CHECK_SECONDS = 0.25
 LOOP_ERROR_PAUSE_SECONDS = 1.0
-# How often the supervisor writes SQLite's journal back into the database file (its worker
-# processes leave that to it, see Store.take_over_checkpoints).
-CHECKPOINT_SECONDS = 1.0
 
 
 @dataclass
-class Supervisor:
+class Supervisor(Reaping, Maintenance):
     app: JobQueue
     burst: bool = False
     progress: bool = False
@@ -305,234 +299,6 @@ class Supervisor:
             # News nobody idle could take (a process between its empty fetch and saying it idles)
             # waits for the next process that idles; SQLite's data_version says it only once.
             self.unspent = min(wanted - len(woken), self.size)
-
-    def _reap(self) -> None:
-        for death in self.pool.dead():
-            child, code, view = death.child, death.code, death.view
-            self.done_by_dead += view.done
-            # A process leaves with status 0 only between jobs (recycled, stopping): one that ends
-            # mid-job (a job calling os._exit(0)) died as surely as one killed by a signal.
-            if (code != 0 or view.running_id) and child.timed_out is None:
-                how = f"signal {-code}" if code < 0 else f"code {code}"
-                running = f" while running job {view.running_id}" if view.running_id else ""
-                logger.error(
-                    "worker process %s (pid %s) exited with %s%s; its messages are returned now",
-                    death.index,
-                    child.process.pid,
-                    how,
-                    running,
-                )
-            self._release(child)
-            os.close(child.spec.wake_w)
-            if not self.stopping:
-                if self.metrics is not None:
-                    self.metrics.process_died(child.process.pid, death.cause)
-                self.pool.respawn_later(death)
-
-    def _release(self, child: Child) -> None:
-        """Record a timeout kill, then return everything the dead child held, as one retried step.
-
-        The timeout is recorded first: once the message is released its lease token is gone and the
-        kill could no longer be recorded as the failed attempt it was. Of the rest, only the job
-        that was running when the child died is charged a delivery (it may have killed the child);
-        jobs it had finished without writing their outcomes keep their attempt but no delivery,
-        and unstarted ones go back as if never fetched.
-        """
-        worker_id, pid, timed_out = child.spec.worker_id, child.process.pid, child.timed_out
-        started = child.spec.slot.started_ids()
-        view = child.spec.slot.read_raw()
-        running = view.running_id or None
-
-        def release() -> None:
-            if timed_out is not None:
-                self._record_timeout(timed_out)
-            released = self.store.release_worker(worker_id, running=running, finished=started)
-            if released:
-                logger.info("returned %s message(s) held by worker process pid %s to the queue", released, pid)
-            self.store.remove_workers([worker_id])
-
-        self.later.do(f"release the messages of pid {pid}", release)
-
-    def _record_timeout(self, view: SlotView) -> None:
-        message = self.store.held_message(view.running_id, view.token)
-        if message is None:
-            return
-        task = self.app.registry.get(message.task_name)
-        limit = task.options.timeout if task else None
-        exc = TimeLimitExceeded(f"job ran past its timeout of {limit} s; its worker process was killed")
-        outcome = self.executor.nack_for_timeout(message, exc)
-        # Never blocks the loop: during an outage the whole step is tried again next tick.
-        OutcomeWriter(self.store, self.guard).write([outcome], give_up=lambda: True)
-        if self.metrics is not None:
-            self.metrics.written([outcome])
-        if outcome.kind is OutcomeKind.RETRY:
-            logger.warning(
-                "job %s %s killed after its timeout of %s s; retry at %s",
-                message.id,
-                message.task_name,
-                limit,
-                outcome.next_attempt_at,
-                extra=outcome_fields(outcome),
-            )
-        elif outcome.state is MessageState.COMPLETED:
-            logger.warning(
-                "job %s %s killed after its timeout of %s s; completed with the error (ack policy ACK)",
-                message.id,
-                message.task_name,
-                limit,
-                extra=outcome_fields(outcome),
-            )
-        else:
-            logger.error(
-                "job %s %s killed after its timeout of %s s; failed",
-                message.id,
-                message.task_name,
-                limit,
-                extra=outcome_fields(outcome),
-            )
-
-    def _take_back_buffers(self) -> None:
-        """Return to the queue the unstarted messages waiting behind a job that has run too long.
-
-        Done from here, not by the child: a job holding the GIL (a long C call, a runaway regular
-        expression) stops every thread of its process. The child will not start them any more
-        once the slot no longer lists their batch, so they can be released at once.
-        """
-        slow_since = time.monotonic_ns() - int(HOARD_SECONDS * 1e9)
-        for child in self.children.values():
-            revoked = child.spec.slot.revoke_buffer(slow_since)
-            if revoked is None:
-                continue
-            worker_id, pid = child.spec.worker_id, child.process.pid
-
-            def release(
-                tokens: list[int] = revoked.tokens,
-                started: list[int] | None = revoked.started,
-                pid: int | None = pid,
-                worker_id: str = worker_id,
-            ) -> None:
-                count = self.store.release_unstarted(worker_id, tokens, started)
-                if count:
-                    logger.info(
-                        "handed back %s unstarted message(s) waiting behind a slow job in worker process pid %s",
-                        count,
-                        pid,
-                    )
-                    self.unspent += 1  # an idle process of ours takes them now
-                    self.store.notify()  # and idle processes elsewhere
-
-            self.later.do(f"hand back the buffer of pid {pid}", release)
-
-    def _maintenance(self) -> None:
-        now = time.monotonic()
-        if self.checkpoints and now >= self.next_checkpoint:
-            self.next_checkpoint = now + CHECKPOINT_SECONDS
-            self._checkpoint()
-        if now >= self.next_heartbeat:
-            self._renew(now)
-        if now >= self.next_release:
-            self.next_release = now + RETRY_SOON_SECONDS
-            if self._lease_clock_jumped():
-                # Every lease looks closer to its end than it is: renewed first (here, and by
-                # every other supervisor when it sees the jump) before any is taken for expired.
-                self._renew(now)
-                self.release_after = now + self.settings.release_stuck_timeout
-            ok, released = (True, 0) if now < self.release_after else self.guard.try_once(self.store.release_expired)
-            if released:
-                logger.warning("released %s message(s) whose lease expired (a worker died or stalled)", released)
-                self.unspent = min(self.unspent + released, self.size)  # ready now: our idle processes take them
-            if self.tidies and now >= self.release_after:  # nor any worker row taken for dead
-                # Keys whose rows came back: their jobs are takeable, and no enqueue says so.
-                self.unspent = min(self.unspent + self.housekeeping.run(now), self.size)
-            if self.schedule_upkeep.busy:
-                self.guard.try_once(self.schedule_upkeep.sync_busy)
-            if self.app.schedules and not self.stopping:
-                self.schedule_upkeep.keep()
-            if ok:
-                self.next_release = now + self.settings.release_stuck_interval
-
-    def _lease_clock_jumped(self) -> bool:
-        """Whether the lease clock (this host's on SQLite, the database server's elsewhere) went
-        forward by more than a heartbeat's interval beyond the time that passed (a clock set
-        forward, a machine resumed from suspend). Leases are stamped by that clock: after such a
-        jump, live ones would look expired and their jobs run twice."""
-        ok, clock = self.guard.try_once(self.store.lease_clock_now)
-        if not ok or clock is None:  # not read this time (the database is down)
-            return False
-        read_at = time.monotonic()  # as the answer comes: a slow query must not look like a jump
-        mark, self.clock_mark = self.clock_mark, (read_at, clock)
-        if mark is None:
-            return False
-        ahead = (clock - mark[1]).total_seconds() - (read_at - mark[0])
-        if ahead <= self.settings.heartbeat_interval:
-            return False
-        logger.warning(
-            "the lease clock (%s) went %.0f s further than the time that passed; renewing every lease now "
-            "and releasing none for %.0f s, so that live jobs are not taken for stuck ones",
-            "this host's clock" if self.store.dialect.client_clock else "the database server's clock",
-            ahead,
-            self.settings.release_stuck_timeout,
-        )
-        return True
-
-    def _renew(self, now: float) -> None:
-        """Renew the leases of every child's jobs (the heartbeat), and look who else serves our queues."""
-        # Set first: an error below must not make every tick try again. Soon enough that one
-        # failure leaves the worker processes' leases fresh (see WorkerProcess.lease_window).
-        self.next_heartbeat = now + min(RETRY_SOON_SECONDS, self.settings.heartbeat_interval / 3)
-        children = list(self.children.values())
-        workers = [self._worker_state(child) for child in children]
-        sent_ns = time.monotonic_ns()
-        ok, _ = self.guard.try_once(
-            lambda: self.store.heartbeat(workers, self.settings.release_stuck_timeout), doing="renewing leases"
-        )
-        if ok:
-            # Each child starts buffered work only while its leases are fresh, and renews its
-            # running job's lease itself when these renewals stop (this process stopped or stuck).
-            # After renewals stopped for longer than a lease (an outage, this process frozen),
-            # what the children held before may have been released and taken by others: this
-            # renewal does not vouch for it.
-            done_ns = time.monotonic_ns()
-            lapsed = (
-                self.renewed_ns is not None and done_ns - self.renewed_ns > self.settings.release_stuck_timeout * 1e9
-            )
-            self.renewed_ns = sent_ns
-            for child in children:
-                child.spec.slot.renewed(sent_ns, lapsed)
-            self.next_heartbeat = now + self.settings.heartbeat_interval
-            # Who else serves these queues: news of work is shared out among us.
-            found, peers = self.guard.try_once(
-                lambda: self.store.supervisor_peers(
-                    self.supervisor_id, self.settings.queues, self.settings.worker_stale_after
-                )
-            )
-            if found and peers is not None:
-                self.waker.set_peers(*peers)
-                # The housekeeping every supervisor of a pool could do is done by the first.
-                self.tidies = peers[0] == 0
-
-    def _checkpoint(self) -> None:
-        """Write SQLite's journal back; an error is logged once until it succeeds again (the
-        journal grows meanwhile, and the workers go on)."""
-        what = "write the database journal back"
-        try:
-            self.guard.try_once(self.store.checkpoint)
-        except Exception:
-            if what not in self.later.failing:
-                logger.exception("could not %s; trying again every %.0f s", what, CHECKPOINT_SECONDS)
-            self.later.failing.add(what)
-        else:
-            self.later.failing.discard(what)
-
-    @staticmethod
-    def _worker_state(child: Child) -> WorkerState:
-        """What a child is doing, for its worker row (the slot's running time is on the monotonic
-        clock, which every process of the host shares)."""
-        view = child.spec.slot.read_raw()
-        since = None
-        if view.running_id and view.running_since_ns:
-            since = utcnow() - timedelta(seconds=(time.monotonic_ns() - view.running_since_ns) / 1e9)
-        return WorkerState(child.spec.worker_id, view.running_id or None, since, view.done)
 
     def _check_burst(self) -> None:
         now = time.monotonic()

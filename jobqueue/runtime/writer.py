@@ -18,7 +18,8 @@ from datetime import timedelta
 from jobqueue.clock import utcnow
 from jobqueue.job import ErrorInfo, MessageState, Outcome, OutcomeKind
 from jobqueue.runtime.resilience import DatabaseGuard, GaveUp
-from jobqueue.storage.store import FlushResult, Store
+from jobqueue.storage.store import Store
+from jobqueue.storage.store_deliveries import FlushResult
 
 logger = logging.getLogger("jobqueue.worker")
 

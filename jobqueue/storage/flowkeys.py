@@ -23,7 +23,7 @@ import sqlalchemy as sa
 from jobqueue.storage.dialects.flow import mariadb_hint
 
 if TYPE_CHECKING:
-    from jobqueue.storage.store import Store
+    from jobqueue.storage.store_base import StoreBase
     from jobqueue.storage.tables import Tables
 
 # Keys walked by one statement, and by one call: a call walks WALK_MOST keys in key order and says
@@ -71,7 +71,9 @@ def walk_keys(tables: Tables, first: bool, grouped: bool) -> Any:
     return sa.select(walk.c.flow_key, has_row.label("has_row")).where(walk.c.flow_key.isnot(None)).order_by(walk.c.n)
 
 
-def restore_missing(store: Store, after: str | None = None, most: int = WALK_MOST, page: int = WALK_PAGE) -> Restored:
+def restore_missing(
+    store: StoreBase, after: str | None = None, most: int = WALK_MOST, page: int = WALK_PAGE
+) -> Restored:
     """Add the missing flow rows of keys with jobs, walking at most ``most`` keys from the one
     after ``after`` (from the first without it). A row comes back as the key's next enqueue would
     add it: served now, no start held back by a rate (the key's limits are on each of its jobs)."""

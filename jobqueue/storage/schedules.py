@@ -1,6 +1,6 @@
 """Schedule messages in the database: read, create and update them (firing is the dialect's).
 
-What a schedule means (its fire times, its stored definition) is ``jobqueue.periodic``'s; here
+What a schedule means (its fire times, its stored definition) is ``jobqueue.schedule_times``'s; here
 are only the rows.
 """
 
@@ -25,7 +25,7 @@ class StoredSchedule:
     state: str
     next_fire: datetime
     checkpoint: bytes | None
-    payload: bytes  # the schedule's definition, as jobqueue.periodic encodes it
+    payload: bytes  # the schedule's definition, as jobqueue.schedule_times encodes it
     defined_by: str | None  # the supervisor that created it or last changed its definition
 
 

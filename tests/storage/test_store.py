@@ -15,8 +15,7 @@ from jobqueue import JobQueue, SerializationError
 from jobqueue.clock import utcnow
 from jobqueue.errors import CorruptMessage
 from jobqueue.job import ErrorInfo, Message, MessageState, Outcome, OutcomeKind
-from jobqueue.storage import jobs
-from jobqueue.storage import store as store_module
+from jobqueue.storage import jobs, store_acquire
 from jobqueue.storage.dialects.due import PRIORITY_LEVELS_PROBED
 
 WORKER = "w" * 32
@@ -240,7 +239,7 @@ def test_due_jobs_behind_a_backlog_due_later_are_taken_in_delivery_order(
     add.bulk([(0, 0)] * 50, eta=later, priority=7)
     add.bulk([(0, 0)] * 20, eta=later, priority=-3, queue="b")
     if by_level:
-        monkeypatch.setattr(store_module, "LEVELS_AFTER_SECONDS", -1.0)  # every short walk is slow
+        monkeypatch.setattr(store_acquire, "LEVELS_AFTER_SECONDS", -1.0)  # every short walk is slow
         assert app.store.acquire(WORKER, ("nothing here",), 5, LEASE, flow=True) == []
         assert app.store._by_level_until > time.monotonic()
     d1 = add.apply_async((1, 0), priority=7)
@@ -279,7 +278,7 @@ def test_a_due_job_below_many_priority_levels_due_later_is_found(
     levels = PRIORITY_LEVELS_PROBED + 8
     for level in range(levels):
         add.bulk([(0, 0)] * 3, eta=later, priority=level)
-    monkeypatch.setattr(store_module, "LEVELS_AFTER_SECONDS", -1.0)
+    monkeypatch.setattr(store_acquire, "LEVELS_AFTER_SECONDS", -1.0)
     assert app.store.acquire(WORKER, None, 5, LEASE) == []
     assert not app.store.has_ready(None, utcnow())
     low = add.apply_async((1, 1), priority=-1)

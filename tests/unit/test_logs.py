@@ -133,7 +133,7 @@ def test_a_job_failing_with_a_huge_message_logs_a_line_of_bounded_size(caplog: p
 
     from jobqueue.clock import utcnow
     from jobqueue.job import ErrorInfo, Message, MessageState, Outcome, OutcomeKind
-    from jobqueue.runtime.executor import log_outcome
+    from jobqueue.runtime.outcome_log import log_outcome
 
     now = utcnow()
     message = Message(7, "t", "default", 0, b"", None, 1, 1, 1, now, now, now)

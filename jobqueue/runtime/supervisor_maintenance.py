@@ -1,0 +1,169 @@
+"""A supervisor's periodic upkeep: the heartbeat that renews its processes' leases and worker
+rows, expired leases released (never right after the lease clock jumped), the pool's
+housekeeping when it falls to this supervisor, the schedules' upkeep, and SQLite's journal
+written back. Each step tries the database once per tick and never blocks the loop.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING
+
+from jobqueue.clock import utcnow
+from jobqueue.runtime.housekeeping import Housekeeping
+from jobqueue.runtime.pool import Child
+from jobqueue.runtime.resilience import DatabaseGuard
+from jobqueue.runtime.retry_later import RETRY_SOON_SECONDS, RetryLater
+from jobqueue.runtime.schedule_upkeep import ScheduleUpkeep
+from jobqueue.storage.dialects import WorkerState
+from jobqueue.storage.dialects.wakeup import Waker
+
+if TYPE_CHECKING:
+    from jobqueue.app import JobQueue
+    from jobqueue.settings import Settings
+    from jobqueue.storage.store import Store
+
+logger = logging.getLogger("jobqueue.supervisor")
+
+# How often the supervisor writes SQLite's journal back into the database file (its worker
+# processes leave that to it, see Store.take_over_checkpoints).
+CHECKPOINT_SECONDS = 1.0
+
+
+class Maintenance:
+    """The upkeep on a supervisor's ticks; the attributes declared below are set by Supervisor."""
+
+    app: JobQueue
+    settings: Settings
+    store: Store
+    guard: DatabaseGuard
+    later: RetryLater
+    housekeeping: Housekeeping
+    schedule_upkeep: ScheduleUpkeep
+    waker: Waker
+    children: dict[int, Child]
+    supervisor_id: str
+    size: int
+    stopping: bool
+    unspent: int
+    tidies: bool
+    checkpoints: bool
+    next_checkpoint: float
+    next_heartbeat: float
+    next_release: float
+    release_after: float
+    renewed_ns: int | None
+    clock_mark: tuple[float, datetime] | None
+
+    def _maintenance(self) -> None:
+        now = time.monotonic()
+        if self.checkpoints and now >= self.next_checkpoint:
+            self.next_checkpoint = now + CHECKPOINT_SECONDS
+            self._checkpoint()
+        if now >= self.next_heartbeat:
+            self._renew(now)
+        if now >= self.next_release:
+            self.next_release = now + RETRY_SOON_SECONDS
+            if self._lease_clock_jumped():
+                # Every lease looks closer to its end than it is: renewed first (here, and by
+                # every other supervisor when it sees the jump) before any is taken for expired.
+                self._renew(now)
+                self.release_after = now + self.settings.release_stuck_timeout
+            ok, released = (True, 0) if now < self.release_after else self.guard.try_once(self.store.release_expired)
+            if released:
+                logger.warning("released %s message(s) whose lease expired (a worker died or stalled)", released)
+                self.unspent = min(self.unspent + released, self.size)  # ready now: our idle processes take them
+            if self.tidies and now >= self.release_after:  # nor any worker row taken for dead
+                # Keys whose rows came back: their jobs are takeable, and no enqueue says so.
+                self.unspent = min(self.unspent + self.housekeeping.run(now), self.size)
+            if self.schedule_upkeep.busy:
+                self.guard.try_once(self.schedule_upkeep.sync_busy)
+            if self.app.schedules and not self.stopping:
+                self.schedule_upkeep.keep()
+            if ok:
+                self.next_release = now + self.settings.release_stuck_interval
+
+    def _lease_clock_jumped(self) -> bool:
+        """Whether the lease clock (this host's on SQLite, the database server's elsewhere) went
+        forward by more than a heartbeat's interval beyond the time that passed (a clock set
+        forward, a machine resumed from suspend). Leases are stamped by that clock: after such a
+        jump, live ones would look expired and their jobs run twice."""
+        ok, clock = self.guard.try_once(self.store.lease_clock_now)
+        if not ok or clock is None:  # not read this time (the database is down)
+            return False
+        read_at = time.monotonic()  # as the answer comes: a slow query must not look like a jump
+        mark, self.clock_mark = self.clock_mark, (read_at, clock)
+        if mark is None:
+            return False
+        ahead = (clock - mark[1]).total_seconds() - (read_at - mark[0])
+        if ahead <= self.settings.heartbeat_interval:
+            return False
+        logger.warning(
+            "the lease clock (%s) went %.0f s further than the time that passed; renewing every lease now "
+            "and releasing none for %.0f s, so that live jobs are not taken for stuck ones",
+            "this host's clock" if self.store.dialect.client_clock else "the database server's clock",
+            ahead,
+            self.settings.release_stuck_timeout,
+        )
+        return True
+
+    def _renew(self, now: float) -> None:
+        """Renew the leases of every child's jobs (the heartbeat), and look who else serves our queues."""
+        # Set first: an error below must not make every tick try again. Soon enough that one
+        # failure leaves the worker processes' leases fresh (see WorkerProcess.lease_window).
+        self.next_heartbeat = now + min(RETRY_SOON_SECONDS, self.settings.heartbeat_interval / 3)
+        children = list(self.children.values())
+        workers = [self._worker_state(child) for child in children]
+        sent_ns = time.monotonic_ns()
+        ok, _ = self.guard.try_once(
+            lambda: self.store.heartbeat(workers, self.settings.release_stuck_timeout), doing="renewing leases"
+        )
+        if ok:
+            # Each child starts buffered work only while its leases are fresh, and renews its
+            # running job's lease itself when these renewals stop (this process stopped or stuck).
+            # After renewals stopped for longer than a lease (an outage, this process frozen),
+            # what the children held before may have been released and taken by others: this
+            # renewal does not vouch for it.
+            done_ns = time.monotonic_ns()
+            lapsed = (
+                self.renewed_ns is not None and done_ns - self.renewed_ns > self.settings.release_stuck_timeout * 1e9
+            )
+            self.renewed_ns = sent_ns
+            for child in children:
+                child.spec.slot.renewed(sent_ns, lapsed)
+            self.next_heartbeat = now + self.settings.heartbeat_interval
+            # Who else serves these queues: news of work is shared out among us.
+            found, peers = self.guard.try_once(
+                lambda: self.store.supervisor_peers(
+                    self.supervisor_id, self.settings.queues, self.settings.worker_stale_after
+                )
+            )
+            if found and peers is not None:
+                self.waker.set_peers(*peers)
+                # The housekeeping every supervisor of a pool could do is done by the first.
+                self.tidies = peers[0] == 0
+
+    def _checkpoint(self) -> None:
+        """Write SQLite's journal back; an error is logged once until it succeeds again (the
+        journal grows meanwhile, and the workers go on)."""
+        what = "write the database journal back"
+        try:
+            self.guard.try_once(self.store.checkpoint)
+        except Exception:
+            if what not in self.later.failing:
+                logger.exception("could not %s; trying again every %.0f s", what, CHECKPOINT_SECONDS)
+            self.later.failing.add(what)
+        else:
+            self.later.failing.discard(what)
+
+    @staticmethod
+    def _worker_state(child: Child) -> WorkerState:
+        """What a child is doing, for its worker row (the slot's running time is on the monotonic
+        clock, which every process of the host shares)."""
+        view = child.spec.slot.read_raw()
+        since = None
+        if view.running_id and view.running_since_ns:
+            since = utcnow() - timedelta(seconds=(time.monotonic_ns() - view.running_since_ns) / 1e9)
+        return WorkerState(child.spec.worker_id, view.running_id or None, since, view.done)

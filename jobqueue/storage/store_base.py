@@ -1,0 +1,200 @@
+"""How the store reaches its database: transactions of its own or on a caller's Connection or
+Session, driver errors turned into errors that name their fix, and the lease clock.
+
+Every group of the store's operations (see ``jobqueue.storage.store``) stands on this base.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from datetime import datetime
+from typing import Any
+
+import sqlalchemy as sa
+
+from jobqueue.clock import utcnow
+from jobqueue.errors import ConfigurationError, SchemaError
+from jobqueue.storage.dialects import dialect_for
+from jobqueue.storage.dialects.common import LeaseClock
+from jobqueue.storage.engine import database_kind, mask_url
+from jobqueue.storage.tables import SCHEMA_VERSION, Tables
+
+
+def commit_watch(connection: Any) -> Callable[[], bool] | None:
+    """After a write through a caller's Connection or Session: a function telling whether the
+    transaction holding it is still open, or None when there is none (it committed already)."""
+    if connection is None:
+        return None
+    if not isinstance(connection, sa.Connection):
+        connection = _session(connection)  # for a scoped session, this thread's: the job's
+    transaction = connection.get_transaction()  # the outermost one, savepoints aside
+    if transaction is None:
+        return None
+    return lambda: bool(transaction.is_active)
+
+
+def _session_connection(session: Any) -> sa.Connection:
+    """The Connection of a Session (or scoped session: Flask-SQLAlchemy's db.session), in its transaction."""
+    connection: sa.Connection = _session(session).connection()
+    return connection
+
+
+def _session(session: Any) -> Any:
+    """A Session, or a scoped session's Session for this thread; anything else is refused."""
+    from sqlalchemy import orm  # imported only here: workers never need the ORM
+
+    if isinstance(session, orm.scoped_session):
+        session = session()
+    if not isinstance(session, orm.Session):
+        raise ConfigurationError(f"connection must be a SQLAlchemy Connection or Session, not {type(session).__name__}")
+    return session
+
+
+class StoreBase:
+    """One database through its dialect: its transactions, its errors and its lease clock."""
+
+    def __init__(self, engine: sa.Engine, tables: Tables, schema_command: str | None = None) -> None:
+        self.engine = engine
+        self.tables = tables
+        # What a SchemaError tells to run, where the application manages the tables (Django's migrate).
+        self.schema_command = schema_command
+        self.dialect = dialect_for(engine, tables)
+
+    def dispose(self, close: bool = True) -> None:
+        """Drop every pooled connection; ``close=False`` in a forked child, whose parent still uses them."""
+        self.dialect.dispose(close=close)
+
+    # -- errors and transactions -------------------------------------------------------------------
+    def classify(self, exc: BaseException) -> str | None:
+        """ "contention", "outage", or None for an error that retrying cannot fix."""
+        return self.dialect.classify(exc)
+
+    def explain(self, exc: BaseException) -> str | None:
+        """What a write refused, a statement cancelled or a login refused means, and its fix (None:
+        nothing to add)."""
+        try:
+            return self.dialect.explain(exc) or self.dialect.login_refused(exc)
+        except Exception:  # the explanation asks the server, which may not answer: the error says enough
+            return None
+
+    def check_workable(self) -> None:
+        """Raise ConfigurationError, naming the cause and its fix, where a worker could never do
+        its work: a login the server refuses (a database or user that does not exist, a wrong
+        password), a SQLite file this process may not write, a statement time limit too short for
+        any statement. A server that does not answer is no such case: the worker waits for it."""
+        self.dialect.check_workable()
+
+    @contextmanager
+    def schema_errors(self) -> Iterator[None]:
+        """Turn "table missing" driver errors into a SchemaError naming the fix."""
+        try:
+            yield
+        except sa.exc.DBAPIError as exc:
+            self._raise_if_missing_tables(exc)
+            raise
+
+    @contextmanager
+    def enqueue_errors(self) -> Iterator[None]:
+        """For an enqueue: a database this process may not write (a read-only SQLite file) is a
+        ConfigurationError naming the file and the fix. The worker runtime instead waits for the
+        permissions to come back (the dialect classifies the error as READ_ONLY)."""
+        try:
+            yield
+        except sa.exc.DBAPIError as exc:
+            unwritable = self.dialect.unwritable(exc)
+            if unwritable:
+                raise ConfigurationError(unwritable) from exc
+            raise
+
+    def _raise_if_missing_tables(self, exc: sa.exc.DBAPIError) -> None:
+        missing_table = self.dialect.missing_table(exc)
+        if missing_table or self.dialect.missing_column(exc):
+            # Tables of an older (or newer) schema lack some: the version says which command fixes it.
+            from jobqueue.storage.migrations import installed_version
+            from jobqueue.storage.schema_manager import check_schema
+
+            try:
+                with self.engine.connect() as conn:
+                    version = installed_version(conn, self.tables)
+                if version is not None and version != SCHEMA_VERSION:
+                    check_schema(self.engine, self.tables, self.schema_command)
+            except SchemaError as wrong_version:
+                raise wrong_version from exc
+            except Exception:  # the version cannot be read either: the driver's error says more
+                pass
+        if missing_table:
+            from jobqueue.storage.migrations import missing_error
+
+            raise missing_error(self.tables, self.schema_command) from exc
+
+    @contextmanager
+    def writing(self, connection: Any = None) -> Iterator[sa.Connection]:
+        """Yield the caller's connection (never committed here) or a new transaction of our own."""
+        with self.schema_errors():
+            if connection is None:
+                with self.engine.begin() as conn:
+                    yield conn
+            elif isinstance(connection, sa.Connection):
+                self._check_same_database(connection.dialect)
+                yield connection
+            else:
+                self._check_same_database(_session(connection).get_bind().dialect)  # before it connects
+                yield _session_connection(connection)
+
+    def _check_same_database(self, dialect: sa.Dialect) -> None:
+        """Refuse a caller's connection to another kind of database than the queue's: the job would
+        be written where no worker of this queue looks, with statements meant for another database."""
+        theirs, ours = database_kind(dialect.name), database_kind(self.engine.dialect.name)
+        if theirs != ours:
+            raise ConfigurationError(
+                f"connection= is a {theirs} connection but this JobQueue's database is {ours} "
+                f"({mask_url(self.engine.url)}): a job is in your transaction only if the jobqueue "
+                "tables are in the database your connection is on; point the JobQueue at that database"
+            )
+
+    @contextmanager
+    def reading(self) -> Iterator[sa.Connection]:
+        with self.schema_errors(), self.engine.connect() as conn:
+            conn = conn.execution_options(jobqueue_readonly=True)
+            with conn.begin():
+                yield conn
+
+    @contextmanager
+    def snapshot(self) -> Iterator[sa.Connection]:
+        """A read-only transaction whose statements all see the database as of its first one."""
+        if self.engine.dialect.name == "sqlite":  # a read transaction is one snapshot already
+            with self.reading() as conn:
+                yield conn
+            return
+        with self.schema_errors(), self.engine.connect() as conn:
+            conn = conn.execution_options(isolation_level="REPEATABLE READ", jobqueue_readonly=True)
+            with conn.begin():
+                yield conn
+
+    # -- the lease clock ---------------------------------------------------------------------------
+    def _lease_clock(self, seconds: float, now: datetime | None) -> LeaseClock:
+        """Binds for the lease clock: the server's (``now`` None), this host's (SQLite), or ``now``."""
+        if now is None and self.dialect.client_clock:
+            now = utcnow()
+        return LeaseClock(now, seconds)
+
+    def lease_clock_binds(self, seconds: float, now: datetime | None = None) -> dict[str, Any]:
+        """The binds of ``dialect.clock_plus()``: the lease clock's time plus ``seconds``."""
+        return self._lease_clock(seconds, now).binds()
+
+    def lease_clock_now(self) -> datetime:
+        """The lease clock's time: this host's where leases are stamped by it (SQLite), else the
+        database server's, read by a query."""
+        if self.dialect.client_clock:
+            return utcnow()
+        # On the engine's own pool, as the heartbeat: no connection more for the supervisor.
+        with self.engine.connect() as connection:
+            return self.database_now(connection)
+
+    def database_now(self, connection: sa.Connection) -> datetime:
+        """The lease clock's time: the database server's where the dialect reads it, else this host's."""
+        now: datetime = connection.execute(
+            sa.select(self.dialect.clock()), self._lease_clock(0, None).binds()
+        ).scalar_one()
+        return now
