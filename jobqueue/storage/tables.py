@@ -53,20 +53,32 @@ class Name(ExactText):
     "app.send" would hold back the jobs of "app.Send", and two topics would share their groups."""
 
 
-def exact_collation(dialect: sa.Dialect) -> str:
-    """The binary collation that does not pad, on the MySQL or MariaDB server of ``dialect``."""
+def exact_collation(dialect: sa.Dialect) -> str | None:
+    """The binary collation that does not pad, on the MySQL or MariaDB server of ``dialect``; None
+    before it has connected through a ``mysql://`` URL, which names MariaDB servers too."""
     if getattr(dialect, "is_mariadb", False):
         return "utf8mb4_nopad_bin"
-    if (dialect.server_version_info or (8, 0, 17)) >= (8, 0, 17):
+    if dialect.server_version_info is None:
+        return None
+    if dialect.server_version_info >= (8, 0, 17):
         return "utf8mb4_0900_bin"
     return "utf8mb4_bin"  # MySQL before 8.0.17 has no binary collation that does not pad: trailing spaces are ignored
+
+
+# DDL printed without a connection (Alembic's --sql, a mock engine) may run on either server, and
+# each takes its clause from its own kind of executable comment: MySQL 8.0.17 and later run
+# /*!80017 ...*/, which MariaDB skips (it leaves versions 50700 to 99999 to MySQL); MariaDB runs
+# /*M! ...*/, a plain comment to MySQL. MySQL before 8.0.17 runs neither: its tables are made by
+# `jobqueue db init`, connected.
+_EITHER_SERVER = "/*!80017 COLLATE utf8mb4_0900_bin */ /*M! COLLATE utf8mb4_nopad_bin */"
 
 
 @compiles(ExactText, "mysql")
 @compiles(ExactText, "mariadb")
 def _exact_on_mysql(text: ExactText, compiler: sa.sql.compiler.TypeCompiler, **kw: object) -> str:
     kind = f"VARCHAR({text.length})" if text.length is not None else "TEXT"
-    return f"{kind} COLLATE {exact_collation(compiler.dialect)}"
+    collation = exact_collation(compiler.dialect)
+    return f"{kind} {_EITHER_SERVER if collation is None else f'COLLATE {collation}'}"
 
 
 # Names joined by commas (the queues a worker serves): compared as names are, from schema 7.

@@ -25,6 +25,7 @@ from jobqueue.storage import migrations
 from jobqueue.storage.tables import SCHEMA_VERSION, Name, Names, build_tables
 from tests.acceptance.cli import ROOT, jobqueue
 from tests.apps import upgrade
+from tests.conftest import only
 from tests.storage import schema_v1
 
 APP = "tests.apps.upgrade:app"
@@ -403,3 +404,31 @@ def test_a_db_init_cut_short_between_two_statements_is_finished_by_the_next(old_
     said = upgrade.app.init_schema()
     assert said.endswith(f"is up to date; created what it lacked: index uq_{PREFIX}message_unique"), said
     assert layout(old_database, PREFIX) == wanted
+
+
+def offline_ddl(url: str, tables: Any) -> list[str]:
+    """The statements that create ``tables``, compiled without a connection for ``url`` (as
+    Alembic's --sql or a mock engine print them)."""
+    statements: list[str] = []
+    mock = sa.create_mock_engine(
+        sa.make_url(url), lambda sql, *args, **kw: statements.append(str(sql.compile(dialect=mock.dialect)))
+    )
+    tables.metadata.create_all(mock, checkfirst=False)
+    return [s for s in statements if s.strip()]
+
+
+@only("mysql")
+@pytest.mark.parametrize("scheme", ["mysql+mysqldb", "mariadb+mysqldb"])
+def test_ddl_printed_offline_runs_on_mariadb_and_compares_names_and_keys_exactly(db_url: str, scheme: str) -> None:
+    """A mysql:// URL names MariaDB servers too, and offline nothing says which: the DDL it
+    printed gave MySQL's collation, utf8mb4_0900_bin, which MariaDB before 11.4 refuses."""
+    tables = build_tables("jqoff_")
+    statements = offline_ddl(str(sa.make_url(db_url).set(drivername=scheme)), tables)
+    try:
+        run_each(db_url, statements)
+        assert layout(db_url, "jqoff_") == fresh_layout(db_url)
+    finally:
+        engine = sa.create_engine(db_url)
+        with engine.begin() as conn:
+            tables.metadata.drop_all(conn, checkfirst=True)
+        engine.dispose()
