@@ -9,6 +9,9 @@ With another prefix use ``build_tables(prefix).metadata``. Create and change the
 ``jobqueue db init`` and ``jobqueue db upgrade`` rather than with Alembic: they also record the
 schema version (``SCHEMA_VERSION``) in ``<prefix>schema_version``, which workers check, and on
 PostgreSQL install the trigger that wakes idle workers at once (``postgresql_notify_ddl(prefix)``).
+Compiled without a connection for a ``mysql://`` URL, which names MariaDB servers too, the name
+and key columns carry both servers' collations, each in an executable comment only its server
+runs (see docs/upgrading.md).
 """
 
 from __future__ import annotations

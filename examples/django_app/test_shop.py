@@ -265,6 +265,8 @@ def test_the_admin_lists_active_and_archived_jobs(admin_client: Client) -> None:
     assert row(admin_client.get("/admin/jobqueue/message/?task_name=shop.confirm_order"), pending.id)
     assert row(admin_client.get(f"/admin/jobqueue/archive/?q={failed}"), failed)
     assert row(admin_client.get("/admin/jobqueue/archive/?q=confirm"), failed)
+    assert row(admin_client.get("/admin/jobqueue/archive/?q=Confirm_ORDER"), failed)  # regardless of case
+    assert row(admin_client.get("/admin/jobqueue/archive/?q=shop+ORDER"), failed)  # each word
     assert not row(admin_client.get("/admin/jobqueue/archive/?q=receipt"), failed)
 
 

@@ -3,9 +3,10 @@
 A new database gets the current layout at once (``init``); an older one is brought up step by step
 (``upgrade``), each step in its own transaction where the database allows DDL in one (PostgreSQL,
 SQLite; MySQL commits each ALTER by itself, so a step is written to be run again safely). Every
-step only adds, or makes keys compare exactly: workers of the release before keep running on an
-upgraded database until they are replaced (see docs/upgrading.md). Each applied version is
-recorded with the release that applied it, so that an older release can say which one to install.
+step only adds, or makes keys and names compare exactly: workers of the release before keep
+running on an upgraded database until they are replaced (see docs/upgrading.md). Each applied
+version is recorded with the release that applied it, so that an older release can say which one
+to install.
 """
 
 from __future__ import annotations
@@ -104,18 +105,14 @@ def _to_5(connection: sa.Connection, tables: Tables) -> list[str]:
     ]
 
 
-def _to_6(connection: sa.Connection, tables: Tables) -> list[str]:
-    """On MySQL and MariaDB, the key columns take a binary collation (see tables.Key): one ALTER
-    per table, which rebuilds it. Run again, it changes nothing. Elsewhere keys already compare
-    exactly: nothing to do."""
+def _exact(connection: sa.Connection, changed: list[tuple[sa.Table, list[str]]]) -> list[str]:
+    """On MySQL and MariaDB, give the ``changed`` columns of each table the binary collation of
+    tables.ExactText: one ALTER per table, which rebuilds it. Run again, it changes nothing.
+    Elsewhere text already compares exactly: nothing to do."""
     if connection.dialect.name not in ("mysql", "mariadb"):
         return []
     statements = []
-    for table, names in (
-        (tables.message, ["unique_key", "partition_key", "flow_key"]),
-        (tables.archive, ["unique_key", "partition_key", "flow_key"]),
-        (tables.flow, ["flow_key"]),
-    ):
+    for table, names in changed:
         changes = []
         for name in names:
             column = table.c[name]
@@ -123,6 +120,26 @@ def _to_6(connection: sa.Connection, tables: Tables) -> list[str]:
             changes.append(f"MODIFY COLUMN {name} {kind}{'' if column.nullable else ' NOT NULL'}")
         statements.append(f"ALTER TABLE {table.name} " + ", ".join(changes))
     return statements
+
+
+def _to_6(connection: sa.Connection, tables: Tables) -> list[str]:
+    keys = ["unique_key", "partition_key", "flow_key"]
+    return _exact(connection, [(tables.message, keys), (tables.archive, keys), (tables.flow, ["flow_key"])])
+
+
+def _to_7(connection: sa.Connection, tables: Tables) -> list[str]:
+    named = ["task_name", "queue"]
+    return _exact(
+        connection,
+        [
+            (tables.message, named),
+            (tables.archive, named),
+            (tables.worker, ["queues"]),
+            (tables.topic, ["name"]),
+            (tables.topic_group, ["topic", "group_name"]),
+            (tables.topic_message, ["topic"]),
+        ],
+    )
 
 
 MIGRATIONS = (
@@ -149,6 +166,12 @@ MIGRATIONS = (
         "keys (unique, partition, concurrency, rate) compare exactly on MySQL and MariaDB, "
         "as on PostgreSQL and SQLite: case, accents, emoji and trailing spaces tell keys apart",
         _to_6,
+    ),
+    Migration(
+        7,
+        "names (of tasks, queues, topics and consumer groups) compare exactly on MySQL and MariaDB, "
+        "as on PostgreSQL and SQLite: 'emails' and 'Emails' are two queues",
+        _to_7,
     ),
 )
 assert MIGRATIONS[-1].version == SCHEMA_VERSION, "the newest migration must reach SCHEMA_VERSION"

@@ -21,7 +21,7 @@ from jobqueue.job import READY_STATES
 
 # The version of the layout below. Raising it takes a numbered migration in storage.migrations that
 # brings a database of the version before up to it (and a Django migration that runs it).
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 
 _MYSQL = ("mysql", "mariadb")
 Id = sa.BigInteger().with_variant(sa.Integer(), "sqlite")  # INTEGER PRIMARY KEY is SQLite's rowid
@@ -32,27 +32,57 @@ Timestamp = sa.DateTime().with_variant(mysql.DATETIME(fsp=6), *_MYSQL)  # DATETI
 Json = sa.JSON(none_as_null=True)  # None is SQL NULL, not the JSON text 'null' (parsed back on every read)
 
 
-class Key(sa.String):
-    """A key (unique, partition, concurrency or rate key): text compared exactly, as written.
+class ExactText(sa.String):
+    """Text compared exactly, as written, as PostgreSQL and SQLite compare it.
 
     MySQL's and MariaDB's default collations hold "Acme", "acme", "acmé" and "acme " equal, and
-    every emoji equal to every other: two jobs with such unique keys would be taken for one, two
-    tenants would share one concurrency slot. There keys get a binary collation that does not pad
-    trailing spaces, as PostgreSQL and SQLite compare them (schema 6).
+    every emoji equal to every other. There these columns get a binary collation that does not pad
+    trailing spaces (see :func:`exact_collation`).
     """
 
 
-@compiles(Key, "mysql")
-@compiles(Key, "mariadb")
-def _key_on_mysql(key: Key, compiler: sa.sql.compiler.TypeCompiler, **kw: object) -> str:
-    dialect = compiler.dialect
+class Key(ExactText):
+    """A key (unique, partition, concurrency or rate key), compared exactly from schema 6: two jobs
+    with keys the database held equal would be taken for one, two tenants would share one
+    concurrency slot."""
+
+
+class Name(ExactText):
+    """The name of a task, queue, topic or consumer group, compared exactly from schema 7: a
+    worker of the queue "emails" would take the jobs of "Emails", a unique key of the task
+    "app.send" would hold back the jobs of "app.Send", and two topics would share their groups."""
+
+
+def exact_collation(dialect: sa.Dialect) -> str | None:
+    """The binary collation that does not pad, on the MySQL or MariaDB server of ``dialect``; None
+    before it has connected through a ``mysql://`` URL, which names MariaDB servers too."""
     if getattr(dialect, "is_mariadb", False):
-        collation = "utf8mb4_nopad_bin"
-    elif (dialect.server_version_info or (8, 0, 17)) >= (8, 0, 17):
-        collation = "utf8mb4_0900_bin"
-    else:  # MySQL before 8.0.17 has no binary collation that does not pad: trailing spaces are ignored
-        collation = "utf8mb4_bin"
-    return f"VARCHAR({key.length}) COLLATE {collation}"
+        return "utf8mb4_nopad_bin"
+    if dialect.server_version_info is None:
+        return None
+    if dialect.server_version_info >= (8, 0, 17):
+        return "utf8mb4_0900_bin"
+    return "utf8mb4_bin"  # MySQL before 8.0.17 has no binary collation that does not pad: trailing spaces are ignored
+
+
+# DDL printed without a connection (Alembic's --sql, a mock engine) may run on either server, and
+# each takes its clause from its own kind of executable comment: MySQL 8.0.17 and later run
+# /*!80017 ...*/, which MariaDB skips (it leaves versions 50700 to 99999 to MySQL); MariaDB runs
+# /*M! ...*/, a plain comment to MySQL. MySQL before 8.0.17 runs neither: its tables are made by
+# `jobqueue db init`, connected.
+_EITHER_SERVER = "/*!80017 COLLATE utf8mb4_0900_bin */ /*M! COLLATE utf8mb4_nopad_bin */"
+
+
+@compiles(ExactText, "mysql")
+@compiles(ExactText, "mariadb")
+def _exact_on_mysql(text: ExactText, compiler: sa.sql.compiler.TypeCompiler, **kw: object) -> str:
+    kind = f"VARCHAR({text.length})" if text.length is not None else "TEXT"
+    collation = exact_collation(compiler.dialect)
+    return f"{kind} {_EITHER_SERVER if collation is None else f'COLLATE {collation}'}"
+
+
+# Names joined by commas (the queues a worker serves): compared as names are, from schema 7.
+Names = sa.Text().with_variant(Name(), *_MYSQL)
 
 
 _READY_STATES = "state IN ({})".format(", ".join(f"'{state}'" for state in READY_STATES))
@@ -101,8 +131,8 @@ class Tables:
 def _job_columns() -> list[sa.Column[object]]:
     """Columns that a message and its archive row share."""
     return [
-        sa.Column("task_name", sa.String(255), nullable=False),
-        sa.Column("queue", sa.String(100), nullable=False),
+        sa.Column("task_name", Name(255), nullable=False),
+        sa.Column("queue", Name(100), nullable=False),
         sa.Column("priority", sa.Integer, nullable=False, server_default="0"),
         sa.Column("state", sa.String(10), nullable=False),
         sa.Column("payload", Blob, nullable=False),
@@ -227,7 +257,7 @@ def build_tables(prefix: str = "jobqueue_", metadata: sa.MetaData | None = None)
         sa.Column("supervisor_id", sa.String(32), nullable=False),
         sa.Column("hostname", sa.String(255), nullable=False),
         sa.Column("pid", sa.Integer, nullable=False),
-        sa.Column("queues", sa.Text),
+        sa.Column("queues", Names),
         sa.Column("started_at", Timestamp, nullable=False),
         sa.Column("heartbeat_at", Timestamp, nullable=False),
         sa.Column("version", sa.String(32)),
@@ -272,7 +302,7 @@ def _topic_tables(prefix: str, md: sa.MetaData) -> tuple[sa.Table, sa.Table, sa.
     topic = sa.Table(
         f"{prefix}topic",
         md,
-        sa.Column("name", sa.String(100), primary_key=True),
+        sa.Column("name", Name(100), primary_key=True),
         sa.Column("created_at", Timestamp, nullable=False),
         sa.Column("groups_changed_at", Timestamp, nullable=False),
         mysql_charset="utf8mb4",
@@ -280,8 +310,8 @@ def _topic_tables(prefix: str, md: sa.MetaData) -> tuple[sa.Table, sa.Table, sa.
     topic_group = sa.Table(
         f"{prefix}topic_group",
         md,
-        sa.Column("topic", sa.String(100), primary_key=True),
-        sa.Column("group_name", sa.String(100), primary_key=True),
+        sa.Column("topic", Name(100), primary_key=True),
+        sa.Column("group_name", Name(100), primary_key=True),
         sa.Column("start", sa.String(10), nullable=False),  # "latest" or "earliest", as first registered
         # The group's watermark: it has finished every message of the log up to this id. Messages at
         # or below every group's watermark are deleted from the log.
@@ -293,7 +323,7 @@ def _topic_tables(prefix: str, md: sa.MetaData) -> tuple[sa.Table, sa.Table, sa.
         f"{prefix}topic_message",
         md,
         sa.Column("id", Id, primary_key=True, autoincrement=True),
-        sa.Column("topic", sa.String(100), nullable=False),
+        sa.Column("topic", Name(100), nullable=False),
         sa.Column("message_key", sa.String(255)),
         sa.Column("payload", Blob, nullable=False),
         sa.Column("headers", Json),

@@ -103,9 +103,11 @@ def _delivery_rows(topic: str, groups: Sequence[str], logged: Iterable[Any], now
 
 
 def _spelled_otherwise(kind: str, name: str, stored: str) -> str:
+    """Names compare exactly (on MySQL and MariaDB from schema 7), unless a name column's collation
+    was changed by hand to one that ignores case: then two names would share one topic or group."""
     return (
         f"{kind} {name!r} is the {kind} {stored!r} on this database, which compares names regardless of "
-        "case (MariaDB's default collation): give it a name that differs in more than case"
+        "case (a name column's collation was changed): give it a name that differs in more than case"
     )
 
 

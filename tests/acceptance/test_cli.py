@@ -168,6 +168,16 @@ def test_a_queue_named_like_a_declared_one_is_named_at_start_and_still_served(ap
     assert "declares the queue" not in jobqueue("worker", "--burst", "-Q", "default").stderr
 
 
+def test_a_worker_leaves_the_jobs_of_a_queue_spelled_in_another_case(app: JobQueue) -> None:
+    """On MariaDB too, whose default collation holds 'Emails' equal to 'emails': there the worker
+    of 'emails' ran them all."""
+    ours = basic.add.apply_async((1, 2), queue="emails")
+    others = [basic.add.apply_async((1, 2), queue=queue) for queue in ("Emails", "EMAILS")]
+    jobqueue("worker", "--burst", "-Q", "emails")
+    assert ours.get(timeout=5) == 3
+    assert [handle.status() for handle in others] == ["pending", "pending"]
+
+
 def test_worker_refuses_a_database_without_tables(tmp_path) -> None:
     url = f"sqlite:///{tmp_path}/empty.sqlite3"
     result = jobqueue("--database-url", url, "worker", "--burst", check=False)

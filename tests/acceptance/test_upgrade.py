@@ -22,9 +22,10 @@ from jobqueue.clock import utcnow
 from jobqueue.handle import JobHandle
 from jobqueue.serialization import dumps_call
 from jobqueue.storage import migrations
-from jobqueue.storage.tables import SCHEMA_VERSION, build_tables
+from jobqueue.storage.tables import SCHEMA_VERSION, Name, Names, build_tables
 from tests.acceptance.cli import ROOT, jobqueue
 from tests.apps import upgrade
+from tests.conftest import only
 from tests.storage import schema_v1
 
 APP = "tests.apps.upgrade:app"
@@ -87,6 +88,42 @@ def test_an_upgraded_schema_is_the_schema_a_new_database_gets(old_database: str)
         with engine.begin() as conn:
             fresh.metadata.drop_all(conn)
         engine.dispose()
+
+
+def schema_6(url: str) -> None:
+    """Tables of schema 6 (dropping any left over): this release's, with the names of tasks,
+    queues, topics and groups in the database's default collation."""
+    tables = build_tables(PREFIX)
+    for column in (c for table in tables.metadata.sorted_tables for c in table.columns):
+        if column.type is Names:
+            column.type = sa.Text()
+        elif isinstance(column.type, Name):
+            column.type = sa.String(column.type.length)
+    engine = sa.create_engine(url)
+    with engine.begin() as conn:
+        tables.metadata.drop_all(conn, checkfirst=True)
+        tables.metadata.create_all(conn)
+        conn.execute(sa.insert(tables.schema_version), {"version": 6, "applied_at": utcnow()})
+    engine.dispose()
+
+
+def test_an_upgrade_from_schema_6_compares_names_exactly(old_database: str) -> None:
+    """Schema 7 gives the name columns of every table, topics' included, the collation a new
+    database gets; after it a worker of the queue 'emails' leaves the jobs of 'Emails'."""
+    schema_6(old_database)
+    wanted = fresh_layout(old_database)
+    assert (layout(old_database, PREFIX) == wanted) == (not old_database.startswith("mysql"))
+    engine = sa.create_engine(old_database)
+    try:
+        done = migrations.upgrade(engine, build_tables(PREFIX))
+    finally:
+        engine.dispose()
+    assert done[0].startswith("-- 7:") and len(done) == (7 if old_database.startswith("mysql") else 1)
+    assert layout(old_database, PREFIX) == wanted
+    app = upgrade.app
+    ours, theirs = (upgrade.double.apply_async((1,), queue=queue) for queue in ("emails", "Emails"))
+    assert [m.id for m in app.store.acquire("w" * 32, ("emails",), 10, 30.0)] == [ours.id]
+    assert theirs.status() == "pending"
 
 
 def test_jobs_in_every_state_survive_the_upgrade_and_run_to_their_end(old_database: str, tmp_path: Path) -> None:
@@ -367,3 +404,31 @@ def test_a_db_init_cut_short_between_two_statements_is_finished_by_the_next(old_
     said = upgrade.app.init_schema()
     assert said.endswith(f"is up to date; created what it lacked: index uq_{PREFIX}message_unique"), said
     assert layout(old_database, PREFIX) == wanted
+
+
+def offline_ddl(url: str, tables: Any) -> list[str]:
+    """The statements that create ``tables``, compiled without a connection for ``url`` (as
+    Alembic's --sql or a mock engine print them)."""
+    statements: list[str] = []
+    mock = sa.create_mock_engine(
+        sa.make_url(url), lambda sql, *args, **kw: statements.append(str(sql.compile(dialect=mock.dialect)))
+    )
+    tables.metadata.create_all(mock, checkfirst=False)
+    return [s for s in statements if s.strip()]
+
+
+@only("mysql")
+@pytest.mark.parametrize("scheme", ["mysql+mysqldb", "mariadb+mysqldb"])
+def test_ddl_printed_offline_runs_on_mariadb_and_compares_names_and_keys_exactly(db_url: str, scheme: str) -> None:
+    """A mysql:// URL names MariaDB servers too, and offline nothing says which: the DDL it
+    printed gave MySQL's collation, utf8mb4_0900_bin, which MariaDB before 11.4 refuses."""
+    tables = build_tables("jqoff_")
+    statements = offline_ddl(str(sa.make_url(db_url).set(drivername=scheme)), tables)
+    try:
+        run_each(db_url, statements)
+        assert layout(db_url, "jqoff_") == fresh_layout(db_url)
+    finally:
+        engine = sa.create_engine(db_url)
+        with engine.begin() as conn:
+            tables.metadata.drop_all(conn, checkfirst=True)
+        engine.dispose()

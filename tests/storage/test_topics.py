@@ -14,7 +14,7 @@ from jobqueue import JobQueue
 from jobqueue.clock import utcnow
 from jobqueue.errors import ConfigurationError, SerializationError
 from jobqueue.serialization import loads_call
-from jobqueue.storage import jobs
+from jobqueue.storage import jobs, migrations
 from jobqueue.storage.topics import delivery_task
 from jobqueue.topics import served_consumers
 from tests.conftest import only
@@ -265,30 +265,51 @@ def test_big_payloads_are_published_in_statements_the_server_accepts(app: JobQue
     assert [p["n"] for p in payloads(app, "email")] == list(range(20))
 
 
-def test_names_the_database_holds_equal_are_refused_not_merged(app: JobQueue, backend: str) -> None:
-    """MariaDB's collation holds 'Billing' equal to 'billing': a second group so named would
-    have shared the first one's deliveries (each group getting some of the messages), and a
-    publish to 'Orders' would have gone to the groups of 'orders'. Elsewhere they are apart."""
+def test_topics_and_groups_whose_names_differ_only_in_case_are_apart(app: JobQueue) -> None:
+    """'Orders' and 'orders' are two topics, 'Billing' and 'billing' two groups of one, on MariaDB
+    too: its default collation took each for the other, so a worker refused the second name."""
     consumers(app, "billing")
-    app.consumer("Orders", group="audit")(lambda payload: None)
     app.consumer("orders", group="Billing")(lambda payload: None)
-    app.topic_store.register("orders", "billing", "latest")
-    if backend != "mysql":
-        register(app)
-        app.topic("Orders").publish({"id": 1})
-        assert [len(deliveries(app, group)) for group in ("billing", "Billing")] == [0, 0]
-        return
-    with pytest.raises(ConfigurationError, match="group 'Billing' is the topic 'orders': group 'billing'"):
-        app.topic_store.register("orders", "Billing", "latest")
-    with pytest.raises(ConfigurationError, match="topic 'Orders' is the topic 'orders' on this database"):
-        app.topic_store.register("Orders", "audit", "latest")
-    with pytest.raises(ConfigurationError, match="differs in more than case"):
-        app.topic("Orders").publish({"id": 1})
-    assert not app.topic_store.register("orders", "billing", "latest")  # the group as it was
-    app.topic("orders").publish({"id": 2})
+    app.consumer("Orders", group="audit")(lambda payload: None)
+    assert [app.topic_store.register(c.topic, c.group, c.start) for c in app.consumers.values()] == [True] * 3
+    app.topic("orders").publish({"id": 1})
+    app.topic("Orders").publish({"id": 2})
+    assert payloads(app, "billing") == payloads(app, "Billing") == [{"id": 1}]
     m = app.tables.message
     with app.engine.connect() as conn:
-        assert conn.execute(sa.select(m.c.task_name)).scalars().all() == ["topic:orders:billing"]
+        audit = conn.execute(sa.select(m.c.payload).where(m.c.task_name == delivery_task("Orders", "audit"))).scalars()
+        assert [loads_call(app.serializer, payload)[0][0] for payload in audit] == [{"id": 2}]
+    stats = {(row["topic"], row["group"]) for row in app.topic_store.stats()}
+    assert stats == {("orders", "billing"), ("orders", "Billing"), ("Orders", "audit")}
+
+
+@only("mysql")
+def test_names_a_collation_changed_by_hand_holds_equal_are_refused_not_merged(app: JobQueue) -> None:
+    """Changed by hand to one that ignores case, the collation of the topic tables would make
+    'Billing' the group 'billing' (sharing its deliveries) and 'Orders' the topic 'orders'."""
+    tp, g = app.tables.topic, app.tables.topic_group
+    ignoring_case = [
+        f"ALTER TABLE {tp.name} MODIFY COLUMN name VARCHAR(100) COLLATE utf8mb4_general_ci NOT NULL",
+        f"ALTER TABLE {g.name} MODIFY COLUMN topic VARCHAR(100) COLLATE utf8mb4_general_ci NOT NULL, "
+        "MODIFY COLUMN group_name VARCHAR(100) COLLATE utf8mb4_general_ci NOT NULL",
+    ]
+    names_exact = next(step for step in migrations.MIGRATIONS if step.version == 7)  # restores them
+    with app.engine.begin() as conn:
+        for statement in ignoring_case:
+            conn.exec_driver_sql(statement)
+    try:
+        app.topic_store.register("orders", "billing", "latest")
+        with pytest.raises(ConfigurationError, match="group 'Billing' is the topic 'orders': group 'billing'"):
+            app.topic_store.register("orders", "Billing", "latest")
+        with pytest.raises(ConfigurationError, match="topic 'Orders' is the topic 'orders' on this database"):
+            app.topic_store.register("Orders", "audit", "latest")
+        with pytest.raises(ConfigurationError, match="collation was changed.*differs in more than case"):
+            app.topic("Orders").publish({"id": 1})
+        assert not app.topic_store.register("orders", "billing", "latest")  # the group as it was
+    finally:
+        with app.engine.begin() as conn:
+            for statement in names_exact.statements(conn, app.tables):
+                conn.exec_driver_sql(statement)
 
 
 def test_a_group_added_from_the_earliest_gets_the_whole_log_while_another_worker_trims_it(app: JobQueue) -> None:
