@@ -34,11 +34,13 @@ class SyncReport:
     def clash_message(self) -> str:
         return (
             "; ".join(
-                f"schedule {name!r} is the schedule {other!r} on this database, which compares names regardless "
-                "of case and accents (MariaDB's default collation)"
+                f"schedule {name!r} is the schedule {other!r} on this database, whose message table compares "
+                "unique keys regardless of case or accents (a collation changed by hand from the binary one "
+                "jobqueue gives the unique_key column)"
                 for name, other in sorted(self.clashing.items())
             )
-            + ": give each schedule a name that differs in more than that (@app.periodic(name=...))"
+            + ": give the column its binary collation back (as `jobqueue db init` creates it), or give each "
+            "schedule a name that differs in more than that (@app.periodic(name=...))"
         )
 
 

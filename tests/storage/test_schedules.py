@@ -12,8 +12,9 @@ from jobqueue import JobQueue, periodic, schedule_sync
 from jobqueue.clock import utcnow
 from jobqueue.periodic import SCHEDULE_TASK
 from jobqueue.runtime.executor import Executor, StoreDeliveryWriter
-from jobqueue.storage import jobs
+from jobqueue.storage import jobs, migrations
 from jobqueue.storage import schedules as stored
+from tests.conftest import only
 from tests.storage.test_lifecycle import WORKER, run_due
 
 T0 = datetime(2030, 6, 1, 12, 0, 0)
@@ -353,3 +354,26 @@ def test_schedule_messages_are_read_off_the_unique_index(db_url: str, backend: s
             assert f"{app.tables.prefix}message_unique" in plan, plan
     assert stored.schedule_ids(app.store, ["report"]) == {}
     app.close()
+
+
+@only("mysql")
+def test_a_unique_key_collation_changed_by_hand_is_named_when_two_schedules_become_one(db_url: str) -> None:
+    """Only a collation changed by hand can make the database take one schedule for another now:
+    the worker says so, and how to undo it."""
+    app = named_app(db_url, "Digest", "digest")
+    m = app.tables.message
+    exact_keys = next(step for step in migrations.MIGRATIONS if step.version == 6)  # restores it
+    with app.engine.begin() as conn:
+        conn.exec_driver_sql(f"ALTER TABLE {m.name} MODIFY COLUMN unique_key VARCHAR(255) COLLATE utf8mb4_general_ci")
+    try:
+        with freeze_time(T0):
+            report = sync(app)
+        assert len(report.clashing) == 1 and len(report.created) == 1
+        message = report.clash_message()
+        assert "regardless of case or accents" in message
+        assert "give the column its binary collation back" in message
+    finally:
+        with app.engine.begin() as conn:
+            for statement in exact_keys.statements(conn, app.tables):
+                conn.exec_driver_sql(statement)
+        app.close()
