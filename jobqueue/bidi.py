@@ -34,6 +34,12 @@ def line_escaped(text: str) -> str:
     return text if text.isprintable() else text.translate(LINE_ESCAPES)
 
 
+def needs_escape(text: str) -> bool:
+    """Whether :func:`line_escaped` changes ``text``: ``str.isprintable`` first, which is quick and
+    refuses more (a no-break space, the joiner inside an emoji, which stay as they are)."""
+    return not text.isprintable() and text.translate(LINE_ESCAPES) != text
+
+
 def block_escaped(text: str) -> str:
     """:func:`line_escaped`, keeping the line breaks (of a traceback)."""
     return text.translate(BLOCK_ESCAPES)

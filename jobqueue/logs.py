@@ -16,7 +16,7 @@ import sys
 from datetime import datetime, timezone
 from typing import Any, TextIO
 
-from jobqueue.bidi import block_escaped, line_escaped
+from jobqueue.bidi import block_escaped, line_escaped, needs_escape
 
 # What jobqueue adds to the records of job outcomes (see runtime.outcome_log.outcome_fields).
 JOB_FIELDS = ("job_id", "task", "queue", "attempt", "outcome", "duration_seconds")
@@ -95,14 +95,28 @@ class OneLineFilter(logging.Filter):
     """
 
     def filter(self, record: logging.LogRecord) -> bool:
+        try:
+            self._escape(record)
+        except Exception:
+            # A call whose message cannot be formatted (too few arguments, an argument whose str()
+            # raises) is left as it is: its handler reports it as a logging error, as for any
+            # other logger, instead of raising into the code that logged.
+            pass
+        return True
+
+    @staticmethod
+    def _escape(record: logging.LogRecord) -> None:
         message = record.getMessage()
         if not message.isprintable():
             record.msg, record.args = _escaped_call(record, message)
         if record.exc_info and not record.exc_text:
-            # As a formatter would write it (it keeps the text it finds), so that it is escaped too.
-            record.exc_text = one_line_messages(
-                _TRACEBACKS.formatException(record.exc_info), chained_messages(record.exc_info[1])
-            )
+            # Formatted here, as a formatter would (it keeps the text it finds), so that it is
+            # escaped too; but only kept where it needed it: otherwise the handler's formatter
+            # writes it, its own way if it has a formatException of its own.
+            formatted = _TRACEBACKS.formatException(record.exc_info)
+            escaped = one_line_messages(formatted, chained_messages(record.exc_info[1]))
+            if escaped != formatted:
+                record.exc_text = escaped
         elif record.exc_text:
             record.exc_text = block_escaped(record.exc_text)
         fields = record.__dict__
@@ -110,17 +124,22 @@ class OneLineFilter(logging.Filter):
             value = fields.get(name)
             if isinstance(value, str) and not value.isprintable():
                 fields[name] = line_escaped(value)
-        return True
 
 
 def _escaped_call(record: logging.LogRecord, message: str) -> tuple[Any, Any]:
     """The record's message and arguments with what needs it escaped: its string arguments where
     that is enough, so that the message keeps its template (error trackers such as Sentry group
-    records by it); else the whole formatted ``message``."""
+    records by it); else the whole formatted ``message``. (Not every character that
+    ``str.isprintable`` refuses needs an escape: a no-break space or the joiner inside an emoji
+    such as a family's stays as it is.)"""
     template, args = record.msg, record.args
-    if isinstance(template, str) and template.isprintable() and isinstance(args, tuple):
+    if isinstance(template, str) and not needs_escape(template) and isinstance(args, tuple):
         escaped = tuple(line_escaped(arg) if isinstance(arg, str) else arg for arg in args)
-        if (template % escaped).isprintable():
+        try:
+            formatted = template % escaped
+        except (TypeError, ValueError):  # "%c" takes one character, and an escape is several
+            formatted = None
+        if formatted is not None and not needs_escape(formatted):
             return template, escaped
     return line_escaped(message), None
 
@@ -130,7 +149,7 @@ def one_line_messages(traceback: str, messages: list[str]) -> str:
     break in one would start a line of its own after the traceback's), and escaped as
     :class:`OneLineFilter` escapes messages; the traceback's own line breaks stay."""
     for message in messages:
-        if message and not message.isprintable():
+        if needs_escape(message):
             traceback = traceback.replace(message, line_escaped(message))
     return block_escaped(traceback)
 

@@ -8,6 +8,7 @@ import logging
 import subprocess
 import sys
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from click.testing import CliRunner
@@ -220,3 +221,68 @@ def test_a_record_keeps_its_template_where_escaping_its_arguments_is_enough() ->
     assert hostile.msg == "job %s %s failed: %s" and hostile.getMessage() == "job 7 t.x failed: a\\u202eb\\nc"
     error = filtered("job %s failed: %s", 7, ValueError("x\ny"))
     assert error.getMessage() == "job 7 failed: x\\ny" and error.args is None
+    harmless = filtered(
+        "key %s", "\U0001f468\u200d\U0001f469\u200d\U0001f467 and\u00a0more"
+    )  # a family, a no-break space
+    assert (harmless.msg, harmless.getMessage()) == (
+        "key %s",
+        "key \U0001f468\u200d\U0001f469\u200d\U0001f467 and\u00a0more",
+    )
+    spaced = filtered("montant\u00a0: %s", "a\nb")  # French writes a no-break space before a colon
+    assert (spaced.msg, spaced.getMessage()) == ("montant\u00a0: %s", "montant\u00a0: a\\nb")
+
+
+class Recording(logging.Handler):
+    """The lines a handler writes, and how many records it could not format (a logging error)."""
+
+    def __init__(self, formatter: logging.Formatter | None = None) -> None:
+        super().__init__()
+        self.setFormatter(formatter or logging.Formatter("%(message)s"))
+        self.lines: list[str] = []
+        self.errors = 0
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            self.lines.extend(self.format(record).splitlines())
+        except Exception:
+            self.handleError(record)
+
+    def handleError(self, record: logging.LogRecord) -> None:
+        self.errors += 1
+
+
+def test_a_log_call_on_a_logger_of_jobqueues_never_raises(root_logging: logging.Logger) -> None:
+    """A call whose message does not format raised from the filter into the code that logged (a
+    job's, a library's, the worker's own loop), where logging reports it as a logging error and
+    goes on. A "%c" of a control character, whose escape is no one character, is escaped whole."""
+
+    class Unprintable:
+        def __str__(self) -> str:
+            raise RuntimeError("no text")
+
+    handler = Recording()
+    root_logging.handlers[:] = [handler]
+    log = logging.getLogger("jobqueue.worker")
+    log.error("job %s of %s", 1)
+    log.error("job %s", Unprintable())
+    assert handler.errors == 2 and handler.lines == []
+    log.error("mark %c", "\n")
+    assert handler.lines == ["mark \\n"]
+
+
+def test_a_hosts_formatter_writes_the_tracebacks_of_jobqueues_records_its_own_way(root_logging: logging.Logger) -> None:
+    """The filter formatted every exception logged on jobqueue's loggers itself, so that a host's
+    formatter (Django's LOGGING) with a formatException of its own never had it called; it now
+    writes every traceback that has nothing to escape."""
+
+    class OneLine(logging.Formatter):
+        def formatException(self, ei: Any) -> str:
+            return f"EXCEPTION {ei[0].__name__}: {ei[1]}"
+
+    handler = Recording(OneLine("%(message)s"))
+    root_logging.handlers[:] = [handler]
+    try:
+        raise ValueError("plain")
+    except ValueError:
+        logging.getLogger("jobqueue.worker").exception("job %s raised", 1)
+    assert handler.lines == ["job 1 raised", "EXCEPTION ValueError: plain"]
