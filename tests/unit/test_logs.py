@@ -286,3 +286,71 @@ def test_a_hosts_formatter_writes_the_tracebacks_of_jobqueues_records_its_own_wa
     except ValueError:
         logging.getLogger("jobqueue.worker").exception("job %s raised", 1)
     assert handler.lines == ["job 1 raised", "EXCEPTION ValueError: plain"]
+
+
+def test_the_notes_of_an_exception_logged_by_jobqueue_are_on_their_lines(root_logging: logging.Logger) -> None:
+    handler = Recording()
+    root_logging.handlers[:] = [handler]
+    try:
+        error = ValueError("plain")
+        error.add_note("for order 7\nERROR forged")  # a note carries the job's text as its message does
+        raise error
+    except ValueError:
+        logging.getLogger("jobqueue.worker").exception("job %s raised", 1)
+    assert "for order 7\\nERROR forged" in handler.lines
+    assert not any(line.startswith("ERROR") for line in handler.lines)
+
+
+def failed_outcome(exc: BaseException) -> Any:
+    """The outcome of a job that raised ``exc`` and failed for good, as a worker process holds it."""
+    import traceback
+
+    from jobqueue.clock import utcnow
+    from jobqueue.job import ErrorInfo, Message, MessageState, Outcome, OutcomeKind
+
+    try:
+        raise exc
+    except BaseException as raised:
+        error = ErrorInfo.from_exception(raised, traceback.format_exc())
+    now = utcnow()
+    message = Message(7, "t", "default", 0, b"", None, 1, 1, 1, now, now, now)
+    return Outcome(message, OutcomeKind.ARCHIVE, MessageState.FAILED, finished_at=now, error=error, exception=exc)
+
+
+def chained(message: str) -> BaseException:
+    try:
+        raise KeyError("inner") from RuntimeError(message)
+    except KeyError as exc:
+        return exc
+
+
+def noted(message: str) -> BaseException:
+    error = ValueError("plain")
+    error.add_note(message)
+    return error
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        pytest.param(lambda text: chained(text), id="a cause's message"),
+        pytest.param(lambda text: noted(text), id="a note"),
+        pytest.param(lambda text: ValueError("x" * 10_000 + text), id="past the 10,000 characters stored"),
+        pytest.param(lambda text: ValueError(text * 6_000), id="cut off with the start of the traceback"),
+        pytest.param(lambda text: ValueError(text * 200_000), id="megabytes, cut off"),  # in linear time
+    ],
+)
+def test_a_failed_jobs_line_writes_every_message_of_its_traceback_on_one_line(
+    root_logging: logging.Logger, make: Any
+) -> None:
+    """Only the message of the exception the job raised was escaped in its line's traceback, and
+    only its first 10,000 characters (as stored): the messages of the exceptions chained to it,
+    notes, the rest of a long message, and one the stored traceback (its last 60,000 characters)
+    begins inside, kept their line breaks, so that the job's text started lines of its own."""
+    from jobqueue.runtime.outcome_log import log_outcome
+
+    handler = Recording(logs.TextFormatter())
+    root_logging.handlers[:] = [handler]
+    log_outcome(failed_outcome(make("\n2026-01-01 ERROR forged")))
+    assert "\\n2026-01-01 ERROR forged" in "\n".join(handler.lines)
+    assert not any(line.startswith("2026-01-01") for line in handler.lines)
