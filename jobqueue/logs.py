@@ -198,17 +198,19 @@ def chained_messages(exc: BaseException | None) -> list[str]:
     seen: set[int] = set()
     while exc is not None and id(exc) not in seen:
         seen.add(id(exc))
+        # A str() that raises anything (SystemExit too: it is the job's code) is passed over, as
+        # the traceback does ("<exception str() failed>").
         try:
             messages.append(str(exc))
-        except Exception:
-            pass  # the traceback says "<exception str() failed>"
+        except BaseException:
+            pass
         notes = getattr(exc, "__notes__", None)
         if isinstance(notes, list | tuple):
             for note in notes:
                 try:
                     messages.append(str(note))
-                except Exception:
-                    pass  # the traceback says "<note str() failed>"
+                except BaseException:
+                    pass
         exc = exc.__cause__ or exc.__context__
     return messages
 

@@ -354,3 +354,23 @@ def test_a_failed_jobs_line_writes_every_message_of_its_traceback_on_one_line(
     log_outcome(failed_outcome(make("\n2026-01-01 ERROR forged")))
     assert "\\n2026-01-01 ERROR forged" in "\n".join(handler.lines)
     assert not any(line.startswith("2026-01-01") for line in handler.lines)
+
+
+class Unsayable(Exception):
+    """An exception whose str() raises SystemExit: the job's code, which the worker survives."""
+
+    def __str__(self) -> str:
+        raise SystemExit(3)
+
+
+def test_an_exception_whose_str_raises_system_exit_is_logged(root_logging: logging.Logger) -> None:
+    from jobqueue.runtime.outcome_log import log_outcome
+
+    handler = Recording(logs.TextFormatter())
+    root_logging.handlers[:] = [handler]
+    log_outcome(failed_outcome(Unsayable()))
+    try:
+        raise Unsayable()
+    except Unsayable:
+        logging.getLogger("jobqueue.worker").exception("a receiver raised")
+    assert sum("<exception str() failed>" in line for line in handler.lines) == 2
