@@ -4,6 +4,8 @@ right-to-left override, shows "\\u202egnp.exe" as "exe.png")."""
 
 from __future__ import annotations
 
+import re
+
 CONTROLS = (0x061C, 0x200E, 0x200F, *range(0x202A, 0x202F), *range(0x2066, 0x206A))
 # Each written as the escape Python and JSON read back as that character: \u202e.
 ESCAPES = {code: f"\\u{code:04x}" for code in CONTROLS}
@@ -24,6 +26,8 @@ LINE_ESCAPES = {
     0x0A: "\\n",
     0x0D: "\\r",
 }
+# Any one of them: found by a search that stops at the first, where a translation reads it all.
+_ANY_LINE_ESCAPE = re.compile("[" + "".join(re.escape(chr(code)) for code in LINE_ESCAPES) + "]")
 # Where a traceback's own line breaks must stay: all of the above but the newline.
 BLOCK_ESCAPES = {code: escape for code, escape in LINE_ESCAPES.items() if code != 0x0A}
 
@@ -32,6 +36,12 @@ def line_escaped(text: str) -> str:
     """``text`` as one line: bidirectional controls, line breaks and other control characters
     written as escapes (\\u202e, \\n, \\x1b), the rest as it is."""
     return text if text.isprintable() else text.translate(LINE_ESCAPES)
+
+
+def needs_escape(text: str) -> bool:
+    """Whether :func:`line_escaped` changes ``text``: ``str.isprintable`` first, which is quick and
+    refuses more (a no-break space, the joiner inside an emoji, which stay as they are)."""
+    return not text.isprintable() and _ANY_LINE_ESCAPE.search(text) is not None
 
 
 def block_escaped(text: str) -> str:

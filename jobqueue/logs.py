@@ -16,7 +16,8 @@ import sys
 from datetime import datetime, timezone
 from typing import Any, TextIO
 
-from jobqueue.bidi import block_escaped, line_escaped
+from jobqueue.bidi import block_escaped, line_escaped, needs_escape
+from jobqueue.job import storable_text
 
 # What jobqueue adds to the records of job outcomes (see runtime.outcome_log.outcome_fields).
 JOB_FIELDS = ("job_id", "task", "queue", "attempt", "outcome", "duration_seconds")
@@ -35,6 +36,10 @@ LOGGERS = (
 )
 # Record attributes that carry a job's text to formatters (the JSON one writes them as fields).
 TEXT_FIELDS = ("task", "queue")
+# How much of a message's end is looked for at the start of a traceback kept by its end, and in
+# how many places at most.
+_PROBE_CHARS = 64
+_PROBE_TRIES = 8
 
 # Set by the worker's progress line while it is on a terminal: a log line then first clears the
 # terminal's last line, where the progress line is drawn again at its next refresh. Forked worker
@@ -95,14 +100,28 @@ class OneLineFilter(logging.Filter):
     """
 
     def filter(self, record: logging.LogRecord) -> bool:
+        try:
+            self._escape(record)
+        except Exception:
+            # A call whose message cannot be formatted (too few arguments, an argument whose str()
+            # raises) is left as it is: its handler reports it as a logging error, as for any
+            # other logger, instead of raising into the code that logged.
+            pass
+        return True
+
+    @staticmethod
+    def _escape(record: logging.LogRecord) -> None:
         message = record.getMessage()
         if not message.isprintable():
             record.msg, record.args = _escaped_call(record, message)
         if record.exc_info and not record.exc_text:
-            # As a formatter would write it (it keeps the text it finds), so that it is escaped too.
-            record.exc_text = one_line_messages(
-                _TRACEBACKS.formatException(record.exc_info), chained_messages(record.exc_info[1])
-            )
+            # Formatted here, as a formatter would (it keeps the text it finds), so that it is
+            # escaped too; but only kept where it needed it: otherwise the handler's formatter
+            # writes it, its own way if it has a formatException of its own.
+            formatted = _TRACEBACKS.formatException(record.exc_info)
+            escaped = one_line_messages(formatted, chained_messages(record.exc_info[1]))
+            if escaped != formatted:
+                record.exc_text = escaped
         elif record.exc_text:
             record.exc_text = block_escaped(record.exc_text)
         fields = record.__dict__
@@ -110,17 +129,22 @@ class OneLineFilter(logging.Filter):
             value = fields.get(name)
             if isinstance(value, str) and not value.isprintable():
                 fields[name] = line_escaped(value)
-        return True
 
 
 def _escaped_call(record: logging.LogRecord, message: str) -> tuple[Any, Any]:
     """The record's message and arguments with what needs it escaped: its string arguments where
     that is enough, so that the message keeps its template (error trackers such as Sentry group
-    records by it); else the whole formatted ``message``."""
+    records by it); else the whole formatted ``message``. (Not every character that
+    ``str.isprintable`` refuses needs an escape: a no-break space or the joiner inside an emoji
+    such as a family's stays as it is.)"""
     template, args = record.msg, record.args
-    if isinstance(template, str) and template.isprintable() and isinstance(args, tuple):
+    if isinstance(template, str) and not needs_escape(template) and isinstance(args, tuple):
         escaped = tuple(line_escaped(arg) if isinstance(arg, str) else arg for arg in args)
-        if (template % escaped).isprintable():
+        try:
+            formatted = template % escaped
+        except (TypeError, ValueError):  # "%c" takes one character, and an escape is several
+            formatted = None
+        if formatted is not None and not needs_escape(formatted):
             return template, escaped
     return line_escaped(message), None
 
@@ -128,23 +152,65 @@ def _escaped_call(record: logging.LogRecord, message: str) -> tuple[Any, Any]:
 def one_line_messages(traceback: str, messages: list[str]) -> str:
     """``traceback`` with each of the exception ``messages`` in it written on one line (a line
     break in one would start a line of its own after the traceback's), and escaped as
-    :class:`OneLineFilter` escapes messages; the traceback's own line breaks stay."""
+    :class:`OneLineFilter` escapes messages; the traceback's own line breaks stay. A traceback kept
+    by its end may begin inside a message: that part is escaped too."""
     for message in messages:
-        if message and not message.isprintable():
+        if not needs_escape(message):
+            continue
+        if message in traceback:
             traceback = traceback.replace(message, line_escaped(message))
+        else:
+            traceback = _escaped_start(traceback, message)
     return block_escaped(traceback)
 
 
+def _escaped_start(traceback: str, message: str) -> str:
+    """``traceback`` with its start escaped where it is the end of ``message`` (the start of the
+    message cut off with the traceback's), after "..." that says so: the job's text does not begin
+    a line."""
+    # The message's end is where its last characters are found in the traceback: the last such
+    # place (or one of the few before it, if the text after the message repeats them).
+    tail = message[-_PROBE_CHARS:]
+    before = min(len(traceback), len(message) - 1)
+    for _ in range(_PROBE_TRIES):
+        found = traceback.rfind(tail, 0, before)
+        if found == -1:
+            break
+        kept = found + len(tail)
+        if message.endswith(traceback[:kept]):
+            return "..." + line_escaped(traceback[:kept]) + traceback[kept:]
+        before = kept - 1
+    return traceback
+
+
+def stored_messages(message: str, exc: BaseException | None) -> list[str]:
+    """The exception messages in a job's stored traceback, for :func:`one_line_messages`: those of
+    ``exc`` (the exception behind it, while this process holds it) and of the exceptions chained to
+    it, and their notes, as stored (the stored ``message`` is cut at 10,000 characters, and is one
+    of many); else the stored ``message``."""
+    return [storable_text(text) for text in chained_messages(exc)] if exc is not None else [message]
+
+
 def chained_messages(exc: BaseException | None) -> list[str]:
-    """The messages of ``exc`` and of the exceptions chained to it, as a traceback shows them."""
+    """The messages of ``exc`` and of the exceptions chained to it, and their notes
+    (``add_note``), as a traceback shows them."""
     messages: list[str] = []
     seen: set[int] = set()
     while exc is not None and id(exc) not in seen:
         seen.add(id(exc))
+        # A str() that raises anything (SystemExit too: it is the job's code) is passed over, as
+        # the traceback does ("<exception str() failed>").
         try:
             messages.append(str(exc))
-        except Exception:
-            pass  # the traceback says "<exception str() failed>"
+        except BaseException:
+            pass
+        notes = getattr(exc, "__notes__", None)
+        if isinstance(notes, list | tuple):
+            for note in notes:
+                try:
+                    messages.append(str(note))
+                except BaseException:
+                    pass
         exc = exc.__cause__ or exc.__context__
     return messages
 

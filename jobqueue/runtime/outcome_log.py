@@ -67,10 +67,10 @@ def log_outcome(outcome: Outcome) -> None:
                 extra=outcome_fields(outcome),
             )
             # Formatters append exc_text as they would a traceback of exc_info: the job's own, as the
-            # archive keeps it, though the exception itself is gone by the time the outcome is written.
-            # The job's message written on one line in it (it is the job's text: see logs.OneLineFilter).
+            # archive keeps it, though no exception is being handled by the time the outcome is written.
             traceback = error.traceback.rstrip() if error and error.traceback else ""
-            traceback = logs.one_line_messages(traceback, [error.message]) if error else traceback
+            if error:  # the job's messages written on one line in it (job text: see logs.OneLineFilter)
+                traceback = logs.one_line_messages(traceback, logs.stored_messages(error.message, outcome.exception))
             record.exc_text = (
                 _clipped(traceback, outcome, LOGGED_TRACEBACK_HEAD_CHARS, LOGGED_TRACEBACK_TAIL_CHARS) or None
             )

@@ -15,6 +15,7 @@ from jobqueue.clock import to_naive_utc, utcnow
 from jobqueue.errors import ConfigurationError
 from jobqueue.spark.enqueue import executor_url
 from jobqueue.storage.engine import create_engine
+from jobqueue.storage.readable import stored_time
 from jobqueue.storage.store import schema_errors
 from jobqueue.storage.tables import build_tables
 
@@ -161,11 +162,5 @@ def _spark_time(value: Any) -> datetime | None:
     """A time of the archive, stored as naive UTC (a datetime, or SQLite's text of one), as an aware
     UTC datetime: Spark keeps the instant whatever its session's time zone. None where it is null or
     its text is no time (a row edited by hand)."""
-    if isinstance(value, str):
-        try:
-            value = datetime.fromisoformat(value)
-        except ValueError:
-            return None
-    if not isinstance(value, datetime):
-        return None
-    return value.replace(tzinfo=timezone.utc) if value.tzinfo is None else value.astimezone(timezone.utc)
+    at = stored_time(value)
+    return None if at is None else at.replace(tzinfo=timezone.utc)

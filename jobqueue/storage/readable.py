@@ -7,6 +7,8 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from jobqueue.clock import to_naive_utc
+
 
 class Unreadable(str):
     """A stored value that cannot be read as its column's type (a row edited by hand, say),
@@ -46,13 +48,11 @@ def as_stored(column: Any) -> Any:
 
 
 def stored_time(value: Any) -> datetime | None:
-    """A timestamp read :func:`as_stored`, or None if it holds none: SQLite stores any value in any
-    column, so a row edited by hand may hold text (or a number) where a time belongs."""
-    if isinstance(value, datetime):
-        return value
-    if isinstance(value, str):
-        try:
-            return datetime.fromisoformat(value)
-        except ValueError:
-            return None
-    return None
+    """A timestamp read :func:`as_stored`, in naive UTC as every time jobqueue compares, or None if
+    it holds none: SQLite stores any value in any column, so a row edited by hand may hold text (or
+    a number) where a time belongs, or a time with a UTC offset ("...T10:00:00Z")."""
+    try:
+        value = datetime.fromisoformat(value) if isinstance(value, str) else value
+        return to_naive_utc(value) if isinstance(value, datetime) else None
+    except (ValueError, OverflowError):  # OverflowError: in UTC, before year 1 or after 9999
+        return None

@@ -81,3 +81,22 @@ def test_a_flow_row_whose_times_are_not_timestamps_is_repaired_not_fatal(app: Jo
     with app.engine.connect() as conn:
         stored = dict(conn.execute(sa.select(f.c.flow_key, f.c.served_at)).all())  # readable again
     assert set(stored) == {"task:t.mail", "partner"}
+
+
+@only("sqlite")
+@pytest.mark.parametrize("text", ["2020-01-01T10:00:00Z", "2020-01-01 12:00:00+02:00", "0001-01-01T00:00:00+05:00"])
+def test_a_flow_row_time_edited_by_hand_with_an_offset_is_read_as_utc(app: JobQueue, text: str) -> None:
+    """A time with a UTC offset ('2026-11-28T10:00:00Z', as an API or `date -Iseconds` writes it),
+    set by hand on SQLite, was read as an aware time and compared with the naive UTC times of the
+    rest: every fetch raised (TypeError), as did `status`. It is that instant, in UTC (and no time
+    where that instant is before year 1)."""
+
+    @app.task(name="t.mail", rate_limit="1/m")
+    def mail(n: int) -> None: ...
+
+    handles = [mail.delay(n) for n in range(2)]
+    with app.engine.begin() as conn:
+        conn.exec_driver_sql("UPDATE jobqueue_flow SET next_start_at = ?", (text,))
+    assert waiting.blocked_keys(app.store) == []
+    assert [m.id for m in take(app)] == [h.id for h in handles]  # a quiet key's two starts
+    assert take(app) == []

@@ -8,6 +8,7 @@ import logging
 import subprocess
 import sys
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from click.testing import CliRunner
@@ -220,3 +221,156 @@ def test_a_record_keeps_its_template_where_escaping_its_arguments_is_enough() ->
     assert hostile.msg == "job %s %s failed: %s" and hostile.getMessage() == "job 7 t.x failed: a\\u202eb\\nc"
     error = filtered("job %s failed: %s", 7, ValueError("x\ny"))
     assert error.getMessage() == "job 7 failed: x\\ny" and error.args is None
+    harmless = filtered(
+        "key %s", "\U0001f468\u200d\U0001f469\u200d\U0001f467 and\u00a0more"
+    )  # a family, a no-break space
+    assert (harmless.msg, harmless.getMessage()) == (
+        "key %s",
+        "key \U0001f468\u200d\U0001f469\u200d\U0001f467 and\u00a0more",
+    )
+    spaced = filtered("montant\u00a0: %s", "a\nb")  # French writes a no-break space before a colon
+    assert (spaced.msg, spaced.getMessage()) == ("montant\u00a0: %s", "montant\u00a0: a\\nb")
+
+
+class Recording(logging.Handler):
+    """The lines a handler writes, and how many records it could not format (a logging error)."""
+
+    def __init__(self, formatter: logging.Formatter | None = None) -> None:
+        super().__init__()
+        self.setFormatter(formatter or logging.Formatter("%(message)s"))
+        self.lines: list[str] = []
+        self.errors = 0
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            self.lines.extend(self.format(record).splitlines())
+        except Exception:
+            self.handleError(record)
+
+    def handleError(self, record: logging.LogRecord) -> None:
+        self.errors += 1
+
+
+def test_a_log_call_on_a_logger_of_jobqueues_never_raises(root_logging: logging.Logger) -> None:
+    """A call whose message does not format raised from the filter into the code that logged (a
+    job's, a library's, the worker's own loop), where logging reports it as a logging error and
+    goes on. A "%c" of a control character, whose escape is no one character, is escaped whole."""
+
+    class Unprintable:
+        def __str__(self) -> str:
+            raise RuntimeError("no text")
+
+    handler = Recording()
+    root_logging.handlers[:] = [handler]
+    log = logging.getLogger("jobqueue.worker")
+    log.error("job %s of %s", 1)
+    log.error("job %s", Unprintable())
+    assert handler.errors == 2 and handler.lines == []
+    log.error("mark %c", "\n")
+    assert handler.lines == ["mark \\n"]
+
+
+def test_a_hosts_formatter_writes_the_tracebacks_of_jobqueues_records_its_own_way(root_logging: logging.Logger) -> None:
+    """The filter formatted every exception logged on jobqueue's loggers itself, so that a host's
+    formatter (Django's LOGGING) with a formatException of its own never had it called; it now
+    writes every traceback that has nothing to escape."""
+
+    class OneLine(logging.Formatter):
+        def formatException(self, ei: Any) -> str:
+            return f"EXCEPTION {ei[0].__name__}: {ei[1]}"
+
+    handler = Recording(OneLine("%(message)s"))
+    root_logging.handlers[:] = [handler]
+    try:
+        raise ValueError("plain")
+    except ValueError:
+        logging.getLogger("jobqueue.worker").exception("job %s raised", 1)
+    assert handler.lines == ["job 1 raised", "EXCEPTION ValueError: plain"]
+
+
+def test_the_notes_of_an_exception_logged_by_jobqueue_are_on_their_lines(root_logging: logging.Logger) -> None:
+    handler = Recording()
+    root_logging.handlers[:] = [handler]
+    try:
+        error = ValueError("plain")
+        error.add_note("for order 7\nERROR forged")  # a note carries the job's text as its message does
+        raise error
+    except ValueError:
+        logging.getLogger("jobqueue.worker").exception("job %s raised", 1)
+    assert "for order 7\\nERROR forged" in handler.lines
+    assert not any(line.startswith("ERROR") for line in handler.lines)
+
+
+def failed_outcome(exc: BaseException) -> Any:
+    """The outcome of a job that raised ``exc`` and failed for good, as a worker process holds it."""
+    import traceback
+
+    from jobqueue.clock import utcnow
+    from jobqueue.job import ErrorInfo, Message, MessageState, Outcome, OutcomeKind
+
+    try:
+        raise exc
+    except BaseException as raised:
+        error = ErrorInfo.from_exception(raised, traceback.format_exc())
+    now = utcnow()
+    message = Message(7, "t", "default", 0, b"", None, 1, 1, 1, now, now, now)
+    return Outcome(message, OutcomeKind.ARCHIVE, MessageState.FAILED, finished_at=now, error=error, exception=exc)
+
+
+def chained(message: str) -> BaseException:
+    try:
+        raise KeyError("inner") from RuntimeError(message)
+    except KeyError as exc:
+        return exc
+
+
+def noted(message: str) -> BaseException:
+    error = ValueError("plain")
+    error.add_note(message)
+    return error
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        pytest.param(lambda text: chained(text), id="a cause's message"),
+        pytest.param(lambda text: noted(text), id="a note"),
+        pytest.param(lambda text: ValueError("x" * 10_000 + text), id="past the 10,000 characters stored"),
+        pytest.param(lambda text: ValueError(text * 6_000), id="cut off with the start of the traceback"),
+        pytest.param(lambda text: ValueError(text * 200_000), id="megabytes, cut off"),  # in linear time
+    ],
+)
+def test_a_failed_jobs_line_writes_every_message_of_its_traceback_on_one_line(
+    root_logging: logging.Logger, make: Any
+) -> None:
+    """Only the message of the exception the job raised was escaped in its line's traceback, and
+    only its first 10,000 characters (as stored): the messages of the exceptions chained to it,
+    notes, the rest of a long message, and one the stored traceback (its last 60,000 characters)
+    begins inside, kept their line breaks, so that the job's text started lines of its own."""
+    from jobqueue.runtime.outcome_log import log_outcome
+
+    handler = Recording(logs.TextFormatter())
+    root_logging.handlers[:] = [handler]
+    log_outcome(failed_outcome(make("\n2026-01-01 ERROR forged")))
+    assert "\\n2026-01-01 ERROR forged" in "\n".join(handler.lines)
+    assert not any(line.startswith("2026-01-01") for line in handler.lines)
+
+
+class Unsayable(Exception):
+    """An exception whose str() raises SystemExit: the job's code, which the worker survives."""
+
+    def __str__(self) -> str:
+        raise SystemExit(3)
+
+
+def test_an_exception_whose_str_raises_system_exit_is_logged(root_logging: logging.Logger) -> None:
+    from jobqueue.runtime.outcome_log import log_outcome
+
+    handler = Recording(logs.TextFormatter())
+    root_logging.handlers[:] = [handler]
+    log_outcome(failed_outcome(Unsayable()))
+    try:
+        raise Unsayable()
+    except Unsayable:
+        logging.getLogger("jobqueue.worker").exception("a receiver raised")
+    assert sum("<exception str() failed>" in line for line in handler.lines) == 2
