@@ -410,8 +410,9 @@ def offline_ddl(url: str, tables: Any) -> list[str]:
     """The statements that create ``tables``, compiled without a connection for ``url`` (as
     Alembic's --sql or a mock engine print them)."""
     statements: list[str] = []
+    dialect = sa.make_url(url).get_dialect()()
     mock = sa.create_mock_engine(
-        sa.make_url(url), lambda sql, *args, **kw: statements.append(str(sql.compile(dialect=mock.dialect)))
+        sa.make_url(url), lambda sql, *args, **kw: statements.append(str(sql.compile(dialect=dialect)))
     )
     tables.metadata.create_all(mock, checkfirst=False)
     return [s for s in statements if s.strip()]

@@ -17,7 +17,7 @@ def dialect(url: str, server: str | None) -> sa.Dialect:
     (None: not connected)."""
     found = sa.make_url(url).get_dialect()()
     if server is not None:
-        found._parse_server_version(server)  # what SQLAlchemy does on connecting
+        found._parse_server_version(server)  # type: ignore[attr-defined]  # as SQLAlchemy does on connecting
     return found
 
 
