@@ -354,8 +354,8 @@ class TopicStore:
             page = keys if after is None else keys.where(m.c.unique_key > after)
             found = list(conn.execute(page.order_by(m.c.unique_key).limit(most)).scalars())
             for key in found:
-                if _log_id(key) is not None:
-                    return _log_id(key)
+                if (log_id := _log_id(key)) is not None:
+                    return log_id
             if len(found) < most:
                 return None
             after, most = found[-1], UNREADABLE_KEYS_PAGE
