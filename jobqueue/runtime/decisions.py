@@ -124,7 +124,7 @@ class OutcomeDecisions:
         try:
             # A strategy stored with the job may not be rebuilt (written by an older release).
             strategy = self.strategy_for(task, message)
-            next_at = strategy.decide(message.attempts_count, message.first_attempt_at or started, now)
+            next_at = strategy.decide(message.attempts_count, self._first_attempt_here(message, started), now)
         except Exception as exc:
             # The job is failed, and its own error stays the one archived: the strategy's fault is
             # added to it, not put in its place.
@@ -142,15 +142,36 @@ class OutcomeDecisions:
         outcome.kind, outcome.next_attempt_at = OutcomeKind.RETRY, next_at
         return outcome
 
-    def nack_for_timeout(self, message: Message, exc: BaseException) -> Outcome:
-        """The outcome of a job killed for passing its hard ``timeout`` (recorded by the supervisor).
+    def _first_attempt_here(self, message: Message, started: datetime) -> datetime:
+        """When the job's first attempt was, on this host's clock, the one its retry's time is read from.
+
+        Where leases are stamped by the database server's clock, ``first_attempt_at`` and
+        ``acquired_at`` are the server's times, and ``started`` (when this delivery started) is this
+        host's: the time from the first attempt to this delivery is counted on the server's clock,
+        and moved to this host's. Compared as they are, a host whose clock runs an hour ahead would
+        find every ``max_total_delay_seconds`` under an hour spent at the first failure, and one
+        behind would retry an hour longer than the strategy allows.
+        """
+        first = message.first_attempt_at
+        if first is None:
+            return started
+        if self.app.store.dialect.client_clock or message.acquired_at is None:
+            return first
+        try:
+            return started - (message.acquired_at - first)
+        except OverflowError:  # a time edited by hand to the edge of the calendar
+            return first
+
+    def nack_for_timeout(self, message: Message, exc: BaseException, started: datetime | None = None) -> Outcome:
+        """The outcome of a job killed for passing its hard ``timeout`` (recorded by the supervisor);
+        ``started``: when it started, on this host's clock (else its acquisition's time).
 
         Decided as for an exception the job raised: retried by its strategy under NACK_ON_ERROR
         (unless ``retry_on`` leaves the time limit out), failed under REJECT_ON_ERROR, completed
         with the error under ACK.
         """
         task = self.app.registry.get(message.task_name)
-        started = message.acquired_at or utcnow()
+        started = started or message.acquired_at or utcnow()
         error = ErrorInfo.from_exception(exc)
         context = JobContext(message, self.serializer)
         if task is None:

@@ -9,8 +9,10 @@ from __future__ import annotations
 import logging
 import os
 import time
+from datetime import timedelta
 from typing import TYPE_CHECKING
 
+from jobqueue.clock import utcnow
 from jobqueue.errors import TimeLimitExceeded
 from jobqueue.job import MessageState, OutcomeKind
 from jobqueue.runtime import metrics
@@ -99,7 +101,10 @@ class Reaping:
         task = self.app.registry.get(message.task_name)
         limit = task.options.timeout if task else None
         exc = TimeLimitExceeded(f"job ran past its timeout of {limit} s; its worker process was killed")
-        outcome = self.executor.nack_for_timeout(message, exc)
+        started = None
+        if view.running_since_ns:  # on this host's clock, as every other outcome's times are
+            started = utcnow() - timedelta(seconds=(time.monotonic_ns() - view.running_since_ns) / 1e9)
+        outcome = self.executor.nack_for_timeout(message, exc, started)
         # Never blocks the loop: during an outage the whole step is tried again next tick.
         OutcomeWriter(self.store, self.guard).write([outcome], give_up=lambda: True)
         if self.metrics is not None:

@@ -544,6 +544,32 @@ def test_a_host_whose_clock_runs_20_s_ahead_releases_no_live_lease(
     assert "lease lost" not in honest.text() and "released" not in ahead.text()
 
 
+@only("postgresql", "mysql")
+def test_a_job_killed_for_its_timeout_on_a_host_an_hour_ahead_is_timed_on_that_hosts_clock(
+    app: JobQueue, tmp_path: Path, workers: list[Worker]
+) -> None:
+    """The supervisor records the kill: the attempt's start and end are both this host's times, as
+    for any other outcome, not the server's acquisition time against this host's end (an hour)."""
+    job = rt.hang.delay()  # timeout=1, two attempts
+    worker = start(
+        workers,
+        tmp_path,
+        "--burst",
+        "--concurrency",
+        "1",
+        app="tests.apps.skewed:app",
+        env={"JOBQUEUE_TEST_SKEW_SECONDS": "3600"},
+    )
+    assert worker.wait(60) == 0, worker.text()[-3000:]
+    a = app.tables.archive
+    with app.engine.connect() as conn:
+        state, started, ended = conn.execute(
+            sa.select(a.c.state, a.c.last_attempt_at, a.c.finished_at).where(a.c.id == job.id)
+        ).one()
+    assert state == "FAILED"
+    assert timedelta(0) < ended - started < timedelta(seconds=30), (started, ended)
+
+
 @only("sqlite")
 def test_a_clock_set_forward_mid_job_releases_no_live_lease(
     app: JobQueue, tmp_path: Path, workers: list[Worker]
