@@ -15,7 +15,7 @@ import sqlalchemy as sa
 
 from jobqueue.clock import utcnow
 from jobqueue.job import Message, MessageState, Outcome
-from jobqueue.storage.dialects.common import PROCESSING, WorkerState
+from jobqueue.storage.dialects.common import PROCESSING, WorkerState, readable_times
 from jobqueue.storage.store_base import StoreBase
 
 
@@ -51,7 +51,7 @@ class DeliveryOperations(StoreBase):
         )
         with self.engine.begin() as conn:
             row = conn.execute(stmt).mappings().first()
-        return Message(**row) if row is not None else None
+        return readable_times(Message(**row)) if row is not None else None
 
     def archived_with(self, message_id: int, finished_at: datetime) -> bool:
         """True if the job is archived COMPLETED with exactly this ``finished_at`` (our own ack)."""

@@ -32,6 +32,7 @@ from jobqueue.storage.dialects.common import (
     counted,
     delivery_order,
     first_of_partition,
+    readable_times,
 )
 from jobqueue.storage.dialects.due import DueCheck
 from jobqueue.storage.dialects.flow import FlowAcquired, FlowAcquirer
@@ -156,7 +157,10 @@ class Dialect(Inserts):
             return self.acquire_on(connection, params)
 
     def acquire_on(self, connection: sa.Connection, params: AcquireParams) -> list[Message]:
-        rows = [Message(*row) for row in connection.execute(self.acquire_statement(params), params.binds()).all()]
+        rows = [
+            readable_times(Message(*row))
+            for row in connection.execute(self.acquire_statement(params), params.binds()).all()
+        ]
         # RETURNING gives no order guarantee: restore delivery order.
         rows.sort(key=delivery_order)
         return rows
@@ -276,7 +280,7 @@ class Dialect(Inserts):
         return self.returned
 
     def read_taken(self, row: Any) -> Message:
-        return Message(*row)
+        return readable_times(Message(*row))
 
     def queue_filter(self, one: bool) -> Any:
         """The condition "in one of the worker's queues": bind ``queues`` (a list), or ``queue`` when ``one``."""

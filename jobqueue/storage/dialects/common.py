@@ -9,8 +9,9 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from jobqueue.clock import utcnow
 from jobqueue.flow import rate_horizon
-from jobqueue.job import READY_STATES
+from jobqueue.job import READY_STATES, Message
 
 # Literal states (not bind parameters) so that PostgreSQL and SQLite can prove a query matches the
 # partial indexes' predicates at planning time.
@@ -37,6 +38,31 @@ def count_up(value: int) -> int:
 def delivery_order(message: Any) -> tuple[int, datetime, int]:
     """The sort key of delivery order (of a message, or a row with the same columns)."""
     return -message.priority, message.next_attempt_at, message.id
+
+
+def readable_times(message: Message) -> Message:
+    """``message`` as read, unless a time of its row holds none that Python can read: a year
+    past 9999 or before 1 on PostgreSQL (its driver gives such a value as an ``Unreadable``), a
+    zero date in a column that must hold a time on MySQL (read as None). That time is then replaced
+    and the message marked ``corrupt``, naming the column and what it holds, so that it fails
+    alone with CorruptMessage instead of failing the fetch of every message taken with it."""
+    first = message.first_attempt_at
+    if (
+        type(message.created_at) is datetime
+        and type(message.next_attempt_at) is datetime
+        and not isinstance(first, str)
+    ):
+        return message
+    problems = []
+    for column, required in (("created_at", True), ("next_attempt_at", True), ("first_attempt_at", False)):
+        value = getattr(message, column)
+        if isinstance(value, datetime) or (value is None and not required):
+            continue
+        held = "no time (a zero date?)" if value is None else str(value)
+        problems.append(f"{column} holds {held}")
+        setattr(message, column, utcnow() if required else None)
+    message.corrupt = "; ".join(filter(None, [message.corrupt, *problems]))
+    return message
 
 
 def first_of_partition(message: sa.Table) -> sa.ColumnElement[bool]:

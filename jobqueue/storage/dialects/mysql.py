@@ -26,6 +26,7 @@ from jobqueue.storage.dialects.common import (
     LeaseClock,
     count_up,
     delivery_order,
+    readable_times,
 )
 from jobqueue.storage.dialects.connector import CANCELLED, CONTENTION, FULL, OUTAGE
 from jobqueue.storage.dialects.mysql_ids import FreshIds
@@ -329,7 +330,7 @@ class MySQLDialect(Dialect):
             return []
         # The server's time, read with the rows, is written as acquired_at and the lease's start.
         now = params.lease.now or rows[0][-1]
-        messages = [Message(*row[:-1]) for row in rows]
+        messages = [readable_times(Message(*row[:-1])) for row in rows]
         messages.sort(key=delivery_order)
         binds.update(
             ids=[m.id for m in messages], lease_now=now, lease_until=now + timedelta(seconds=params.lease.seconds)

@@ -34,6 +34,7 @@ from jobqueue.storage.dialects.postgresql_session import (
     STARTUP_OPTIONS,
     StatementTimeout,
     connect_without_refused_options,
+    read_any_timestamp,
     read_statement_timeout,
     refuses_options,
     statement_timeout_advice,
@@ -124,6 +125,7 @@ class PostgreSQLDialect(Dialect):
     @classmethod
     def configure(cls, engine: sa.Engine) -> None:
         connect_without_refused_options(engine)
+        read_any_timestamp(engine)
 
     _apply_outcomes: Any = None
     _unseen: UnseenStatements | None = None

@@ -18,6 +18,7 @@ import sqlalchemy as sa
 from sqlalchemy import event
 
 from jobqueue.storage.engine import IDLE_IN_TRANSACTION_SECONDS, mask_url
+from jobqueue.storage.readable import Unreadable
 
 logger = logging.getLogger("jobqueue.storage")
 
@@ -46,6 +47,35 @@ STARTUP_OPTIONS = " ".join(f"-c {name}={value}" for name, value in SESSION_SETTI
 REFUSED = "unsupported startup parameter"
 
 _refused: set[str] = set()  # URLs (passwords masked) whose server refused the startup options
+
+
+# The type of PostgreSQL's ``timestamp without time zone`` (every time jobqueue stores).
+TIMESTAMP_OID = 1114
+
+
+def read_any_timestamp(engine: sa.Engine) -> None:
+    """Have ``engine``'s psycopg2 connections read a timestamp that Python cannot hold (a year past
+    9999 or before 1, edited in by hand: PostgreSQL holds years up to 294276, and BC ones) as an
+    :class:`Unreadable` instead of failing the whole fetch it comes in: the fetch of a worker's
+    next batch, or of a listing. Infinities read as psycopg2 reads them (the first and last
+    datetime). Only jobqueue's own engine is changed, never psycopg2 for the whole process."""
+    if engine.dialect.driver != "psycopg2":
+        return
+    import psycopg2.extensions  # type: ignore[import-untyped]
+
+    plain = psycopg2.extensions.PYDATETIME
+
+    def read(value: str | None, cursor: Any) -> Any:
+        try:
+            return plain(value, cursor)
+        except ValueError:  # year is out of range
+            return Unreadable(value)
+
+    readable = psycopg2.extensions.new_type((TIMESTAMP_OID,), "JOBQUEUE_TIMESTAMP", read)
+
+    @event.listens_for(engine, "connect")
+    def on_connect(dbapi_connection: Any, _record: Any) -> None:
+        psycopg2.extensions.register_type(readable, dbapi_connection)
 
 
 def connect_without_refused_options(engine: sa.Engine) -> None:

@@ -21,7 +21,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
 
 from jobqueue.job import Message, Outcome, OutcomeKind
-from jobqueue.storage.dialects.common import ACQUIRED_COLUMNS, PROCESSING
+from jobqueue.storage.dialects.common import ACQUIRED_COLUMNS, PROCESSING, readable_times
 from jobqueue.storage.outcomes import ARCHIVED, COPIED, RELEASED, REQUEUED, Field, archived_values
 
 logger = logging.getLogger("jobqueue.storage")
@@ -197,7 +197,7 @@ def acquired_message(row: Sequence[Any]) -> Message:
     values[_PAYLOAD] = bytes(values[_PAYLOAD])
     if values[_CHECKPOINT] is not None:
         values[_CHECKPOINT] = bytes(values[_CHECKPOINT])
-    return Message(*values)
+    return readable_times(Message(*values))
 
 
 # -- acquire: prepared once per connection --------------------------------------------------------
