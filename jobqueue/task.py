@@ -181,7 +181,14 @@ class Task:
         groups: dict[str | None, list[int]] = {}
         for index, item in enumerate(items):
             args, kwargs = _item_call(item, index)
-            groups.setdefault(self.flow.key_for(args, kwargs), []).append(index)
+            # The call first, as delay() does: arguments the task cannot take are a TypeError,
+            # not a failure of the key function that cannot take them either.
+            self.check_call(args, kwargs, index)
+            try:
+                key = self.flow.key_for(args, kwargs)
+            except ConfigurationError as exc:
+                raise ConfigurationError(f"{_item(index)}{exc}; nothing was enqueued") from exc
+            groups.setdefault(key, []).append(index)
         ids: list[int] = [0] * len(items)
         existing: set[int] = set()
         with self.app.enqueue_connection(connection) as given, self.app.store.writing(given) as conn:

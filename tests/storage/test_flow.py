@@ -138,6 +138,30 @@ def test_flow_options_are_checked_when_the_task_is_declared(app: JobQueue) -> No
     assert sorted((r["flow_key"] or "") for r in rows(app)) == ["", "7", "task:t." + "w" * 248]
 
 
+def test_a_bulk_whose_key_depends_on_each_item_names_the_bad_item_and_writes_nothing(app: JobQueue) -> None:
+    """An item the task cannot take is a TypeError, as for delay(), not a failure of the key
+    function (which cannot take it either); a key that fails says which item gave it."""
+
+    @app.task(name="t.tenant", concurrency_key=lambda tenant, n=0: tenant, concurrency_limit=1)
+    def work(tenant: Any, n: int = 0) -> None: ...
+
+    with pytest.raises(TypeError, match=r"^item 1: task t.tenant: .*nothing was enqueued"):
+        work.bulk([("acme",), ("acme", 1, 2)])
+    with pytest.raises(TypeError, match=r"^item 0: task t.tenant: .*nothing was enqueued"):
+        work.bulk([{"tenant": "acme", "extra": 1}])
+    for bad in ("x" * 256, 2.5, "a\x00b"):
+        with pytest.raises(ConfigurationError, match=r"^item 2: concurrency_key of task t.tenant must be"):
+            work.bulk([("acme",), ("globex",), (bad,)])
+
+    @app.task(name="t.region", concurrency_key=lambda region: f"region-{region['code']}")
+    def refresh(region: dict[str, str]) -> None: ...
+
+    with pytest.raises(ConfigurationError, match=r"^item 1: concurrency_key of task t.region failed .*KeyError"):
+        refresh.bulk([({"code": "eu"},), ({"name": "us"},)])
+    assert rows(app) == []
+    assert len(work.bulk([("acme",), ("globex", 1)])) == 2
+
+
 def test_a_retried_dead_letter_keeps_its_key_and_limits(app: JobQueue) -> None:
     @app.task(name="t.api", concurrency_key="partner", concurrency_limit=1)
     def api() -> None: ...
