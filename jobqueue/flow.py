@@ -139,13 +139,29 @@ def partition_flow(partition_key: str) -> dict[str, Any]:
     return {"flow_key": key, "concurrency_limit": None, "rate_interval_us": None}
 
 
+# How much of a refused value an error message quotes: a key of a million characters is named by
+# its length and its beginning, not copied whole into the message (and every log line of it).
+SHOWN_MOST = 80
+
+
+def shown(value: Any) -> str:
+    """``value`` as an error message quotes it: its repr, or the beginning of a long one and its length."""
+    if isinstance(value, str) and len(value) > SHOWN_MOST:
+        return f"a string of {len(value)} characters, {value[: SHOWN_MOST // 2]!r}..."
+    try:
+        text = repr(value)
+    except Exception:  # an object whose repr fails is still refused, by its type
+        return f"a {type(value).__name__}"
+    return text if len(text) <= SHOWN_MOST else f"a {type(value).__name__}, {text[: SHOWN_MOST // 2]}..."
+
+
 def check_encodable(label: str, key: str) -> None:
     """Refuse text no database can store: an unpaired surrogate has no UTF-8 form."""
     try:
         key.encode("utf-8")
     except UnicodeEncodeError:
         raise ConfigurationError(
-            f"{label} is not valid Unicode (it holds an unpaired surrogate), got {key!r}"
+            f"{label} is not valid Unicode (it holds an unpaired surrogate), got {shown(key)}"
         ) from None
 
 
@@ -153,13 +169,13 @@ def check_flow_key(label: str, key: Any) -> None:
     if not isinstance(key, str) or not 0 < len(key) <= FLOW_KEY_LENGTH or "\x00" in key:
         raise ConfigurationError(
             f"{label} must be a string of 1 to 255 characters without NUL, or a function of the "
-            f"task's arguments returning one, got {key!r}"
+            f"task's arguments returning one, got {shown(key)}"
         )
     check_encodable(label, key)
     if looks_like_partition(key):
         raise ConfigurationError(
             f"{label} must not begin with {PARTITION_KEY_PREFIX!r}, in any case or with accents "
-            f"(partition keys use it), got {key!r}"
+            f"(partition keys use it), got {shown(key)}"
         )
 
 

@@ -13,7 +13,7 @@ from jobqueue.ack import AckPolicy
 from jobqueue.clock import to_naive_utc, utcnow
 from jobqueue.context import JobContext, activate, deactivate, from_now
 from jobqueue.errors import ConfigurationError, SerializationError
-from jobqueue.flow import NO_FLOW, Flow, check_encodable
+from jobqueue.flow import NO_FLOW, Flow, check_encodable, shown
 from jobqueue.handle import JobHandle
 from jobqueue.job import Batch, MessageState
 from jobqueue.retry import RetryStrategy, storable
@@ -357,9 +357,11 @@ def stored_call(
 def check_key(label: str, key: Any) -> str:
     """A unique or partition key: 1 to 255 characters that every database can store."""
     if not isinstance(key, str) or not 0 < len(key) <= 255:
-        raise ConfigurationError(f"{label} must be a string of 1 to 255 characters, got {key!r}")
+        raise ConfigurationError(f"{label} must be a string of 1 to 255 characters, got {shown(key)}")
     if "\x00" in key:
-        raise ConfigurationError(f"{label} must not contain NUL characters (PostgreSQL cannot store them), got {key!r}")
+        raise ConfigurationError(
+            f"{label} must not contain NUL characters (PostgreSQL cannot store them), got {shown(key)}"
+        )
     check_encodable(label, key)
     return key
 

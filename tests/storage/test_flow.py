@@ -162,6 +162,28 @@ def test_a_bulk_whose_key_depends_on_each_item_names_the_bad_item_and_writes_not
     assert len(work.bulk([("acme",), ("globex", 1)])) == 2
 
 
+def test_a_key_far_too_long_is_named_by_its_length_not_copied_into_the_error(app: JobQueue, add) -> None:
+    @app.task(name="t.tenant", concurrency_key=lambda tenant: tenant)
+    def work(tenant: str) -> None: ...
+
+    huge, nul = "k" * 1_000_000, "k\x00" * 100_000
+    attempts = [
+        (huge, lambda: work.delay(huge)),
+        (huge, lambda: add.apply_async((1, 2), partition_key=huge)),
+        (huge, lambda: add.apply_async((1, 2), unique_key=huge)),
+        (nul, lambda: add.apply_async((1, 2), partition_key=nul)),
+        (huge, lambda: app.topic("orders").publish({"n": 1}, key=huge)),
+        (huge, lambda: app.task(name="t.static", concurrency_key=huge)(lambda: None)),
+    ]
+    for key, attempt in attempts:
+        with pytest.raises(ConfigurationError) as refused:
+            attempt()
+        message = str(refused.value)
+        assert len(message) < 400, message[:400]
+        assert f"got a string of {len(key)} characters, {key[:40]!r}..." in message
+    assert rows(app) == []
+
+
 def test_a_retried_dead_letter_keeps_its_key_and_limits(app: JobQueue) -> None:
     @app.task(name="t.api", concurrency_key="partner", concurrency_limit=1)
     def api() -> None: ...
