@@ -92,6 +92,14 @@ def printable(text: str) -> str:
     return text.translate(_CONTROLS)
 
 
+def shown_key(key: str) -> str:
+    """A key as a table shows it: as it is when that is unambiguous, else quoted with escapes
+    (``'acme '``, ``'line\\nbreak'``), so that two keys never look alike in a table (a trailing
+    space or a no-break space would not show) and one never breaks or recolours its row."""
+    plain = key.isprintable() and key == key.strip() and not key.startswith(("'", '"'))
+    return key if plain else repr(key)
+
+
 def _cell(column: str, value: Any) -> Text:
     if value is None:
         return Text("-", style="dim")

@@ -9,7 +9,7 @@ from typing import Any
 
 import click
 
-from jobqueue.cli.output import console, echo_json, print_table
+from jobqueue.cli.output import console, echo_json, print_table, shown_key
 from jobqueue.cli.state import CliState, mask_secrets
 from jobqueue.errors import JobQueueError
 from jobqueue.storage import jobs, waiting
@@ -52,7 +52,8 @@ def _print_status(data: dict[str, Any]) -> None:
     if data["held_keys"]:
         out.print("")
         out.print("jobs held back by their keys (the most waiting first):")
-        print_table(data["held_keys"], ["kind", "key", "waiting", "reason"])
+        held = [{**row, "key": shown_key(row["key"])} for row in data["held_keys"]]
+        print_table(held, ["kind", "key", "waiting", "reason"])
     out.print("")
     totals = ", ".join(f"{name} {count}" for name, count in sorted(data["archive"].items())) or "empty"
     out.print(f"archive: {totals}")

@@ -444,3 +444,20 @@ def test_a_huge_error_is_cut_by_the_database_and_listed_as_before(app: JobQueue)
         for statement, parameters in selects:
             for row in conn.exec_driver_sql(statement, parameters):  # type: ignore[arg-type]
                 assert max(len(value) for value in row if isinstance(value, (str, bytes))) <= 201 * 4, statement
+
+
+def test_status_shows_keys_that_differ_only_in_spaces_or_controls_apart_each_on_one_line(app: JobQueue) -> None:
+    """Keys are compared exactly, so the table must tell them apart: a trailing space, a no-break
+    space or a line break is shown quoted and escaped, and a plain key as it is."""
+    keys = ["acme", "acme ", "acme\u00a0", "line\nbreak", "'acme '", "acmé"]
+    for key in keys:
+        for n in range(2):
+            basic.add.apply_async(args=(n, 0), partition_key=key)
+    held = json.loads(jobqueue("status", "--json").stdout)["held_keys"]
+    assert sorted(row["key"] for row in held) == sorted(keys)  # JSON keeps them exact
+    lines = jobqueue("status").stdout.splitlines()
+    table = lines[lines.index("jobs held back by their keys (the most waiting first):") + 2 :]
+    table = table[: table.index("")]
+    assert len(table) == len(keys)  # one line each: no key breaks its row
+    shown = sorted(line[len("partition  ") :].split("  ")[0] for line in table)
+    assert shown == sorted(["acme", "'acme '", "'acme\\xa0'", "'line\\nbreak'", "\"'acme '\"", "acmé"])
