@@ -201,11 +201,25 @@ class Supervisor(Reaping, Maintenance):
 
     def _register_groups(self) -> None:
         """Add the consumer groups this worker runs to their topics, those that are new."""
-        added = [
-            f"{c.topic}:{c.group} (from the {c.start})"
-            for c in self.consumers
-            if self.app.topic_store.register(c.topic, c.group, c.start)
-        ]
+        store = self.app.topic_store
+        added = []
+        for c in self.consumers:
+            if store.register(c.topic, c.group, c.start):
+                added.append(f"{c.topic}:{c.group} (from the {c.start})")
+            elif (started := store.start_of(c.topic, c.group)) not in (None, c.start):
+                # A start changed in the code of a group that exists: nothing would say it is not
+                # replayed (to "earliest") nor skipped ahead (to "latest").
+                logger.warning(
+                    "consumer group %s:%s has start=%r, but it was added from the %s and goes on from "
+                    "where it is: start applies only when a group is added (`jobqueue topics drop-group "
+                    "%s %s` removes it with its waiting messages; the next worker adds it again)",
+                    c.topic,
+                    c.group,
+                    c.start,
+                    started,
+                    c.topic,
+                    c.group,
+                )
         if added:
             logger.info("consumer groups added: %s", ", ".join(added))
 

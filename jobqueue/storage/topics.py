@@ -254,6 +254,13 @@ class TopicStore:
                 self._catch_up(conn, topic, group, now)
         return True
 
+    def start_of(self, topic: str, group: str) -> str | None:
+        """Where ``group`` of ``topic`` started when it was added ("latest" or "earliest"), or None
+        if it is not there."""
+        g = self.tables.topic_group
+        with self.store.reading() as conn:
+            return conn.execute(sa.select(g.c.start).where(g.c.topic == topic, g.c.group_name == group)).scalar()
+
     def _catch_up(self, conn: sa.Connection, topic: str, group: str, now: datetime) -> None:
         """Deliver every message the log holds to a new group, a page at a time."""
         t = self.tables.topic_message

@@ -270,3 +270,20 @@ def test_drop_group_names_a_missing_group_before_asking_and_never_asks_without_a
     assert "billing" in {entry["group"] for entry in app.topic_store.stats()}  # still there
     dropped = drop("orders", "billing", "-y")
     assert dropped.returncode == 0 and "dropped group 'billing'" in dropped.stdout, dropped.stderr
+
+
+def test_a_start_changed_for_a_group_that_exists_is_warned_of_not_applied(app: JobQueue) -> None:
+    """billing is "earliest" in the code; added from the latest before, it goes on from where it
+    is (no replay of what the log keeps), and the worker says so rather than nothing."""
+    tp.orders.publish({"key": "k", "seq": 1})
+    app.topic_store.register("orders", "billing", "latest")
+    command = [sys.executable, "-m", "jobqueue", "--app", APP, "worker", "--burst", "--groups", "billing,email"]
+    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    warned = [line for line in result.stderr.splitlines() if "start applies only when a group is added" in line]
+    assert len(warned) == 1 and "WARNING" in warned[0], result.stderr
+    assert "consumer group orders:billing has start='earliest', but it was added from the latest" in warned[0]
+    assert "`jobqueue topics drop-group orders billing`" in warned[0]
+    assert "consumer groups added: orders:email (from the earliest)" in result.stderr  # a new one is no change
+    assert app.topic_store.start_of("orders", "billing") == "latest"
+    assert {(e["group"], e["lag"]) for e in topics_json()} == {("billing", 0), ("email", 0)}
