@@ -76,7 +76,7 @@ class Topic:
             raise ConfigurationError("batch_size must be >= 1")
         messages = []
         for index, payload in enumerate(payloads):
-            message_key = key(payload) if callable(key) else key
+            message_key = _key_of(key, payload, index) if callable(key) else key
             messages.append(self._message(payload, message_key, headers, index))
         if not messages:
             return []
@@ -96,6 +96,16 @@ class Topic:
             check_headers(headers, self.app.settings.max_payload_bytes)
         data = stored_call(self.app, f"{where}topic {self.name}", "the payload and its envelope", (payload,), {})
         return Published(data, key, headers)
+
+
+def _key_of(key: Callable[[Any], Any], payload: Any, index: int) -> Any:
+    """A message's key from the function of payloads ``key``; its failure says which message."""
+    try:
+        return key(payload)
+    except Exception as exc:
+        raise ConfigurationError(
+            f"message {index}: the key function failed on its payload: {exc!r}; nothing was published"
+        ) from exc
 
 
 @dataclass(frozen=True)

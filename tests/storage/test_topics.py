@@ -193,6 +193,11 @@ def test_bad_input_is_refused_and_writes_nothing(app: JobQueue) -> None:
         orders.publish_many([{"ok": 1}, {"bad": object()}])
     with pytest.raises(ConfigurationError, match="key must be a string"):
         orders.publish({"n": 1}, key="")
+    # A key function that fails says on which message, as a bad key it returns does.
+    with pytest.raises(ConfigurationError, match=r"^message 1: the key function failed .*KeyError\('customer'\)"):
+        orders.publish_many([{"customer": 7}, {"id": 8}], key=lambda order: f"customer-{order['customer']}")
+    with pytest.raises(ConfigurationError, match=r"^message 1: key must be a string"):
+        orders.publish_many([{"customer": 7}, {"id": 8}], key=lambda order: order.get("customer", 2.5))
     with pytest.raises(SerializationError, match="max_payload_bytes"):
         orders.publish("x" * (app.settings.max_payload_bytes + 1))
     assert log_size(app) == 0 and deliveries(app, "billing") == []
