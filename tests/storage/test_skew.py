@@ -13,7 +13,7 @@ from datetime import timedelta
 import pytest
 import sqlalchemy as sa
 
-from jobqueue import JobQueue
+from jobqueue import JobQueue, Task
 from jobqueue.retry import ConstantRetryStrategy
 from jobqueue.testing import drain
 
@@ -32,6 +32,19 @@ def archived(app: JobQueue, job_id: int) -> tuple[str, int]:
     return state, attempts
 
 
+def flaky_task(app: JobQueue, max_attempts: int) -> Task:
+    """A task that always fails, with ten minutes of retries allowed."""
+
+    @app.task(
+        name="t.flaky",
+        retry_strategy=ConstantRetryStrategy(delay_seconds=0, max_attempts=max_attempts, max_total_delay_seconds=600),
+    )
+    def flaky() -> None:
+        raise ConnectionError("down")
+
+    return flaky
+
+
 @pytest.mark.parametrize("skew", [3600, -3600, 0])
 def test_a_host_clock_off_by_an_hour_spends_no_retry_budget(
     app: JobQueue, monkeypatch: pytest.MonkeyPatch, skew: float
@@ -39,13 +52,7 @@ def test_a_host_clock_off_by_an_hour_spends_no_retry_budget(
     """Ten minutes of retries allowed, none used: a job that fails at once gets all its attempts,
     whether the worker's clock runs an hour ahead of the server's or an hour behind."""
 
-    @app.task(
-        name="t.flaky",
-        retry_strategy=ConstantRetryStrategy(delay_seconds=0, max_attempts=4, max_total_delay_seconds=600),
-    )
-    def flaky() -> None:
-        raise ConnectionError("down")
-
+    flaky = flaky_task(app, max_attempts=4)
     skew_host_clock(monkeypatch, skew)
     job = flaky.delay()
     drain(app)
@@ -59,13 +66,7 @@ def test_a_host_clock_off_by_an_hour_gets_no_retry_budget_more(
     """A job whose first attempt was 20 minutes ago by the server's clock has spent its ten minutes
     of retries: its next failure is final, also on a worker whose clock runs an hour behind."""
 
-    @app.task(
-        name="t.flaky",
-        retry_strategy=ConstantRetryStrategy(delay_seconds=0, max_attempts=10, max_total_delay_seconds=600),
-    )
-    def flaky() -> None:
-        raise ConnectionError("down")
-
+    flaky = flaky_task(app, max_attempts=10)
     skew_host_clock(monkeypatch, skew)
     job = flaky.delay()
     drain(app, max_jobs=1)  # attempt 1: RETRYABLE, due at once
