@@ -40,7 +40,8 @@ RATE_MEMORY_SECONDS = 86_400
 # Each job carries its key's limit in an INTEGER column: PostgreSQL and MySQL hold no more.
 MAX_CONCURRENCY_LIMIT = 2_147_483_647
 
-_RATE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*/\s*(s|sec|second|m|min|minute|h|hour)\s*$")
+# Units in any case ("20/S" as "20/s"); digits and spaces ASCII only: a full-width "２０" is refused.
+_RATE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*/\s*(s|sec|second|m|min|minute|h|hour)\s*$", re.IGNORECASE | re.ASCII)
 _UNIT_SECONDS = {"s": 1, "sec": 1, "second": 1, "m": 60, "min": 60, "minute": 60, "h": 3600, "hour": 3600}
 
 
@@ -59,7 +60,7 @@ def rate_interval_us(rate: Any) -> int:
             f"rate_limit must read like '20/s', '100/m' or '1000/h' (starts per second, minute or hour), got {rate!r}"
         )
     count = float(match.group(1))
-    seconds = _UNIT_SECONDS[match.group(2)] / count if count > 0 else math.inf
+    seconds = _UNIT_SECONDS[match.group(2).lower()] / count if count > 0 else math.inf
     if seconds > RATE_MEMORY_SECONDS:
         raise ConfigurationError(
             f"rate_limit must allow at least one start a day (such as '1/h'), got {rate!r}; for rarer runs "

@@ -99,6 +99,11 @@ def test_flow_options_are_checked_when_the_task_is_declared(app: JobQueue) -> No
             app.task(name="t.bad", rate_limit=too_slow)(lambda: None)
     for half in (".5/s", "0.5/s", "0.5 / sec"):  # ".5/s" was refused as unreadable
         assert app.task(name="t.half", rate_limit=half)(lambda: None).flow.interval_us == 2_000_000
+    for upper in ("20/S", "20/Sec", " 1200 / M ", "72000/H"):  # "20/S" was refused, "20/ s" taken
+        assert app.task(name="t.upper", rate_limit=upper)(lambda: None).flow.interval_us == 50_000
+    for unreadable in ("\uff12\uff10/s", "20\u3000/s", "20/s\u00a0"):  # full-width digits, ideographic space
+        with pytest.raises(ConfigurationError, match="rate_limit must read like '20/s'"):
+            app.task(name="t.bad", rate_limit=unreadable)(lambda: None)
     for bad_limit in (0, True, 2**31):  # the column holds a 32-bit integer on PostgreSQL and MySQL
         with pytest.raises(ConfigurationError, match="concurrency_limit must be an integer from 1 to 2147483647"):
             app.task(name="t.bad", concurrency_limit=bad_limit)(lambda: None)
