@@ -226,14 +226,15 @@ def test_arguments_over_max_allowed_packet_are_refused_before_they_are_sent(db_u
     def read(value: str) -> None: ...
 
     enqueues = [
-        lambda: echo.delay(escaped),
-        lambda: echo.bulk([("a",), (escaped,)]),
-        lambda: echo.apply_async((escaped,), unique_key="u"),
-        lambda: topic.publish(escaped),
+        (lambda: echo.delay(escaped), "the job's arguments take"),
+        (lambda: echo.bulk([("a",), (escaped,)]), "the job's arguments take"),
+        (lambda: echo.apply_async((escaped,), unique_key="u"), "the job's arguments take"),
+        (lambda: topic.publish(escaped), "the published message's payload takes"),  # it is no job's
     ]
-    for enqueue in enqueues:
-        with pytest.raises(SerializationError, match="raise max_allowed_packet on the MySQL or MariaDB server"):
+    for enqueue, what in enqueues:
+        with pytest.raises(SerializationError, match="raise max_allowed_packet on the MySQL or MariaDB server") as e:
             enqueue()
+        assert str(e.value).startswith(what), e.value
     with app.engine.begin() as conn, pytest.raises(SerializationError, match="max_allowed_packet"):
         echo.apply_async(("x" * (packet + 1),), connection=conn)
     assert count(app) == 0 and "unavailable" not in caplog.text

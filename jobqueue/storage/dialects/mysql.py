@@ -175,7 +175,8 @@ class MySQLDialect(Dialect):
 
     def row_pages(self, connection: sa.Connection, rows: list[dict[str, Any]], most: int = 1000) -> Iterator[list[Any]]:
         run = connection_runner(connection)
-        self.packet.check_payloads(run, [row["payload"] for row in rows])
+        # Only topics page their rows: a published message's payload (its log row and deliveries).
+        self.packet.check_payloads(run, [row["payload"] for row in rows], "the published message's payload takes")
         for packet in self.packet.packets(run, rows, lambda row: len(row["payload"])):
             for start in range(0, len(packet), most):
                 yield packet[start : start + most]

@@ -102,9 +102,9 @@ class PacketLimit:
                 f"server, or store large data elsewhere and {instead}"
             )
 
-    def check_payloads(self, run: Runner, payloads: list[bytes]) -> None:
+    def check_payloads(self, run: Runner, payloads: list[bytes], what: str = "the job's arguments take") -> None:
         for payload in payloads:
-            self.check_fits(run, "the job's arguments take", partial(escaped_length, payload), len(payload))
+            self.check_fits(run, what, partial(escaped_length, payload), len(payload))
 
     def check_outcome(self, run: Runner, outcome: Outcome) -> None:
         self.check_fits(run, "the job's outcome takes", partial(outcome_length, outcome), outcome_bytes(outcome))
