@@ -10,7 +10,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from jobqueue.ack import AckPolicy
-from jobqueue.clock import to_naive_utc, utcnow
+from jobqueue.clock import to_naive_utc
 from jobqueue.context import JobContext, activate, deactivate, from_now
 from jobqueue.errors import ConfigurationError, SerializationError
 from jobqueue.flow import NO_FLOW, Flow, check_encodable, shown
@@ -103,7 +103,7 @@ class Task:
         kwargs = {} if kwargs is None else kwargs
         if isinstance(args, (tuple, list)) and isinstance(kwargs, dict):
             self.check_call(args, kwargs)
-        row = self._row(args, kwargs, options, utcnow())
+        row = self._row(args, kwargs, options, self.app.store.clock_now())
         found: list[int] = []  # [0] when an active job holds the unique key: nothing was added
         if connection is None and self.app.framework is None:
             # Our own transaction, the common case: straight to the store (no context to enter).
@@ -225,7 +225,7 @@ class Task:
     ) -> dict[str, Any]:
         """The columns every job of one bulk enqueue shares (``Batch.common``), options checked."""
         options = self._call_options(eta, countdown, queue, priority, headers, None, partition_key, retry_strategy)
-        return self._row((), {}, options, utcnow(), per_call=False)
+        return self._row((), {}, options, self.app.store.clock_now(), per_call=False)
 
     @staticmethod
     def _bulk_keys(items: list[Any], unique_key: Any) -> list[str | None]:

@@ -11,7 +11,6 @@ import click
 
 from jobqueue.cli.output import echo_json, print_table, printable, progress_bar, timestamp
 from jobqueue.cli.state import UTF8_TEXT, CliState, Group
-from jobqueue.clock import utcnow
 from jobqueue.duration import parse_age
 from jobqueue.errors import JobNotFound
 from jobqueue.job import SCHEDULE_TASK
@@ -255,8 +254,8 @@ def purge(
 ) -> None:
     """Delete archived jobs for good, in batches of short transactions. Asks first (unless --yes);
     --dry-run only counts."""
-    before = utcnow() - parse_age(older_than)
     store = state.app.store
+    before = store.clock_now() - parse_age(older_than)
     total = deadletter.count_archived(store, state_name, task, before)
     what = f"{total} {state_name} job(s){f' of task {task}' if task else ''} archived before {timestamp(before)}"
     if dry_run or total == 0:

@@ -28,7 +28,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from jobqueue import signals
+from jobqueue import clock, signals
 from jobqueue.clock import utcnow
 from jobqueue.job import Message
 from jobqueue.runtime.executor import Executor, StoreDeliveryWriter
@@ -136,6 +136,9 @@ class WorkerProcess(Fetching, Flushing, KeeperThread):
         logging.raiseExceptions = False
         name = name_process(f"jobqueue-worker-{self.spec.index}")
         self.app.after_fork()
+        # How far this host's clock is off the server's is the supervisor's to measure: it tells.
+        clock.kept_elsewhere()
+        clock.set_correction(self.spec.slot.clock_correction())
         signals.worker_process_init.send(self.app, app=self.app, process_name=name)
         self.guard.what = f"database (worker process {os.getpid()})"
         self.store = self.app.store

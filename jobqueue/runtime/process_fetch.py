@@ -15,6 +15,7 @@ import select
 import time
 from typing import TYPE_CHECKING
 
+from jobqueue import clock
 from jobqueue.job import Message
 from jobqueue.runtime.holdings import Holdings
 from jobqueue.runtime.oscalls import drain, poke
@@ -105,6 +106,7 @@ class Fetching:
 
     def _fetch(self) -> None:
         limit = self.fetch_limit()
+        clock.set_correction(self.spec.slot.clock_correction())  # due times on the server's clock
 
         sent_ns = 0
 

@@ -15,6 +15,9 @@ The supervisor also writes when it last renewed the leases of what the child hol
 clock every process of the host shares): a child whose supervisor is stopped or stuck sees its
 leases age, and stops taking work whose lease nobody would renew.
 
+And it writes how far this host's clock is off the database server's (see jobqueue.clock): a child
+takes that correction before each fetch, so that the processes of a host count due times alike.
+
 The lock is created anew for each child: one killed while holding it takes it to the grave, not its
 replacement.
 """
@@ -24,6 +27,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from typing import Any
+
+from jobqueue import clock
 
 (
     RUNNING_ID,
@@ -38,8 +43,9 @@ from typing import Any
     REVOKES,
     RENEWED_NS,
     LAPSED_NS,
-) = range(12)
-SIZE = 12
+    CLOCK_CORRECTION_US,
+) = range(13)
+SIZE = 13
 UNKNOWN = -1  # more started ids than the list holds: only the running one is known
 MAX_BATCHES = 16  # buffered batches a child may hold (it stops fetching when they are all in use)
 LOCK_TIMEOUT_SECONDS = 0.05
@@ -83,6 +89,7 @@ class Slot:
             context.Lock(),
         )
         slot.renewed(time.monotonic_ns())  # a new child's supervisor is alive: it just forked it
+        slot.set_clock_correction(clock.correction())
         return slot
 
     # -- the child's side --------------------------------------------------------------------------
@@ -162,6 +169,10 @@ class Slot:
             return taken_ns
         return max(taken_ns, int(self.array[RENEWED_NS]))
 
+    def clock_correction(self) -> float:
+        """Seconds to add to this host's clock to read the server's (read without the lock: one word)."""
+        return int(self.array[CLOCK_CORRECTION_US]) / 1e6
+
     def set_idle(self, idle: bool) -> None:
         with self.lock:
             self.array[IDLE] = int(idle)
@@ -212,6 +223,10 @@ class Slot:
         if lapsed:
             self.array[LAPSED_NS] = sent_ns
         self.array[RENEWED_NS] = sent_ns
+
+    def set_clock_correction(self, seconds: float) -> None:
+        """Tell the child the supervisor's measure of this host's clock (written without the lock)."""
+        self.array[CLOCK_CORRECTION_US] = round(seconds * 1e6)
 
     def started_ids(self) -> list[int] | None:
         """The ids the child started whose outcome it never wrote; None if it lost count."""

@@ -178,6 +178,9 @@ class Supervisor(Reaping, Maintenance):
             logger.info("jobqueue worker %s stopped before it started", self.supervisor_id[:8])
             return False
         self.meter = Progress(self.store, self.settings.queues) if self.progress else None
+        # Before any fork: the worker processes start on the server's clock (and the lease clock's
+        # first mark is taken).
+        self._lease_clock_jumped()
         for index in range(self.size):
             if self.signals:  # stopped while forking (a large pool takes a while): the loop stops it
                 break

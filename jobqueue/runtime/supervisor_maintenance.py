@@ -11,7 +11,8 @@ import time
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
-from jobqueue.clock import utcnow
+from jobqueue import clock
+from jobqueue.clock import host_now, utcnow
 from jobqueue.runtime.housekeeping import Housekeeping
 from jobqueue.runtime.pool import Child
 from jobqueue.runtime.resilience import DatabaseGuard
@@ -89,15 +90,22 @@ class Maintenance:
         """Whether the lease clock (this host's on SQLite, the database server's elsewhere) went
         forward by more than a heartbeat's interval beyond the time that passed (a clock set
         forward, a machine resumed from suspend). Leases are stamped by that clock: after such a
-        jump, live ones would look expired and their jobs run twice."""
-        ok, clock = self.guard.try_once(self.store.lease_clock_now)
-        if not ok or clock is None:  # not read this time (the database is down)
+        jump, live ones would look expired and their jobs run twice.
+
+        The reading also tells how far this host's clock is off the server's: this process and its
+        worker processes correct theirs by it (see jobqueue.clock)."""
+        sent = host_now()
+        ok, server = self.guard.try_once(self.store.lease_clock_now)
+        if not ok or server is None:  # not read this time (the database is down)
             return False
         read_at = time.monotonic()  # as the answer comes: a slow query must not look like a jump
-        mark, self.clock_mark = self.clock_mark, (read_at, clock)
+        if not self.store.dialect.client_clock and clock.observe(server, sent, host_now()):
+            for child in self.children.values():
+                child.spec.slot.set_clock_correction(clock.correction())
+        mark, self.clock_mark = self.clock_mark, (read_at, server)
         if mark is None:
             return False
-        ahead = (clock - mark[1]).total_seconds() - (read_at - mark[0])
+        ahead = (server - mark[1]).total_seconds() - (read_at - mark[0])
         if ahead <= self.settings.heartbeat_interval:
             return False
         logger.warning(

@@ -9,7 +9,6 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from jobqueue.clock import utcnow
 from jobqueue.job import ACTIVE_STATES, FINAL_STATES, SCHEDULE_TASK, MessageState
 from jobqueue.storage.jobs import message_archive_columns
 from jobqueue.storage.readable import Unreadable, readable_rows
@@ -155,7 +154,7 @@ def retry(store: Store, job_ids: Iterable[int], now: datetime | None = None) -> 
     The archived outcome is appended to the job's ``history``, so earlier failures stay readable;
     the checkpoint is kept, so a job that saved progress resumes from it.
     """
-    now = now or utcnow()
+    now = now or store.clock_now()
     m, a = store.tables.message, store.tables.archive
     columns = message_archive_columns(store.tables)
     report = RetryReport()

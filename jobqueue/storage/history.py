@@ -12,7 +12,6 @@ from datetime import datetime, timedelta
 
 import sqlalchemy as sa
 
-from jobqueue.clock import utcnow
 from jobqueue.job import MessageState
 from jobqueue.storage.store import Store
 
@@ -40,7 +39,7 @@ def throughput(store: Store, minutes: int = 60, now: datetime | None = None) -> 
     """
     if minutes < 1:
         raise ValueError(f"minutes must be at least 1, not {minutes}")
-    now = now or utcnow()
+    now = now or store.clock_now()
     end = now.replace(second=0, microsecond=0) + timedelta(minutes=1)
     start = end - timedelta(minutes=minutes)
     a = store.tables.archive

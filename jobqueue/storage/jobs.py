@@ -8,7 +8,6 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from jobqueue.clock import utcnow
 from jobqueue.errors import CorruptMessage
 from jobqueue.job import ACTIVE_STATES, FINAL_STATES, SCHEDULE_TASK, MessageState
 from jobqueue.storage.dialects.common import READY_LITERALS
@@ -68,7 +67,7 @@ def archived_job(store: Store, job_id: int) -> ArchivedJob | None:
 def cancel(store: Store, job_id: int, now: datetime | None = None, headers: dict[str, Any] | None = None) -> bool:
     """Archive a PENDING or RETRYABLE job as CANCELLED (with ``headers`` added to its own); False if
     it is running or gone."""
-    now = now or utcnow()
+    now = now or store.clock_now()
     m, a = store.tables.message, store.tables.archive
     columns = message_archive_columns(store.tables)
     with store.writing() as conn:
@@ -114,7 +113,7 @@ def queue_counts(store: Store, now: datetime | None = None) -> list[dict[str, An
     shows them. Messages in a state jobqueue does not know (a row edited by hand), which no worker
     runs, are counted apart, as ``unknown_state``, in the rows of the queues that have any.
     """
-    now = now or utcnow()
+    now = now or store.clock_now()
     m, a = store.tables.message, store.tables.archive
     due = m.c.next_attempt_at <= now
     kind = sa.case(

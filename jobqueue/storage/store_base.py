@@ -13,7 +13,8 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from jobqueue.clock import utcnow
+from jobqueue import clock
+from jobqueue.clock import host_now, utcnow
 from jobqueue.errors import ConfigurationError, SchemaError
 from jobqueue.storage.dialects import dialect_for
 from jobqueue.storage.dialects.common import LeaseClock
@@ -191,6 +192,23 @@ class StoreBase:
         # On the engine's own pool, as the heartbeat: no connection more for the supervisor.
         with self.engine.connect() as connection:
             return self.database_now(connection)
+
+    def clock_now(self) -> datetime:
+        """``utcnow()``, once this host's clock was measured against the server's if it was time to
+        (see jobqueue.clock): for the times an enqueue or a command starts from."""
+        clock.refresh(self.measure_clock)
+        return utcnow()
+
+    def measure_clock(self) -> float | None:
+        """Read the server's clock and correct this host's by it; None if the reading was of no use
+        (see jobqueue.clock). On the engine's own pool: no connection more."""
+        if self.dialect.client_clock:
+            return 0.0  # the server is this host: one clock
+        with self.engine.connect() as connection:
+            sent = host_now()
+            server = self.database_now(connection)
+            received = host_now()
+        return clock.observe(server, sent, received)
 
     def database_now(self, connection: sa.Connection) -> datetime:
         """The lease clock's time: the database server's where the dialect reads it, else this host's."""

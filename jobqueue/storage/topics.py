@@ -141,7 +141,7 @@ class TopicStore:
     def publish(self, topic: str, messages: Sequence[Published], connection: Any = None) -> list[int]:
         """Write ``messages`` to the log and deliver them to every group of ``topic``; their log ids."""
         t = self.tables.topic_message
-        now = utcnow()
+        now = self.store.clock_now()
         with self.store.writing(connection) as conn:
             groups = self._groups_locked(conn, topic, now, exclusive=False)
             rows = [
@@ -224,7 +224,7 @@ class TopicStore:
             exists = conn.execute(stored).first()
         if exists is not None:
             return _registered(topic, group, exists)
-        now = utcnow()
+        now = self.store.clock_now()
         tp = self.tables.topic
         with self.store.writing() as conn:
             # The topic's row first, in a transaction of its own. Made in the one below, a

@@ -570,6 +570,49 @@ def test_a_job_killed_for_its_timeout_on_a_host_an_hour_ahead_is_timed_on_that_h
     assert timedelta(0) < ended - started < timedelta(seconds=30), (started, ended)
 
 
+@only("postgresql", "mysql")
+def test_a_worker_whose_clock_runs_an_hour_behind_runs_the_jobs_due_now(
+    app: JobQueue, tmp_path: Path, workers: list[Worker]
+) -> None:
+    """By its own clock nothing enqueued now is due for an hour: a --burst worker would stop at
+    once, a long-running one sit idle. It counts due times on the server's clock instead."""
+    jobs = rt.short.bulk([(0.0,)] * 3)
+    worker = start(
+        workers,
+        tmp_path,
+        "--burst",
+        "--concurrency",
+        "2",
+        app="tests.apps.skewed:app",
+        env={"JOBQUEUE_TEST_SKEW_SECONDS": "-3600"},
+    )
+    assert worker.wait(60) == 0, worker.text()[-3000:]
+    assert {h.status() for h in jobs} == {"completed"}
+    assert "this host's clock is 3600.0 s behind the database server's" in worker.text()
+
+
+@only("postgresql", "mysql")
+def test_a_worker_whose_clock_runs_an_hour_ahead_starts_no_job_before_its_time(
+    app: JobQueue, tmp_path: Path, workers: list[Worker]
+) -> None:
+    """A job due in 3 s by the server's clock is an hour overdue by the worker's: it still waits."""
+    worker = start(
+        workers,
+        tmp_path,
+        "--concurrency",
+        "2",
+        app="tests.apps.skewed:app",
+        env={"JOBQUEUE_TEST_SKEW_SECONDS": "3600"},
+    )
+    wait_for(lambda: "s ahead of the database server's" in worker.text(), 30, "the worker to measure its clock")
+    sent = time.monotonic()
+    job = rt.short.apply_async(countdown=3)
+    job.get(timeout=30)
+    assert time.monotonic() - sent > 2.5, "the job ran before it was due"
+    worker.signal(signal.SIGTERM)
+    assert worker.wait(30) == 0, worker.text()[-3000:]
+
+
 @only("sqlite")
 def test_a_clock_set_forward_mid_job_releases_no_live_lease(
     app: JobQueue, tmp_path: Path, workers: list[Worker]

@@ -8,7 +8,7 @@ shifted as tests.apps.skewed shifts it: every time jobqueue reads from the host'
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 import pytest
 import sqlalchemy as sa
@@ -16,6 +16,7 @@ import sqlalchemy as sa
 from jobqueue import JobQueue, Task
 from jobqueue.retry import ConstantRetryStrategy
 from jobqueue.testing import drain
+from tests.conftest import only
 
 
 def skew_host_clock(monkeypatch: pytest.MonkeyPatch, seconds: float) -> None:
@@ -76,3 +77,95 @@ def test_a_host_clock_off_by_an_hour_gets_no_retry_budget_more(
         conn.execute(sa.update(m).where(m.c.id == job.id).values(first_attempt_at=first - timedelta(minutes=20)))
     drain(app, max_jobs=1)
     assert archived(app, job.id) == ("FAILED", 2)
+
+
+@pytest.fixture
+def measured(monkeypatch: pytest.MonkeyPatch) -> None:
+    """This process measures its clock's offset again before its next enqueue, from no correction."""
+    import jobqueue.clock
+
+    monkeypatch.setattr(jobqueue.clock, "_offset", 0.0)
+    monkeypatch.setattr(jobqueue.clock, "_next_check", 0.0)
+
+
+def due_in(app: JobQueue, job_id: int) -> float:
+    """Seconds from the database server's now to the job's due time."""
+    m = app.tables.message
+    with app.engine.connect() as conn:
+        due: datetime = conn.execute(sa.select(m.c.next_attempt_at).where(m.c.id == job_id)).scalar_one()
+        server = app.store.database_now(conn)
+    return (due - server).total_seconds()
+
+
+@only("postgresql", "mysql")
+@pytest.mark.parametrize("skew", [3600, -3600, -30])
+def test_a_host_clock_off_by_an_hour_enqueues_jobs_due_by_the_servers_clock(
+    app: JobQueue, monkeypatch: pytest.MonkeyPatch, measured: None, skew: float
+) -> None:
+    """A job enqueued now is due now and one with a countdown of a minute is due in a minute, by the
+    server's clock, whatever the enqueuing host's clock says: ahead, it would wait an hour; behind,
+    it would jump the queue by an hour and run its countdown early."""
+
+    @app.task(name="t.plain")
+    def plain() -> None: ...
+
+    skew_host_clock(monkeypatch, skew)
+    assert abs(due_in(app, plain.delay().id)) < 5
+    assert abs(due_in(app, plain.apply_async(countdown=60).id) - 60) < 5
+    assert abs(due_in(app, plain.bulk([(), ()])[1].id)) < 5
+
+
+@only("postgresql", "mysql")
+def test_a_host_clock_within_a_second_of_the_servers_is_left_as_it_is(
+    app: JobQueue, monkeypatch: pytest.MonkeyPatch, measured: None
+) -> None:
+    """Half a second off: not corrected (the reading's own noise is of that order on a busy network)."""
+    import jobqueue.clock
+
+    @app.task(name="t.plain")
+    def plain() -> None: ...
+
+    skew_host_clock(monkeypatch, 0.5)
+    plain.delay()
+    assert jobqueue.clock.correction() == 0.0
+    skew_host_clock(monkeypatch, 5)
+    monkeypatch.setattr(jobqueue.clock, "_next_check", 0.0)
+    plain.delay()
+    assert -6.0 < jobqueue.clock.correction() < -5.0
+
+
+@only("postgresql", "mysql")
+def test_a_frozen_clock_is_taken_as_it_is(app: JobQueue, measured: None) -> None:
+    """A test that freezes time (freezegun) decides what now is: no correction towards the server's."""
+    from freezegun import freeze_time
+
+    import jobqueue.clock
+
+    @app.task(name="t.plain")
+    def plain() -> None: ...
+
+    with freeze_time("2030-01-02 03:04:05"):
+        job = plain.delay()
+    m = app.tables.message
+    with app.engine.connect() as conn:
+        due = conn.execute(sa.select(m.c.next_attempt_at).where(m.c.id == job.id)).scalar_one()
+    assert due == datetime(2030, 1, 2, 3, 4, 5)
+    assert jobqueue.clock.correction() == 0.0
+
+
+@only("postgresql", "mysql")
+def test_an_enqueue_goes_on_when_the_servers_clock_cannot_be_read(
+    app: JobQueue, monkeypatch: pytest.MonkeyPatch, measured: None
+) -> None:
+    """Reading the server's clock is a side step: its failure leaves the host's clock as it was."""
+
+    @app.task(name="t.plain")
+    def plain() -> None: ...
+
+    def fail() -> float | None:
+        raise sa.exc.OperationalError("SELECT now()", {}, Exception("connection refused"))
+
+    monkeypatch.setattr(app.store, "measure_clock", fail)
+    skew_host_clock(monkeypatch, 3600)
+    job = plain.delay()
+    assert 3590 < due_in(app, job.id) < 3610  # the host's clock, as it says
