@@ -32,7 +32,7 @@ KEEP_UNTIL_SECONDS = 0.5  # a correction in place stays until the host is this c
 TRACK_SECONDS = 0.1  # a correction in place follows the measured offset in steps of this
 MAX_ROUND_TRIP_SECONDS = 0.5  # a slower reading of the server's clock says too little to correct by
 CHECK_EVERY_SECONDS = 60.0  # outside a worker: how often an enqueueing process measures again
-RETRY_SECONDS = 5.0  # after a measurement that failed or said too little
+RETRY_SECONDS = 5.0  # after a reading too slow to use, or none taken (no connection free)
 
 
 _offset = 0.0  # seconds added to this host's clock (a module global: utcnow() reads it fastest)
@@ -41,6 +41,8 @@ _next_check = 0.0  # time.monotonic() of the next measurement before an enqueue;
 
 def utcnow() -> datetime:
     """The current time as a naive UTC datetime (what the tables store), on the server's clock."""
+    if _offset and time.time is not _REAL_TIME[0]:  # a test's clock: its time, uncorrected
+        return _EPOCH + timedelta(0, time.time())
     # The epoch plus the seconds since: twice as fast as datetime.now(timezone.utc) made naive,
     # whose replace(tzinfo=None) alone costs a microsecond; a worker stamps every job twice.
     return _EPOCH + timedelta(0, time.time() + _offset)
@@ -62,10 +64,11 @@ def set_correction(seconds: float) -> None:
     _offset = seconds
 
 
-def kept_elsewhere() -> None:
-    """The offset is measured by the worker's supervisor: no measurement before an enqueue here."""
+def kept_elsewhere(kept: bool = True) -> None:
+    """The offset is measured by the worker's supervisor (this process, or its parent): no
+    measurement before an enqueue here; ``kept=False`` when the supervisor stops."""
     global _next_check
-    _next_check = math.inf
+    _next_check = math.inf if kept else 0.0
 
 
 def refresh(measure: Callable[[], float | None]) -> None:
@@ -73,6 +76,8 @@ def refresh(measure: Callable[[], float | None]) -> None:
     is time to: before an enqueue stamps a due time. Never raises: a server that cannot be read now
     leaves the correction as it was."""
     global _next_check
+    if time.time is not _REAL_TIME[0]:  # a test's clock (whose monotonic clock may be frozen too)
+        return
     now = time.monotonic()
     if now < _next_check:
         return
@@ -80,7 +85,10 @@ def refresh(measure: Callable[[], float | None]) -> None:
     try:
         measured = measure()
     except Exception as exc:  # measuring must never fail the enqueue it precedes
+        # Not again for a minute: while the database is down, each enqueue would otherwise wait
+        # for a connection twice, once here.
         logger.debug("could not read the database server's clock: %s", exc)
+        _next_check = now + CHECK_EVERY_SECONDS
         return
     if measured is not None:
         _next_check = now + CHECK_EVERY_SECONDS

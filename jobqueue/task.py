@@ -97,13 +97,14 @@ class Task:
         connection: Any = None,
     ) -> JobHandle:
         """Enqueue a call with options; with ``connection`` it is written in that transaction, uncommitted."""
+        now = self.app.store.clock_now()  # first: a countdown counts from the corrected clock too
         options = self._call_options(
             eta, countdown, queue, priority, headers, unique_key, partition_key, retry_strategy
         )
         kwargs = {} if kwargs is None else kwargs
         if isinstance(args, (tuple, list)) and isinstance(kwargs, dict):
             self.check_call(args, kwargs)
-        row = self._row(args, kwargs, options, self.app.store.clock_now())
+        row = self._row(args, kwargs, options, now)
         found: list[int] = []  # [0] when an active job holds the unique key: nothing was added
         if connection is None and self.app.framework is None:
             # Our own transaction, the common case: straight to the store (no context to enter).
@@ -224,8 +225,9 @@ class Task:
         retry_strategy: RetryStrategy | None = None,
     ) -> dict[str, Any]:
         """The columns every job of one bulk enqueue shares (``Batch.common``), options checked."""
+        now = self.app.store.clock_now()  # first: a countdown counts from the corrected clock too
         options = self._call_options(eta, countdown, queue, priority, headers, None, partition_key, retry_strategy)
-        return self._row((), {}, options, self.app.store.clock_now(), per_call=False)
+        return self._row((), {}, options, now, per_call=False)
 
     @staticmethod
     def _bulk_keys(items: list[Any], unique_key: Any) -> list[str | None]:

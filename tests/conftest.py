@@ -108,6 +108,16 @@ def _no_stray_env(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.delenv("JOBQUEUE_DATABASE_URL")
 
 
+@pytest.fixture(autouse=True)
+def _host_clock_kept(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What a test does to this process's measure of its clock against the server's (a skewed
+    clock measured, a supervisor run in this process) ends with the test."""
+    import jobqueue.clock
+
+    monkeypatch.setattr(jobqueue.clock, "_offset", jobqueue.clock._offset)
+    monkeypatch.setattr(jobqueue.clock, "_next_check", jobqueue.clock._next_check)
+
+
 def pytest_terminal_summary(terminalreporter) -> None:
     from tests.runtime.harness import REPORTS
 

@@ -147,10 +147,11 @@ class OutcomeDecisions:
 
         Where leases are stamped by the database server's clock, ``first_attempt_at`` and
         ``acquired_at`` are the server's times, and ``started`` (when this delivery started) is this
-        host's: the time from the first attempt to this delivery is counted on the server's clock,
-        and moved to this host's. Compared as they are, a host whose clock runs an hour ahead would
-        find every ``max_total_delay_seconds`` under an hour spent at the first failure, and one
-        behind would retry an hour longer than the strategy allows.
+        host's (corrected to the server's when it is a second or more off, but only from its next
+        reading of the server's clock): the time from the first attempt to this delivery is counted
+        on the server's clock, and moved to this host's. Compared as they are, a host whose clock
+        runs an hour ahead would find every ``max_total_delay_seconds`` under an hour spent at the
+        first failure, and one behind would retry an hour longer than the strategy allows.
         """
         first = message.first_attempt_at
         if first is None:

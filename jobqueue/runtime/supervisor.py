@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from multiprocess import connection as mp_connection
 
-from jobqueue import topics
+from jobqueue import clock, topics
 from jobqueue.clock import utcnow
 from jobqueue.errors import ConfigurationError
 from jobqueue.runtime import metrics
@@ -118,11 +118,15 @@ class Supervisor(Reaping, Maintenance):
             self.metrics = metrics.start(
                 self.settings.metrics_host, self.settings.metrics_port, self.app.store, self._process_counts
             )
+        # This process measures how far this host's clock is off the server's, every
+        # release_stuck_interval, for itself and its worker processes (see jobqueue.clock).
+        clock.kept_elsewhere()
         try:
             if not self._start():
                 return 0  # stopped by a signal while waiting for the database
             return self._loop()
         finally:
+            clock.kept_elsewhere(False)
             # Whatever ended the loop, no child outlives it (they would run on unsupervised).
             if any(c.process.exitcode is None for c in self.children.values()):
                 self.pool.kill_all("supervisor exiting")
@@ -157,6 +161,9 @@ class Supervisor(Reaping, Maintenance):
         try:
             self.guard.call(self.app.check_schema, give_up=lambda: self.signals > 0, doing="checking the schema")
             self.store = self.app.store
+            # Before anything is stamped (the schedules' next fires) and any fork: on the server's
+            # clock. This also takes the lease clock's first mark.
+            self._lease_clock_jumped()
             # Before any fork: the worker processes' commits never stop to write the journal back.
             self.checkpoints = self.store.take_over_checkpoints()
             self.guard.call(self.store.repair_ids, give_up=lambda: self.signals > 0)
@@ -178,9 +185,6 @@ class Supervisor(Reaping, Maintenance):
             logger.info("jobqueue worker %s stopped before it started", self.supervisor_id[:8])
             return False
         self.meter = Progress(self.store, self.settings.queues) if self.progress else None
-        # Before any fork: the worker processes start on the server's clock (and the lease clock's
-        # first mark is taken).
-        self._lease_clock_jumped()
         for index in range(self.size):
             if self.signals:  # stopped while forking (a large pool takes a while): the loop stops it
                 break

@@ -99,8 +99,9 @@ class Maintenance:
         if not ok or server is None:  # not read this time (the database is down)
             return False
         read_at = time.monotonic()  # as the answer comes: a slow query must not look like a jump
-        if not self.store.dialect.client_clock and clock.observe(server, sent, host_now()):
-            for child in self.children.values():
+        if not self.store.dialect.client_clock:
+            clock.observe(server, sent, host_now())
+            for child in self.children.values():  # every time: whatever changed it, they follow
                 child.spec.slot.set_clock_correction(clock.correction())
         mark, self.clock_mark = self.clock_mark, (read_at, server)
         if mark is None:

@@ -204,6 +204,11 @@ class StoreBase:
         (see jobqueue.clock). On the engine's own pool: no connection more."""
         if self.dialect.client_clock:
             return 0.0  # the server is this host: one clock
+        pool = self.engine.pool
+        if isinstance(pool, sa.pool.QueuePool) and pool.checkedin() == 0 and pool.checkedout() > 0:
+            # Every open connection is in use (the application's own, given to an enqueue): no
+            # waiting for one, or opening one more, only to read a clock. Later.
+            return None
         with self.engine.connect() as connection:
             sent = host_now()
             server = self.database_now(connection)

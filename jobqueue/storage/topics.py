@@ -370,7 +370,7 @@ class TopicStore:
     # -- what the CLI shows ---------------------------------------------------------------------------------
     def stats(self, now: datetime | None = None) -> list[dict[str, Any]]:
         """Per topic and group: lag, in flight, retrying, dead letters, oldest unfinished age, kept."""
-        now = now or utcnow()
+        now = now or self.store.clock_now()
         tp, g, t, m, a = (
             self.tables.topic,
             self.tables.topic_group,

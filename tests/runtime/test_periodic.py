@@ -147,6 +147,28 @@ def test_a_host_whose_clock_runs_90_s_ahead_skips_no_fire(db_url: str, tmp_path:
     app.close()
 
 
+@only("postgresql", "mysql")
+def test_a_schedule_first_created_by_a_host_an_hour_ahead_fires_on_time(db_url: str, tmp_path: Path) -> None:
+    """The first worker ever, on a host whose clock runs an hour ahead, creates the every-second
+    schedule: its first fire is a second from the server's now, not from the host's (an hour away)."""
+    app = JobQueue(db_url)
+    ahead = Worker(
+        tmp_path,
+        "--concurrency",
+        "1",
+        app="tests.apps.periodic_skewed:app",
+        name="ahead",
+        env={"JOBQUEUE_TEST_SKEW_SECONDS": "3600"},
+    )
+    try:
+        wait_for(lambda: len(fire_times(app)) >= 3, 30, "three fires")
+        ahead.signal(signal.SIGTERM)
+        assert ahead.wait(30) == 0
+    finally:
+        ahead.close()
+    app.close()
+
+
 def schedule_state(app: JobQueue) -> tuple[str, datetime]:
     """The every-second schedule message's state and next fire time (naive UTC)."""
     rows = [row for row in periodic.schedule_rows(app.store).values() if row.name == "pd.tick"]

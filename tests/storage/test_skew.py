@@ -8,6 +8,7 @@ shifted as tests.apps.skewed shifts it: every time jobqueue reads from the host'
 
 from __future__ import annotations
 
+import time
 from datetime import datetime, timedelta
 
 import pytest
@@ -110,9 +111,21 @@ def test_a_host_clock_off_by_an_hour_enqueues_jobs_due_by_the_servers_clock(
     def plain() -> None: ...
 
     skew_host_clock(monkeypatch, skew)
-    assert abs(due_in(app, plain.delay().id)) < 5
+    # The first enqueue measures the clock: its countdown counts from the corrected clock too.
     assert abs(due_in(app, plain.apply_async(countdown=60).id) - 60) < 5
+    assert abs(due_in(app, plain.delay().id)) < 5
     assert abs(due_in(app, plain.bulk([(), ()])[1].id)) < 5
+
+
+@only("postgresql", "mysql")
+def test_a_bulk_countdown_counts_from_the_corrected_clock(
+    app: JobQueue, monkeypatch: pytest.MonkeyPatch, measured: None
+) -> None:
+    @app.task(name="t.plain")
+    def plain() -> None: ...
+
+    skew_host_clock(monkeypatch, 3600)
+    assert abs(due_in(app, plain.bulk([(), ()], countdown=60)[1].id) - 60) < 5
 
 
 @only("postgresql", "mysql")
@@ -135,7 +148,7 @@ def test_a_host_clock_within_a_second_of_the_servers_is_left_as_it_is(
 
 
 @only("postgresql", "mysql")
-def test_a_frozen_clock_is_taken_as_it_is(app: JobQueue, measured: None) -> None:
+def test_a_frozen_clock_is_taken_as_it_is(app: JobQueue, monkeypatch: pytest.MonkeyPatch, measured: None) -> None:
     """A test that freezes time (freezegun) decides what now is: no correction towards the server's."""
     from freezegun import freeze_time
 
@@ -151,6 +164,56 @@ def test_a_frozen_clock_is_taken_as_it_is(app: JobQueue, measured: None) -> None
         due = conn.execute(sa.select(m.c.next_attempt_at).where(m.c.id == job.id)).scalar_one()
     assert due == datetime(2030, 1, 2, 3, 4, 5)
     assert jobqueue.clock.correction() == 0.0
+    # The clock back (freezegun froze the monotonic clock too): measured again, at the next enqueue.
+    skew_host_clock(monkeypatch, 3600)
+    assert abs(due_in(app, plain.delay().id)) < 5
+
+
+@only("postgresql", "mysql")
+def test_a_frozen_clock_gets_no_correction_measured_before(
+    app: JobQueue, monkeypatch: pytest.MonkeyPatch, measured: None
+) -> None:
+    from freezegun import freeze_time
+
+    import jobqueue.clock
+
+    @app.task(name="t.plain")
+    def plain() -> None: ...
+
+    skew_host_clock(monkeypatch, 3600)
+    plain.delay()
+    assert jobqueue.clock.correction() < -3500  # this host is an hour ahead
+    monkeypatch.setattr(jobqueue.clock, "_EPOCH", datetime(1970, 1, 1))  # its clock now the frozen one
+    with freeze_time("2030-01-02 03:04:05"):
+        job = plain.delay()
+    m = app.tables.message
+    with app.engine.connect() as conn:
+        due = conn.execute(sa.select(m.c.next_attempt_at).where(m.c.id == job.id)).scalar_one()
+    assert due == datetime(2030, 1, 2, 3, 4, 5)
+
+
+@only("postgresql", "mysql")
+def test_an_enqueue_waits_for_no_connection_to_read_the_servers_clock(
+    app: JobQueue, monkeypatch: pytest.MonkeyPatch, measured: None
+) -> None:
+    """Every connection of the pool held by the application (one given to the enqueue): the clock
+    is read later, not after waiting for the pool's timeout."""
+
+    @app.task(name="t.plain")
+    def plain() -> None: ...
+
+    pool = app.engine.pool
+    assert isinstance(pool, sa.pool.QueuePool)
+    held = [app.engine.connect() for _ in range(pool.size() + pool._max_overflow)]
+    try:
+        started = time.monotonic()
+        plain.apply_async(connection=held[0])
+        assert time.monotonic() - started < 5
+        held[0].commit()
+    finally:
+        for conn in held:
+            conn.close()
+    assert plain.delay().status() == "pending"
 
 
 @only("postgresql", "mysql")
