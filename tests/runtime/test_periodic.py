@@ -109,6 +109,18 @@ def test_a_renamed_tasks_old_schedule_says_how_to_retire_it(db_url: str) -> None
     assert {s["name"] for s in after} == {"pd.tick", "morning-report-v2"}
 
 
+def worker_ahead(tmp_path: Path, seconds: int) -> Worker:
+    """A worker of the periodic app on a host whose clock runs ``seconds`` ahead of the server's."""
+    return Worker(
+        tmp_path,
+        "--concurrency",
+        "1",
+        app="tests.apps.periodic_skewed:app",
+        name="ahead",
+        env={"JOBQUEUE_TEST_SKEW_SECONDS": str(seconds)},
+    )
+
+
 @only("postgresql", "mysql")
 def test_a_host_whose_clock_runs_90_s_ahead_skips_no_fire(db_url: str, tmp_path: Path) -> None:
     """The schedule is fired on time by a host with the right clock; then a host 90 s ahead (more than
@@ -120,14 +132,7 @@ def test_a_host_whose_clock_runs_90_s_ahead_skips_no_fire(db_url: str, tmp_path:
     ahead = None
     try:
         wait_for(lambda: len(fire_times(app)) >= 3, 30, "the honest host's first fires")
-        ahead = Worker(
-            tmp_path,
-            "--concurrency",
-            "1",
-            app="tests.apps.periodic_skewed:app",
-            name="ahead",
-            env={"JOBQUEUE_TEST_SKEW_SECONDS": "90"},
-        )
+        ahead = worker_ahead(tmp_path, 90)
         wait_for(lambda: "s ahead of the database server's" in ahead.text(), 30, "the host ahead up")
         honest.signal(signal.SIGTERM)
         assert honest.wait(30) == 0
@@ -152,14 +157,7 @@ def test_a_schedule_first_created_by_a_host_an_hour_ahead_fires_on_time(db_url: 
     """The first worker ever, on a host whose clock runs an hour ahead, creates the every-second
     schedule: its first fire is a second from the server's now, not from the host's (an hour away)."""
     app = JobQueue(db_url)
-    ahead = Worker(
-        tmp_path,
-        "--concurrency",
-        "1",
-        app="tests.apps.periodic_skewed:app",
-        name="ahead",
-        env={"JOBQUEUE_TEST_SKEW_SECONDS": "3600"},
-    )
+    ahead = worker_ahead(tmp_path, 3600)
     try:
         wait_for(lambda: len(fire_times(app)) >= 3, 30, "three fires")
         ahead.signal(signal.SIGTERM)

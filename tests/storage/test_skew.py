@@ -89,27 +89,38 @@ def measured(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(jobqueue.clock, "_next_check", 0.0)
 
 
-def due_in(app: JobQueue, job_id: int) -> float:
-    """Seconds from the database server's now to the job's due time."""
+@pytest.fixture
+def plain(app: JobQueue) -> Task:
+    """A task that does nothing."""
+
+    @app.task(name="t.plain")
+    def plain() -> None: ...
+
+    return plain
+
+
+def due_at(app: JobQueue, job_id: int) -> datetime:
     m = app.tables.message
     with app.engine.connect() as conn:
         due: datetime = conn.execute(sa.select(m.c.next_attempt_at).where(m.c.id == job_id)).scalar_one()
+    return due
+
+
+def due_in(app: JobQueue, job_id: int) -> float:
+    """Seconds from the database server's now to the job's due time."""
+    with app.engine.connect() as conn:
         server = app.store.database_now(conn)
-    return (due - server).total_seconds()
+    return (due_at(app, job_id) - server).total_seconds()
 
 
 @only("postgresql", "mysql")
 @pytest.mark.parametrize("skew", [3600, -3600, -30])
 def test_a_host_clock_off_by_an_hour_enqueues_jobs_due_by_the_servers_clock(
-    app: JobQueue, monkeypatch: pytest.MonkeyPatch, measured: None, skew: float
+    app: JobQueue, plain: Task, monkeypatch: pytest.MonkeyPatch, measured: None, skew: float
 ) -> None:
     """A job enqueued now is due now and one with a countdown of a minute is due in a minute, by the
     server's clock, whatever the enqueuing host's clock says: ahead, it would wait an hour; behind,
     it would jump the queue by an hour and run its countdown early."""
-
-    @app.task(name="t.plain")
-    def plain() -> None: ...
-
     skew_host_clock(monkeypatch, skew)
     # The first enqueue measures the clock: its countdown counts from the corrected clock too.
     assert abs(due_in(app, plain.apply_async(countdown=60).id) - 60) < 5
@@ -119,24 +130,18 @@ def test_a_host_clock_off_by_an_hour_enqueues_jobs_due_by_the_servers_clock(
 
 @only("postgresql", "mysql")
 def test_a_bulk_countdown_counts_from_the_corrected_clock(
-    app: JobQueue, monkeypatch: pytest.MonkeyPatch, measured: None
+    app: JobQueue, plain: Task, monkeypatch: pytest.MonkeyPatch, measured: None
 ) -> None:
-    @app.task(name="t.plain")
-    def plain() -> None: ...
-
     skew_host_clock(monkeypatch, 3600)
     assert abs(due_in(app, plain.bulk([(), ()], countdown=60)[1].id) - 60) < 5
 
 
 @only("postgresql", "mysql")
 def test_a_host_clock_within_a_second_of_the_servers_is_left_as_it_is(
-    app: JobQueue, monkeypatch: pytest.MonkeyPatch, measured: None
+    app: JobQueue, plain: Task, monkeypatch: pytest.MonkeyPatch, measured: None
 ) -> None:
     """Half a second off: not corrected (the reading's own noise is of that order on a busy network)."""
     import jobqueue.clock
-
-    @app.task(name="t.plain")
-    def plain() -> None: ...
 
     skew_host_clock(monkeypatch, 0.5)
     plain.delay()
@@ -148,21 +153,17 @@ def test_a_host_clock_within_a_second_of_the_servers_is_left_as_it_is(
 
 
 @only("postgresql", "mysql")
-def test_a_frozen_clock_is_taken_as_it_is(app: JobQueue, monkeypatch: pytest.MonkeyPatch, measured: None) -> None:
+def test_a_frozen_clock_is_taken_as_it_is(
+    app: JobQueue, plain: Task, monkeypatch: pytest.MonkeyPatch, measured: None
+) -> None:
     """A test that freezes time (freezegun) decides what now is: no correction towards the server's."""
     from freezegun import freeze_time
 
     import jobqueue.clock
 
-    @app.task(name="t.plain")
-    def plain() -> None: ...
-
     with freeze_time("2030-01-02 03:04:05"):
         job = plain.delay()
-    m = app.tables.message
-    with app.engine.connect() as conn:
-        due = conn.execute(sa.select(m.c.next_attempt_at).where(m.c.id == job.id)).scalar_one()
-    assert due == datetime(2030, 1, 2, 3, 4, 5)
+    assert due_at(app, job.id) == datetime(2030, 1, 2, 3, 4, 5)
     assert jobqueue.clock.correction() == 0.0
     # The clock back (freezegun froze the monotonic clock too): measured again, at the next enqueue.
     skew_host_clock(monkeypatch, 3600)
@@ -171,14 +172,11 @@ def test_a_frozen_clock_is_taken_as_it_is(app: JobQueue, monkeypatch: pytest.Mon
 
 @only("postgresql", "mysql")
 def test_a_frozen_clock_gets_no_correction_measured_before(
-    app: JobQueue, monkeypatch: pytest.MonkeyPatch, measured: None
+    app: JobQueue, plain: Task, monkeypatch: pytest.MonkeyPatch, measured: None
 ) -> None:
     from freezegun import freeze_time
 
     import jobqueue.clock
-
-    @app.task(name="t.plain")
-    def plain() -> None: ...
 
     skew_host_clock(monkeypatch, 3600)
     plain.delay()
@@ -186,22 +184,15 @@ def test_a_frozen_clock_gets_no_correction_measured_before(
     monkeypatch.setattr(jobqueue.clock, "_EPOCH", datetime(1970, 1, 1))  # its clock now the frozen one
     with freeze_time("2030-01-02 03:04:05"):
         job = plain.delay()
-    m = app.tables.message
-    with app.engine.connect() as conn:
-        due = conn.execute(sa.select(m.c.next_attempt_at).where(m.c.id == job.id)).scalar_one()
-    assert due == datetime(2030, 1, 2, 3, 4, 5)
+    assert due_at(app, job.id) == datetime(2030, 1, 2, 3, 4, 5)
 
 
 @only("postgresql", "mysql")
 def test_an_enqueue_waits_for_no_connection_to_read_the_servers_clock(
-    app: JobQueue, monkeypatch: pytest.MonkeyPatch, measured: None
+    app: JobQueue, plain: Task, monkeypatch: pytest.MonkeyPatch, measured: None
 ) -> None:
     """Every connection of the pool held by the application (one given to the enqueue): the clock
     is read later, not after waiting for the pool's timeout."""
-
-    @app.task(name="t.plain")
-    def plain() -> None: ...
-
     pool = app.engine.pool
     assert isinstance(pool, sa.pool.QueuePool)
     held = [app.engine.connect() for _ in range(pool.size() + pool._max_overflow)]
@@ -218,12 +209,9 @@ def test_an_enqueue_waits_for_no_connection_to_read_the_servers_clock(
 
 @only("postgresql", "mysql")
 def test_an_enqueue_goes_on_when_the_servers_clock_cannot_be_read(
-    app: JobQueue, monkeypatch: pytest.MonkeyPatch, measured: None
+    app: JobQueue, plain: Task, monkeypatch: pytest.MonkeyPatch, measured: None
 ) -> None:
     """Reading the server's clock is a side step: its failure leaves the host's clock as it was."""
-
-    @app.task(name="t.plain")
-    def plain() -> None: ...
 
     def fail() -> float | None:
         raise sa.exc.OperationalError("SELECT now()", {}, Exception("connection refused"))
