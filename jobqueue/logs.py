@@ -8,6 +8,7 @@ default under Django, whose ``LOGGING`` setting is kept). The formatters work in
 
 from __future__ import annotations
 
+import builtins
 import io
 import json
 import logging
@@ -159,9 +160,46 @@ def one_line_messages(traceback: str, messages: list[str]) -> str:
             continue
         if message in traceback:
             traceback = traceback.replace(message, line_escaped(message))
+        elif (indented := _indented_escaped(traceback, message)) is not None:
+            traceback = indented
         else:
             traceback = _escaped_start(traceback, message)
     return block_escaped(traceback)
+
+
+def _indented_escaped(traceback: str, message: str) -> str | None:
+    """``traceback`` with ``message`` escaped where it is written as a member of an exception group
+    is: each of its lines after the first behind the group's margin (spaces and "|"), which goes
+    with its line breaks. None if it is not found so."""
+    if "\n" not in message or "|" not in traceback:
+        return None
+    first, *rest = message.split("\n")
+    parts: list[str] = []
+    done = 0  # traceback[:done] is in parts
+    found = traceback.find(first)
+    while found != -1:
+        end = _margined_end(traceback, found + len(first), rest)
+        if end is None:
+            found = traceback.find(first, found + 1)
+            continue
+        parts += (traceback[done:found], line_escaped(message))
+        done = end
+        found = traceback.find(first, end)
+    return "".join(parts) + traceback[done:] if parts else None
+
+
+def _margined_end(traceback: str, at: int, lines: list[str]) -> int | None:
+    """Where ``lines`` end in ``traceback`` from ``at``, each after a line break and a margin."""
+    for line in lines:
+        if not traceback.startswith("\n", at):
+            return None
+        at += 1
+        while at < len(traceback) and traceback[at] in " |":
+            at += 1
+        if not traceback.startswith(line, at):
+            return None
+        at += len(line)
+    return at
 
 
 def _escaped_start(traceback: str, message: str) -> str:
@@ -193,10 +231,14 @@ def stored_messages(message: str, exc: BaseException | None) -> list[str]:
 
 def chained_messages(exc: BaseException | None) -> list[str]:
     """The messages of ``exc`` and of the exceptions chained to it, and their notes
-    (``add_note``), as a traceback shows them."""
+    (``add_note``), as a traceback shows them: an exception group's sub-exceptions and theirs too."""
     messages: list[str] = []
     seen: set[int] = set()
-    while exc is not None and id(exc) not in seen:
+    todo = [exc]
+    while todo:
+        exc = todo.pop()
+        if exc is None or id(exc) in seen:
+            continue
         seen.add(id(exc))
         # A str() that raises anything (SystemExit too: it is the job's code) is passed over, as
         # the traceback does ("<exception str() failed>").
@@ -211,8 +253,14 @@ def chained_messages(exc: BaseException | None) -> list[str]:
                     messages.append(str(note))
                 except BaseException:
                     pass
-        exc = exc.__cause__ or exc.__context__
+        todo.append(exc.__cause__ or exc.__context__)
+        if _GROUP is not None and isinstance(exc, _GROUP):
+            todo.extend(reversed(getattr(exc, "exceptions", ())))
     return messages
+
+
+# Exception groups came with Python 3.11.
+_GROUP: type[BaseException] | None = getattr(builtins, "BaseExceptionGroup", None)
 
 
 ONE_LINE = OneLineFilter()

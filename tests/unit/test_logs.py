@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import builtins
 import io
 import json
 import logging
@@ -305,6 +306,20 @@ def test_the_notes_of_an_exception_logged_by_jobqueue_are_on_their_lines(root_lo
     assert not any(line.startswith("ERROR") for line in handler.lines)
 
 
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="exception groups came with Python 3.11")
+def test_the_members_of_an_exception_group_logged_by_jobqueue_are_on_their_lines(root_logging: logging.Logger) -> None:
+    """A traceback writes a group's members behind a margin ("    | "), line breaks and all: the
+    messages of the members, and of their causes, are escaped too."""
+    handler = Recording()
+    root_logging.handlers[:] = [handler]
+    try:
+        raise grouped("for order 7\nERROR forged")
+    except BaseException:
+        logging.getLogger("jobqueue.worker").exception("job %s raised", 1)
+    assert any(line.endswith("RuntimeError: for order 7\\nERROR forged") for line in handler.lines)
+    assert not any(line.lstrip(" |").startswith("ERROR") for line in handler.lines)
+
+
 def failed_outcome(exc: BaseException) -> Any:
     """The outcome of a job that raised ``exc`` and failed for good, as a worker process holds it."""
     import traceback
@@ -328,6 +343,18 @@ def chained(message: str) -> BaseException:
         return exc
 
 
+def grouped(message: str) -> BaseException:
+    """A group whose second sub-exception was caused by one with ``message``."""
+    try:
+        raise KeyError("inner") from RuntimeError(message)
+    except KeyError as inner:
+        group: type[BaseException] = builtins.ExceptionGroup  # type: ignore[attr-defined,unused-ignore]
+        return group("several", [ValueError("first"), inner])
+
+
+GROUPS = pytest.mark.skipif(sys.version_info < (3, 11), reason="exception groups came with Python 3.11")
+
+
 def noted(message: str) -> BaseException:
     error = ValueError("plain")
     if sys.version_info >= (3, 11):
@@ -340,6 +367,7 @@ def noted(message: str) -> BaseException:
     [
         pytest.param(lambda text: chained(text), id="a cause's message"),
         pytest.param(lambda text: noted(text), id="a note", marks=NOTES),
+        pytest.param(lambda text: grouped(text), id="a cause of an exception group's member", marks=GROUPS),
         pytest.param(lambda text: ValueError("x" * 10_000 + text), id="past the 10,000 characters stored"),
         pytest.param(lambda text: ValueError(text * 6_000), id="cut off with the start of the traceback"),
         pytest.param(lambda text: ValueError(text * 200_000), id="megabytes, cut off"),  # in linear time
