@@ -24,10 +24,24 @@ IDLE_IN_TRANSACTION_SECONDS = 10
 SECRET_PARAMETERS = {"password", "passwd", "pwd", "sslpassword"}
 
 
+def _spilled(parsed: sa.URL) -> sa.URL:
+    """``parsed`` as its writer meant it when an ``@`` of its user name or password was not written
+    ``%40``: the URL is then read up to its first ``@`` as user part and the rest of it as host (so
+    ``u:p@ss@host`` has password ``p`` and host ``ss@host``); here the user part runs to the last
+    ``@``, as Python's own URL parser reads it."""
+    host = parsed.host or ""
+    if "@" not in host:
+        return parsed
+    spill, host = host.rsplit("@", 1)
+    if parsed.password is not None:
+        return parsed.set(password=f"{parsed.password}@{spill}", host=host)
+    return parsed.set(username=f"{parsed.username or ''}@{spill}", host=host)
+
+
 def mask_url(url: str | sa.URL) -> str:
     """Return ``url`` as text with any password, in its user part or its query, replaced by ``***``."""
     try:
-        parsed = sa.make_url(url)
+        parsed = _spilled(sa.make_url(url))
         hidden = {key: "***" for key in parsed.query if key.lower() in SECRET_PARAMETERS}
         if hidden:
             parsed = parsed.update_query_dict(hidden)
@@ -41,10 +55,13 @@ def url_secrets(url: str | sa.URL | None) -> list[str]:
     if not url:
         return []
     try:
-        parsed = sa.make_url(url)
+        read = sa.make_url(url)
     except Exception:
         return []
+    parsed = _spilled(read)
     found = [parsed.password] if parsed.password else []
+    if parsed is not read and parsed.password and read.host:
+        found.append(read.host)  # what a driver would take for the host: the password's end in it
     for key, value in parsed.query.items():
         if key.lower() in SECRET_PARAMETERS:
             found.extend([value] if isinstance(value, str) else list(value))
@@ -75,12 +92,18 @@ DEFAULT_DRIVERS = {"postgresql": "postgresql+psycopg2", "mysql": "mysql+mysqldb"
 def parse_url(url: str | sa.URL) -> sa.URL:
     """``url`` parsed, or ConfigurationError saying what is wrong with it (its password hidden)."""
     try:
-        return sa.make_url(url)
+        parsed = sa.make_url(url)
     except Exception as exc:
         raise ConfigurationError(
             f"cannot parse database URL {mask_url(url)!r} ({exc}); expected for example "
             "sqlite:///jobqueue.sqlite3, postgresql+psycopg2://user@host:5432/db or mysql+mysqldb://user@host/db"
         ) from None
+    if _spilled(parsed) is not parsed:
+        raise ConfigurationError(
+            f"the database URL {mask_url(url)!r} has more than one '@' before its host: write each '@' of "
+            "the user name or password as %40 (urllib.parse.quote(password, safe='') escapes it)"
+        )
+    return parsed
 
 
 def database_kind(name: str) -> str:

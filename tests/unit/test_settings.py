@@ -179,6 +179,21 @@ def test_passwords_are_masked_wherever_a_url_is_shown(url: str) -> None:
 
 
 @pytest.mark.parametrize(
+    "url", ["postgresql://app:s3cr@t@pw@db/app", "mysql+mysqldb://app:s3cr@t@pw@db:3306/app?charset=utf8mb4"]
+)
+def test_a_password_with_an_unescaped_at_sign_is_refused_and_never_shown(url: str) -> None:
+    """The URL was read up to its first "@" as user part: the rest of the password became the
+    host, shown in the masked URL and in the driver's "could not translate host name" error."""
+    app = JobQueue(url)
+    for shown in (mask_url(url), repr(app.settings), repr(app), mask_in(f"host {url}: t@pw@db", url)):
+        assert "t@pw" not in shown and "***@db" in shown, shown
+    with pytest.raises(ConfigurationError) as raised:
+        create_engine(url)
+    assert "write each '@' of the user name or password as %40" in str(raised.value)
+    assert "t@pw" not in str(raised.value) and "s3cr" not in str(raised.value)
+
+
+@pytest.mark.parametrize(
     "text, url, masked",
     [
         ("user 'postgres' of postgresql", "postgresql://postgres:postgres@h/db", "user '***' of postgresql"),
