@@ -8,11 +8,13 @@ soon as possible.
 
 from __future__ import annotations
 
+import functools
 import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from jobqueue.runtime.resilience import DatabaseGuard
+from jobqueue.storage.jobs import fail_unreadable_due_time
 
 if TYPE_CHECKING:
     from jobqueue.app import JobQueue
@@ -26,6 +28,11 @@ FLOW_IDLE_SECONDS = 60.0
 FLOW_SWEEP_SECONDS = 60.0
 # How often a supervisor that runs consumer groups trims the topics' logs of finished messages.
 TOPIC_COLLECT_SECONDS = 5.0
+# Messages whose due time was edited into something no worker finds due (SQLite: "soon";
+# PostgreSQL: 'infinity') are looked for this many ids at a time, on each tick: a range of the
+# primary key, so that the look costs the same however large the backlog (a million ids in
+# about a quarter of an hour at the default release_stuck_interval).
+NEVER_DUE_SPAN = 5000
 
 
 @dataclass
@@ -40,11 +47,13 @@ class Housekeeping:
     next_flow_sweep: float = 0.0
     next_topic_collect: float = 0.0
     flow_walk_after: str | None = None  # where the next look for keys without a flow row goes on
+    never_due_after: int = 0  # where the next look for due times that are no times goes on
 
     def run(self, now: float) -> int:
         settings, store = self.app.settings, self.app.store
         stale = max(10 * settings.release_stuck_timeout, 300.0)
         self.guard.try_once(lambda: store.prune_workers(stale))
+        self._fail_never_due()
         if self.collects_topics and now >= self.next_topic_collect:
             self.next_topic_collect = now + TOPIC_COLLECT_SECONDS
             self.guard.try_once(self.app.topic_store.collect)
@@ -53,6 +62,24 @@ class Housekeeping:
         self.next_flow_sweep = now + FLOW_SWEEP_SECONDS
         self.guard.try_once(lambda: store.forget_idle_flow_keys(FLOW_IDLE_SECONDS))
         return self._restore_flow_keys()
+
+    def _fail_never_due(self) -> None:
+        """Fail the messages whose due time holds no time (edited by hand): no worker would ever
+        take them, nor could it read them, and one of a partition would hold its key for ever."""
+        store = self.app.store
+        ok, found = self.guard.try_once(lambda: store.never_due_messages(self.never_due_after, NEVER_DUE_SPAN))
+        if not ok or found is None:
+            return
+        rows, self.never_due_after = found
+        for job_id, stored in rows:
+            done, failed = self.guard.try_once(functools.partial(fail_unreadable_due_time, store, job_id, stored))
+            if done and failed:
+                logger.error(
+                    "job %s: its due time (next_attempt_at) holds %r, which is no time (edited by hand?), so "
+                    "no worker would ever take it; it is failed with CorruptMessage",
+                    job_id,
+                    stored[:200],
+                )
 
     def _restore_flow_keys(self) -> int:
         """Add back the flow rows of keys with jobs that have none (deleted by hand): no worker

@@ -67,7 +67,32 @@ def archived_job(store: Store, job_id: int) -> ArchivedJob | None:
 def cancel(store: Store, job_id: int, now: datetime | None = None, headers: dict[str, Any] | None = None) -> bool:
     """Archive a PENDING or RETRYABLE job as CANCELLED (with ``headers`` added to its own); False if
     it is running or gone."""
-    now = now or store.clock_now()
+    return _archive_as_stored(store, job_id, MessageState.CANCELLED, now or store.clock_now(), headers=headers)
+
+
+def fail_unreadable_due_time(store: Store, job_id: int, stored: str, now: datetime | None = None) -> bool:
+    """Archive a PENDING or RETRYABLE job whose due time holds ``stored``, which no worker reads
+    or finds due, as FAILED with CorruptMessage; False if it is running or gone."""
+    error = {
+        "error_type": f"{CorruptMessage.__module__}.{CorruptMessage.__qualname__}",
+        "error_message": (
+            f"its row could not be read: next_attempt_at {stored[:200]!r} holds no time, so no worker would "
+            "ever find it due; it is failed without running"
+        ),
+    }
+    return _archive_as_stored(store, job_id, MessageState.FAILED, now or store.clock_now(), error=error)
+
+
+def _archive_as_stored(
+    store: Store,
+    job_id: int,
+    state: MessageState,
+    now: datetime,
+    headers: dict[str, Any] | None = None,
+    error: dict[str, str] | None = None,
+) -> bool:
+    """Move a PENDING or RETRYABLE job to the archive in ``state``, its values copied as stored;
+    False if it is running or gone."""
     m, a = store.tables.message, store.tables.archive
     columns = message_archive_columns(store.tables)
     with store.writing() as conn:
@@ -80,12 +105,13 @@ def cancel(store: Store, job_id: int, now: datetime | None = None, headers: dict
         # Copied by the database as stored, never read here: a value edited by hand that Python
         # cannot read (SQLite takes any text in any column) still moves with its job.
         ended = {
-            "state": sa.literal(MessageState.CANCELLED.value, a.c.state.type),
+            "state": sa.literal(state.value, a.c.state.type),
             "finished_at": sa.literal(now, a.c.finished_at.type),
             "archived_at": sa.literal(now, a.c.archived_at.type),
+            **{name: sa.literal(text, a.c[name].type) for name, text in (error or {}).items()},
         }
         copied = sa.select(*[ended.get(name, m.c[name]) for name in columns], *list(ended.values())[1:])
-        names = [*columns, "finished_at", "archived_at"]
+        names = [*columns, *list(ended)[1:]]
         conn.execute(sa.insert(a).from_select(names, copied.where(m.c.id == job_id)))
         if headers:
             try:

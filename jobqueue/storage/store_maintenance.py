@@ -10,6 +10,7 @@ import sqlalchemy as sa
 
 from jobqueue.flow import RATE_MEMORY_SECONDS, rate_horizon
 from jobqueue.storage import flowkeys
+from jobqueue.storage.dialects.common import READY_LITERALS
 from jobqueue.storage.store_base import StoreBase
 from jobqueue.storage.tables import Timestamp
 
@@ -48,6 +49,24 @@ class MaintenanceOperations(StoreBase):
             # keeps its key (the rows are locked now, so no enqueue of them can be half done).
             gone = sa.delete(f).where(f.c.flow_key.in_(keys), *idle)
             return int(conn.execute(gone, binds).rowcount)
+
+    def never_due_messages(self, after: int, span: int) -> tuple[list[tuple[int, str]], int]:
+        """The ready messages among ids ``after`` + 1 to ``after`` + ``span`` whose due time holds
+        what no worker finds due or can read (edited in by hand), with that value as text, and the
+        id to go on after: a walk of the primary key one range at a time, from the start again
+        once past the largest id, so that no look reads more than ``span`` rows."""
+        m = self.tables.message
+        never = self.dialect.never_due(m.c.next_attempt_at)
+        if never is None:
+            return [], after
+        with self.reading() as conn:
+            if after >= (conn.execute(sa.select(sa.func.max(m.c.id))).scalar() or 0):
+                after = 0
+            found = sa.select(m.c.id, self.dialect.as_stored(m.c.next_attempt_at)).where(
+                m.c.id > after, m.c.id <= after + span, m.c.state.in_(READY_LITERALS), never
+            )
+            rows = [(int(row[0]), str(row[1])) for row in conn.execute(found)]
+        return rows, after + span
 
     def restore_missing_flow_keys(self, after: str | None = None, most: int = flowkeys.WALK_MOST) -> flowkeys.Restored:
         """Add back the flow rows that keys with jobs lack (deleted by hand): without its row, no

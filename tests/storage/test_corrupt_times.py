@@ -80,3 +80,39 @@ def test_a_time_python_cannot_hold_fails_its_message_alone(
         assert column in row.error_message, row.error_message
     listed = json.loads(jobqueue("jobs", "list", "--json", "--state", "failed").stdout)
     assert {h.id for h in bad[:2]} <= {row["id"] for row in listed}
+
+
+# Per backend, due times edited into what sorts after every time and no worker reads: such a job was
+# never taken, never failed, and held its partition for ever. MySQL and MariaDB hold no such value.
+NEVER_DUE = {
+    "sqlite": ["'soon'", "x'00ff'", "'T+1'"],
+    "postgresql": ["'infinity'", "'12000-01-01'", "'294276-12-31'"],
+}
+
+
+def test_a_due_time_that_is_no_time_fails_its_message_and_frees_its_partition(
+    app: JobQueue, echo, backend: str, db_url: str
+) -> None:
+    if backend not in NEVER_DUE:
+        pytest.skip("MySQL and MariaDB hold no time after 9999, and read their zero date as due")
+    bad = [echo.apply_async((3, 3), partition_key=f"customer-{n}") for n in range(3)]
+    behind = [echo.apply_async((4, 4), partition_key=f"customer-{n}") for n in range(3)]
+    good = echo.bulk([(1, 1)] * 3)
+    m = app.tables.message
+    with app.engine.begin() as conn:
+        for handle, value in zip(bad, NEVER_DUE[backend], strict=True):
+            conn.exec_driver_sql(f"UPDATE {m.name} SET next_attempt_at = {value} WHERE id = {handle.id}")
+
+    run = jobqueue("worker", "--burst", "--concurrency", "1", env={"JOBQUEUE_DATABASE_URL": db_url})
+
+    a = app.tables.archive
+    with app.engine.connect() as conn:
+        rows = {r.id: r for r in conn.execute(sa.select(a.c.id, a.c.state, a.c.error_type, a.c.error_message))}
+        left = conn.execute(sa.select(sa.func.count()).select_from(m)).scalar()
+    assert left == 0
+    assert {rows[h.id].state for h in good + behind} == {"COMPLETED"}
+    for handle in bad:
+        row = rows[handle.id]
+        assert (row.state, row.error_type) == ("FAILED", "jobqueue.errors.CorruptMessage"), row
+        assert "next_attempt_at" in row.error_message and "holds no time" in row.error_message, row
+    assert run.stderr.count("is failed with CorruptMessage") == 3, run.stderr

@@ -102,6 +102,15 @@ class Dialect(Inserts):
         SQLite needs none: its transaction already holds the database's one write lock."""
         yield
 
+    def never_due(self, column: Any) -> Any:
+        """A condition true where ``column`` holds what no due time compares after and no worker can
+        read (edited in by hand); None where the column holds only readable times."""
+        return None
+
+    def as_stored(self, column: Any) -> Any:
+        """``column`` as the database stores it, for a message about a value no type reads."""
+        return sa.cast(column, sa.Text)
+
     def after_create(self, connection: sa.Connection) -> None:
         """DDL beyond the tables that `db init` (re)applies: nothing by default."""
 

@@ -99,6 +99,10 @@ class PostgreSQLDialect(Dialect):
     default_port = 5432
     insert_on_conflict = staticmethod(postgresql.insert)
 
+    def never_due(self, column: Any) -> Any:
+        # 'infinity' and years past 9999: later than every due time, and no Python datetime.
+        return column > sa.literal_column("TIMESTAMP '9999-12-31 23:59:59.999999'")
+
     @classmethod
     def engine_options(cls, url: sa.URL) -> tuple[sa.URL, dict[str, Any]]:
         url, options = super().engine_options(url)
