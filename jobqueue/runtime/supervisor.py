@@ -266,7 +266,7 @@ class Supervisor(Reaping, Maintenance):
             self.pool.respawn_due()
         self.pool.enforce_time_limits()
         self._take_back_buffers()
-        self._maintenance()
+        self._maintenance()  # never raises: the steps below run whatever the database refuses it
         if self.stopping and time.monotonic() > self.stop_deadline:
             self.pool.kill_all("graceful_timeout passed")
         if self.burst and not self.stopping:
@@ -277,11 +277,7 @@ class Supervisor(Reaping, Maintenance):
 
     def _loop_error(self, exc: Exception) -> None:
         """Log an error the loop met (once a minute for the same one) and pause a moment; go on."""
-        text = f"{type(exc).__name__}: {exc}"
-        now = time.monotonic()
-        if self.last_loop_error is None or self.last_loop_error[0] != text or now - self.last_loop_error[1] > 60:
-            logger.error("supervisor: %s; it keeps running and tries again", text, exc_info=exc)
-            self.last_loop_error = (text, now)
+        self._log_error(exc)
         time.sleep(LOOP_ERROR_PAUSE_SECONDS if self.signals == 0 else 0)
 
     def _wait(self) -> None:

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from jobqueue import clock
 from jobqueue.clock import host_now, utcnow
@@ -31,6 +32,8 @@ logger = logging.getLogger("jobqueue.supervisor")
 # How often the supervisor writes SQLite's journal back into the database file (its worker
 # processes leave that to it, see Store.take_over_checkpoints).
 CHECKPOINT_SECONDS = 1.0
+
+T = TypeVar("T")
 
 
 class Maintenance:
@@ -57,34 +60,61 @@ class Maintenance:
     release_after: float
     renewed_ns: int | None
     clock_mark: tuple[float, datetime] | None
+    last_loop_error: tuple[str, float] | None
 
     def _maintenance(self) -> None:
+        """The upkeep due on this tick. Each step is tried on its own: one that fails with an error
+        no retry mends (a statement the database refuses) is logged and tried again on its own
+        timer, while the other steps, and the rest of the supervisor's turn (stopping a --burst
+        worker, killing jobs past --graceful-timeout), go on."""
         now = time.monotonic()
         if self.checkpoints and now >= self.next_checkpoint:
             self.next_checkpoint = now + CHECKPOINT_SECONDS
-            self._checkpoint()
+            self._step(self._checkpoint)
         if now >= self.next_heartbeat:
-            self._renew(now)
+            self._step(self._renew, now)
         if now >= self.next_release:
             self.next_release = now + RETRY_SOON_SECONDS
-            if self._lease_clock_jumped():
-                # Every lease looks closer to its end than it is: renewed first (here, and by
-                # every other supervisor when it sees the jump) before any is taken for expired.
-                self._renew(now)
-                self.release_after = now + self.settings.release_stuck_timeout
-            ok, released = (True, 0) if now < self.release_after else self.guard.try_once(self.store.release_expired)
-            if released:
-                logger.warning("released %s message(s) whose lease expired (a worker died or stalled)", released)
-                self.unspent = min(self.unspent + released, self.size)  # ready now: our idle processes take them
+            released = self._step(self._release_expired, now)
             if self.tidies and now >= self.release_after:  # nor any worker row taken for dead
                 # Keys whose rows came back: their jobs are takeable, and no enqueue says so.
-                self.unspent = min(self.unspent + self.housekeeping.run(now), self.size)
+                self.unspent = min(self.unspent + (self._step(self.housekeeping.run, now) or 0), self.size)
             if self.schedule_upkeep.busy:
-                self.guard.try_once(self.schedule_upkeep.sync_busy)
+                self._step(self.guard.try_once, self.schedule_upkeep.sync_busy)
             if self.app.schedules and not self.stopping:
-                self.schedule_upkeep.keep()
-            if ok:
+                self._step(self.schedule_upkeep.keep)
+            if released:
                 self.next_release = now + self.settings.release_stuck_interval
+
+    def _step(self, step: Callable[..., T], *args: Any) -> T | None:
+        """``step(*args)``, or None after logging what it raised."""
+        try:
+            return step(*args)
+        except Exception as exc:
+            self._log_error(exc)
+            return None
+
+    def _log_error(self, exc: Exception) -> None:
+        """Log an error of the supervisor's own (once a minute for the same one)."""
+        text = f"{type(exc).__name__}: {exc}"
+        now = time.monotonic()
+        if self.last_loop_error is None or self.last_loop_error[0] != text or now - self.last_loop_error[1] > 60:
+            logger.error("supervisor: %s; it keeps running and tries again", text, exc_info=exc)
+            self.last_loop_error = (text, now)
+
+    def _release_expired(self, now: float) -> bool:
+        """Release the messages whose lease expired, unless the lease clock just jumped; whether
+        the database answered."""
+        if self._lease_clock_jumped():
+            # Every lease looks closer to its end than it is: renewed first (here, and by
+            # every other supervisor when it sees the jump) before any is taken for expired.
+            self._renew(now)
+            self.release_after = now + self.settings.release_stuck_timeout
+        ok, released = (True, 0) if now < self.release_after else self.guard.try_once(self.store.release_expired)
+        if released:
+            logger.warning("released %s message(s) whose lease expired (a worker died or stalled)", released)
+            self.unspent = min(self.unspent + released, self.size)  # ready now: our idle processes take them
+        return ok
 
     def _lease_clock_jumped(self) -> bool:
         """Whether the lease clock (this host's on SQLite, the database server's elsewhere) went

@@ -106,6 +106,38 @@ def test_the_supervisor_survives_an_error_of_its_own_loop(
     assert not repeated(runs(tmp_path / "runs.txt"), "start")
 
 
+@pytest.mark.parametrize("how", ["burst", "SIGTERM"])
+def test_a_supervisor_whose_upkeep_keeps_failing_still_stops(
+    app: JobQueue, backend: str, tmp_path: Path, workers: list[Worker], how: str
+) -> None:
+    """Every heartbeat fails (the worker table is gone) for as long as the supervisor runs. The
+    error ended each turn of its loop before the steps after the upkeep: a --burst worker never
+    looked whether its work was done, and a stopping one never killed the jobs that outlived
+    --graceful-timeout, so that either waited for ever."""
+    quick = rt.slow.bulk([(0.2,)] * 2)
+    # A --burst worker has a job that outlives the failures' start; a stopping one, a job that
+    # outlives --graceful-timeout.
+    running = rt.slow.delay(3 if how == "burst" else 3600)
+    args = ["--concurrency", "2", "--release-stuck-timeout", "3", "--graceful-timeout", "2"]
+    worker = start(workers, tmp_path, *(["--burst"] if how == "burst" else []), *args)
+    wait_for(lambda: all(h.status() == "completed" for h in quick), 30, "the quick jobs to complete")
+    rename = {"mysql": "RENAME TABLE {a} TO {b}"}.get(backend, "ALTER TABLE {a} RENAME TO {b}")
+    with app.engine.begin() as conn:
+        conn.execute(sa.text(rename.format(a="jobqueue_worker", b="jobqueue_worker_gone")))
+    try:
+        wait_for(lambda: "it keeps running" in worker.text(), 10, "the supervisor to log its error and go on")
+        if how == "SIGTERM":
+            worker.signal(signal.SIGTERM)
+        stopped = time.monotonic()
+        code = worker.wait(30)
+        assert code is not None, worker.text()[-3000:]
+        REPORTS.append(f"failing upkeep[{how}]: stopped {time.monotonic() - stopped:.1f} s after the stop began")
+    finally:
+        with app.engine.begin() as conn:
+            conn.execute(sa.text(rename.format(a="jobqueue_worker_gone", b="jobqueue_worker")))
+    assert running.status() == ("completed" if how == "burst" else "pending"), running.status()
+
+
 def timed_runs(path: Path) -> list[tuple[str, int, int, int]]:
     return [(e, int(j), int(p), int(t)) for e, j, p, t in recorded(path)]
 
