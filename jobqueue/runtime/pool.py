@@ -8,10 +8,12 @@ that refuses connections): then the slot backs off, so that it is no fork loop.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
 import sys
+import threading
 import time
 import uuid
 from dataclasses import dataclass
@@ -209,8 +211,28 @@ def _child_main(app: JobQueue, spec: ChildSpec) -> None:
     except Exception:
         logger.exception("worker process %s crashed", os.getpid())
     finally:
+        _say_threads_left()
         logging.shutdown()
-    sys.exit(code)
+    # Not sys.exit: on the way out the interpreter would wait for every thread a job left running
+    # that is not a daemon (an executor never shut down, a library's background thread), and the
+    # process, recycled or stopping, would never end. Its outcomes are written by now.
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)
+
+
+def _say_threads_left() -> None:
+    """Name the threads jobs left running (not daemons), which end with the process."""
+    with contextlib.suppress(Exception):
+        left = [t.name for t in threading.enumerate() if t is not threading.main_thread() and not t.daemon]
+        if left:
+            logging.getLogger("jobqueue.worker").warning(
+                "worker process %s exits with %s thread(s) a job started still running (%s); they end with it",
+                os.getpid(),
+                len(left),
+                ", ".join(left[:10]) + (", ..." if len(left) > 10 else ""),
+            )
 
 
 def pipe() -> tuple[int, int]:

@@ -8,6 +8,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from typing import Any
 
@@ -54,6 +55,12 @@ def slow(seconds: float) -> int:
     time.sleep(seconds)
     record("end")
     return os.getpid()
+
+
+@app.task(name="rt.leaves_a_thread")
+def leaves_a_thread() -> None:
+    """Starts a thread that is not a daemon and never ends (an executor never shut down)."""
+    threading.Thread(target=threading.Event().wait, name="left-by-a-job", daemon=False).start()
 
 
 @app.task(name="rt.crash", max_deliveries=2)

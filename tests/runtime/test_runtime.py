@@ -204,6 +204,21 @@ def test_max_tasks_per_child_recycles_processes(app: JobQueue, tmp_path: Path, w
     assert all(pids.count(p) == 5 for p in set(pids))
 
 
+def test_a_thread_a_job_leaves_running_does_not_keep_its_process(
+    app: JobQueue, tmp_path: Path, workers: list[Worker]
+) -> None:
+    """A job starts a thread that is not a daemon and never ends. On its way out the process waited
+    for it: recycled, it never ended, nor was it replaced, and the jobs behind it waited for ever
+    (a stopping worker waited out graceful_timeout, then killed it)."""
+    rt.leaves_a_thread.delay()
+    handles = rt.short.bulk([()] * 6)
+    worker = start(workers, tmp_path, "--burst", "--concurrency", "1", "--max-tasks-per-child", "1")
+    assert worker.wait(20) == 0, worker.text()[-3000:]
+    assert {h.status() for h in handles} == {"completed"}
+    assert "exits with 1 thread(s) a job started still running (left-by-a-job)" in worker.text()
+    assert "graceful_timeout" not in worker.text()
+
+
 def test_max_memory_per_child_recycles_between_jobs(app: JobQueue, tmp_path: Path, workers: list[Worker]) -> None:
     handles = rt.grow.bulk([(40,)] * 3)  # each job keeps 40 MiB alive in its process
     worker = start(workers, tmp_path, "--burst", "--concurrency", "1", "--max-memory-per-child", "100000")
