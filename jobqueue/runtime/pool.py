@@ -41,6 +41,9 @@ class Child:
     started: float
     timed_out: SlotView | None = None
     poked_at: float = 0.0  # monotonic time the supervisor last woke it
+    # Killed by the supervisor as it stopped (graceful_timeout passed, a second signal): its
+    # running job did not kill it, and is not charged a delivery for it.
+    killed_stopping: bool = False
 
 
 @dataclass
@@ -197,6 +200,7 @@ class Pool:
         if alive:
             logger.warning("%s: killing %s worker process(es); their messages are returned", reason, len(alive))
         for child in alive:
+            child.killed_stopping = True
             kill(child.process.pid)
         for child in alive:
             child.process.join(5)

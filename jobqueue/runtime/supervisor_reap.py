@@ -53,7 +53,7 @@ class Reaping:
             self.done_by_dead += view.done
             # A process leaves with status 0 only between jobs (recycled, stopping): one that ends
             # mid-job (a job calling os._exit(0)) died as surely as one killed by a signal.
-            if (code != 0 or view.running_id) and child.timed_out is None:
+            if (code != 0 or view.running_id) and child.timed_out is None and not child.killed_stopping:
                 how = f"signal {-code}" if code < 0 else f"code {code}"
                 running = f" while running job {view.running_id}" if view.running_id else ""
                 logger.error(
@@ -75,11 +75,17 @@ class Reaping:
 
         The timeout is recorded first: once the message is released its lease token is gone and the
         kill could no longer be recorded as the failed attempt it was. Of the rest, only the job
-        that was running when the child died is charged a delivery (it may have killed the child);
+        that was running when the child died is charged a delivery (it may have killed the child),
+        unless the supervisor killed it as it stopped;
         jobs it had finished without writing their outcomes keep their attempt but no delivery,
         and unstarted ones go back as if never fetched.
         """
-        worker_id, pid, timed_out = child.spec.worker_id, child.process.pid, child.timed_out
+        worker_id, pid, timed_out, killed_stopping = (
+            child.spec.worker_id,
+            child.process.pid,
+            child.timed_out,
+            child.killed_stopping,
+        )
         started = child.spec.slot.started_ids()
         view = child.spec.slot.read_raw()
         running = view.running_id or None
@@ -87,7 +93,9 @@ class Reaping:
         def release() -> None:
             if timed_out is not None:
                 self._record_timeout(timed_out)
-            released = self.store.release_worker(worker_id, running=running, finished=started)
+            released = self.store.release_worker(
+                worker_id, running=running, finished=started, charge_running=not killed_stopping
+            )
             if released:
                 logger.info("returned %s message(s) held by worker process pid %s to the queue", released, pid)
             self.store.remove_workers([worker_id])

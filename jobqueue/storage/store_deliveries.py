@@ -111,7 +111,13 @@ class DeliveryOperations(StoreBase):
             [m.c.lease_expires_at < self.dialect.clock()], binds=self._lease_clock(0, now).binds()
         )
 
-    def release_worker(self, worker_id: str, running: int | None = None, finished: list[int] | None = None) -> int:
+    def release_worker(
+        self,
+        worker_id: str,
+        running: int | None = None,
+        finished: list[int] | None = None,
+        charge_running: bool = True,
+    ) -> int:
         """Return every message a dead worker process held to PENDING at once.
 
         Only the message it was ``running`` keeps its attempt and its delivery: it may have killed
@@ -119,10 +125,12 @@ class DeliveryOperations(StoreBase):
         without writing their outcomes keep their attempt (they ran) but not the delivery; the rest,
         never started, go back as if never fetched. So jobs that merely shared a process with a
         process-killing job are never failed for it. ``finished=None`` means the process lost count:
-        everything but the running one is then treated as unstarted.
+        everything but the running one is then treated as unstarted. ``charge_running=False``: the
+        process was killed by its supervisor as it stopped, not by its running job, which keeps
+        its attempt but not the delivery.
         """
         m = self.tables.message
-        charged = sa.case((m.c.id == running, 0), else_=1) if running else sa.literal(1)
+        charged = sa.case((m.c.id == running, 0), else_=1) if running and charge_running else sa.literal(1)
         ran = [running] if running else []
         ran += finished or []
         unstarted = sa.case((m.c.id.in_(ran), 0), else_=1) if ran else sa.literal(1)

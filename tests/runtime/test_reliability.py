@@ -138,6 +138,23 @@ def test_a_supervisor_whose_upkeep_keeps_failing_still_stops(
     assert running.status() == ("completed" if how == "burst" else "pending"), running.status()
 
 
+def test_a_job_killed_because_the_worker_stopped_is_not_charged_a_delivery(
+    app: JobQueue, tmp_path: Path, workers: list[Worker]
+) -> None:
+    """A job that outlives graceful_timeout is killed with its process at every deploy. Each kill
+    was charged a delivery, as if the job had killed its process: after max_deliveries deploys it
+    was failed as poison (MaxDeliveriesExceeded) without having done anything wrong."""
+    job = rt.slow.delay(3600)
+    for round_ in range(1, 4):
+        worker = start(workers, tmp_path, "--concurrency", "1", "--graceful-timeout", "0.5", "--max-deliveries", "2")
+        wait_for(lambda: job.status() == "processing", 30, "the long job to start")
+        worker.signal(signal.SIGTERM)
+        assert worker.wait(30) == 0, worker.text()[-3000:]
+        assert "exited with signal" not in worker.text(), worker.text()[-3000:]
+        assert counters(app, "message")[job.id] == (round_, 0)  # its attempts count; no delivery does
+    assert job.status() == "pending"
+
+
 def timed_runs(path: Path) -> list[tuple[str, int, int, int]]:
     return [(e, int(j), int(p), int(t)) for e, j, p, t in recorded(path)]
 
