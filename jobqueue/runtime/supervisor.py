@@ -51,6 +51,8 @@ TICK_SECONDS = 0.1
 BURST_HORIZON_SECONDS = 5.0
 BURST_CHECK_SECONDS = 0.25
 LOOP_ERROR_PAUSE_SECONDS = 1.0
+# Two stop signals this close together are one request (a warm stop), not a warm and a cold one.
+SAME_REQUEST_SECONDS = 0.25
 
 
 @dataclass
@@ -231,8 +233,17 @@ class Supervisor(Reaping, Maintenance):
             logger.info("consumer groups added: %s", ", ".join(added))
 
     def _install_signals(self) -> None:
+        first_at = [0.0]
+
         def on_signal(signum: int, frame: Any) -> None:
             # Count and return: the loop reads the count at its next tick (the wakeup fd ends its wait).
+            # One request to stop may come as two signals at once: `timeout` and some process
+            # managers signal the process and then its whole group, which holds it too. A second
+            # signal counts only once a person could have sent it.
+            now = time.monotonic()
+            if self.signals == 1 and now - first_at[0] < SAME_REQUEST_SECONDS:
+                return
+            first_at[0] = now
             self.signals += 1
 
         signal.signal(signal.SIGTERM, on_signal)
