@@ -185,6 +185,8 @@ class WorkerProcess(Fetching, Flushing, KeeperThread):
             self.stop_requested_at = self.stop_requested_at or time.monotonic()
 
         signal.signal(signal.SIGTERM, on_term)
+        for signum in (signal.SIGUSR1, signal.SIGUSR2, signal.SIGALRM):  # the supervisor's own notes them
+            signal.signal(signum, signal.SIG_DFL)
         # Ctrl-C reaches the whole process group; the supervisor decides, and tells us with SIGTERM.
         # A handler that does nothing, not SIG_IGN: an ignored signal stays ignored across exec, so
         # every program a job starts would ignore SIGINT, while a handler is reset to the default

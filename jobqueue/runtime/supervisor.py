@@ -53,6 +53,8 @@ BURST_CHECK_SECONDS = 0.25
 LOOP_ERROR_PAUSE_SECONDS = 1.0
 # Two stop signals this close together are one request (a warm stop), not a warm and a cold one.
 SAME_REQUEST_SECONDS = 0.25
+# Signals the supervisor notes in its log and otherwise ignores (worker processes keep the default).
+IGNORED_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2, signal.SIGALRM)
 
 
 @dataclass
@@ -84,6 +86,7 @@ class Supervisor(Reaping, Maintenance):
         self.meter: Progress | None = None
         self.metrics: metrics.Metrics | None = None
         self.last_loop_error: tuple[str, float] | None = None
+        self.ignored_signals: list[int] = []
         self.guard = DatabaseGuard(
             logger,
             "database (supervisor)",
@@ -246,8 +249,15 @@ class Supervisor(Reaping, Maintenance):
             first_at[0] = now
             self.signals += 1
 
+        def on_other(signum: int, frame: Any) -> None:
+            self.ignored_signals.append(signum)  # said in the log by the loop
+
         signal.signal(signal.SIGTERM, on_signal)
         signal.signal(signal.SIGINT, on_signal)
+        # Signals whose default is to end the process without a word (logrotate's SIGUSR1, a stray
+        # alarm): the supervisor's processes would die with it, and their jobs wait for their leases.
+        for signum in IGNORED_SIGNALS:
+            signal.signal(signum, on_other)
         signal.set_wakeup_fd(self.wake_w, warn_on_full_buffer=False)
 
     def _loop(self) -> int:
@@ -267,6 +277,11 @@ class Supervisor(Reaping, Maintenance):
             return self._cold_stop()
         if self.signals == 1 and not self.stopping:
             self._begin_stop("signal received")
+        while self.ignored_signals:
+            logger.warning(
+                "ignored signal %s: jobqueue worker stops on SIGTERM or SIGINT (a second one stops it at once)",
+                signal.Signals(self.ignored_signals.pop(0)).name,
+            )
         self._reap()
         self.later.retry_due()
         if self.stopping and not self.children:

@@ -330,6 +330,24 @@ def test_second_signal_stops_at_once_and_returns_the_messages(
     assert all(r[1:] == ("PENDING", 1, 0) for r in rows)
 
 
+def test_signals_that_would_end_the_supervisor_silently_are_noted_and_ignored(
+    app: JobQueue, tmp_path: Path, workers: list[Worker]
+) -> None:
+    """SIGUSR1 (logrotate's), SIGUSR2 and SIGALRM ended the supervisor without a word, its
+    processes with it, and their jobs waited for their leases to expire."""
+    job = rt.slow.delay(1.0)
+    worker = start(workers, tmp_path, "--concurrency", "1")
+    wait_for(lambda: runs(tmp_path / "runs.txt"), 30, "the job to start")
+    for signum in (signal.SIGUSR1, signal.SIGUSR2, signal.SIGALRM):
+        worker.signal(signum)
+        name = signal.Signals(signum).name
+        wait_for(lambda: f"ignored signal {name}" in worker.text(), 10, f"{name} to be noted")  # noqa: B023
+    wait_for(lambda: job.status() == "completed", 30, "the job to complete")
+    assert worker.process.poll() is None
+    worker.signal(signal.SIGTERM)
+    assert worker.wait(30) == 0, worker.text()[-3000:]
+
+
 def test_two_signals_at_once_are_one_request_to_stop(app: JobQueue, tmp_path: Path, workers: list[Worker]) -> None:
     """`timeout` and some process managers signal the supervisor and then its process group: the
     two signals came at once, and the second made the stop a cold one, killing the running job."""
