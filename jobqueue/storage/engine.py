@@ -6,6 +6,7 @@ What each database needs of its connections is its dialect's (``engine_options``
 from __future__ import annotations
 
 import re
+import weakref
 from typing import Any
 
 import sqlalchemy as sa
@@ -169,12 +170,31 @@ def create_engine(url: str | sa.URL, **kwargs: Any) -> sa.Engine:
         )
     parsed, options = cls.engine_options(parsed)
     options.update(kwargs)
+    # A password given as a query parameter goes to the driver as a connection argument, as the
+    # driver would take it from the URL: the engine's URL (its repr, its str) then shows none.
+    secrets = {key: value for key, value in parsed.query.items() if key.lower() in SECRET_PARAMETERS}
+    if secrets:
+        parsed = parsed.difference_update_query(secrets)
+        options["connect_args"] = {**secrets, **options.get("connect_args", {})}
     try:
         engine = sa.create_engine(parsed, **options)
     except ModuleNotFoundError as exc:
         raise ConfigurationError(_missing_driver(parsed, exc.name)) from None
     cls.configure(engine)
+    if secrets:
+        _URL_SECRETS[engine] = secrets
     return engine
+
+
+# The password query parameters taken out of an engine's URL (see create_engine), by engine.
+_URL_SECRETS: weakref.WeakKeyDictionary[sa.Engine, dict[str, Any]] = weakref.WeakKeyDictionary()
+
+
+def engine_like(engine: sa.Engine, **kwargs: Any) -> sa.Engine:
+    """A new engine to ``engine``'s database, as create_engine made it (its URL's password query
+    parameters included), with ``kwargs`` for options of its own."""
+    secrets = _URL_SECRETS.get(engine)
+    return create_engine(engine.url.update_query_dict(secrets) if secrets else engine.url, **kwargs)
 
 
 def _missing_driver(url: sa.URL, module: str | None) -> str:

@@ -782,6 +782,18 @@ def test_a_worker_whose_login_is_refused_at_start_exits_naming_the_fix(
     assert "not-the-password" not in worker.text()
 
 
+def mysql_login(server_url: str, user: str, password: str) -> tuple[sa.Engine, sa.URL]:
+    """Add a login with ``password`` and every right on the database of a private MySQL server;
+    the server's root engine and URL."""
+    admin = sa.create_engine(server_url, poolclass=sa.pool.NullPool, isolation_level="AUTOCOMMIT")
+    url = sa.make_url(server_url)
+    with admin.connect() as conn:
+        conn.execute(sa.text("FLUSH PRIVILEGES"))  # the server starts without logins: now with them
+        conn.execute(sa.text(f"CREATE USER '{user}'@'127.0.0.1' IDENTIFIED BY '{password}'"))
+        conn.execute(sa.text(f"GRANT ALL ON `{url.database}`.* TO '{user}'@'127.0.0.1'"))
+    return admin, url
+
+
 @only("mysql")
 def test_a_login_refused_while_the_worker_runs_is_an_outage_that_loses_nothing(
     tmp_path: Path, workers: list[Worker]
@@ -792,12 +804,7 @@ def test_a_login_refused_while_the_worker_runs_is_an_outage_that_loses_nothing(
     from tests.servers import private_server
 
     with private_server("mysql") as server:
-        admin = sa.create_engine(server.url, poolclass=sa.pool.NullPool, isolation_level="AUTOCOMMIT")
-        url = sa.make_url(server.url)
-        with admin.connect() as conn:
-            conn.execute(sa.text("FLUSH PRIVILEGES"))  # the server starts without logins: now with them
-            conn.execute(sa.text("CREATE USER 'jq_login'@'127.0.0.1' IDENTIFIED BY 'first-pw'"))
-            conn.execute(sa.text(f"GRANT ALL ON `{url.database}`.* TO 'jq_login'@'127.0.0.1'"))
+        admin, url = mysql_login(server.url, "jq_login", "first-pw")
         own = url.set(username="jq_login", password="first-pw").render_as_string(hide_password=False)
         rt.app.configure(database_url=own)
         rt.app.init_schema()
@@ -823,6 +830,32 @@ def test_a_login_refused_while_the_worker_runs_is_an_outage_that_loses_nothing(
         assert {states[h.id][0] for h in jobs} == {"COMPLETED"}, states
         assert set(counters(rt.app).values()) == {(1, 1)}
         rt.app.close()
+
+
+@only("mysql")
+def test_a_password_given_as_a_query_parameter_logs_in_and_is_never_shown() -> None:
+    """The engine's URL kept ?passwd=: repr(app.engine) and str(app.engine.url) showed it. It now
+    goes to the driver as a connection argument, for every engine jobqueue opens on that URL (the
+    one-statement enqueue has one of its own)."""
+    from tests.servers import private_server
+
+    with private_server("mysql") as server:
+        admin, url = mysql_login(server.url, "jq_query", "query-pw-7")
+        admin.dispose()
+        own = url.set(username="jq_query", password=None).update_query_dict({"passwd": "query-pw-7"})
+        app = JobQueue(own.render_as_string(hide_password=False))
+
+        @app.task(name="q.add")
+        def add(x: int, y: int) -> int:
+            return x + y
+
+        app.init_schema()
+        handle = add.delay(1, 2)  # through the enqueue's engine of its own
+        add.bulk([(3, 4)])
+        assert handle.status() == "pending"
+        for shown in (repr(app.engine), str(app.engine.url), repr(app)):
+            assert "query-pw-7" not in shown, shown
+        app.close()
 
 
 @only("postgresql", "mysql")

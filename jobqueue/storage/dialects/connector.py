@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 import sqlalchemy as sa
 
 from jobqueue.errors import ConfigurationError
-from jobqueue.storage.engine import READONLY, create_engine
+from jobqueue.storage.engine import READONLY, engine_like
 
 T = TypeVar("T")
 
@@ -93,7 +93,7 @@ class Connector:
         if self._autocommit_engine is None:
             # Its own pool, always in autocommit: switching a pooled MySQL connection in and out of
             # autocommit would cost a round trip each way.
-            self._autocommit_engine = create_engine(self.engine.url, isolation_level="AUTOCOMMIT")
+            self._autocommit_engine = engine_like(self.engine, isolation_level="AUTOCOMMIT")
         return self._autocommit_engine
 
     def _driver_engine(self) -> sa.Engine:
