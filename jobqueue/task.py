@@ -83,7 +83,7 @@ class Task:
 
     def apply_async(
         self,
-        args: Sequence[Any] = (),
+        args: Sequence[Any] | None = (),
         kwargs: dict[str, Any] | None = None,
         *,
         eta: datetime | None = None,
@@ -101,6 +101,7 @@ class Task:
         options = self._call_options(
             eta, countdown, queue, priority, headers, unique_key, partition_key, retry_strategy
         )
+        args = () if args is None else args  # as Celery takes it
         kwargs = {} if kwargs is None else kwargs
         if isinstance(args, (tuple, list)) and isinstance(kwargs, dict):
             self.check_call(args, kwargs)

@@ -61,6 +61,19 @@ def test_a_call_that_cannot_bind_raises_type_error_and_writes_nothing(app: JobQu
     assert add(1, 2) == 3  # an inline call is a plain call
 
 
+def test_args_and_kwargs_of_none_are_an_empty_call(app: JobQueue) -> None:
+    """As Celery takes them: kwargs=None was taken, args=None refused as not a tuple or list."""
+
+    @app.task(name="t.zero")
+    def zero() -> int:
+        return 0
+
+    handles = [zero.apply_async(args=None), zero.apply_async(kwargs=None), zero.apply_async(None, None)]
+    assert rows(app) == (3, 0)
+    drain(app)
+    assert [h.get(timeout=5) for h in handles] == [0, 0, 0]
+
+
 def test_periodic_arguments_are_checked_when_the_decorator_runs(app: JobQueue) -> None:
     @app.task(name="t.report")
     def report(day: str) -> None: ...
