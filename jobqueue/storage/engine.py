@@ -92,6 +92,13 @@ DEFAULT_DRIVERS = {"postgresql": "postgresql+psycopg2", "mysql": "mysql+mysqldb"
 
 def parse_url(url: str | sa.URL) -> sa.URL:
     """``url`` parsed, or ConfigurationError saying what is wrong with it (its password hidden)."""
+    if isinstance(url, str) and url != url.strip():
+        # It would name another file, database or password: a new empty SQLite database, say.
+        where, char = ("begins", url[0]) if url[:1].isspace() else ("ends", url[-1])
+        raise ConfigurationError(
+            f"the database URL {mask_url(url.strip())!r} {where} with {char!r} (a line break from an env file "
+            "or a secret?): remove it"
+        )
     try:
         parsed = sa.make_url(url)
     except Exception as exc:

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import importlib.util
+from pathlib import Path
 
 import pytest
 
@@ -191,6 +192,16 @@ def test_a_password_with_an_unescaped_at_sign_is_refused_and_never_shown(url: st
         create_engine(url)
     assert "write each '@' of the user name or password as %40" in str(raised.value)
     assert "t@pw" not in str(raised.value) and "s3cr" not in str(raised.value)
+
+
+@pytest.mark.parametrize("url", ["sqlite:///jobs.sqlite3\n", "postgresql://app:s3cret@db/app ", " mysql://app@db/app"])
+def test_a_url_with_whitespace_around_it_is_refused(url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """From an env file or a secret: SQLite opened a new, empty database named with the line break."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigurationError, match="(begins|ends) with .*: remove it") as raised:
+        create_engine(url)
+    assert "s3cret" not in str(raised.value)
+    assert list(tmp_path.iterdir()) == []
 
 
 @pytest.mark.parametrize(
