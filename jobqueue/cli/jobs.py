@@ -192,7 +192,7 @@ def retry(state: CliState, /, job_ids: tuple[int, ...], all_failed: bool, task: 
                 bar.update(len(ids))
                 after = ids[-1]
     else:
-        report = deadletter.retry(store, job_ids)
+        report = deadletter.retry(store, list(dict.fromkeys(job_ids)))  # each id once, however often given
     if as_json:
         echo_json({"retried": report.retried, "refused": report.refused})
     else:
@@ -210,7 +210,7 @@ def retry(state: CliState, /, job_ids: tuple[int, ...], all_failed: bool, task: 
 def cancel(state: CliState, /, job_ids: tuple[int, ...], as_json: bool) -> None:
     """Cancel pending or retryable jobs: archived as cancelled, never run."""
     store = state.app.store
-    results = {job_id: job_queries.cancel(store, job_id) for job_id in job_ids}
+    results = {job_id: job_queries.cancel(store, job_id) for job_id in dict.fromkeys(job_ids)}  # each id once
     if as_json:
         echo_json(
             {

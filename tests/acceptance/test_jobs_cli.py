@@ -77,6 +77,17 @@ def test_retry_and_cancel_refusals_exit_non_zero(app: JobQueue) -> None:
     assert again.returncode == 1 and "not cancelled" in again.stderr
 
 
+def test_an_id_given_twice_is_retried_or_cancelled_once(app: JobQueue) -> None:
+    """The second time round the job was no longer there, and the command exited 1 for it."""
+    failed = basic.fail.delay("twice")
+    jobqueue("worker", "--burst", "--concurrency", "1")
+    retried = json.loads(jobqueue("jobs", "retry", str(failed.id), str(failed.id), "--json").stdout)
+    assert retried["retried"] == [failed.id] and retried["refused"] == {}
+    pending = basic.add.delay(3, 3)
+    assert jobqueue("jobs", "cancel", str(pending.id), str(pending.id)).returncode == 0
+    assert failed.status() == "pending" and pending.status() == "cancelled"
+
+
 def test_purge_with_progress(app: JobQueue) -> None:
     basic.add.bulk([(i, i) for i in range(25)])
     keep = basic.fail.delay("kept")
