@@ -782,6 +782,27 @@ def test_a_worker_whose_login_is_refused_at_start_exits_naming_the_fix(
     assert "not-the-password" not in worker.text()
 
 
+@only("mysql")
+def test_a_look_for_due_jobs_that_the_database_refuses_is_said_and_not_waited_on(
+    app: JobQueue, tmp_path: Path, workers: list[Worker]
+) -> None:
+    """An index dropped by hand under a running worker: the supervisor's look for due jobs failed at
+    every poll, logged at DEBUG only, and its idle processes, waiting for its news, never fetched:
+    the worker sat idle with a job ready, and status counted it as live."""
+    worker = start(workers, tmp_path, "--concurrency", "1")
+    wait_for(lambda: "started worker process 0" in worker.text(), 30, "the worker process to start")
+    time.sleep(1)  # idle by now
+    with app.engine.begin() as conn:
+        conn.execute(sa.text("DROP INDEX ix_jobqueue_message_partition ON jobqueue_message"))
+    rt.short.delay()
+    wait_for(lambda: "looking whether jobs are due failed" in worker.text(), 15, "the failed look to be said")
+    # The process woke to fetch itself, met the same refusal, and said so.
+    wait_for(lambda: "crashed" in worker.text(), 15, "the worker process to meet the error")
+    assert "ix_jobqueue_message_partition" in worker.text()
+    worker.signal(signal.SIGTERM)
+    worker.wait(30)
+
+
 def mysql_login(server_url: str, user: str, password: str) -> tuple[sa.Engine, sa.URL]:
     """Add a login with ``password`` and every right on the database of a private MySQL server;
     the server's root engine and URL."""

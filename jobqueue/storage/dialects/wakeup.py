@@ -71,6 +71,10 @@ class Wakers(Waker):
             waker.close()
 
 
+# A failed look for due jobs is said again after this long if it goes on failing the same way.
+FAILED_POLL_REPEAT_SECONDS = 60.0
+
+
 class PollingWaker(Waker):
     """Ask ``poll`` every ``interval`` seconds while processes idle."""
 
@@ -78,6 +82,7 @@ class PollingWaker(Waker):
         self.poll = poll
         self.interval = interval
         self.next_at = 0.0
+        self.failed: tuple[str, float] | None = None  # the last failure said, and when
 
     def due_in(self, now: float) -> float | None:
         return max(0.0, self.next_at - now)
@@ -87,7 +92,16 @@ class PollingWaker(Waker):
             return 0
         self.next_at = now + self.interval
         try:
-            return int(self.poll())
-        except Exception as exc:  # an outage: the supervisor's guard reports it elsewhere
-            logger.debug("idle poll failed: %s", exc)
-            return 0
+            found = int(self.poll())
+        except Exception as exc:
+            # An outage, or a statement the database refuses (an index dropped by hand): either way
+            # an idle process looks for jobs itself, and its fetch meets the same error and says so
+            # (an outage as one, waited out; a refusal with its fix). Said here too, once a minute.
+            cause = getattr(exc, "orig", None) or exc  # the driver's error, without the statement
+            text = f"{type(cause).__name__}: {cause}"
+            if self.failed is None or self.failed[0] != text or now - self.failed[1] > FAILED_POLL_REPEAT_SECONDS:
+                logger.warning("looking whether jobs are due failed (%s); idle worker processes look themselves", text)
+                self.failed = (text, now)
+            return 1
+        self.failed = None
+        return found
