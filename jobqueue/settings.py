@@ -29,6 +29,8 @@ DATABASE_URL_ENV = "JOBQUEUE_DATABASE_URL"
 LISTEN_DATABASE_URL_ENV = "JOBQUEUE_LISTEN_DATABASE_URL"
 APP_ENV = "JOBQUEUE_APP"
 DASHBOARD_TOKEN_ENV = "JOBQUEUE_DASHBOARD_TOKEN"
+# The least pause between two looks of a loop that polls (fetches, checks for news, releases).
+MIN_POLL_SECONDS = 0.01
 
 QUEUE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:\-]{0,99}$")
 TABLE_PREFIX = re.compile(r"^[a-z][a-z0-9_]{0,30}$")
@@ -127,6 +129,12 @@ class Settings:
             value = getattr(self, name)
             if not _finite_number(value) or value < 0:
                 raise ConfigurationError(f"{name} must be a finite number of seconds >= 0, got {value!r}")
+        for name in ("max_fetch_interval", "idle_poll_interval", "release_stuck_interval"):
+            if getattr(self, name) < MIN_POLL_SECONDS:
+                raise ConfigurationError(
+                    f"{name} must be at least {MIN_POLL_SECONDS} seconds, got {getattr(self, name)!r}: it paces a "
+                    "loop that looks again after it, which would otherwise spin a CPU"
+                )
         if self.release_stuck_timeout < 1:
             raise ConfigurationError("release_stuck_timeout must be at least 1 second (heartbeats run every third)")
         if self.release_stuck_timeout > MAX_LEASE_SECONDS:

@@ -44,6 +44,10 @@ def test_defaults_follow_the_spec() -> None:
         # A typo such as -c 10000 forked ten thousand processes.
         ({"concurrency": 10_000}, "concurrency must be at most 1024 worker processes per supervisor"),
         ({"concurrency": 1025}, "run more supervisors"),
+        # A loop paced by one of these looked again at once: an idle supervisor spun a CPU.
+        ({"idle_poll_interval": 0}, "idle_poll_interval must be at least 0.01 seconds"),
+        ({"max_fetch_interval": 0.0, "min_fetch_interval": 0.0}, "max_fetch_interval must be at least 0.01"),
+        ({"release_stuck_interval": 1e-9}, "release_stuck_interval must be at least 0.01"),
     ],
 )
 def test_invalid_settings_name_the_problem(changes: dict, fragment: str) -> None:
