@@ -10,7 +10,7 @@ from typing import Any
 import click
 
 from jobqueue.cli.output import echo_json, print_table, printable, progress_bar, timestamp
-from jobqueue.cli.state import UTF8_TEXT, CliState, Group
+from jobqueue.cli.state import NAME_TEXT, CliState, Group
 from jobqueue.duration import parse_age
 from jobqueue.errors import JobNotFound
 from jobqueue.job import SCHEDULE_TASK
@@ -42,8 +42,8 @@ def jobs() -> None:
     type=click.Choice([*STATES, "unknown"]),
     help="Repeatable; default: all. unknown: states jobqueue does not know (edited by hand), which no worker runs.",
 )
-@click.option("--task", type=UTF8_TEXT, help="Only jobs of this task.")
-@click.option("--queue", type=UTF8_TEXT, help="Only jobs in this queue.")
+@click.option("--task", type=NAME_TEXT, help="Only jobs of this task.")
+@click.option("--queue", type=NAME_TEXT, help="Only jobs in this queue.")
 @click.option("--limit", default=50, show_default=True, type=click.IntRange(1, 100_000))
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.pass_obj
@@ -170,7 +170,7 @@ def _utc(value: Any) -> str:
 @jobs.command()
 @click.argument("job_ids", type=JOB_ID, nargs=-1)
 @click.option("--all-failed", is_flag=True, help="Retry every failed job (with --task: of that task).")
-@click.option("--task", type=UTF8_TEXT, help="With --all-failed: only this task's failed jobs.")
+@click.option("--task", type=NAME_TEXT, help="With --all-failed: only this task's failed jobs.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.pass_obj
 def retry(state: CliState, /, job_ids: tuple[int, ...], all_failed: bool, task: str | None, as_json: bool) -> None:
@@ -235,7 +235,7 @@ def cancel(state: CliState, /, job_ids: tuple[int, ...], as_json: bool) -> None:
 @click.option(
     "--older-than", required=True, metavar="AGE", help="Archived longer ago than this: 90s, 30m, 24h, 7d, 2w."
 )
-@click.option("--task", type=UTF8_TEXT, help="Only this task's jobs.")
+@click.option("--task", type=NAME_TEXT, help="Only this task's jobs.")
 @click.option("--batch-size", default=1000, show_default=True, type=click.IntRange(1, 100_000))
 @click.option("--dry-run", is_flag=True, help="Only count what would be deleted.")
 @click.option("-y", "--yes", is_flag=True, help="Do not ask for confirmation.")

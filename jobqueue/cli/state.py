@@ -156,6 +156,20 @@ class Utf8Text(click.ParamType):
 UTF8_TEXT = Utf8Text()
 
 
+class NameText(Utf8Text):
+    """A name to filter by: empty, it would filter nothing (``--task "$T"`` with T unset would
+    purge or retry the jobs of every task)."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str:
+        text = super().convert(value, param, ctx)
+        if not text.strip():
+            self.fail("is empty: give a name, or leave the option out for all of them", param, ctx)
+        return text
+
+
+NAME_TEXT = NameText()
+
+
 class Group(click.Group):
     """A click group that turns jobqueue errors into a one-line message and exit status 1."""
 

@@ -88,6 +88,24 @@ def test_an_id_given_twice_is_retried_or_cancelled_once(app: JobQueue) -> None:
     assert failed.status() == "pending" and pending.status() == "cancelled"
 
 
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["jobs", "purge", "--state", "completed", "--older-than", "0s", "--yes", "--task", ""],
+        ["jobs", "retry", "--all-failed", "--task", " "],
+        ["jobs", "list", "--queue", ""],
+    ],
+)
+def test_an_empty_name_to_filter_by_is_refused(app: JobQueue, command: list[str]) -> None:
+    """`--task "$T"` with T unset filtered nothing: a purge took every task's jobs."""
+    done = basic.add.delay(1, 1)
+    failed = basic.fail.delay("empty")
+    jobqueue("worker", "--burst", "--concurrency", "1")
+    refused = jobqueue(*command, check=False)
+    assert refused.returncode == 2 and "is empty: give a name, or leave the option out" in refused.stderr
+    assert (done.status(), failed.status()) == ("completed", "failed")
+
+
 def test_purge_with_progress(app: JobQueue) -> None:
     basic.add.bulk([(i, i) for i in range(25)])
     keep = basic.fail.delay("kept")

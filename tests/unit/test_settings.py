@@ -121,6 +121,10 @@ def test_a_driver_that_is_not_installed_is_named_with_the_one_jobqueue_installs(
             "jobqueue's workers and enqueues are synchronous: use postgresql+psycopg2://...",
         ),
         ("sqlite+aiosqlite:///jobs.sqlite3", "synchronous: use sqlite:///PATH"),
+        # It replaced utf8mb4: an emoji in a unique key was refused by the collation, error
+        # messages were stored with "?" in place of what utf8 lacks.
+        ("mysql+mysqldb://app:s3cret@db/app?charset=utf8", "remove the charset parameter, or write charset=utf8mb4"),
+        ("mysql://app:s3cret@db/app?charset=latin1", "sets charset=latin1: jobqueue's tables hold text as utf8mb4"),
     ],
 )
 def test_a_url_a_user_often_gets_wrong_is_refused_naming_the_fix(url: str, fix: str) -> None:

@@ -37,7 +37,7 @@ from jobqueue.storage.dialects.mysql_statements import (
     mysql_code,
     outcome_bytes,
 )
-from jobqueue.storage.engine import IDLE_IN_TRANSACTION_SECONDS, unless_in_url
+from jobqueue.storage.engine import IDLE_IN_TRANSACTION_SECONDS, mask_url, unless_in_url
 from jobqueue.storage.outcomes import ARCHIVED, ARCHIVED_COLUMNS, COPIED, archived_values, requeue_binds
 from jobqueue.storage.tables import Timestamp
 
@@ -84,8 +84,16 @@ class MySQLDialect(Dialect):
         url, options = super().engine_options(url)
         # READ COMMITTED: no gap locks, so SKIP LOCKED acquires never block enqueues.
         options["isolation_level"] = "READ COMMITTED"
-        if "charset" not in url.query:
+        charset = url.query.get("charset")
+        if charset is None:
             url = url.update_query_dict({"charset": "utf8mb4"})
+        elif str(charset).lower() != "utf8mb4":
+            # Text outside it (an emoji in a unique key or an error message) would be refused, or
+            # stored as "?", or collide with the utf8mb4 columns' collation.
+            raise ConfigurationError(
+                f"{mask_url(url)} sets charset={charset}: jobqueue's tables hold text as utf8mb4; "
+                "remove the charset parameter, or write charset=utf8mb4"
+            )
         # A silent server is noticed instead of hanging a worker forever.
         options["connect_args"] = unless_in_url(url, {"connect_timeout": 10, "read_timeout": 60, "write_timeout": 60})
         return url, options
