@@ -433,3 +433,24 @@ def test_ddl_printed_offline_runs_on_mariadb_and_compares_names_and_keys_exactly
         with engine.begin() as conn:
             tables.metadata.drop_all(conn, checkfirst=True)
         engine.dispose()
+
+
+@only("postgresql")
+def test_db_init_by_the_applications_own_login_on_a_current_schema_changes_nothing() -> None:
+    """Every container may run `db init` as it starts, with the application's login, which may read
+    and write the tables but create nothing: on a current schema it replaced the wake-up trigger's
+    function every time, and was refused (no CREATE on the schema, then not the function's owner)."""
+    from tests.servers import private_server
+
+    with private_server("postgresql") as server:
+        admin = sa.create_engine(server.url, poolclass=sa.pool.NullPool, isolation_level="AUTOCOMMIT")
+        jobqueue("db", "init", app=None, env={"JOBQUEUE_DATABASE_URL": server.url})
+        with admin.connect() as conn:
+            conn.execute(sa.text("CREATE ROLE jq_app LOGIN"))
+            conn.execute(sa.text("REVOKE CREATE ON SCHEMA public FROM PUBLIC"))
+            conn.execute(sa.text("GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO jq_app"))
+            conn.execute(sa.text("GRANT USAGE ON ALL SEQUENCES IN SCHEMA public TO jq_app"))
+        admin.dispose()
+        own = sa.make_url(server.url).set(username="jq_app", password=None).render_as_string(hide_password=False)
+        done = jobqueue("db", "init", app=None, env={"JOBQUEUE_DATABASE_URL": own}, check=False)
+        assert done.returncode == 0 and "is up to date" in done.stdout, done.stderr

@@ -162,8 +162,26 @@ class PostgreSQLDialect(Dialect):
         yield
 
     def after_create(self, connection: sa.Connection) -> None:
-        for statement in postgresql_notify_ddl(self.tables.prefix):
+        statements = postgresql_notify_ddl(self.tables.prefix)
+        if self._notify_trigger_in_place(connection, statements[0]):
+            return  # nothing to change: no right to create is needed (the application's own login)
+        for statement in statements:
             connection.exec_driver_sql(statement)
+
+    def _notify_trigger_in_place(self, connection: sa.Connection, create_function: str) -> bool:
+        """Whether the wake-up trigger is on the message table and its function's body is the one
+        ``create_function`` writes."""
+        prefix = self.tables.prefix
+        body = re.search(r"\$\$(.*)\$\$", create_function, re.S)
+        found = connection.execute(
+            sa.text("SELECT prosrc FROM pg_proc WHERE oid = to_regprocedure(:function)"),
+            {"function": f"{prefix}notify()"},
+        ).first()
+        if body is None or found is None or found[0] != body.group(1):
+            return False
+        trigger = sa.text("SELECT 1 FROM pg_trigger WHERE tgrelid = to_regclass(:table) AND tgname = :name")
+        names = {"table": f"{prefix}message", "name": f"{prefix}message_notify"}
+        return connection.execute(trigger, names).first() is not None
 
     def after_drop(self, connection: sa.Connection) -> None:
         connection.exec_driver_sql(f"DROP FUNCTION IF EXISTS {self.tables.prefix}notify()")
