@@ -199,6 +199,8 @@ MAX_BARS = 360
 
 
 def _throughput_plot(rows: list[Row]) -> str:
+    if not rows:
+        return "<p>No job has a time it finished or was archived at that could be read.</p>"
     series: dict[str, dict[datetime, int]] = defaultdict(lambda: defaultdict(int))
     minutes = [row["minute"].astimezone(timezone.utc).replace(tzinfo=None) for row in rows]  # PySpark: local time
     span = (max(minutes) - min(minutes)).total_seconds() / 60 + 1

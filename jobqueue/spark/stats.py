@@ -57,8 +57,10 @@ def archive_stats(archive: DataFrame, by: Sequence[str] = ("task_name", "queue")
 def throughput(archive: DataFrame, by: Sequence[str] = ("state",)) -> DataFrame:
     """Jobs finished per minute (UTC, by ``finished_at``, else ``archived_at``), per group of ``by``.
 
-    Columns: ``minute`` (a timestamp, the minute's start), the group's, ``jobs``; sorted.
+    Columns: ``minute`` (a timestamp, the minute's start), the group's, ``jobs``; sorted. A job with
+    neither time (a cancelled one whose ``archived_at`` could not be read) has no minute to count in.
     """
     finished = F.coalesce(F.col("finished_at"), F.col("archived_at"))
     minute = F.timestamp_seconds(F.floor(F.unix_seconds(finished) / 60) * 60).alias("minute")
-    return archive.groupBy(minute, *by).agg(F.count(F.lit(1)).alias("jobs")).orderBy("minute", *by)
+    placed = archive.where(finished.isNotNull())
+    return placed.groupBy(minute, *by).agg(F.count(F.lit(1)).alias("jobs")).orderBy("minute", *by)

@@ -210,6 +210,8 @@ def test_rows_edited_by_hand_are_read_as_they_are(
         edits.append(f"UPDATE {table} SET finished_at = 'yesterday', created_at = 42 WHERE id = 11")
         edits.append(f"UPDATE {table} SET last_attempt_at = '2026-11-27 10:00:00+02:00' WHERE id = 12")
         edits.append(f"UPDATE {table} SET first_attempt_at = '0001-01-01 00:00:00+05:00' WHERE id = 13")  # UTC: year 0
+        # No time to place it in the report's throughput (it failed on it): neither can be read.
+        edits.append(f"UPDATE {table} SET finished_at = NULL, archived_at = 'not a time' WHERE id = 14")
     with app.engine.begin() as conn:
         for edit in edits:
             conn.execute(sa.text(edit))
@@ -220,6 +222,7 @@ def test_rows_edited_by_hand_are_read_as_they_are(
         assert (rows[11].finished_at, rows[11].created_at) == (None, None) and rows[11].archived_at is not None
         assert rows[12].last_attempt_at.astimezone(timezone.utc).replace(tzinfo=None) == datetime(2026, 11, 27, 8, 0)
         assert rows[13].first_attempt_at is None and rows[13].created_at is not None
+        assert (rows[14].finished_at, rows[14].archived_at) == (None, None)
     totals = archive_stats(read_archive(spark, app.database_url), by=()).collect()[0]
     assert totals.total == 200 and totals.completed + totals.failed + totals.cancelled == 199
     out = tmp_path / "report.html"
