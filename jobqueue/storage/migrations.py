@@ -12,6 +12,7 @@ to install.
 from __future__ import annotations
 
 import contextlib
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -75,6 +76,26 @@ def create_missing(connection: sa.Connection, table: sa.Table) -> list[str]:
         created = [str(sa.schema.CreateTable(table).compile(dialect=dialect))]
         return created + [str(sa.schema.CreateIndex(index).compile(dialect=dialect)) for index in table.indexes]
     return _add_indexes(connection, table, sorted(str(index.name) for index in table.indexes))
+
+
+def created_what(statement: str) -> str:
+    """What a CREATE statement makes: "index ix_jobqueue_flow_served"."""
+    found = re.search(r"\b(TABLE|INDEX)\s+(\S+)", statement)
+    return f"{found.group(1).lower()} {found.group(2)}" if found else statement.strip()
+
+
+def lacking(connection: sa.Connection, tables: Tables) -> tuple[list[str], list[str]]:
+    """What of the current schema the database lacks (dropped by hand): the tables and indexes
+    that `db init` creates again ("index ix_..."), and the columns it does not ("jobqueue_flow.x")."""
+    inspector = sa.inspect(connection)
+    created: list[str] = []
+    columns: list[str] = []
+    for table in tables.metadata.sorted_tables:
+        created += [created_what(statement) for statement in create_missing(connection, table)]
+        if inspector.has_table(table.name):
+            present = {column["name"] for column in inspector.get_columns(table.name)}
+            columns += [f"{table.name}.{name}" for name in table.c.keys() if name not in present]
+    return created, columns
 
 
 def _to_3(connection: sa.Connection, tables: Tables) -> list[str]:

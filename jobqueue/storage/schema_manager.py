@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
-import re
-
 import sqlalchemy as sa
 
+from jobqueue.errors import SchemaError
 from jobqueue.storage.dialects import dialect_for
 from jobqueue.storage.dialects.base import Dialect
 from jobqueue.storage.migrations import (
     create_missing,
+    created_what,
     installed_version,
+    lacking,
     missing_error,
     newer_error,
     older_error,
@@ -54,15 +55,9 @@ def _init_locked(conn: sa.Connection, tables: Tables, dialect: Dialect) -> str:
     if added:
         return (
             f"jobqueue schema {SCHEMA_VERSION} ({tables.prefix}*) is up to date; created what it lacked: "
-            + ", ".join(_created(statement) for statement in added)
+            + ", ".join(created_what(statement) for statement in added)
         )
     return f"jobqueue schema {SCHEMA_VERSION} ({tables.prefix}*) is up to date"
-
-
-def _created(statement: str) -> str:
-    """What a CREATE statement makes: "index ix_jobqueue_flow_served"."""
-    found = re.search(r"\b(TABLE|INDEX)\s+(\S+)", statement)
-    return f"{found.group(1).lower()} {found.group(2)}" if found else statement.strip()
 
 
 def drop_schema_on(conn: sa.Connection, tables: Tables) -> None:
@@ -79,7 +74,20 @@ def check_schema(engine: sa.Engine, tables: Tables, schema_command: str | None =
         version = installed_version(conn, tables)
         if version is not None and version > SCHEMA_VERSION:
             raise newer_error(conn, tables, version)
+        created, columns = lacking(conn, tables) if version == SCHEMA_VERSION else ([], [])
     if version is None:
         raise missing_error(tables, schema_command)
     if version < SCHEMA_VERSION:
         raise older_error(tables, version, schema_command)
+    if created or columns:
+        command = f"`{schema_command}`" if schema_command else "`jobqueue db init`"
+        fixes = [f"run {command}, which creates {', '.join(created)} again"] if created else []
+        if columns:
+            fixes.append(
+                f"add the column(s) {', '.join(columns)} back by hand (ALTER TABLE ... ADD COLUMN, of the type "
+                "a new database gets), or restore the table"
+            )
+        raise SchemaError(
+            f"the jobqueue tables ({tables.prefix}*) are at schema version {version} but lack "
+            f"{', '.join(created + ['column ' + c for c in columns])} (dropped by hand?): {'; '.join(fixes)}"
+        )

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from jobqueue import periodic
+from jobqueue import JobQueue, periodic
 from jobqueue.clock import utcnow
 from jobqueue.handle import JobHandle
 from jobqueue.serialization import dumps_call
@@ -454,3 +454,32 @@ def test_db_init_by_the_applications_own_login_on_a_current_schema_changes_nothi
         own = sa.make_url(server.url).set(username="jq_app", password=None).render_as_string(hide_password=False)
         done = jobqueue("db", "init", app=None, env={"JOBQUEUE_DATABASE_URL": own}, check=False)
         assert done.returncode == 0 and "is up to date" in done.stdout, done.stderr
+
+
+def test_a_table_index_or_column_dropped_by_hand_is_named_by_db_check(backend: str, db_url: str) -> None:
+    """`db check` and `health` said the schema was current; the worker then refused with "the
+    tables do not exist", or failed statement by statement on the missing column or index. (Tables
+    of their own prefix: a dropped column is not put back by `db init`.)"""
+    app = JobQueue(db_url, table_prefix=upgrade.app.settings.table_prefix)  # the CLI's app below
+    app.init_schema()
+    t = app.tables
+    env = {"JOBQUEUE_DATABASE_URL": db_url}
+    try:
+        drop_index = f"DROP INDEX ix_{t.prefix}flow_served" + (f" ON {t.flow.name}" if backend == "mysql" else "")
+        with app.engine.begin() as conn:
+            conn.execute(sa.text(drop_index))
+            conn.execute(sa.text(f"DROP TABLE {t.topic_group.name}"))
+            conn.execute(sa.text(f"ALTER TABLE {t.topic_message.name} DROP COLUMN headers"))
+        for command in (["db", "check"], ["health"]):
+            refused = jobqueue(*command, app=APP, env=env, check=False)
+            assert refused.returncode == 1, refused.stdout
+            said = refused.stdout + refused.stderr
+            assert f"lack index ix_{t.prefix}flow_served, table {t.topic_group.name}, column " in said, said
+            assert "run `jobqueue db init`" in said and f"{t.topic_message.name}.headers back by hand" in said, said
+        jobqueue("db", "init", app=APP, env=env)
+        still = jobqueue("db", "check", app=APP, env=env, check=False)
+        assert still.returncode == 1 and "run `jobqueue db init`" not in still.stderr, still.stderr
+    finally:
+        with app.engine.begin() as conn:
+            t.metadata.drop_all(conn)
+        app.close()
