@@ -794,13 +794,16 @@ def test_a_look_for_due_jobs_that_the_database_refuses_is_said_and_not_waited_on
     time.sleep(1)  # idle by now
     with app.engine.begin() as conn:
         conn.execute(sa.text("DROP INDEX ix_jobqueue_message_partition ON jobqueue_message"))
-    rt.short.delay()
-    wait_for(lambda: "looking whether jobs are due failed" in worker.text(), 15, "the failed look to be said")
-    # The process woke to fetch itself, met the same refusal, and said so.
-    wait_for(lambda: "crashed" in worker.text(), 15, "the worker process to meet the error")
-    assert "ix_jobqueue_message_partition" in worker.text()
-    worker.signal(signal.SIGTERM)
-    worker.wait(30)
+    try:
+        rt.short.delay()
+        wait_for(lambda: "looking whether jobs are due failed" in worker.text(), 15, "the failed look to be said")
+        # The process woke to fetch itself, met the same refusal, and said so.
+        wait_for(lambda: "crashed" in worker.text(), 15, "the worker process to meet the error")
+        assert "ix_jobqueue_message_partition" in worker.text()
+        worker.signal(signal.SIGTERM)
+        worker.wait(30)
+    finally:
+        app.init_schema()  # the index again, for the tests after this one (a worker refuses tables without it)
 
 
 def mysql_login(server_url: str, user: str, password: str) -> tuple[sa.Engine, sa.URL]:
