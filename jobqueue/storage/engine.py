@@ -92,6 +92,11 @@ DEFAULT_DRIVERS = {"postgresql": "postgresql+psycopg2", "mysql": "mysql+mysqldb"
 
 def parse_url(url: str | sa.URL) -> sa.URL:
     """``url`` parsed, or ConfigurationError saying what is wrong with it (its password hidden)."""
+    if isinstance(url, str) and not url.strip():
+        raise ConfigurationError(
+            "the database URL is blank: give one, for example sqlite:///jobqueue.sqlite3, "
+            "postgresql+psycopg2://user@host:5432/db or mysql+mysqldb://user@host/db"
+        )
     if isinstance(url, str) and url != url.strip():
         # It would name another file, database or password: a new empty SQLite database, say.
         where, char = ("begins", url[0]) if url[:1].isspace() else ("ends", url[-1])

@@ -270,7 +270,7 @@ def test_a_database_url_the_driver_cannot_use_is_one_line_naming_it(args: tuple[
         ("mysql://root:root@127.0.0.1:1/nowhere", "Error: cannot use mysql://***:***@127.0.0.1:1/nowhere: "),
         # A URL that does not parse, and is a word of the message.
         ("e", "Error: cannot parse database URL '<unparseable database URL>' (Could not parse SQLAlchemy URL"),
-        (" ", "Error: cannot parse database URL '<unparseable database URL>' (Could not parse SQLAlchemy URL"),
+        (" ", "Error: the database URL is blank: give one, for example sqlite:///jobqueue.sqlite3, "),
     ],
 )
 def test_masking_leaves_the_rest_of_the_message_readable(url: str, expected: str) -> None:
