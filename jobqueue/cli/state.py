@@ -18,6 +18,7 @@ from jobqueue import logs
 from jobqueue.app import JobQueue
 from jobqueue.errors import ConfigurationError, JobQueueError
 from jobqueue.settings import APP_ENV, DATABASE_URL_ENV
+from jobqueue.storage.dialects.connector import lacks_a_privilege
 from jobqueue.storage.engine import mask_in, mask_url
 
 
@@ -190,7 +191,7 @@ class Group(click.Group):
         except sa.exc.DBAPIError as exc:
             # The server or the driver refused the connection (no statement ran), or it broke: say
             # so in a line. An error of a statement is a bug to report, with its traceback.
-            lacks_privilege = _lacks_privilege(exc)
+            lacks_privilege = lacks_a_privilege(exc)
             if not isinstance(exc, sa.exc.OperationalError) and exc.statement is not None and not lacks_privilege:
                 raise
             reason = str(exc.orig).strip().splitlines()[0] if exc.orig else str(exc)
@@ -208,19 +209,6 @@ class Group(click.Group):
                 raise
             reason = f"the URL's query has an option the driver does not take ({exc})"
             raise click.ClickException(mask_secrets(f"cannot use {_where(ctx)}: {reason}", ctx)) from None
-
-
-# The server refused a statement for want of a privilege: PostgreSQL's SQLSTATE, MySQL's error numbers
-# (database, table and column access denied).
-INSUFFICIENT_PRIVILEGE_SQLSTATE = "42501"
-MYSQL_ACCESS_DENIED = {1044, 1142, 1143}
-
-
-def _lacks_privilege(exc: sa.exc.DBAPIError) -> bool:
-    if getattr(exc.orig, "pgcode", None) == INSUFFICIENT_PRIVILEGE_SQLSTATE:
-        return True
-    args: tuple[Any, ...] = getattr(exc.orig, "args", ())
-    return bool(args) and args[0] in MYSQL_ACCESS_DENIED
 
 
 def _explain(ctx: click.Context, exc: sa.exc.DBAPIError) -> str | None:

@@ -165,6 +165,7 @@ class Supervisor(Reaping, Maintenance):
         self.app.store.check_workable()
         try:
             self.guard.call(self.app.check_schema, give_up=lambda: self.signals > 0, doing="checking the schema")
+            self.guard.call(self.app.store.check_rights, give_up=lambda: self.signals > 0, doing="checking its rights")
             self.store = self.app.store
             # Before anything is stamped (the schedules' next fires) and any fork: on the server's
             # clock. This also takes the lease clock's first mark.

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import sqlalchemy as sa
 
-from jobqueue.errors import SchemaError
+from jobqueue.errors import ConfigurationError, SchemaError
 from jobqueue.storage.dialects import dialect_for
 from jobqueue.storage.dialects.base import Dialect
+from jobqueue.storage.dialects.connector import lacks_a_privilege
 from jobqueue.storage.migrations import (
     create_missing,
     created_what,
@@ -90,4 +91,48 @@ def check_schema(engine: sa.Engine, tables: Tables, schema_command: str | None =
         raise SchemaError(
             f"the jobqueue tables ({tables.prefix}*) are at schema version {version} but lack "
             f"{', '.join(created + ['column ' + c for c in columns])} (dropped by hand?): {'; '.join(fixes)}"
+        )
+
+
+WORKER_RIGHTS = ("SELECT", "INSERT", "UPDATE", "DELETE")
+
+
+def check_rights(engine: sa.Engine, tables: Tables) -> None:
+    """Before a worker starts: raise ConfigurationError, naming each table and the grant, if the
+    login may not read and write every jobqueue table. Such a worker would run each job and then
+    fail to store its outcome (a login without DELETE cannot archive one), so that every job ran
+    again and again. Each right is tried with a statement that touches no row, rolled back."""
+    if engine.dialect.name == "sqlite":  # no logins: a file this process may not write is checked apart
+        return
+    refused: dict[str, list[str]] = {}
+    with engine.connect() as conn:
+        transaction = conn.begin()
+        for table in tables.metadata.sorted_tables:
+            if table is tables.schema_version:  # only read
+                continue
+            key = next(iter(table.primary_key.columns))
+            nothing = sa.select(*table.columns).where(sa.false())  # every column: MariaDB checks NOT NULLs
+            probes: dict[str, sa.Executable] = {
+                "SELECT": nothing,
+                "INSERT": table.insert().from_select(list(table.columns.keys()), nothing),
+                "UPDATE": table.update().where(sa.false()).values({key.name: key}),
+                "DELETE": table.delete().where(sa.false()),
+            }
+            for right in WORKER_RIGHTS:
+                try:
+                    with conn.begin_nested():  # a refusal aborts PostgreSQL's transaction: only this
+                        conn.execute(probes[right])
+                except sa.exc.DBAPIError as exc:
+                    if not lacks_a_privilege(exc):
+                        raise
+                    refused.setdefault(right, []).append(table.name)
+        transaction.rollback()
+    if refused:
+        login = engine.url.username or "this login"
+        missing = "; ".join(f"{right} on {', '.join(refused[right])}" for right in WORKER_RIGHTS if right in refused)
+        raise ConfigurationError(
+            f"the database login {login!r} may not {missing}: a worker reads and writes every jobqueue "
+            f"table ({tables.prefix}*), and without these it would run each job and fail to store its "
+            f"outcome. Grant it {', '.join(WORKER_RIGHTS)} on them (GRANT SELECT, INSERT, UPDATE, DELETE "
+            f"ON ... TO {login}) and start the worker again"
         )

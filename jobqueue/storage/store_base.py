@@ -86,6 +86,13 @@ class StoreBase:
         any statement. A server that does not answer is no such case: the worker waits for it."""
         self.dialect.check_workable()
 
+    def check_rights(self) -> None:
+        """Raise ConfigurationError, naming each table and the grant, if the login may not read
+        and write every jobqueue table (a worker's start)."""
+        from jobqueue.storage.schema_manager import check_rights
+
+        check_rights(self.engine, self.tables)
+
     @contextmanager
     def schema_errors(self) -> Iterator[None]:
         """Turn "table missing" driver errors into a SchemaError naming the fix."""

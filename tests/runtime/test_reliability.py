@@ -856,6 +856,43 @@ def test_a_login_refused_while_the_worker_runs_is_an_outage_that_loses_nothing(
         rt.app.close()
 
 
+@only("postgresql", "mysql")
+def test_a_worker_whose_login_may_not_delete_exits_naming_the_grant_and_runs_nothing(
+    backend: str, tmp_path: Path, workers: list[Worker]
+) -> None:
+    """A login that may read, insert and update but not delete: the worker started, ran each job,
+    failed to archive it (DELETE denied), and ran it again at every retry. It now refuses to start,
+    naming the right, the tables and the grant. (On a server of its own, whose admin adds logins.)"""
+    from tests.servers import private_server
+
+    with private_server(backend) as server:
+        rt.app.configure(database_url=server.url)
+        rt.app.init_schema()
+        job = rt.slow.delay(0)
+        rt.app.close()
+        admin = sa.create_engine(server.url, poolclass=sa.pool.NullPool, isolation_level="AUTOCOMMIT")
+        with admin.connect() as conn:
+            if backend == "postgresql":
+                conn.execute(sa.text("CREATE ROLE jq_nodelete LOGIN"))
+                conn.execute(sa.text("GRANT SELECT, INSERT, UPDATE ON ALL TABLES IN SCHEMA public TO jq_nodelete"))
+                conn.execute(sa.text("GRANT USAGE ON ALL SEQUENCES IN SCHEMA public TO jq_nodelete"))
+            else:
+                database = sa.make_url(server.url).database
+                conn.execute(sa.text("FLUSH PRIVILEGES"))  # the server starts without logins: now with them
+                conn.execute(sa.text("CREATE USER 'jq_nodelete'@'127.0.0.1' IDENTIFIED BY 'pw'"))
+                conn.execute(sa.text(f"GRANT SELECT, INSERT, UPDATE ON `{database}`.* TO 'jq_nodelete'@'127.0.0.1'"))
+        admin.dispose()
+        own = sa.make_url(server.url).set(username="jq_nodelete", password="pw" if backend == "mysql" else None)
+        env = {"JOBQUEUE_DATABASE_URL": own.render_as_string(hide_password=False)}
+        worker = start(workers, tmp_path, "--burst", "--concurrency", "1", env=env)
+        assert worker.wait(30) == 1, worker.text()[-3000:]
+        said = worker.text()
+        assert "the database login 'jq_nodelete' may not DELETE on " in said and "jobqueue_message" in said, said
+        assert "GRANT SELECT, INSERT, UPDATE, DELETE" in said and "Traceback" not in said, said
+        assert not runs(tmp_path / "runs.txt") and job.status() == "pending", runs(tmp_path / "runs.txt")
+        rt.app.close()
+
+
 @only("mysql")
 def test_a_password_given_as_a_query_parameter_logs_in_and_is_never_shown() -> None:
     """The engine's URL kept ?passwd=: repr(app.engine) and str(app.engine.url) showed it. It now

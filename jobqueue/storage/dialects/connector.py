@@ -33,6 +33,20 @@ READ_ONLY = "read-only"
 CANCELLED = "cancelled"
 
 
+# The server refused a statement for want of a privilege: PostgreSQL's SQLSTATE, MySQL's error numbers
+# (database, table and column access denied).
+INSUFFICIENT_PRIVILEGE_SQLSTATE = "42501"
+MYSQL_ACCESS_DENIED = {1044, 1142, 1143}
+
+
+def lacks_a_privilege(exc: sa.exc.DBAPIError) -> bool:
+    """Whether the server refused ``exc``'s statement because the login lacks a privilege."""
+    if getattr(exc.orig, "pgcode", None) == INSUFFICIENT_PRIVILEGE_SQLSTATE:
+        return True
+    args: tuple[Any, ...] = getattr(exc.orig, "args", ())
+    return bool(args) and args[0] in MYSQL_ACCESS_DENIED
+
+
 LOCAL_HOSTS = {None, "", "localhost", "127.0.0.1", "::1"}
 
 
