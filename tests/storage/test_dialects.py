@@ -393,6 +393,16 @@ def test_listen_database_url_is_refused_off_postgresql(app: JobQueue, backend: s
             app.store.waker(None, 1.0, 1.0, "postgresql://root@127.0.0.1/test")
 
 
+@only("postgresql")
+def test_a_listen_database_url_that_reaches_another_database_is_refused(app: JobQueue) -> None:
+    """A LISTEN connection to another database (a typo, a replica) was accepted: it heard of no new
+    job, and every one waited for a poll."""
+    other = sa.make_url(app.database_url).set(database="postgres").render_as_string(hide_password=False)
+    with pytest.raises(ConfigurationError, match="reaches database 'postgres', but the jobs are in ") as info:
+        app.store.waker(None, 1.0, 1.0, other)
+    assert ":***@127.0.0.1" in str(info.value), info.value
+
+
 # -- errors ----------------------------------------------------------------------------------------------
 
 

@@ -10,12 +10,16 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from jobqueue.errors import ConfigurationError
 from jobqueue.storage.dialects.base import Dialect
 from jobqueue.storage.dialects.wakeup import Waker
-from jobqueue.storage.engine import create_engine
+from jobqueue.storage.engine import create_engine, mask_url
 from jobqueue.storage.tables import notify_channel
 
 logger = logging.getLogger("jobqueue.storage")
+
+# Which database of which server a connection reaches (the same through a pooler as directly).
+WHERE_AM_I = "SELECT current_database(), pg_postmaster_start_time()::text"
 
 
 class ListeningWaker(Waker):
@@ -49,7 +53,10 @@ class ListeningWaker(Waker):
         self.raw: Any = None  # the DB-API connection, LISTENing
         self.fresh = False  # (re)connected since the last check
         self.retry_at = 0.0
+        self.heard_on: tuple[Any, ...] | None = None  # the database the LISTEN connection first reached
         self._connect()
+        if self.heard_on is not None:
+            self._check_target(self.heard_on, listen_url)
 
     def _connect(self) -> None:
         self.retry_at = time.monotonic() + self.RECONNECT_SECONDS
@@ -60,6 +67,9 @@ class ListeningWaker(Waker):
             raw = pooled.dbapi_connection
             raw.autocommit = True
             with raw.cursor() as cursor:
+                if self.engine is not None and self.heard_on is None:
+                    cursor.execute(WHERE_AM_I)
+                    self.heard_on = tuple(cursor.fetchone())
                 cursor.execute(f"LISTEN {self.channel}")
         except Exception as exc:
             logger.warning("cannot LISTEN for new jobs (%s); polling every max_fetch_interval meanwhile", exc)
@@ -68,6 +78,25 @@ class ListeningWaker(Waker):
                     pooled.invalidate()
             return
         self.pooled, self.raw, self.fresh = pooled, raw, True
+
+    def _check_target(self, heard_on: tuple[Any, ...], listen_url: str | None) -> None:
+        """Raise ConfigurationError unless the LISTEN connection reaches the jobs' own database: on
+        another one (a typo, a replica, the pooler's alias of another database) it would hear none
+        of their news, and every new job would wait for a poll."""
+        with self.dialect.engine.connect() as conn:
+            jobs_on = tuple(conn.exec_driver_sql(WHERE_AM_I).one())
+        if heard_on != jobs_on:
+            self.close()
+            where = (
+                f"database {heard_on[0]!r}, but the jobs are in {jobs_on[0]!r}"
+                if heard_on[1] == jobs_on[1]
+                else f"database {heard_on[0]!r} of another server (started at {heard_on[1]}; the jobs' one at "
+                f"{jobs_on[1]}, database {jobs_on[0]!r})"
+            )
+            raise ConfigurationError(
+                f"listen_database_url {mask_url(listen_url or '')!r} reaches {where}: it would hear of no new "
+                "job. Give a direct connection to the jobs' database (on its primary server), or remove the option"
+            )
 
     def fileno(self) -> int | None:
         if self.raw is None and time.monotonic() >= self.retry_at:
