@@ -137,12 +137,13 @@ def show(state: CliState, /, job_id: int, as_json: bool) -> None:
         )
     for label in ("args", "kwargs", "result", "checkpoint"):
         if label in decoded:
-            lines.append(f"{label:<12} {json.dumps(decoded[label], default=str)}")
+            lines.append(f"{label:<12} {_clipped(json.dumps(decoded[label], default=str))}")
     for label in ("headers", "unique_key", "partition_key"):
         if row.get(label):
-            lines.append(f"{label:<12} {row[label]}")
+            lines.append(f"{label:<12} {_clipped(str(row[label]))}")
     if error_type:
-        lines.append(f"{'last error' if where == 'message' else 'error':<12} {error_type}: {error_message}")
+        label = "last error" if where == "message" else "error"
+        lines.append(f"{label:<12} {error_type}: {error_message}")  # the archive keeps 10,000 characters
     if traceback:
         lines.append("traceback:")
         lines.extend("  " + line for line in traceback.rstrip().splitlines())
@@ -157,6 +158,16 @@ def show(state: CliState, /, job_id: int, as_json: bool) -> None:
             f"{entry.get('archived_at')}: {entry.get('error_type')}: {entry.get('error_message')}"
         )
     click.echo(printable("\n".join(lines)))
+
+
+# A value longer than this is cut in the text view (a megabyte of arguments would flood the terminal).
+SHOWN_CHARACTERS = 2_000
+
+
+def _clipped(text: str) -> str:
+    if len(text) <= SHOWN_CHARACTERS:
+        return text
+    return f"{text[:SHOWN_CHARACTERS]}... ({len(text) - SHOWN_CHARACTERS:,} more characters: --json shows all)"
 
 
 def _utc(value: Any) -> str:

@@ -163,6 +163,16 @@ def test_show_prints_arguments_whose_dicts_have_keys_json_cannot_write(app: JobQ
     assert detail["args"] == [{"(1, 2)": "pair", "2030-01-02 00:00:00": "day", "3": "three"}]
 
 
+def test_show_cuts_a_huge_argument_in_its_text_and_keeps_it_whole_in_json(app: JobQueue) -> None:
+    """A job given a megabyte of arguments printed all of it, flooding the terminal."""
+    handle = basic.fail.delay("x" * 900_000)
+    shown = jobqueue("jobs", "show", str(handle.id))
+    said = shown.stdout
+    assert len(said) < 10_000 and "(898,004 more characters: --json shows all)" in said, len(said)
+    detail = json.loads(jobqueue("jobs", "show", str(handle.id), "--json").stdout)
+    assert detail["args"] == ["x" * 900_000]
+
+
 def test_list_and_show_write_a_jobs_control_characters_as_escapes(app: JobQueue) -> None:
     """A job's error (here its argument too) may carry terminal escape sequences: the commands show
     them as text, so a job cannot retitle, recolour or rewrite the operator's terminal."""
