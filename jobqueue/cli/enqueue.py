@@ -11,6 +11,7 @@ import click
 from jobqueue.cli.output import echo_json
 from jobqueue.cli.state import UTF8_TEXT, CliState
 from jobqueue.errors import ConfigurationError, UnknownTaskError
+from jobqueue.storage.topics import DELIVERY_PREFIX
 
 
 def _json_arg(value: str | None, kind: type, name: str) -> Any:
@@ -59,6 +60,13 @@ def enqueue(
     """Enqueue a call of TASK, one of the app's registered tasks."""
     args = _json_arg(args_json, list, "--args")
     kwargs = _json_arg(kwargs_json, dict, "--kwargs")
+    if task_name.startswith(DELIVERY_PREFIX):
+        # Its jobs are made from the topic's log: one enqueued by hand is no message of the topic.
+        topic = task_name[len(DELIVERY_PREFIX) :].partition(":")[0]
+        raise click.UsageError(
+            f"{task_name!r} is what a consumer group runs for each message published to a topic, not a task "
+            f"to enqueue: publish the message to the topic instead (app.topic({topic!r}).publish(payload))"
+        )
     try:
         task = state.app.get_task(task_name)
     except UnknownTaskError as exc:

@@ -287,3 +287,14 @@ def test_a_start_changed_for_a_group_that_exists_is_warned_of_not_applied(app: J
     assert "consumer groups added: orders:email (from the earliest)" in result.stderr  # a new one is no change
     assert app.topic_store.start_of("orders", "billing") == "latest"
     assert {(e["group"], e["lag"]) for e in topics_json()} == {("billing", 0), ("email", 0)}
+
+
+def test_a_consumer_groups_delivery_cannot_be_enqueued_by_hand(app: JobQueue) -> None:
+    """`jobqueue enqueue topic:orders:billing` made a delivery job of no message of the topic: the
+    group ran it, out of the topic's order, and no other group heard of it."""
+    command = [sys.executable, "-m", "jobqueue", "--app", APP, "enqueue", "topic:orders:billing", "--args", "[1]"]
+    refused = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert refused.returncode == 2 and "publish the message to the topic instead" in refused.stderr, refused.stderr
+    assert "app.topic('orders').publish(payload)" in refused.stderr
+    with app.engine.connect() as conn:
+        assert conn.execute(sa.select(sa.func.count()).select_from(app.tables.message)).scalar() == 0
