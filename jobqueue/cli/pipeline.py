@@ -61,6 +61,7 @@ def report(state: CliState, /, since: str, out: str, master: str | None) -> None
     if not os.path.isdir(directory):  # found now, not after Spark has computed the report
         raise click.BadParameter(f"directory {directory} does not exist", param_hint="--out")
     app = state.app
+    app.check_schema()  # a database that cannot be read is said before Spark takes its time to start
     spark, session = _spark(master)
     jobs = spark.write_report(session, app.database_url, out, since=age, table_prefix=app.settings.table_prefix)
     click.echo(f"wrote {out}: {jobs:,} archived job(s)")
@@ -98,6 +99,7 @@ def export(
     """Append archived jobs to Parquet, partitioned by date and queue."""
     age = parse_age(older_than) if older_than else None
     app = state.app
+    app.check_schema()  # a database that cannot be read is said before Spark takes its time to start
     spark, session = _spark(master)
     bars: list[Any] = []  # the purge's progress bar, once the export is verified
 

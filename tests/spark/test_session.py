@@ -89,3 +89,17 @@ def test_a_bad_out_path_or_master_is_one_line_before_spark_starts(
     errors = [line for line in result.stderr.splitlines() if line.startswith("Error:")]
     assert len(errors) == 1 and fragment.format(tmp=tmp_path) in errors[0], result.stderr
     assert "Traceback" not in result.stderr and "starting Spark" not in result.stderr, result.stderr
+
+
+@only("sqlite")
+@pytest.mark.parametrize(
+    "command", [("report", "--out", "{tmp}/report.html"), ("archive", "export", "--to", "{tmp}/out")]
+)
+def test_a_database_without_the_tables_is_one_line_before_spark_starts(
+    tmp_path: Path, command: tuple[str, ...]
+) -> None:
+    """Spark started (seconds, a JVM) before the database was read at all."""
+    url = f"sqlite:///{tmp_path}/empty.sqlite3"
+    result = jobqueue("--database-url", url, *[arg.format(tmp=tmp_path) for arg in command], check=False)
+    assert result.returncode == 1 and "tables (jobqueue_*) do not exist" in result.stderr, result.stderr
+    assert "starting Spark" not in result.stderr and "Traceback" not in result.stderr, result.stderr
