@@ -18,9 +18,11 @@ import sys
 from pathlib import Path
 
 import pytest
+import sqlalchemy as sa
 
 from tests import servers
 from tests.acceptance.cli import ROOT
+from tests.conftest import only
 
 HERE = Path(__file__).resolve().parent
 EXAMPLE = ROOT / "examples" / "django_app"
@@ -220,3 +222,53 @@ def test_djangos_options_are_taken_wherever_they_stand() -> None:
         ["-v", "0", "--settings=x", "-v2", "--pythonpath", "p"],
         ["jobs", "list", "--task", "t", "--", "--traceback"],
     )
+
+
+SOCKET_SITE = """
+import json, sys
+import django
+import sqlalchemy as sa
+from django.conf import settings
+
+settings.configure(DATABASES={"default": json.loads(sys.argv[1])}, INSTALLED_APPS=[])
+django.setup()
+from jobqueue.contrib.django.integration import database_url
+
+url = sa.make_url(database_url("default").render_as_string(hide_password=False))  # as the app keeps it
+engine = sa.create_engine(url)
+print(json.dumps(engine.dialect.create_connect_args(url)[1], default=str))
+if sys.argv[2] == "connect":
+    with engine.connect() as conn:
+        print(conn.exec_driver_sql("SELECT DATABASE()").scalar())
+"""
+
+
+@only("postgresql", "mysql")
+def test_a_django_database_on_a_unix_socket_is_reached_on_that_socket(backend: str, db_url: str) -> None:
+    """Django takes a HOST that begins with "/" as a Unix socket (its directory on PostgreSQL, its
+    file on MySQL). jobqueue put the path in its URL's host, where it was read back as part of the
+    database's name: workers and the CLI asked for a database "var/run/postgresql:5432/db", while
+    the jobs went in through Django's own connection."""
+    url = sa.make_url(db_url)
+    socket = "/var/run/postgresql"  # Debian's (only the driver's arguments are read on PostgreSQL)
+    if backend == "mysql":
+        engine = sa.create_engine(db_url)
+        with engine.connect() as conn:
+            socket = conn.exec_driver_sql("SELECT @@socket").scalar()
+        engine.dispose()
+    engine_name = {"postgresql": "django.db.backends.postgresql", "mysql": "django.db.backends.mysql"}[backend]
+    django_db = {"ENGINE": engine_name, "NAME": url.database, "USER": url.username, "PASSWORD": url.password}
+    django_db.update(HOST=socket, PORT=str(url.port or ""))
+    # PostgreSQL: the socket's arguments only (its local logins may be peer-authenticated here).
+    how = "connect" if backend == "mysql" else "arguments"
+    result = subprocess.run(
+        [sys.executable, "-c", SOCKET_SITE, json.dumps(django_db), how], cwd=ROOT, capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    arguments, *answer = result.stdout.splitlines()
+    given = json.loads(arguments)
+    if backend == "postgresql":
+        assert (given["host"], given["dbname"], str(given.get("port"))) == (socket, url.database, str(url.port)), given
+    else:
+        assert given["unix_socket"] == socket and given["db"] == url.database and "host" not in given, given
+        assert answer == [url.database], result.stdout

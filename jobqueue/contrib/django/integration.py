@@ -100,12 +100,24 @@ def database_url(alias: str) -> sa.URL:
         options.update(parse_qsl(query, keep_blank_values=True))
         options["uri"] = "true"
     port = config.get("PORT")
+    host = str(config.get("HOST") or "") or None
+    if host is not None and host.startswith("/"):
+        # A Unix socket: its directory (PostgreSQL) or its file (MySQL), as Django takes it. A
+        # URL's host cannot hold a path (read back, the path became the database's name), so the
+        # driver gets it as a connection argument.
+        if vendor == "postgresql":
+            options["host"] = host
+            if port:
+                options["port"] = str(port)  # which socket of the directory
+        else:
+            options["unix_socket"] = host
+        host = port = None
     return absolute_url(
         sa.URL.create(
             VENDORS[vendor],
             username=config.get("USER") or None,
             password=config.get("PASSWORD") or None,
-            host=config.get("HOST") or None,
+            host=host,
             port=int(port) if port else None,
             database=name or None,
             query=options,
