@@ -15,6 +15,7 @@ from werkzeug.exceptions import HTTPException
 from jobqueue.dashboard import security, views
 from jobqueue.dashboard.formatting import FILTERS, cell
 from jobqueue.errors import JobQueueError
+from jobqueue.storage.dialects.connector import lacks_a_privilege
 from jobqueue.storage.engine import mask_in
 
 if TYPE_CHECKING:
@@ -29,9 +30,11 @@ def create_app(queue: JobQueue, token: str | None = None, page_size: int = 50) -
     Args:
         queue: the JobQueue whose database the pages show and whose jobs the buttons retry or cancel.
         token: if given, every request must carry it (see :mod:`jobqueue.dashboard.security`);
-            if None, only requests addressed to localhost are answered.
+            if None, only requests addressed to localhost are answered. One shorter than 16
+            characters is refused (ConfigurationError).
         page_size: failed jobs per page.
     """
+    security.check_token(token)
     app = Flask(__name__)
     app.secret_key = session_key(token)
     app.extensions["jobqueue_dashboard"] = views.Dashboard(queue, page_size)
@@ -67,4 +70,12 @@ def _handle_errors(app: Flask, queue: JobQueue) -> None:
         # Driver messages can quote the URL; the page and the log get it with its password masked.
         message = mask_in((str(error).strip().splitlines() or [type(error).__name__])[0], queue.database_url)
         log.error("dashboard request failed: %s", message)
+        if isinstance(error, sa.exc.DBAPIError) and lacks_a_privilege(error):
+            # It answered, and said no: a login that may read the tables but not change them.
+            login = queue.engine.url.username or "the dashboard's login"
+            message += (
+                f" (grant {login} SELECT, INSERT, UPDATE and DELETE on the jobqueue tables to act on jobs "
+                "from the dashboard; reading them needs SELECT only)"
+            )
+            return render_template("error.html", title="The database refused this", message=message), 403
         return render_template("error.html", title="The database did not answer", message=message), 503

@@ -42,6 +42,9 @@ HEADERS = {
 }
 
 
+ACCESS_EXTENSION = "jobqueue_dashboard_access"
+
+
 @dataclass(frozen=True)
 class Access:
     """The dashboard's access rule: a token, or None to trust whoever reaches a loopback address."""
@@ -60,12 +63,17 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def check_bind(host: str, token: str | None) -> Access:
-    """Refuse to serve beyond this machine without a token; refuse a token too short to be secret."""
+def check_token(token: str | None) -> None:
+    """Refuse a token too short to be secret."""
     if token is not None and len(token) < MIN_TOKEN_LENGTH:
         raise ConfigurationError(
             f"the dashboard token is {len(token)} characters; use at least {MIN_TOKEN_LENGTH}, e.g. {_MAKE_TOKEN}"
         )
+
+
+def check_bind(host: str, token: str | None) -> Access:
+    """Refuse to serve beyond this machine without a token; refuse a token too short to be secret."""
+    check_token(token)
     if token is None and not is_loopback(host):
         raise ConfigurationError(
             f"refusing to serve the dashboard on {host} without a token: pass --token or set {DASHBOARD_TOKEN_ENV} "
@@ -135,6 +143,7 @@ def check_csrf() -> None:
 
 def install(app: Flask, access: Access) -> None:
     """Check every request against ``access``, every POST for its CSRF token; add the safety headers."""
+    app.extensions[ACCESS_EXTENSION] = access  # the server's access log masks the token wherever it shows
 
     @app.before_request
     def _guard() -> Response | None:

@@ -12,11 +12,12 @@ import io
 import re
 from collections.abc import Callable
 from typing import Any
-from urllib.parse import unquote_plus
+from urllib.parse import quote, quote_plus, unquote_plus
 
 from flask import Flask
 from werkzeug.serving import WSGIRequestHandler, make_server
 
+from jobqueue.dashboard.security import ACCESS_EXTENSION
 from jobqueue.errors import ConfigurationError
 
 # A query parameter of the request line; its name is compared decoded, as the dashboard reads it
@@ -24,7 +25,14 @@ from jobqueue.errors import ConfigurationError
 _QUERY_PARAMETER = re.compile(r"([?&;])([^=&;\s\"]*)=([^&;\s\"]*)")
 
 
-def _mask_token(text: str) -> str:
+def _mask_token(text: str, token: str | None = None) -> str:
+    """``text`` with the value of any ``token`` query parameter masked, and ``token`` itself (as
+    given, or URL-escaped) wherever else it shows: a request line that cannot be read as a URL
+    may hold it anywhere."""
+    if token:
+        for form in {token, quote(token, safe=""), quote_plus(token, safe="")}:
+            text = text.replace(form, "***")
+
     def mask(found: re.Match[str]) -> str:
         name = unquote_plus(found.group(2))
         return f"{found.group(1)}{found.group(2)}=***" if name.lower() == "token" else found.group(0)
@@ -40,7 +48,10 @@ class RequestHandler(WSGIRequestHandler):
         self.log("info", '"%s" %s %s', self.requestline, code, size)
 
     def log(self, type: str, message: str, *args: Any) -> None:
-        super().log(type, message, *(_mask_token(a) if isinstance(a, str) else a for a in args))
+        app = getattr(self.server, "app", None)
+        access = app.extensions.get(ACCESS_EXTENSION) if isinstance(app, Flask) else None
+        token = access.token if access is not None else None
+        super().log(type, message, *(_mask_token(a, token) if isinstance(a, str) else a for a in args))
 
 
 def serve(app: Flask, host: str, port: int, on_ready: Callable[[str], None]) -> None:

@@ -10,16 +10,20 @@ import re
 from datetime import datetime
 from types import SimpleNamespace
 
+import pytest
+import sqlalchemy as sa
 from flask.testing import FlaskClient
 
 from jobqueue import JobQueue
 from jobqueue.clock import utcnow
 from jobqueue.dashboard import create_app
 from jobqueue.dashboard.views import render_overview
+from jobqueue.errors import ConfigurationError
 from jobqueue.storage import jobs
 from jobqueue.storage.dialects.common import WorkerState
 from jobqueue.storage.engine import mask_url, url_secrets
 from jobqueue.storage.history import MinuteCount
+from tests.conftest import only
 from tests.dashboard.conftest import csrf_of
 from tests.storage.test_lifecycle import run_due
 
@@ -332,3 +336,34 @@ def test_a_periodic_schedules_message_shows_its_schedule_not_a_decoding_error(ap
     schedule = '<p id="schedule"><bdi>t.report</bdi>: runs <bdi>t.report</bdi>, <bdi>every 300 s</bdi> (<bdi>UTC</bdi>)'
     assert schedule in html
     assert "&#34;kind&#34;: &#34;daily&#34;" in html
+
+
+@only("postgresql")
+def test_an_action_the_login_may_not_take_is_refused_naming_the_grant(
+    app: JobQueue, tasks: SimpleNamespace, client
+) -> None:
+    """A login that may read the tables but not change them: a retry or cancel was answered "The
+    database did not answer" (503), as if the server were down."""
+    waiting = tasks.add.apply_async((1, 1), countdown=3600)
+    html = page(client, f"/jobs/{waiting.id}")
+    tables = ", ".join(table.name for table in app.tables.metadata.sorted_tables)
+    with app.engine.begin() as conn:  # the owner takes its own rights to write away (and gives them back after)
+        conn.execute(sa.text(f"REVOKE INSERT, UPDATE, DELETE ON {tables} FROM CURRENT_USER"))
+    try:
+        response = client.post(f"/jobs/{waiting.id}/cancel", data={"csrf_token": csrf_of(html)})
+        assert page(client, f"/jobs/{waiting.id}")  # reading still works
+    finally:
+        with app.engine.begin() as conn:
+            conn.execute(sa.text(f"GRANT ALL ON {tables} TO CURRENT_USER"))
+    shown = response.get_data(as_text=True)
+    assert response.status_code == 403 and "The database refused this" in shown, shown
+    assert "permission denied for table" in shown and "SELECT, INSERT, UPDATE and DELETE" in shown, shown
+    assert waiting.status() == "pending"
+
+
+def test_a_token_too_short_to_be_secret_is_refused_by_create_app(app: JobQueue) -> None:
+    """The command refused it; an application serving create_app(queue, token="x") took it."""
+    for token in ("", "x", "a" * 15):
+        with pytest.raises(ConfigurationError, match=f"the dashboard token is {len(token)} characters"):
+            create_app(app, token=token)
+    assert create_app(app, token="a" * 16) is not None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
 import urllib.error
@@ -67,11 +68,22 @@ def test_on_every_address_with_a_token_a_request_without_it_is_refused(db_url: s
         assert status_of(dashboard.url + "failed", browser) == 200
         # the parameter's name percent-encoded is read as the token too: masked all the same
         assert status_of(dashboard.url + f"failed?%74oken={TOKEN}&task=x", browser) == 200
+        # Request lines no URL reading takes apart as a query (refused, 400 or 403): logged all the same.
+        for line in (f"GET /?token\t={TOKEN} HTTP/1.1", f'GET /?token="{TOKEN} HTTP/1.1', f"GET /{TOKEN} HTTP/1.1"):
+            raw_request(dashboard.url, line)
         log = dashboard.text()
     assert '"GET /?token=*** HTTP/1.1" 303' in log and TOKEN not in log + dashboard.ready_line
     assert '"GET /failed?%74oken=***&task=x HTTP/1.1" 303' in log
     for secret in url_secrets(db_url):
         assert f":{secret}@" not in log + dashboard.ready_line
+
+
+def raw_request(url: str, line: str) -> bytes:
+    """Send ``line`` as a request line, as no HTTP library would write it; the reply's first line."""
+    host, port = url.split("//")[1].rstrip("/").rsplit(":", 1)
+    with socket.create_connection(("127.0.0.1" if host == "0.0.0.0" else host, int(port)), timeout=10) as conn:
+        conn.sendall(f"{line}\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n".encode())
+        return conn.recv(200).split(b"\r\n")[0]
 
 
 @only("sqlite")
