@@ -20,7 +20,7 @@ from jobqueue.schedule_times import Schedule
 from jobqueue.serialization import get_serializer
 from jobqueue.settings import DATABASE_URL_ENV, Settings, parse_queues, resolve_database_url, setting_names
 from jobqueue.storage import schema_manager
-from jobqueue.storage.engine import create_engine, mask_url, same_database
+from jobqueue.storage.engine import BLANK_URL, create_engine, mask_url, same_database
 from jobqueue.storage.store import Store
 from jobqueue.storage.store_base import commit_watch
 from jobqueue.storage.tables import MAX_ID, Tables, build_tables
@@ -57,7 +57,7 @@ class JobQueue:
                 f"unknown JobQueue setting(s): {unknown_names(unknown, setting_names())}; "
                 f"known: {', '.join(setting_names())}"
             )
-        self.settings = Settings(database_url=database_url, **settings)
+        self.settings = Settings(database_url=_not_blank(database_url), **settings)
         self.serializer = get_serializer(self.settings.serializer)
         self.registry: dict[str, Task] = {}
         self.schedules: dict[str, Schedule] = {}
@@ -173,7 +173,7 @@ class JobQueue:
             changes["queues"] = parse_queues(changes["queues"])
         if "groups" in changes:
             changes["groups"] = parse_groups(changes["groups"])
-        if database_url is not None and database_url != self._url_override:
+        if _not_blank(database_url) is not None and database_url != self._url_override:
             self._url_override = database_url
             self.close()
         if changes:
@@ -384,3 +384,11 @@ os.register_at_fork(after_in_child=_forget_parent_connections)
 
 def _origin(fn: Callable[..., Any]) -> str:
     return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
+
+
+def _not_blank(database_url: str | None) -> str | None:
+    """``database_url``, unless it is given and blank (``os.environ.get("DATABASE_URL", "")`` with the
+    variable unset): ConfigurationError, where it would have fallen back to the default SQLite file."""
+    if isinstance(database_url, str) and not database_url.strip():
+        raise ConfigurationError(BLANK_URL)
+    return database_url

@@ -54,7 +54,7 @@ def _start(
 ) -> None:
     state = ctx.ensure_object(CliState)
     state.app_spec = app_spec or state.app_spec
-    state.database_url = database_url or state.database_url
+    state.database_url = database_url if database_url is not None else state.database_url
     state.log_json, state.log_level = log_json, log_level
     if app is not None:
         state.use(app)

@@ -37,7 +37,7 @@ class CliState:
     def app(self) -> JobQueue:
         if self._app is None:
             app = load_app(self.app_spec or os.environ.get(APP_ENV))
-            if self.database_url:
+            if self.database_url is not None:
                 app.configure(database_url=self.database_url)
             setup_logging(self, app)
             self._app = app
@@ -46,7 +46,7 @@ class CliState:
     def use(self, app: JobQueue) -> None:
         """Use this app (``flask jobqueue``, ``manage.py jobqueue``) rather than --app/JOBQUEUE_APP."""
         self._app, self._given = app, True
-        if self.database_url:
+        if self.database_url is not None:
             app.configure(database_url=self.database_url)
         setup_logging(self, app)
 

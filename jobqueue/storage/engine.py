@@ -90,13 +90,16 @@ def _standing_alone(word: str) -> re.Pattern[str]:
 DEFAULT_DRIVERS = {"postgresql": "postgresql+psycopg2", "mysql": "mysql+mysqldb", "mariadb": "mariadb+mysqldb"}
 
 
+BLANK_URL = (
+    "the database URL given is blank (a variable that is not set?): give one, for example "
+    "postgresql+psycopg2://user@host/db, or give none to use JOBQUEUE_DATABASE_URL, then sqlite:///jobqueue.sqlite3"
+)
+
+
 def parse_url(url: str | sa.URL) -> sa.URL:
     """``url`` parsed, or ConfigurationError saying what is wrong with it (its password hidden)."""
     if isinstance(url, str) and not url.strip():
-        raise ConfigurationError(
-            "the database URL is blank: give one, for example sqlite:///jobqueue.sqlite3, "
-            "postgresql+psycopg2://user@host:5432/db or mysql+mysqldb://user@host/db"
-        )
+        raise ConfigurationError(BLANK_URL)
     if isinstance(url, str) and url != url.strip():
         # It would name another file, database or password: a new empty SQLite database, say.
         where, char = ("begins", url[0]) if url[:1].isspace() else ("ends", url[-1])

@@ -6,11 +6,13 @@ import json
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
 
 from jobqueue import JobFailed, JobQueue, SerializationError
+from jobqueue.errors import ConfigurationError
 from tests import servers
 from tests.acceptance.cli import ROOT, jobqueue
 from tests.apps import basic
@@ -261,6 +263,18 @@ def test_a_database_url_the_driver_cannot_use_is_one_line_naming_it(args: tuple[
     assert "hunter2secret" not in result.stderr
 
 
+def test_a_blank_database_url_is_refused_not_taken_for_the_default(tmp_path: Path) -> None:
+    """`--database-url "$DB_URL"` with DB_URL unset, or JobQueue(os.environ.get("DATABASE_URL", "")),
+    fell back to sqlite:///jobqueue.sqlite3 in the working directory, without a word."""
+    result = jobqueue("--database-url", "", "status", check=False)
+    assert result.returncode == 1 and "the database URL given is blank" in result.stderr, result.stderr
+    for given in ("", "  "):
+        with pytest.raises(ConfigurationError, match="blank"):
+            JobQueue(given)
+    with pytest.raises(ConfigurationError, match="is blank"):
+        JobQueue(f"sqlite:///{tmp_path}/a.sqlite3").configure(database_url="")
+
+
 @pytest.mark.parametrize(
     "url, expected",
     [
@@ -270,13 +284,14 @@ def test_a_database_url_the_driver_cannot_use_is_one_line_naming_it(args: tuple[
         ("mysql://root:root@127.0.0.1:1/nowhere", "Error: cannot use mysql://***:***@127.0.0.1:1/nowhere: "),
         # A URL that does not parse, and is a word of the message.
         ("e", "Error: cannot parse database URL '<unparseable database URL>' (Could not parse SQLAlchemy URL"),
-        (" ", "Error: the database URL is blank: give one, for example sqlite:///jobqueue.sqlite3, "),
+        (" ", "Error: the database URL given is blank (a variable that is not set?): give one, for example "),
     ],
 )
 def test_masking_leaves_the_rest_of_the_message_readable(url: str, expected: str) -> None:
     result = jobqueue("--database-url", url, "status", check=False)
     assert result.returncode == 1 and result.stderr.startswith(expected), result.stderr
-    assert any(word in result.stderr for word in ("failed", "connect to server", "example sqlite:///"))
+    words = ("failed", "connect to server", "example sqlite:///", "then sqlite:///")
+    assert any(word in result.stderr for word in words)
 
 
 def test_an_app_without_a_module_is_one_line_naming_the_fix() -> None:
