@@ -33,7 +33,6 @@ if TYPE_CHECKING:
     from jobqueue.frameworks import Framework
 
 logger = logging.getLogger("jobqueue")
-MAX_SCHEDULE_NAME = 200  # its jobs' unique keys add "@" and the fire time
 
 
 class JobQueue:
@@ -293,8 +292,6 @@ class JobQueue:
 
         def register(task: Task) -> Task:
             schedule = make_schedule(self, task, cron, every, timezone, name, args, kwargs)
-            if not 0 < len(schedule.name) <= MAX_SCHEDULE_NAME:
-                raise ConfigurationError(f"schedule name must be 1 to {MAX_SCHEDULE_NAME} characters")
             if schedule.name in self.schedules:
                 raise ConfigurationError(f"schedule {schedule.name!r} is defined twice; give one of them name=")
             self.schedules[schedule.name] = schedule

@@ -197,10 +197,16 @@ def from_now(what: str, seconds: Any) -> datetime:
     """``utcnow() + seconds``, refusing what is not a finite number of seconds that a date can hold."""
     if isinstance(seconds, bool) or not isinstance(seconds, (int, float)):
         raise TypeError(f"{what} takes a number of seconds, got {type(seconds).__name__} {seconds!r}")
-    if not math.isfinite(seconds):
-        raise ValueError(f"{what} must be a finite number of seconds, got {seconds!r}")
     try:
-        return utcnow() + timedelta(seconds=max(0.0, float(seconds)))
+        finite = math.isfinite(seconds)
+    except OverflowError:  # an integer past what a float holds: a time no date holds either way
+        finite = True
+    if not finite:
+        raise ValueError(f"{what} must be a finite number of seconds, got {seconds!r}")
+    if seconds < 0:
+        seconds = 0.0  # now
+    try:
+        return utcnow() + timedelta(seconds=float(seconds))
     except OverflowError:
         raise ValueError(
             f"{what}: {seconds!r} seconds from now is past the year 9999, the last date a job can be given; "

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import logging
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any
 from zoneinfo import ZoneInfo
 
@@ -39,6 +39,8 @@ __all__ = [
 ]
 
 logger = logging.getLogger("jobqueue.periodic")
+
+MAX_SCHEDULE_NAME = 200  # its jobs' unique keys add "@" and the fire time (255 in all)
 
 
 def fire_key(name: str, fire: datetime) -> str:
@@ -71,7 +73,8 @@ def make_schedule(
 
     if not isinstance(task, TaskClass):
         raise ConfigurationError("@app.periodic goes above @app.task: it schedules a task, not a plain function")
-    name = check_key("schedule name", name or task.name)  # it is its message's unique key
+    # Its message's unique key; its jobs' keys add "@" and the fire time.
+    name = check_key("schedule name", name or task.name, longest=MAX_SCHEDULE_NAME)
     seconds = every.total_seconds() if isinstance(every, timedelta) else every
     try:
         if task.checker is not None:
@@ -174,7 +177,7 @@ def fire(
         "priority": schedule.priority,
         "state": MessageState.PENDING.value,
         "payload": schedule.payload,
-        "headers": {"schedule": schedule.name, "fire_time": when.isoformat()},
+        "headers": {"schedule": schedule.name, "fire_time": when.replace(tzinfo=timezone.utc).isoformat()},
         "unique_key": fire_key(schedule.name, when),
         "partition_key": None,
         **flow,

@@ -94,7 +94,8 @@ class RetryStrategy:
             return None
         if self.max_total_delay_seconds is not None:
             started = first_attempt_at or now
-            if next_attempt_at - started > timedelta(seconds=self.max_total_delay_seconds):
+            # In seconds: a limit past what a timedelta holds (1e15) is no limit, not an OverflowError.
+            if (next_attempt_at - started).total_seconds() > self.max_total_delay_seconds:
                 return None
         return next_attempt_at
 

@@ -357,10 +357,10 @@ def stored_call(
     return payload
 
 
-def check_key(label: str, key: Any) -> str:
-    """A unique or partition key: 1 to 255 characters that every database can store."""
-    if not isinstance(key, str) or not 0 < len(key) <= 255:
-        raise ConfigurationError(f"{label} must be a string of 1 to 255 characters, got {shown(key)}")
+def check_key(label: str, key: Any, longest: int = 255) -> str:
+    """A unique or partition key: 1 to ``longest`` characters that every database can store."""
+    if not isinstance(key, str) or not 0 < len(key) <= longest:
+        raise ConfigurationError(f"{label} must be a string of 1 to {longest} characters, got {shown(key)}")
     if "\x00" in key:
         raise ConfigurationError(
             f"{label} must not contain NUL characters (PostgreSQL cannot store them), got {shown(key)}"

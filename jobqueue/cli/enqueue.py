@@ -28,6 +28,25 @@ def _json_arg(value: str | None, kind: type, name: str) -> Any:
     return parsed
 
 
+class IsoTime(click.ParamType):
+    """An ISO 8601 time: UTC when it gives no offset."""
+
+    name = "TIME"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> datetime:
+        if isinstance(value, datetime):
+            return value
+        try:
+            return datetime.fromisoformat(str(value).strip())
+        except ValueError:
+            self.fail(
+                f"{value!r} is no ISO 8601 time: write 2030-01-01T09:00:00 (UTC), or give its offset, "
+                "2030-01-01T10:00:00+01:00 or 2030-01-01T09:00:00Z",
+                param,
+                ctx,
+            )
+
+
 @click.command()
 @click.argument("task_name", metavar="TASK", type=UTF8_TEXT)
 @click.option("--args", "args_json", metavar="JSON", help="Positional arguments as a JSON array.")
@@ -36,7 +55,10 @@ def _json_arg(value: str | None, kind: type, name: str) -> Any:
 @click.option("--priority", type=int, help="Higher runs first.")
 @click.option("--countdown", type=float, metavar="SECONDS", help="Run no sooner than this many seconds from now.")
 @click.option(
-    "--eta", type=click.DateTime(["%Y-%m-%dT%H:%M:%S", "%Y-%m-%d %H:%M:%S"]), help="Run no sooner than this UTC time."
+    "--eta",
+    type=IsoTime(),
+    help="Run no sooner than this time, ISO 8601: UTC without an offset (2030-01-01T09:00:00), or with "
+    "one (2030-01-01T10:00:00+01:00, ...Z), as --json prints times.",
 )
 @click.option(
     "--unique-key",

@@ -6,6 +6,7 @@ import json
 import signal
 import subprocess
 import sys
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -96,6 +97,26 @@ def test_enqueue_from_the_command_line(app: JobQueue) -> None:
     assert job["status"] == "pending" and job["task"] == "basic.add"
     jobqueue("worker", "--burst", "--concurrency", "1")
     assert app.job(job["id"]).get(timeout=5) == 42
+
+
+def test_enqueue_takes_an_eta_as_the_json_output_prints_times(app: JobQueue) -> None:
+    """--eta took only 2030-01-01T09:00:00: a time printed with its offset, or Z, or fractions of a
+    second, as `jobs show --json` prints them, could not be given back."""
+    given = {
+        "2030-01-01T09:00:00": datetime(2030, 1, 1, 9),  # UTC
+        "2030-01-01 09:00:00": datetime(2030, 1, 1, 9),
+        "2030-01-01T09:00:00Z": datetime(2030, 1, 1, 9),
+        "2030-01-01T10:00:00+01:00": datetime(2030, 1, 1, 9),
+        "2030-01-01T09:00:00.250000+00:00": datetime(2030, 1, 1, 9, 0, 0, 250000),
+    }
+    for text, due in given.items():
+        job = json.loads(jobqueue("enqueue", "basic.add", "--args", "[1, 2]", "--eta", text, "--json").stdout)
+        with app.engine.connect() as conn:
+            table = app.tables.message
+            stored = conn.execute(sa.select(table.c.next_attempt_at).where(table.c.id == job["id"])).scalar_one()
+        assert stored.replace(tzinfo=None) == due, (text, stored)
+    refused = jobqueue("enqueue", "basic.add", "--args", "[1, 2]", "--eta", "tomorrow", check=False)
+    assert refused.returncode == 2 and "'tomorrow' is no ISO 8601 time" in refused.stderr, refused.stderr
 
 
 def test_enqueue_with_a_unique_key_already_held_names_that_job_and_adds_none(app: JobQueue) -> None:

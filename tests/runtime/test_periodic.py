@@ -25,7 +25,7 @@ def fire_times(app: JobQueue, *tasks: str) -> list[datetime]:
         for table in (app.tables.message, app.tables.archive):
             query = sa.select(table.c.headers).where(table.c.task_name.in_(tasks or ("pd.tick",)))
             for (headers,) in conn.execute(query):
-                times.append(datetime.fromisoformat(headers["fire_time"]))
+                times.append(datetime.fromisoformat(headers["fire_time"]).replace(tzinfo=None))  # UTC
     return sorted(times)
 
 

@@ -488,3 +488,30 @@ def test_a_hard_timeout_is_decided_by_the_ack_policy_and_retry_on(app: JobQueue)
     }
     with pytest.raises(JobFailed, match="TimeLimitExceeded: ran past its timeout"):
         handles["t.rejecting"].get(timeout=0)
+
+
+def test_an_integer_no_float_holds_is_a_value_error_naming_the_argument_in_a_job(app: JobQueue) -> None:
+    """defer, nack and extend with 10**400 seconds raised OverflowError, where a number past the
+    year 9999 (or NaN) gets a ValueError that names the argument."""
+    seen: list[str] = []
+
+    @app.task(bind=True)
+    def stretches(job) -> None:
+        for call in (
+            lambda: job.defer(until=10**400),
+            lambda: job.nack(delay_seconds=10**400),
+            lambda: job.extend(10**400),
+        ):
+            try:
+                call()
+            except ValueError as exc:
+                seen.append(str(exc))
+
+    handle = stretches.delay()
+    run_due(app)
+    assert handle.status() == "completed"
+    assert [text.split(":")[0].split(" must")[0] for text in seen] == [
+        "defer(until=...)",
+        "nack(delay_seconds=...)",
+        "extend(seconds=...)",
+    ], seen

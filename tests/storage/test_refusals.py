@@ -370,6 +370,7 @@ def deep() -> list[object]:
         (lambda t: t.apply_async((1,), countdown=math.nan), ValueError, "countdown"),
         (lambda t: t.apply_async((1,), countdown=1e300), ValueError, "countdown: 1e+300 seconds from now is past"),
         (lambda t: t.apply_async((1,), countdown=3e11), ValueError, "the last date a job can be given; give fewer"),
+        (lambda t: t.apply_async((1,), countdown=10**400), ValueError, "the last date a job can be given; give fewer"),
         (
             lambda t: t.apply_at(datetime.max.replace(tzinfo=timezone(-timedelta(hours=1))), 1),
             ConfigurationError,

@@ -64,7 +64,8 @@ def test_firing_enqueues_one_job_per_fire_time_and_defers(db_url: str) -> None:
             run_due(app, now=utcnow())  # fires the schedule: enqueues a job
             run_due(app, now=utcnow())  # runs the job
     fired = jobs_of(app)
-    assert [r["headers"]["fire_time"] for r in fired] == [(T0 + timedelta(seconds=s)).isoformat() for s in (10, 20, 30)]
+    expected = [(T0 + timedelta(seconds=s)).isoformat() + "+00:00" for s in (10, 20, 30)]
+    assert [r["headers"]["fire_time"] for r in fired] == expected  # UTC, saying so
     assert {r["state"] for r in fired} == {"COMPLETED"}
     row = periodic.schedule_rows(app.store)["report"]
     assert row.state == "PENDING" and row.next_fire == T0 + timedelta(seconds=40)  # never acked
@@ -96,7 +97,7 @@ def test_after_an_hour_down_one_catch_up_run(db_url: str) -> None:
         run_due(app, now=utcnow())
         run_due(app, now=utcnow())
     fired = jobs_of(app)
-    assert [r["headers"]["fire_time"] for r in fired] == [(T0 + timedelta(hours=1)).isoformat()]
+    assert [r["headers"]["fire_time"] for r in fired] == [(T0 + timedelta(hours=1)).isoformat() + "+00:00"]
     assert periodic.schedule_rows(app.store)["report"].next_fire == T0 + timedelta(hours=1, minutes=1)
     app.close()
 
@@ -224,7 +225,7 @@ def test_a_catch_up_in_the_repeated_hour_of_a_dst_change_is_one_run(db_url: str)
         clock.move_to(datetime(2026, 10, 25, 1, 5))  # 02:05 CET, the second time 02:05 comes that night
         for _ in range(3):
             run_due(app, now=utcnow())
-    assert [r["headers"]["fire_time"] for r in jobs_of(app)] == ["2026-10-25T00:30:00"]  # 02:30 CEST
+    assert [r["headers"]["fire_time"] for r in jobs_of(app)] == ["2026-10-25T00:30:00+00:00"]  # 02:30 CEST
     assert periodic.schedule_rows(app.store)["report"].next_fire == datetime(2026, 10, 26, 1, 30)  # 02:30 CET
     app.close()
 

@@ -256,3 +256,18 @@ def test_the_latest_fire_in_the_repeated_hour_is_the_first_of_that_night() -> No
     assert daily.latest_fire(datetime(2026, 10, 20), datetime(2026, 10, 25, 0, 29)) == datetime(2026, 10, 24, 0, 30)
     hourly = cron("0 * * * *", "Europe/Paris")
     assert hourly.latest_fire(datetime(2026, 10, 20), datetime(2026, 10, 25, 1, 1)) == datetime(2026, 10, 25, 1, 0)
+
+
+@pytest.mark.parametrize("length", [201, 300])
+def test_a_schedule_name_too_long_names_the_limit_that_applies(length: int) -> None:
+    """A name of 300 characters was refused as over "1 to 255 characters", one of 201 as over
+    "1 to 200": the limit is 200 (its jobs' unique keys add "@" and the fire time)."""
+    app = JobQueue("sqlite:///unused.sqlite3")
+
+    @app.task
+    def tick() -> None:
+        pass
+
+    with pytest.raises(ConfigurationError, match=f"1 to 200 characters, got a string of {length} characters"):
+        app.periodic(every=5, name="x" * length)(tick)
+    app.periodic(every=5, name="x" * 200)(tick)

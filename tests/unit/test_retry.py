@@ -204,3 +204,13 @@ def test_a_delay_past_the_year_9999_beyond_max_total_delay_simply_ends_the_retri
     assert strategy.decide(1, T0, T0) is None
     with pytest.raises(ConfigurationError, match="max_attempts or max_total_delay_seconds"):
         ConstantRetryStrategy(delay_seconds=1e12, max_total_delay_seconds=1e13).decide(1, T0, T0)
+
+
+@pytest.mark.parametrize("limit", [1e15, 1e308, 10**20])
+def test_a_total_delay_limit_past_what_a_date_holds_is_no_limit(limit: float) -> None:
+    """It was accepted when the strategy was made, then raised OverflowError at the first failure:
+    the job failed without a retry."""
+    now = datetime(2030, 1, 1)
+    strategy = ConstantRetryStrategy(delay_seconds=1, max_attempts=3, max_total_delay_seconds=limit)
+    assert strategy.decide(1, now, now) == now + timedelta(seconds=1)
+    assert strategy.decide(3, now, now) is None  # max_attempts still ends them
