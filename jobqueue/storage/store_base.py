@@ -212,9 +212,11 @@ class StoreBase:
         if self.dialect.client_clock:
             return 0.0  # the server is this host: one clock
         pool = self.engine.pool
-        if isinstance(pool, sa.pool.QueuePool) and pool.checkedin() == 0 and pool.checkedout() > 0:
-            # Every open connection is in use (the application's own, given to an enqueue): no
-            # waiting for one, or opening one more, only to read a clock. Later.
+        if isinstance(pool, sa.pool.QueuePool) and pool.checkedin() == 0 and _pool_full(pool):
+            # Every connection the pool may open is in use (the application's own, given to
+            # enqueues): no waiting for one only to read a clock. Later. (Short of its limit it
+            # opens one more: an application that always enqueues on a connection of this
+            # engine, its only open one, would otherwise never have its clock measured.)
             return None
         with self.engine.connect() as connection:
             sent = host_now()
@@ -228,3 +230,9 @@ class StoreBase:
             sa.select(self.dialect.clock()), self._lease_clock(0, None).binds()
         ).scalar_one()
         return now
+
+
+def _pool_full(pool: sa.pool.QueuePool) -> bool:
+    """Whether ``pool`` has opened every connection it may (a checkout would wait for one)."""
+    limit = getattr(pool, "_max_overflow", 0)
+    return limit >= 0 and pool.checkedout() >= pool.size() + limit

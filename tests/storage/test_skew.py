@@ -129,6 +129,21 @@ def test_a_host_clock_off_by_an_hour_enqueues_jobs_due_by_the_servers_clock(
 
 
 @only("postgresql", "mysql")
+def test_enqueues_on_the_engines_own_only_connection_are_due_by_the_servers_clock(
+    app: JobQueue, plain: Task, monkeypatch: pytest.MonkeyPatch, measured: None
+) -> None:
+    """An application that enqueues in transactions of jobqueue's engine (its only open
+    connection, given to each enqueue): the clock was never read, since no connection of the pool
+    was free, and every job was due an hour late by the server's clock."""
+    skew_host_clock(monkeypatch, 3600)
+    app.engine.dispose()  # no connection open yet
+    for _ in range(2):
+        with app.engine.begin() as conn:
+            handle = plain.apply_async(countdown=60, connection=conn)
+        assert abs(due_in(app, handle.id) - 60) < 5
+
+
+@only("postgresql", "mysql")
 def test_a_bulk_countdown_counts_from_the_corrected_clock(
     app: JobQueue, plain: Task, monkeypatch: pytest.MonkeyPatch, measured: None
 ) -> None:
