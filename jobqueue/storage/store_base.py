@@ -6,6 +6,7 @@ Every group of the store's operations (see ``jobqueue.storage.store``) stands on
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import datetime
@@ -18,7 +19,7 @@ from jobqueue.clock import host_now, utcnow
 from jobqueue.errors import ConfigurationError, SchemaError
 from jobqueue.storage.dialects import dialect_for
 from jobqueue.storage.dialects.common import LeaseClock
-from jobqueue.storage.engine import database_kind, mask_url
+from jobqueue.storage.engine import database_kind, mask_url, same_database
 from jobqueue.storage.tables import SCHEMA_VERSION, Tables
 
 
@@ -61,6 +62,9 @@ class StoreBase:
         # What a SchemaError tells to run, where the application manages the tables (Django's migrate).
         self.schema_command = schema_command
         self.dialect = dialect_for(engine, tables)
+        # Whether the engines of callers' connections reach this database (see _check_same_server).
+        self._same_server: weakref.WeakKeyDictionary[sa.Engine, bool] = weakref.WeakKeyDictionary()
+        self._identity: tuple[Any, ...] | None = None
 
     def dispose(self, close: bool = True) -> None:
         """Drop every pooled connection; ``close=False`` in a forked child, whose parent still uses them."""
@@ -145,10 +149,13 @@ class StoreBase:
                     yield conn
             elif isinstance(connection, sa.Connection):
                 self._check_same_database(connection.dialect)
+                self._check_same_server(connection)
                 yield connection
             else:
                 self._check_same_database(_session(connection).get_bind().dialect)  # before it connects
-                yield _session_connection(connection)
+                theirs = _session_connection(connection)
+                self._check_same_server(theirs)
+                yield theirs
 
     def _check_same_database(self, dialect: sa.Dialect) -> None:
         """Refuse a caller's connection to another kind of database than the queue's: the job would
@@ -159,6 +166,28 @@ class StoreBase:
                 f"connection= is a {theirs} connection but this JobQueue's database is {ours} "
                 f"({mask_url(self.engine.url)}): a job is in your transaction only if the jobqueue "
                 "tables are in the database your connection is on; point the JobQueue at that database"
+            )
+
+    def _check_same_server(self, connection: sa.Connection) -> None:
+        """Refuse a caller's connection to another database of the same kind (another file, another
+        database of the server, another server): the job would be committed there, where no worker
+        of this queue looks, and its handle would read this queue's. Once per engine of theirs: its
+        URL naming the queue's database settles it, else the server says where each connection is."""
+        engine = connection.engine
+        verdict = self._same_server.get(engine)
+        if verdict is None:
+            verdict = engine is self.engine or same_database(engine.url, self.engine.url)
+            if not verdict:
+                if self._identity is None:
+                    with self.engine.connect() as ours:
+                        self._identity = self.dialect.server_identity(ours)
+                verdict = self.dialect.server_identity(connection) == self._identity
+            self._same_server[engine] = verdict
+        if not verdict:
+            raise ConfigurationError(
+                f"connection= is on another database ({mask_url(engine.url)}) than this JobQueue's "
+                f"({mask_url(self.engine.url)}): the job would be committed where no worker of this queue "
+                "looks; point the JobQueue at the database your connection is on, or enqueue without connection="
             )
 
     @contextmanager

@@ -10,13 +10,15 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
+from sqlalchemy.orm import Session
 
 from jobqueue import JobQueue, SerializationError
 from jobqueue.clock import utcnow
-from jobqueue.errors import CorruptMessage
+from jobqueue.errors import ConfigurationError, CorruptMessage
 from jobqueue.job import ErrorInfo, Message, MessageState, Outcome, OutcomeKind
 from jobqueue.storage import jobs, store_acquire
 from jobqueue.storage.dialects.due import PRIORITY_LEVELS_PROBED
+from tests.conftest import only
 
 WORKER = "w" * 32
 LEASE = 30.0
@@ -590,3 +592,44 @@ def test_enqueue_into_missing_tables_names_the_command(db_url: str) -> None:
         with pytest.raises(SchemaError, match=said):
             use()
     app.close()
+
+
+def test_a_connection_to_another_database_of_the_same_kind_is_refused(
+    app: JobQueue, add, backend: str, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """Another SQLite file, another database of the server: the job was committed there, where no
+    worker of this queue looks, and its handle read this queue's database (JobNotFound, or another
+    job of the same id)."""
+    from tests import servers
+
+    other_url = servers.create_database(backend, str(tmp_path_factory.mktemp("other")))
+    other = JobQueue()
+    other.configure(database_url=other_url)  # JOBQUEUE_DATABASE_URL, the session database's, outranks JobQueue(url)
+    try:
+        other.init_schema()
+        with (
+            pytest.raises(ConfigurationError, match=r"connection= is on another database \("),
+            other.engine.begin() as conn,
+        ):
+            add.apply_async((1, 1), connection=conn)
+        with pytest.raises(ConfigurationError, match="on another database"), Session(other.engine) as session:
+            add.bulk([(1, 1)], connection=session)
+            session.commit()
+        with other.engine.connect() as conn:
+            assert conn.execute(sa.select(sa.func.count()).select_from(other.tables.message)).scalar() == 0
+        assert rows(app) == []
+    finally:
+        other.close()
+        servers.drop_database(backend, other_url)
+
+
+@only("postgresql")
+def test_a_connection_through_a_pooler_to_the_queues_database_is_taken(app: JobQueue, add, pgbouncer) -> None:
+    """Its URL names another port than the queue's: the server says it is the same database."""
+    pooled = sa.create_engine(pgbouncer.url(app.database_url), poolclass=sa.pool.NullPool)
+    try:
+        with pooled.begin() as conn:
+            handle = add.apply_async((1, 1), connection=conn)
+        assert handle.status() == "pending"
+    finally:
+        pooled.dispose()

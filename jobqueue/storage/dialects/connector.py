@@ -61,6 +61,9 @@ class Connector:
     # whose transactions cost no round trips and must begin IMMEDIATE.
     autocommit = True
     default_port: int | None = None
+    # Which database of which server a connection reaches, the same through a pooler as directly
+    # (None: by the file, see server_identity).
+    where_am_i: str | None = None
 
     # -- engines (class methods: they run before there is an engine) ------------------------------
     @classmethod
@@ -82,6 +85,12 @@ class Connector:
     def absolute_url(cls, url: sa.URL) -> sa.URL:
         """``url`` as any working directory reads it."""
         return url
+
+    def server_identity(self, connection: sa.Connection) -> tuple[Any, ...]:
+        """Which database ``connection`` is on, as its server says: two URLs may name one database
+        (a pooler's and the server's, a socket and TCP), and one URL reach another (an alias)."""
+        assert self.where_am_i is not None
+        return tuple(connection.exec_driver_sql(self.where_am_i).one())
 
     def __init__(self, engine: sa.Engine) -> None:
         self.engine = engine

@@ -70,6 +70,7 @@ MYSQL_WRITE_ERRORS = {3, 1030}
 class MySQLDialect(Dialect):
     name = "mysql"
     default_port = 3306
+    where_am_i = "SELECT DATABASE(), @@hostname, @@port, @@datadir"
     lock_flow_keys_as_found = False  # a sorted SELECT ... FOR UPDATE locks every row it reads
     snapshot_reads = True
     # Without partial indexes, the ready index holds every row: a walk of it for jobs without a

@@ -97,6 +97,7 @@ class PostgreSQLDialect(Dialect):
     name = "postgresql"
     client_clock = False
     default_port = 5432
+    where_am_i = "SELECT current_database(), pg_postmaster_start_time()::text"
     insert_on_conflict = staticmethod(postgresql.insert)
 
     def never_due(self, column: Any) -> Any:

@@ -18,9 +18,6 @@ from jobqueue.storage.tables import notify_channel
 
 logger = logging.getLogger("jobqueue.storage")
 
-# Which database of which server a connection reaches (the same through a pooler as directly).
-WHERE_AM_I = "SELECT current_database(), pg_postmaster_start_time()::text"
-
 
 class ListeningWaker(Waker):
     """A supervisor's LISTEN connection: every notification is news for one idle process.
@@ -68,7 +65,7 @@ class ListeningWaker(Waker):
             raw.autocommit = True
             with raw.cursor() as cursor:
                 if self.engine is not None and self.heard_on is None:
-                    cursor.execute(WHERE_AM_I)
+                    cursor.execute(self.dialect.where_am_i)
                     self.heard_on = tuple(cursor.fetchone())
                 cursor.execute(f"LISTEN {self.channel}")
         except Exception as exc:
@@ -84,7 +81,7 @@ class ListeningWaker(Waker):
         another one (a typo, a replica, the pooler's alias of another database) it would hear none
         of their news, and every new job would wait for a poll."""
         with self.dialect.engine.connect() as conn:
-            jobs_on = tuple(conn.exec_driver_sql(WHERE_AM_I).one())
+            jobs_on = self.dialect.server_identity(conn)
         if heard_on != jobs_on:
             self.close()
             where = (

@@ -103,6 +103,11 @@ class SQLiteDialect(Dialect):
     def database_identity(cls, url: sa.URL) -> tuple[Any, ...]:
         return (os.path.realpath(url.database) if url.database else "",)
 
+    def server_identity(self, connection: sa.Connection) -> tuple[Any, ...]:
+        files = {row[1]: row[2] for row in connection.exec_driver_sql("PRAGMA database_list")}
+        main = files.get("main") or ""
+        return (os.path.realpath(main) if main else "",)
+
     @classmethod
     def absolute_url(cls, url: sa.URL) -> sa.URL:
         # Another working directory (a Spark executor's, say) would find another file.
