@@ -170,6 +170,25 @@ def _clipped(text: str) -> str:
     return f"{text[:SHOWN_CHARACTERS]}... ({len(text) - SHOWN_CHARACTERS:,} more characters: --json shows all)"
 
 
+def _warn_of_unknown_tasks(state: CliState, tasks: dict[int, str]) -> None:
+    """Say which retried jobs the app given registers no task for: its workers would fail them
+    again at once, as unknown."""
+    if not state.has_app:
+        return  # no app given: which tasks exist is not known here
+    unknown: dict[str, list[int]] = {}
+    for job_id, name in tasks.items():
+        if name not in state.app.registry and name != SCHEDULE_TASK:
+            unknown.setdefault(name, []).append(job_id)
+    for name, ids in unknown.items():
+        click.echo(
+            printable(
+                f"warning: task {name!r} is not registered in this app: its workers fail job(s) {_ids(ids)} "
+                "again at once; run them with workers of an app that has the task"
+            ),
+            err=True,
+        )
+
+
 def _utc(value: Any) -> str:
     """A stored time (UTC), to the microsecond and marked as UTC, as ``jobs list`` marks its own."""
     if isinstance(value, datetime):
@@ -200,6 +219,7 @@ def retry(state: CliState, /, job_ids: tuple[int, ...], all_failed: bool, task: 
                 batch = deadletter.retry(store, ids)
                 report.retried += batch.retried
                 report.refused.update(batch.refused)
+                report.tasks.update(batch.tasks)
                 bar.update(len(ids))
                 after = ids[-1]
     else:
@@ -210,6 +230,7 @@ def retry(state: CliState, /, job_ids: tuple[int, ...], all_failed: bool, task: 
         click.echo(f"retried {len(report.retried)} job(s)" + (f": {_ids(report.retried)}" if report.retried else ""))
         for job_id, reason in report.refused.items():
             click.echo(printable(f"job {job_id} not retried: {reason}"), err=True)
+        _warn_of_unknown_tasks(state, report.tasks)
     if report.refused:
         raise SystemExit(1)
 

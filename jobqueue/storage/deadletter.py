@@ -127,6 +127,7 @@ def job_row(store: Store, job_id: int) -> tuple[str, dict[str, Any]] | None:
 class RetryReport:
     retried: list[int] = field(default_factory=list)
     refused: dict[int, str] = field(default_factory=dict)
+    tasks: dict[int, str] = field(default_factory=dict)  # the task of each retried job
 
 
 def _history_entry(row: dict[str, Any]) -> dict[str, Any]:
@@ -194,6 +195,7 @@ def retry(store: Store, job_ids: Iterable[int], now: datetime | None = None) -> 
             report.refused[job_id] = "an active job holds the same unique_key; cancel it or wait for it to end"
             continue
         report.retried.append(job_id)
+        report.tasks[job_id] = row["task_name"]
     return report
 
 

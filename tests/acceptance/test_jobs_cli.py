@@ -500,3 +500,20 @@ def test_status_shows_keys_that_differ_only_in_spaces_or_controls_apart_each_on_
     assert len(table) == len(keys)  # one line each: no key breaks its row
     shown = sorted(line[len("partition  ") :].split("  ")[0] for line in table)
     assert shown == sorted(["acme", "'acme '", "'acme\\xa0'", "'line\\nbreak'", "\"'acme '\"", "acmé"])
+
+
+def test_retrying_a_job_whose_task_the_app_lacks_warns_that_its_workers_fail_it_again(app: JobQueue) -> None:
+    """It said "retried 1 job(s)" and nothing more: the app's workers then failed it at once, as
+    an unknown task."""
+
+    @app.task(name="gone.task")
+    def gone() -> None:
+        pass
+
+    removed, kept = gone.delay(), basic.add.delay(1, 2)
+    jobqueue("jobs", "cancel", str(removed.id), str(kept.id))
+    done = jobqueue("jobs", "retry", str(removed.id), str(kept.id))
+    assert done.stdout.startswith("retried 2 job(s)"), done.stdout
+    warning = "warning: task 'gone.task' is not registered in this app: its workers fail job(s) "
+    assert f"{warning}{removed.id} again at once" in done.stderr, done.stderr
+    assert "basic.add" not in done.stderr
