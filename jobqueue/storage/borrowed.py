@@ -8,6 +8,7 @@ engine commits or rolls back with the owner's work, exactly like the owner's own
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -81,4 +82,11 @@ def borrowed_engine(backend: str, dbapi_module: str, get_connection: Callable[[]
             "supported: psycopg2 and psycopg (PostgreSQL), mysqlclient (MySQL), sqlite3"
         )
     url = sa.URL.create(f"{backend}+{DRIVER}_{dbapi_module.lower()}")
-    return sa.create_engine(url, creator=get_connection, poolclass=sa.pool.NullPool, pool_reset_on_return=None)
+    engine = sa.create_engine(url, creator=get_connection, poolclass=sa.pool.NullPool, pool_reset_on_return=None)
+    BORROWED.add(engine)
+    return engine
+
+
+# The engines made here: their connections are a framework's own, on the queue's database by
+# construction (its URL is made from the framework's settings), which an enqueue need not check.
+BORROWED: weakref.WeakSet[sa.Engine] = weakref.WeakSet()

@@ -176,12 +176,11 @@ class StoreBase:
         engine = connection.engine
         verdict = self._same_server.get(engine)
         if verdict is None:
-            verdict = engine is self.engine or same_database(engine.url, self.engine.url)
+            from jobqueue.storage.borrowed import BORROWED  # only here: most enqueues never come this way
+
+            verdict = engine is self.engine or engine in BORROWED or same_database(engine.url, self.engine.url)
             if not verdict:
-                if self._identity is None:
-                    with self.engine.connect() as ours:
-                        self._identity = self.dialect.server_identity(ours)
-                verdict = self.dialect.server_identity(connection) == self._identity
+                verdict = self.dialect.server_identity(connection) == self._own_identity()
             self._same_server[engine] = verdict
         if not verdict:
             raise ConfigurationError(
@@ -189,6 +188,17 @@ class StoreBase:
                 f"({mask_url(self.engine.url)}): the job would be committed where no worker of this queue "
                 "looks; point the JobQueue at the database your connection is on, or enqueue without connection="
             )
+
+    def _own_identity(self) -> tuple[Any, ...]:
+        """Where this queue's database is, as server_identity says it: by its file on SQLite (a
+        connection of ours would wait for the write lock the caller's transaction holds)."""
+        if self._identity is None:
+            if self.dialect.where_am_i is None:
+                self._identity = self.dialect.database_identity(self.engine.url)
+            else:
+                with self.engine.connect() as ours:
+                    self._identity = self.dialect.server_identity(ours)
+        return self._identity
 
     @contextmanager
     def reading(self) -> Iterator[sa.Connection]:

@@ -101,7 +101,11 @@ class SQLiteDialect(Dialect):
 
     @classmethod
     def database_identity(cls, url: sa.URL) -> tuple[Any, ...]:
-        return (os.path.realpath(url.database) if url.database else "",)
+        name = url.database or ""
+        if name.startswith("file:"):  # a URI: file:/path?mode=rwc, file:///path
+            name = name[len("file:") :].partition("?")[0]
+            name = name[len("//") :] if name.startswith("///") else name
+        return (os.path.realpath(name) if name else "",)
 
     def server_identity(self, connection: sa.Connection) -> tuple[Any, ...]:
         files = {row[1]: row[2] for row in connection.exec_driver_sql("PRAGMA database_list")}
