@@ -13,6 +13,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from jobqueue.clock import utcnow
 from jobqueue.flow import rate_horizon
 from jobqueue.job import READY_STATES, MessageState
 from jobqueue.storage.dialects.common import PROCESSING, READY_LITERALS
@@ -151,8 +152,10 @@ def _flow_reason(flow: dict[str, Any]) -> str | None:
     limit, running = flow["limit"], flow["running"]
     if limit is not None and running >= limit:
         return f"at its concurrency limit ({running} of {limit} running)"
-    if flow["next_start_at"] is not None:
-        return f"held by its rate until {flow['next_start_at']:%H:%M:%S.%f}"[:-3] + " UTC"
+    until = flow["next_start_at"]
+    if until is not None:
+        day = "" if until.date() == utcnow().date() else f"{until:%Y-%m-%d} "  # a rate of a start an hour, say
+        return f"held by its rate until {day}{until:%H:%M:%S.%f}"[:-3] + " UTC"
     return None
 
 

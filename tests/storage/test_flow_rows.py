@@ -100,3 +100,23 @@ def test_a_flow_row_time_edited_by_hand_with_an_offset_is_read_as_utc(app: JobQu
     assert waiting.blocked_keys(app.store) == []
     assert [m.id for m in take(app)] == [h.id for h in handles]  # a quiet key's two starts
     assert take(app) == []
+
+
+def test_a_rate_hold_that_ends_another_day_says_which_day(app: JobQueue) -> None:
+    """A key held until tomorrow by a rate of a start an hour was said to be held "until 01:01:57
+    UTC", which reads as today."""
+
+    @app.task(name="t.mail", rate_limit="1/h")
+    def mail(n: int) -> None: ...
+
+    mail.delay(1)
+    f = app.tables.flow
+    tomorrow = utcnow().replace(hour=1, minute=1, second=57, microsecond=0) + timedelta(days=1)
+    for until, said in ((tomorrow, f"{tomorrow:%Y-%m-%d} 01:01:57.000 UTC"), (utcnow(), "")):
+        with app.engine.begin() as conn:
+            conn.execute(sa.update(f).values(next_start_at=until))
+        reasons = [key["reason"] for key in waiting.blocked_keys(app.store)]
+        if said:
+            assert reasons == [f"held by its rate until {said}"], reasons
+        else:
+            assert all(f"{until:%Y-%m-%d}" not in reason for reason in reasons), reasons
