@@ -270,6 +270,15 @@ class Task:
         for label, key in (("unique_key", unique_key), ("partition_key", partition_key)):
             if key is not None:
                 check_key(label, key)
+        if partition_key is not None and partition_key.count(":") >= 2 and self.app.consumers:
+            topic, group, message_key = partition_key.split(":", 2)
+            if (topic, group) in self.app.consumers:
+                # The partition the group orders its messages of that key by: the two would share one order.
+                raise ConfigurationError(
+                    f"partition_key {partition_key!r} is the partition consumer group {group!r} of topic "
+                    f"{topic!r} keeps its messages of key {message_key!r} in; give the task's jobs another "
+                    "partition key"
+                )
         if partition_key is not None and self.options.ack_policy is AckPolicy.ACK_FIRST:
             raise ConfigurationError(
                 f"task {self.name} acks first (ack_policy=ACK_FIRST): each job is completed before it runs, "

@@ -384,3 +384,22 @@ def test_a_delivery_key_edited_into_no_log_id_stops_no_trimming(app: JobQueue) -
     assert app.topic_store.collect() == 6 and log_size(app) == 4
     # The edited deliveries still run from their own copies of the payloads.
     assert [loads_call(app.serializer, r["payload"])[0][0]["n"] for r in deliveries(app, "billing")[:3]] == [0, 1, 2]
+
+
+def test_a_tasks_partition_key_that_is_a_groups_message_partition_is_refused(app: JobQueue) -> None:
+    """A task's jobs enqueued with partition_key "orders:billing:cust-1" shared one order with group
+    billing's messages of key "cust-1": a lagging group held the task's jobs back, and the
+    task's older job did not hold the group's message back as its waiting column said."""
+    consumers(app, "billing")
+
+    @app.task(name="t.slow")
+    def slow() -> None: ...
+
+    for call in (
+        lambda: slow.apply_async(partition_key="orders:billing:cust-1"),
+        lambda: slow.bulk([()], partition_key="orders:billing:cust-1"),
+    ):
+        with pytest.raises(ConfigurationError, match="consumer group 'billing' of topic 'orders' keeps its messages"):
+            call()
+    assert slow.apply_async(partition_key="orders:shipping:cust-1").status() == "pending"  # no such group here
+    assert slow.apply_async(partition_key="tenant:eu:7").status() == "pending"
