@@ -122,7 +122,7 @@ def test_sigterm_lets_running_jobs_finish_and_hands_back_the_rest(
     app: JobQueue, tmp_path: Path, workers: list[Worker]
 ) -> None:
     rt.noop.bulk([()] * 30)  # warm-up: the processes learn that jobs are quick and fetch big batches
-    slow = rt.slow.bulk([(1.5,)] * 20)
+    slow = rt.slow.bulk([(1.5,)] * 8)  # two run when the signal comes, the rest wait in buffers or the queue
     worker = start(workers, tmp_path, "--concurrency", "2")
     wait_for(
         lambda: len([e for e in runs(tmp_path / "runs.txt") if e[0] == "start"]) >= 2, 30, "two slow jobs to start"
