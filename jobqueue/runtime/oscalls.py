@@ -13,6 +13,7 @@ from typing import Any
 PR_SET_PDEATHSIG = 1
 # The exit status of a worker process whose own descriptors a job closed (see descriptor_identity).
 DESCRIPTORS_LOST_STATUS = 3
+OUT_OF_MEMORY_STATUS = 4  # the process could not go on: a job left it no memory to write outcomes with
 # A process with fewer free file descriptors than this (or a tenth of its limit) is replaced.
 DESCRIPTORS_SPARE = 16
 

@@ -75,6 +75,7 @@ class Pool:
         self.children: dict[int, Child] = {}
         self.respawn_at: dict[int, float] = {}
         self.quick_deaths: dict[int, int] = {}
+        self.stop_sent_at = 0.0  # when SIGTERM last went to the processes (see remind)
         # The supervisor's pipes, set before the first fork: a process asks through ``more_w`` for
         # a sibling to join it, and says through ``idle_w`` that it idles.
         self.more_w = -1
@@ -192,7 +193,19 @@ class Pool:
     def stop(self) -> None:
         """Ask every process to stop (a warm shutdown of its own), and start no more."""
         self.respawn_at.clear()
+        self.stop_sent_at = time.monotonic()
         for child in self.children.values():
+            send_signal(child.process.pid, signal.SIGTERM)
+
+    def remind(self) -> None:
+        """While stopping: ask again, once a second, the processes that idle instead of stopping. A
+        job that ran when the request came may have had a SIGTERM handler of its own, which took
+        it (the process puts its own handler back once the job ends, but the request is gone); an
+        idle process runs no job that a second SIGTERM could reach."""
+        if time.monotonic() - self.stop_sent_at < STOP_REMINDER_SECONDS:
+            return
+        self.stop_sent_at = time.monotonic()
+        for child in self.idle():
             send_signal(child.process.pid, signal.SIGTERM)
 
     def kill_all(self, reason: str) -> None:
@@ -204,6 +217,9 @@ class Pool:
             kill(child.process.pid)
         for child in alive:
             child.process.join(5)
+
+
+STOP_REMINDER_SECONDS = 1.0
 
 
 def _child_main(app: JobQueue, spec: ChildSpec) -> None:

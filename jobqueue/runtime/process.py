@@ -35,6 +35,7 @@ from jobqueue.runtime.executor import Executor, StoreDeliveryWriter
 from jobqueue.runtime.holdings import BEHIND, Holdings
 from jobqueue.runtime.oscalls import (
     DESCRIPTORS_LOST_STATUS,
+    OUT_OF_MEMORY_STATUS,
     descriptor_identity,
     descriptors_floor,
     descriptors_used_up,
@@ -96,6 +97,7 @@ class WorkerProcess(Fetching, Flushing, KeeperThread):
         self.last_flush = time.monotonic()
         self.avg_duration: float | None = None
         self.done = 0
+        self.last_run: Message | None = None  # the job that ran last (see _out_of_memory)
         self.stop_requested_at: float | None = None
         self.pending_token: int | None = None
         self.keeper_stop = threading.Event()
@@ -163,6 +165,8 @@ class WorkerProcess(Fetching, Flushing, KeeperThread):
             self._loop()
         except GaveUp:
             pass  # stopping during an outage: what we hold is released by the supervisor
+        except MemoryError:
+            self._out_of_memory()
         finally:
             self.keeper_stop.set()
             if keeper.is_alive():
@@ -185,14 +189,16 @@ class WorkerProcess(Fetching, Flushing, KeeperThread):
             self.stop_requested_at = self.stop_requested_at or time.monotonic()
 
         signal.signal(signal.SIGTERM, on_term)
-        for signum in (signal.SIGUSR1, signal.SIGUSR2, signal.SIGALRM):  # the supervisor's own notes them
-            signal.signal(signum, signal.SIG_DFL)
+        signal.signal(signal.SIGALRM, signal.SIG_DFL)  # a job's own alarm() ends its process, as anywhere
         # Ctrl-C reaches the whole process group; the supervisor decides, and tells us with SIGTERM.
+        # SIGUSR1 and SIGUSR2 reach it too when a process manager signals the group (systemctl kill
+        # does, to reopen logs): the supervisor notes them, and they must not end a running job.
         # A handler that does nothing, not SIG_IGN: an ignored signal stays ignored across exec, so
-        # every program a job starts would ignore SIGINT, while a handler is reset to the default
+        # every program a job starts would ignore it, while a handler is reset to the default
         # there. Calls it interrupts are restarted (Python retries its own, sleeps included).
-        signal.signal(signal.SIGINT, ignore_signal)
-        signal.siginterrupt(signal.SIGINT, False)
+        for signum in (signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2):
+            signal.signal(signum, ignore_signal)
+            signal.siginterrupt(signum, False)
         signal.set_wakeup_fd(self.spec.wake_w, warn_on_full_buffer=False)
         os.register_at_fork(after_in_child=forked_by_a_job)
         # The supervisor blocked these around fork so that none is lost before this point.
@@ -234,9 +240,13 @@ class WorkerProcess(Fetching, Flushing, KeeperThread):
         began = time.perf_counter()
         self.acked_first = None
         outcome = self.executor.execute(message)  # never raises for what the job did
+        self.last_run = message
         if descriptor_identity(self.spec.wake_r) != self.own_pipe:
             self._descriptors_lost(message)
         self.surroundings.restore()
+        # Which a job may have cleared (asyncio.run() after loop.add_signal_handler() does, as it
+        # ends): the idle wait would then sleep through a stop request till its timeout.
+        signal.set_wakeup_fd(self.spec.wake_w, warn_on_full_buffer=False)
         pending = self.held.finish(outcome, settled=self.acked_first == message.id)
         duration = time.perf_counter() - began
         if outcome is not None:
@@ -280,6 +290,22 @@ class WorkerProcess(Fetching, Flushing, KeeperThread):
                 message.task_name,
             )
         os._exit(DESCRIPTORS_LOST_STATUS)
+
+    def _out_of_memory(self) -> None:
+        """The process has no memory left to go on with (a job kept what it took: a global it filled
+        until MemoryError). Exit at once, blaming the job that ran last, as if it were still running:
+        like a job that kills its process, it is charged a delivery, and after max_deliveries it
+        fails without running, rather than run and fill a fresh process again for ever. The other
+        outcomes it held are lost, and those jobs run again; what it held goes back to the queue."""
+        if self.last_run is not None:
+            self.spec.slot.blame(self.last_run.id, self.last_run.lease_token)
+        with contextlib.suppress(BaseException):
+            os.write(
+                2,
+                f"worker process {os.getpid()} ran out of memory after job {getattr(self.last_run, 'id', '-')}; "
+                "it exits\n".encode(),
+            )
+        os._exit(OUT_OF_MEMORY_STATUS)
 
     def _report_stale(self) -> None:
         stale = self.held.take_stale()

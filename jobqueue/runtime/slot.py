@@ -150,6 +150,12 @@ class Slot:
                 self.started[index] = message_id
             self.array[STARTED_COUNT] = len(ids)
 
+    def blame(self, message_id: int, token: int) -> None:
+        """Mark ``message_id`` (finished) running again, as the process exits because of it: the
+        supervisor charges it a delivery, as the job that killed the process."""
+        with self.lock:
+            self.array[RUNNING_ID], self.array[TOKEN] = message_id, token
+
     def finish(self) -> None:
         with self.lock:
             a = self.array

@@ -294,6 +294,8 @@ class Supervisor(Reaping, Maintenance):
         self.pool.enforce_time_limits()
         self._take_back_buffers()
         self._maintenance()  # never raises: the steps below run whatever the database refuses it
+        if self.stopping:
+            self.pool.remind()
         if self.stopping and time.monotonic() > self.stop_deadline:
             self.pool.kill_all("graceful_timeout passed")
         if self.burst and not self.stopping:

@@ -30,7 +30,9 @@ _DIRECTORY_FLAGS = getattr(os, "O_PATH", os.O_RDONLY) | os.O_DIRECTORY
 
 # The signals whose handlers the worker process relies on: SIGTERM asks it to stop after the
 # running job; SIGINT (Ctrl-C at a terminal reaches every process) is the supervisor's to decide.
-HANDLED_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+# SIGCHLD too: left ignored by a job, the kernel reaps children at once and every later job's
+# subprocess.run() reads exit status 0, whatever the program returned.
+HANDLED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2, signal.SIGCHLD)
 
 
 class Surroundings:

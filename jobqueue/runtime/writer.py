@@ -56,7 +56,7 @@ class OutcomeWriter:
             return FlushResult()
         try:
             return self._attempt(outcomes, give_up)
-        except GaveUp:
+        except (GaveUp, MemoryError):  # out of memory: this process's trouble, not the database's refusal
             raise
         except Exception as exc:
             if len(outcomes) == 1:
@@ -92,7 +92,7 @@ class OutcomeWriter:
         for replacement in (refused_outcome(outcome, exc), refused_retry(outcome, exc)):
             try:
                 result = self._attempt([replacement], give_up)
-            except GaveUp:
+            except (GaveUp, MemoryError):
                 raise
             except Exception:
                 continue

@@ -483,3 +483,39 @@ def span(key: str, seq: int, seconds: float) -> None:
                 os.close(fd)
         if event == "start":
             time.sleep(seconds)
+
+
+FILLED: list[bytearray] = []  # what rt.fills_memory keeps, as a leak would
+
+
+@app.task(name="rt.fills_memory", max_deliveries=2, retry_strategy=NoRetryStrategy())
+def fills_memory() -> int:
+    """Takes all the memory it may (its process's address space capped 256 MB above what it uses)
+    and keeps it: the process has none left to write the job's outcome with."""
+    import resource
+
+    with open("/proc/self/status") as status:
+        used = next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmSize:"))
+    resource.setrlimit(resource.RLIMIT_AS, (used + 256 * 1024 * 1024, resource.RLIM_INFINITY))
+    for chunk in (1024 * 1024, 1024):
+        try:
+            while True:
+                FILLED.append(bytearray(chunk))
+        except MemoryError:
+            pass
+    return len(FILLED)
+
+
+@app.task(name="rt.clears_wakeup")
+def clears_wakeup() -> None:
+    """What asyncio.run() leaves after loop.add_signal_handler(): no signal wake-up descriptor."""
+    signal.set_wakeup_fd(-1)
+
+
+@app.task(name="rt.handles_sigterm")
+def handles_sigterm(seconds: float) -> None:
+    """Handles SIGTERM itself while it runs, and leaves its handler in place."""
+    record("start")
+    signal.signal(signal.SIGTERM, lambda signum, frame: None)
+    time.sleep(seconds)
+    record("end")

@@ -170,6 +170,26 @@ def test_a_job_that_kills_its_process_is_failed_after_max_deliveries(
     assert log.count("started worker process") == 4  # the pool kept its size: two replacements
 
 
+def test_a_job_that_leaves_its_process_no_memory_is_failed_after_max_deliveries(
+    app: JobQueue, tmp_path: Path, workers: list[Worker]
+) -> None:
+    """A job that kept all the memory it could take: its process could not write its outcome, took
+    the MemoryError for the database refusing every write and retried for ever, holding the job
+    and saying nothing (SQLite: failed it as OutcomeRefused). The process now exits, blaming that
+    job as one that killed its process: charged a delivery each time, it fails after max_deliveries."""
+    hog = rt.fills_memory.delay()
+    others = rt.short.bulk([()] * 20)
+    worker = start(workers, tmp_path, "--burst", "--concurrency", "1")
+    assert worker.wait(90) == 0, worker.text()[-3000:]
+    with pytest.raises(JobFailed, match="max_deliveries=2") as info:
+        hog.get(timeout=5)
+    assert info.value.error_type == "jobqueue.errors.MaxDeliveriesExceeded"
+    assert {h.status() for h in others} == {"completed"}
+    log = worker.text()
+    assert log.count(f"ran out of memory after job {hog.id}; it exits") == 2, log[-3000:]
+    assert log.count(f"exited with code 4 while running job {hog.id}") == 2, log[-3000:]
+
+
 @pytest.mark.parametrize("hang", [rt.hang, rt.async_hang], ids=["sync", "async"])
 def test_hard_timeout_kills_and_retries_then_fails(
     app: JobQueue, tmp_path: Path, workers: list[Worker], hang: Task
@@ -346,6 +366,54 @@ def test_signals_that_would_end_the_supervisor_silently_are_noted_and_ignored(
     assert worker.process.poll() is None
     worker.signal(signal.SIGTERM)
     assert worker.wait(30) == 0, worker.text()[-3000:]
+
+
+def test_sigusr1_and_sigusr2_to_the_whole_group_end_no_job(
+    app: JobQueue, tmp_path: Path, workers: list[Worker]
+) -> None:
+    """`systemctl kill -s USR1` signals every process of the service: the supervisor noted and
+    ignored it, but its worker processes died of it, killing their running jobs (charged a delivery)."""
+    job = rt.slow.delay(1.5)
+    worker = start(workers, tmp_path, "--concurrency", "2", group=True)
+    wait_for(lambda: runs(tmp_path / "runs.txt"), 30, "the job to start")
+    for signum in (signal.SIGUSR1, signal.SIGUSR2):
+        os.killpg(worker.pid, signum)
+    wait_for(lambda: job.status() == "completed", 30, "the job to complete")
+    assert "exited with signal" not in worker.text(), worker.text()[-3000:]
+    assert table_rows(app, "archive", "deliveries_count") == [(1,)]
+    assert [e[0] for e in runs(tmp_path / "runs.txt")] == ["start", "end"]
+    worker.signal(signal.SIGTERM)
+    assert worker.wait(30) == 0, worker.text()[-3000:]
+
+
+def test_a_stop_taken_by_a_jobs_own_sigterm_handler_is_asked_again(
+    app: JobQueue, tmp_path: Path, workers: list[Worker]
+) -> None:
+    """A job with a SIGTERM handler of its own took the stop request; the process put its own
+    handler back after the job, but never heard the request, idled, and was killed once
+    graceful_timeout had passed."""
+    rt.handles_sigterm.delay(1.0)
+    worker = start(workers, tmp_path, "--concurrency", "1", "--graceful-timeout", "30")
+    wait_for(lambda: runs(tmp_path / "runs.txt"), 30, "the job to start")
+    began = time.monotonic()
+    worker.signal(signal.SIGTERM)
+    assert worker.wait(20) == 0, worker.text()[-3000:]
+    assert time.monotonic() - began < 10 and "graceful_timeout passed" not in worker.text(), worker.text()[-3000:]
+
+
+def test_a_job_that_clears_the_signal_wakeup_descriptor_does_not_slow_the_stop(
+    app: JobQueue, tmp_path: Path, workers: list[Worker]
+) -> None:
+    """asyncio.run() after loop.add_signal_handler() clears it as it ends: the idle process then
+    slept through the stop request till its next poll."""
+    job = rt.clears_wakeup.delay()
+    worker = start(workers, tmp_path, "--concurrency", "1", "--max-fetch-interval", "30", "--idle-poll-interval", "30")
+    wait_for(lambda: job.status() == "completed", 30, "the job to complete")
+    time.sleep(0.5)  # idle
+    began = time.monotonic()
+    worker.signal(signal.SIGTERM)
+    assert worker.wait(40) == 0, worker.text()[-3000:]
+    assert time.monotonic() - began < 3, f"the stop took {time.monotonic() - began:.1f} s"
 
 
 def test_two_signals_at_once_are_one_request_to_stop(app: JobQueue, tmp_path: Path, workers: list[Worker]) -> None:
