@@ -244,9 +244,6 @@ class WorkerProcess(Fetching, Flushing, KeeperThread):
         if descriptor_identity(self.spec.wake_r) != self.own_pipe:
             self._descriptors_lost(message)
         self.surroundings.restore()
-        # Which a job may have cleared (asyncio.run() after loop.add_signal_handler() does, as it
-        # ends): the idle wait would then sleep through a stop request till its timeout.
-        signal.set_wakeup_fd(self.spec.wake_w, warn_on_full_buffer=False)
         pending = self.held.finish(outcome, settled=self.acked_first == message.id)
         duration = time.perf_counter() - began
         if outcome is not None:

@@ -12,6 +12,7 @@ import logging
 import math
 import os
 import select
+import signal
 import time
 from typing import TYPE_CHECKING
 
@@ -164,6 +165,10 @@ class Fetching:
             self.pending_token = None
 
     def _idle_wait(self) -> None:
+        # A signal wakes the select below through the wake-up descriptor, which a job may have
+        # cleared (asyncio.run() after loop.add_signal_handler() does as it ends): set again here,
+        # before the stop is looked at, rather than after every job (a microsecond each).
+        signal.set_wakeup_fd(self.spec.wake_w, warn_on_full_buffer=False)
         timeout = self.next_fetch_at - time.monotonic()
         if timeout <= 0 or self.stopping:
             return
