@@ -20,8 +20,10 @@ process left running without a supervisor would run jobs whose leases nobody ren
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import os
+import resource
 import signal
 import threading
 import time
@@ -119,6 +121,8 @@ class WorkerProcess(Fetching, Flushing, KeeperThread):
         # File descriptors in use once connected (see descriptors_used_up); None: none were left.
         self.descriptors_at_start: int | None = None
         self.descriptors_floor = 0  # fewer in use than this: the check stops at its dup
+        self.files_limit = 0  # RLIMIT_NOFILE's soft limit as the process started
+        self.out_of_files = False  # the last job failed for want of a file descriptor (EMFILE)
         self.idle = False  # what the slot says: the supervisor wakes idle processes on news
         # Jobs with a flow key are acquired key by key, besides the others: any task's job may have
         # one, since a partition key is one. Whether a task this process serves has a rate limit
@@ -161,6 +165,7 @@ class WorkerProcess(Fetching, Flushing, KeeperThread):
             )
             self.descriptors_at_start = lowest_free_descriptor(self.spec.wake_r)
             self.descriptors_floor = descriptors_floor()
+            self.files_limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
             keeper.start()
             self._loop()
         except GaveUp:
@@ -244,6 +249,7 @@ class WorkerProcess(Fetching, Flushing, KeeperThread):
         if descriptor_identity(self.spec.wake_r) != self.own_pipe:
             self._descriptors_lost(message)
         self.surroundings.restore()
+        self.out_of_files = outcome is not None and outcome.error is not None and EMFILE_TEXT in outcome.error.message
         pending = self.held.finish(outcome, settled=self.acked_first == message.id)
         duration = time.perf_counter() - began
         if outcome is not None:
@@ -335,6 +341,17 @@ class WorkerProcess(Fetching, Flushing, KeeperThread):
             if self.descriptors_at_start is None
             else descriptors_used_up(self.spec.wake_r, self.descriptors_at_start, self.descriptors_floor)
         )
+        if used is None and self.out_of_files:
+            limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+            if limit < self.files_limit:
+                # A job lowered the limit under what the process needs: every later job failed.
+                logger.warning(
+                    "worker process %s recycled: a job lowered its limit of open files from %s to %s",
+                    os.getpid(),
+                    self.files_limit,
+                    limit,
+                )
+                return True
         if used is not None:
             # A job leaked them: every job after it that opens a file or a connection would fail here.
             logger.warning(
@@ -372,6 +389,9 @@ def serves_rated(app: JobQueue, queues: tuple[str, ...] | None) -> bool:
 def capacity_of(fetch_batch_size: int, overfetch_factor: float) -> int:
     """How many messages a process may hold unstarted (and how many outcomes make it flush)."""
     return max(1, int(fetch_batch_size * overfetch_factor))
+
+
+EMFILE_TEXT = f"[Errno {errno.EMFILE}]"  # in the message of an OSError for want of a file descriptor
 
 
 def _version() -> str:

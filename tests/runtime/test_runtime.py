@@ -190,6 +190,20 @@ def test_a_job_that_leaves_its_process_no_memory_is_failed_after_max_deliveries(
     assert log.count(f"exited with code 4 while running job {hog.id}") == 2, log[-3000:]
 
 
+def test_a_job_that_lowers_the_limit_of_open_files_gets_its_process_recycled(
+    app: JobQueue, tmp_path: Path, workers: list[Worker]
+) -> None:
+    """A job set RLIMIT_NOFILE just above what the process had open: every later job of the
+    process failed with "Too many open files", the process never recycled."""
+    rt.lowers_files_limit.delay()
+    others = rt.opens.bulk([(2,)] * 10)
+    worker = start(workers, tmp_path, "--burst", "--concurrency", "1")
+    assert worker.wait(60) == 0, worker.text()[-3000:]
+    states = [h.status() for h in others]
+    assert states.count("completed") >= 9, (states, worker.text()[-3000:])  # the first may have met the limit
+    assert "recycled: a job lowered its limit of open files from " in worker.text(), worker.text()[-3000:]
+
+
 @pytest.mark.parametrize("hang", [rt.hang, rt.async_hang], ids=["sync", "async"])
 def test_hard_timeout_kills_and_retries_then_fails(
     app: JobQueue, tmp_path: Path, workers: list[Worker], hang: Task
