@@ -192,7 +192,14 @@ class Group(click.Group):
             # The server or the driver refused the connection (no statement ran), or it broke: say
             # so in a line. An error of a statement is a bug to report, with its traceback.
             lacks_privilege = lacks_a_privilege(exc)
-            if not isinstance(exc, sa.exc.OperationalError) and exc.statement is not None and not lacks_privilege:
+            _raise_schema_damage(ctx, exc)  # a table or column dropped by hand: what lacks, and the fix
+            classified = _classify(ctx, exc)  # a database refusing writes (read-only), full, cancelling
+            if (
+                not isinstance(exc, sa.exc.OperationalError)
+                and exc.statement is not None
+                and not lacks_privilege
+                and classified is None
+            ):
                 raise
             reason = str(exc.orig).strip().splitlines()[0] if exc.orig else str(exc)
             explained = _explain(ctx, exc)  # a statement time limit, a file that may not be written
@@ -209,6 +216,28 @@ class Group(click.Group):
                 raise
             reason = f"the URL's query has an option the driver does not take ({exc})"
             raise click.ClickException(mask_secrets(f"cannot use {_where(ctx)}: {reason}", ctx)) from None
+
+
+def _classify(ctx: click.Context, exc: sa.exc.DBAPIError) -> str | None:
+    state = ctx.find_object(CliState)
+    return state.app.store.classify(exc) if state is not None and state._app is not None else None
+
+
+def _raise_schema_damage(ctx: click.Context, exc: sa.exc.DBAPIError) -> None:
+    """If ``exc`` is of a table or column the database lacks: the SchemaError that names what the
+    schema lacks and the fix (as `db check` says it), as one line."""
+    state = ctx.find_object(CliState)
+    if state is None or state._app is None:
+        return
+    dialect = state.app.store.dialect
+    if not (dialect.missing_table(exc) or dialect.missing_column(exc)):
+        return
+    try:
+        state.app.check_schema()
+    except JobQueueError as damage:
+        raise click.ClickException(mask_secrets(str(damage), ctx)) from None
+    except Exception:  # the check itself failed: the driver's error says more
+        return
 
 
 def _explain(ctx: click.Context, exc: sa.exc.DBAPIError) -> str | None:

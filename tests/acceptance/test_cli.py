@@ -398,3 +398,46 @@ def test_a_database_user_without_privileges_is_one_line_naming_what_it_lacks(
     errors = [line for line in result.stderr.splitlines() if line.startswith("Error: ")]
     assert len(errors) == 1 and "Traceback" not in result.stderr, result.stderr
     assert "permission denied for table jobqueue_" in errors[0] and "GRANT" in errors[0], result.stderr
+
+
+def _scratch(backend: str, tmp_path: Path) -> tuple[str, JobQueue]:
+    url = servers.create_database(backend, str(tmp_path))
+    app = JobQueue()
+    app.configure(database_url=url)  # JOBQUEUE_DATABASE_URL (the session's) outranks JobQueue(url)
+    app.init_schema()
+    return url, app
+
+
+def test_a_column_dropped_by_hand_is_one_line_naming_it_in_every_command(backend: str, tmp_path: Path) -> None:
+    """status and workers printed a traceback (PostgreSQL) or the driver's line without a fix."""
+    url, app = _scratch(backend, tmp_path)
+    try:
+        with app.engine.begin() as conn:
+            conn.execute(sa.text("ALTER TABLE jobqueue_worker DROP COLUMN jobs_done"))
+        for command in (("status",), ("workers",)):
+            result = jobqueue("--database-url", url, *command, app=None, check=False)
+            assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
+            assert "lack column jobqueue_worker.jobs_done" in result.stderr and "back by hand" in result.stderr
+    finally:
+        app.close()
+        servers.drop_database(backend, url)
+
+
+@only("postgresql")
+def test_a_database_that_accepts_no_writes_is_one_line_saying_so(tmp_path: Path) -> None:
+    """A standby, or default_transaction_read_only: jobs cancel, workers --prune and enqueue printed
+    a traceback ending in "cannot execute ... in a read-only transaction"."""
+    url, app = _scratch("postgresql", tmp_path)
+    try:
+        with app.engine.connect() as conn:
+            conn.execute(sa.text(f"ALTER DATABASE {sa.make_url(url).database} SET default_transaction_read_only = on"))
+            conn.commit()
+        app.engine.dispose()
+        for command in (("jobs", "cancel", "1"), ("workers", "--prune"), ("enqueue", "basic.add", "--args", "[1, 2]")):
+            result = jobqueue("--database-url", url, *command, check=False)
+            errors = [line for line in result.stderr.splitlines() if line.startswith("Error: ")]
+            assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
+            assert len(errors) == 1 and "the database accepts no writes" in errors[0], result.stderr
+    finally:
+        app.close()
+        servers.drop_database("postgresql", url)

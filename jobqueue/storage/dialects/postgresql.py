@@ -56,7 +56,8 @@ DISK_FULL = "53100"
 CONTENTION_CODES = {"40001", "40P01", "55P03"}  # serialization failure, deadlock, lock not available
 # A server that turned read-only (a standby after failover, or one shutting down) and a session the
 # server ended (idle in transaction too long, administrator): wait for the new primary.
-OUTAGE_CODES = {"25006", "57P01", "57P02", "57P03", "25P03"}
+READ_ONLY_TRANSACTION = "25006"  # a standby, or default_transaction_read_only: a failover in progress
+OUTAGE_CODES = {READ_ONLY_TRANSACTION, "57P01", "57P02", "57P03", "25P03"}
 UNDEFINED_TABLE = "42P01"
 UNDEFINED_COLUMN = "42703"
 # What the server (or PgBouncer) says when it refuses a login, and the fix: a worker does not start
@@ -204,6 +205,11 @@ class PostgreSQLDialect(Dialect):
 
     def explain(self, exc: BaseException) -> str | None:
         orig = getattr(exc, "orig", None)
+        if getattr(orig, "pgcode", None) == READ_ONLY_TRANSACTION:
+            return (
+                "the database accepts no writes (a standby, a failover in progress, or "
+                "default_transaction_read_only set on it or its user): point the URL at the primary, or turn it off"
+            )
         if getattr(orig, "pgcode", None) != QUERY_CANCELED:
             return None
         if "statement timeout" not in str(orig):
