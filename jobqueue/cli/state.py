@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import logging
+import math
 import os
 import sys
 import traceback
@@ -216,6 +217,22 @@ class Group(click.Group):
                 raise
             reason = f"the URL's query has an option the driver does not take ({exc})"
             raise click.ClickException(mask_secrets(f"cannot use {_where(ctx)}: {reason}", ctx)) from None
+
+
+class FiniteSeconds(click.FloatRange):
+    """A number of seconds, at least ``min``: NaN, infinity and lengths no date can add are refused
+    (click's FloatRange lets NaN through, which compares false with any bound)."""
+
+    LONGEST = 10**9  # about 31 years
+
+    def __init__(self, min: float = 0) -> None:
+        super().__init__(min=min, max=self.LONGEST)
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        seconds = super().convert(value, param, ctx)
+        if not math.isfinite(seconds):
+            self.fail(f"{value!r} is no finite number of seconds", param, ctx)
+        return seconds
 
 
 def _classify(ctx: click.Context, exc: sa.exc.DBAPIError) -> str | None:

@@ -10,7 +10,7 @@ from typing import Any
 import click
 
 from jobqueue.cli.output import console, echo_json, print_table, shown_key
-from jobqueue.cli.state import CliState, mask_secrets
+from jobqueue.cli.state import CliState, FiniteSeconds, mask_secrets
 from jobqueue.errors import JobQueueError
 from jobqueue.storage import jobs, waiting
 
@@ -65,7 +65,7 @@ def _print_status(data: dict[str, Any]) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.option("-w", "--watch", is_flag=True, help="Refresh until interrupted (Ctrl-C).")
 @click.option(
-    "--interval", default=2.0, show_default=True, type=click.FloatRange(0.2), help="Seconds between refreshes."
+    "--interval", default=2.0, show_default=True, type=FiniteSeconds(0.2), help="Seconds between refreshes."
 )
 @click.pass_obj
 def status(state: CliState, as_json: bool, watch: bool, interval: float) -> None:
@@ -117,7 +117,7 @@ def workers(state: CliState, as_json: bool, prune: bool) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.option(
     "--max-heartbeat-age",
-    type=click.FloatRange(0),
+    type=FiniteSeconds(0),
     default=None,
     help="Seconds a heartbeat may be old [default: the lease, release_stuck_timeout].",
 )

@@ -441,3 +441,13 @@ def test_a_database_that_accepts_no_writes_is_one_line_saying_so(tmp_path: Path)
     finally:
         app.close()
         servers.drop_database("postgresql", url)
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "1e30"])
+@pytest.mark.parametrize("command", [("status", "--watch", "--interval"), ("health", "--max-heartbeat-age")])
+def test_seconds_that_are_no_finite_number_are_a_usage_error(command: tuple[str, ...], value: str) -> None:
+    """status --watch --interval nan raised ValueError (inf and 1e30, OverflowError), with a
+    traceback; health took --max-heartbeat-age nan and counted no worker live, inf every one."""
+    result = jobqueue(*command, value, check=False, timeout=30)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    assert f"Invalid value for '{command[-1]}'" in result.stderr
