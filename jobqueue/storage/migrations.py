@@ -237,6 +237,16 @@ def missing_error(tables: Tables, schema_command: str | None = None) -> SchemaEr
     )
 
 
+def unversioned_error(tables: Tables, schema_command: str | None = None) -> SchemaError:
+    """The error for jobqueue tables whose schema version row is gone (deleted by hand)."""
+    command = f"`{schema_command}`" if schema_command else "`jobqueue db init`"
+    return SchemaError(
+        f"the jobqueue tables ({tables.prefix}*) exist but record no schema version (their "
+        f"{tables.schema_version.name} row was deleted?): if they are this release's, {command} records it, "
+        "after creating what they lack and naming any column to add by hand"
+    )
+
+
 def older_error(tables: Tables, version: int, schema_command: str | None = None) -> SchemaError:
     """The error for tables of an older schema version, naming the command that upgrades them."""
     command = f"`{schema_command}`" if schema_command else "`jobqueue db upgrade`"

@@ -17,6 +17,7 @@ from jobqueue.storage.migrations import (
     newer_error,
     older_error,
     stamp,
+    unversioned_error,
     upgrade_on,
 )
 from jobqueue.storage.tables import SCHEMA_VERSION, Tables
@@ -39,6 +40,7 @@ def init_schema_on(conn: sa.Connection, tables: Tables) -> str:
 
 def _init_locked(conn: sa.Connection, tables: Tables, dialect: Dialect) -> str:
     version = installed_version(conn, tables)
+    unversioned = version is None and sa.inspect(conn).has_table(tables.message.name)
     if version is not None and version > SCHEMA_VERSION:
         raise newer_error(conn, tables, version)
     done = upgrade_on(conn, tables) if version is not None and version < SCHEMA_VERSION else []
@@ -48,6 +50,21 @@ def _init_locked(conn: sa.Connection, tables: Tables, dialect: Dialect) -> str:
     for statement in added:
         conn.exec_driver_sql(statement)
     dialect.after_create(conn)
+    if unversioned:
+        # Tables whose version row was deleted: this release's only if no column of it lacks.
+        _, columns = lacking(conn, tables)
+        if columns:
+            raise SchemaError(
+                f"the jobqueue tables ({tables.prefix}*) record no schema version and lack column(s) "
+                f"{', '.join(columns)}: they are not this release's schema {SCHEMA_VERSION}; add the column(s) "
+                "by hand, or restore the tables and their version row"
+            )
+        stamp(conn, tables, SCHEMA_VERSION)
+        made = f"; created what they lacked: {', '.join(created_what(st) for st in added)}" if added else ""
+        return (
+            f"recorded jobqueue schema {SCHEMA_VERSION} for the existing tables ({tables.prefix}*), whose "
+            f"version row was missing{made}"
+        )
     if version is None:
         stamp(conn, tables, SCHEMA_VERSION)
         return f"created jobqueue schema {SCHEMA_VERSION} ({tables.prefix}*)"
@@ -76,8 +93,13 @@ def check_schema(engine: sa.Engine, tables: Tables, schema_command: str | None =
         if version is not None and version > SCHEMA_VERSION:
             raise newer_error(conn, tables, version)
         created, columns = lacking(conn, tables) if version == SCHEMA_VERSION else ([], [])
+        unversioned = (
+            unversioned_error(tables, schema_command)
+            if version is None and sa.inspect(conn).has_table(tables.message.name)
+            else None
+        )
     if version is None:
-        raise missing_error(tables, schema_command)
+        raise unversioned if unversioned is not None else missing_error(tables, schema_command)
     if version < SCHEMA_VERSION:
         raise older_error(tables, version, schema_command)
     if created or columns:

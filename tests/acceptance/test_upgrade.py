@@ -483,3 +483,35 @@ def test_a_table_index_or_column_dropped_by_hand_is_named_by_db_check(backend: s
         with app.engine.begin() as conn:
             t.metadata.drop_all(conn)
         app.close()
+
+
+def test_tables_whose_version_row_was_deleted_are_named_so_and_stamped_only_when_whole(
+    backend: str, db_url: str
+) -> None:
+    """`db check` said the tables did not exist, though they held jobs; `db init` then said it had
+    "created" schema 7 and stamped it on tables that lacked a column, which `db check` refused next."""
+    app = JobQueue(db_url, table_prefix=upgrade.app.settings.table_prefix)  # the CLI's app below
+    app.init_schema()
+    t = app.tables
+    env = {"JOBQUEUE_DATABASE_URL": db_url}
+    try:
+        with app.engine.begin() as conn:
+            conn.execute(sa.delete(t.schema_version))
+        checked = jobqueue("db", "check", app=APP, env=env, check=False)
+        assert checked.returncode == 1 and "exist but record no schema version" in checked.stderr, checked.stderr
+        with app.engine.begin() as conn:
+            conn.execute(sa.text(f"ALTER TABLE {t.worker.name} DROP COLUMN jobs_done"))
+        refused = jobqueue("db", "init", app=APP, env=env, check=False)
+        assert refused.returncode == 1 and f"lack column(s) {t.worker.name}.jobs_done" in refused.stderr
+        with app.engine.connect() as conn:
+            assert migrations.installed_version(conn, t) is None  # nothing stamped
+        with app.engine.begin() as conn:
+            t.worker.drop(conn)
+        done = jobqueue("db", "init", app=APP, env=env)  # the table made again, whole: now it is schema 7
+        assert f"recorded jobqueue schema {SCHEMA_VERSION} for the existing tables" in done.stdout, done.stdout
+        assert f"created what they lacked: table {t.worker.name}" in done.stdout, done.stdout
+        assert jobqueue("db", "check", app=APP, env=env).returncode == 0
+    finally:
+        with app.engine.begin() as conn:
+            t.metadata.drop_all(conn)
+        app.close()
