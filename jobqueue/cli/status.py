@@ -64,9 +64,7 @@ def _print_status(data: dict[str, Any]) -> None:
 @click.command()
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.option("-w", "--watch", is_flag=True, help="Refresh until interrupted (Ctrl-C).")
-@click.option(
-    "--interval", default=2.0, show_default=True, type=FiniteSeconds(0.2), help="Seconds between refreshes."
-)
+@click.option("--interval", default=2.0, show_default=True, type=FiniteSeconds(0.2), help="Seconds between refreshes.")
 @click.pass_obj
 def status(state: CliState, as_json: bool, watch: bool, interval: float) -> None:
     """Per queue: ready (due, waiting for a worker), scheduled (waiting for their time), processing,
