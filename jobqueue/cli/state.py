@@ -235,22 +235,25 @@ class FiniteSeconds(click.FloatRange):
         return seconds
 
 
-def _classify(ctx: click.Context, exc: sa.exc.DBAPIError) -> str | None:
+def _loaded_app(ctx: click.Context) -> JobQueue | None:
+    """The command's app, if it was loaded (an error before that has no database to ask)."""
     state = ctx.find_object(CliState)
-    return state.app.store.classify(exc) if state is not None and state._app is not None else None
+    return state._app if state is not None else None
+
+
+def _classify(ctx: click.Context, exc: sa.exc.DBAPIError) -> str | None:
+    app = _loaded_app(ctx)
+    return app.store.classify(exc) if app is not None else None
 
 
 def _raise_schema_damage(ctx: click.Context, exc: sa.exc.DBAPIError) -> None:
     """If ``exc`` is of a table or column the database lacks: the SchemaError that names what the
     schema lacks and the fix (as `db check` says it), as one line."""
-    state = ctx.find_object(CliState)
-    if state is None or state._app is None:
-        return
-    dialect = state.app.store.dialect
-    if not (dialect.missing_table(exc) or dialect.missing_column(exc)):
+    app = _loaded_app(ctx)
+    if app is None or not (app.store.dialect.missing_table(exc) or app.store.dialect.missing_column(exc)):
         return
     try:
-        state.app.check_schema()
+        app.check_schema()
     except JobQueueError as damage:
         raise click.ClickException(mask_secrets(str(damage), ctx)) from None
     except Exception:  # the check itself failed: the driver's error says more
@@ -258,8 +261,8 @@ def _raise_schema_damage(ctx: click.Context, exc: sa.exc.DBAPIError) -> None:
 
 
 def _explain(ctx: click.Context, exc: sa.exc.DBAPIError) -> str | None:
-    state = ctx.find_object(CliState)
-    return state.app.store.explain(exc) if state is not None and state._app is not None else None
+    app = _loaded_app(ctx)
+    return app.store.explain(exc) if app is not None else None
 
 
 def _where(ctx: click.Context) -> str:

@@ -237,6 +237,11 @@ def missing_error(tables: Tables, schema_command: str | None = None) -> SchemaEr
     )
 
 
+def unversioned(connection: sa.Connection, tables: Tables, version: int | None) -> bool:
+    """Whether the tables exist though they record no schema version (its row deleted by hand)."""
+    return version is None and sa.inspect(connection).has_table(tables.message.name)
+
+
 def unversioned_error(tables: Tables, schema_command: str | None = None) -> SchemaError:
     """The error for jobqueue tables whose schema version row is gone (deleted by hand)."""
     command = f"`{schema_command}`" if schema_command else "`jobqueue db init`"

@@ -17,6 +17,7 @@ from jobqueue.storage.migrations import (
     newer_error,
     older_error,
     stamp,
+    unversioned,
     unversioned_error,
     upgrade_on,
 )
@@ -40,7 +41,7 @@ def init_schema_on(conn: sa.Connection, tables: Tables) -> str:
 
 def _init_locked(conn: sa.Connection, tables: Tables, dialect: Dialect) -> str:
     version = installed_version(conn, tables)
-    unversioned = version is None and sa.inspect(conn).has_table(tables.message.name)
+    versionless = unversioned(conn, tables, version)
     if version is not None and version > SCHEMA_VERSION:
         raise newer_error(conn, tables, version)
     done = upgrade_on(conn, tables) if version is not None and version < SCHEMA_VERSION else []
@@ -50,7 +51,7 @@ def _init_locked(conn: sa.Connection, tables: Tables, dialect: Dialect) -> str:
     for statement in added:
         conn.exec_driver_sql(statement)
     dialect.after_create(conn)
-    if unversioned:
+    if versionless:
         # Tables whose version row was deleted: this release's only if no column of it lacks.
         _, columns = lacking(conn, tables)
         if columns:
@@ -93,13 +94,9 @@ def check_schema(engine: sa.Engine, tables: Tables, schema_command: str | None =
         if version is not None and version > SCHEMA_VERSION:
             raise newer_error(conn, tables, version)
         created, columns = lacking(conn, tables) if version == SCHEMA_VERSION else ([], [])
-        unversioned = (
-            unversioned_error(tables, schema_command)
-            if version is None and sa.inspect(conn).has_table(tables.message.name)
-            else None
-        )
+        versionless = unversioned(conn, tables, version)
     if version is None:
-        raise unversioned if unversioned is not None else missing_error(tables, schema_command)
+        raise unversioned_error(tables, schema_command) if versionless else missing_error(tables, schema_command)
     if version < SCHEMA_VERSION:
         raise older_error(tables, version, schema_command)
     if created or columns:
