@@ -112,6 +112,7 @@ class Settings:
         return dataclasses.replace(self, **changes)
 
     def _validate(self) -> None:
+        self._check_kinds()
         positive = ("fetch_batch_size", "max_deliveries")
         for name in positive:
             value = getattr(self, name)
@@ -188,6 +189,21 @@ class Settings:
         if self.max_payload_bytes < 1024:
             raise ConfigurationError("max_payload_bytes must be at least 1024")
 
+    def _check_kinds(self) -> None:
+        """Each value is of its field's kind: ``concurrency=True`` would fork one process and
+        ``retain_in_archive_on_ack="false"`` keep every job, as Python reads them."""
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            optional = f.type.endswith("| None")
+            kind = f.type.removesuffix("| None").strip()
+            if value is None and optional or kind not in _KINDS:
+                continue
+            types, what = _KINDS[kind]
+            if isinstance(value, bool) is not (kind == "bool") or not isinstance(value, types):
+                raise ConfigurationError(
+                    f"{f.name} must be {what}{' or None' if optional else ''}, got {type(value).__name__} {value!r}"
+                )
+
     @property
     def heartbeat_interval(self) -> float:
         """Seconds between lease renewals: a third of the lease, so two may be missed safely."""
@@ -202,6 +218,15 @@ class Settings:
     @property
     def effective_concurrency(self) -> int:
         return self.concurrency or os.cpu_count() or 1
+
+
+# A field's declared kind: the types its value may have, and how a message names them.
+_KINDS: dict[str, tuple[type | tuple[type, ...], str]] = {
+    "bool": (bool, "True or False"),
+    "int": (int, "an integer"),
+    "float": ((int, float), "a number"),
+    "str": (str, "a string"),
+}
 
 
 def _finite_number(value: Any) -> bool:

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import json
 import sys
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import click
 
 from jobqueue.cli.output import echo_json, print_table, printable, progress_bar, timestamp
-from jobqueue.cli.state import NAME_TEXT, CliState, Group
-from jobqueue.duration import parse_age
+from jobqueue.cli.state import NAME_TEXT, Age, CliState, Group
 from jobqueue.errors import JobNotFound
 from jobqueue.job import SCHEDULE_TASK
 from jobqueue.periodic import schedule_message_contents
@@ -25,8 +24,16 @@ from jobqueue.storage.tables import MAX_ID
 STATES = ["pending", "processing", "retryable", "completed", "failed", "cancelled"]
 ARCHIVED_STATES = ["completed", "failed", "cancelled"]
 ACTIVE_STATES = set(STATES) - set(ARCHIVED_STATES)
+
+
 # Ids of jobs: no job has one out of this range, which some databases cannot even compare.
-JOB_ID = click.IntRange(1, MAX_ID)
+class JobId(click.IntRange):
+    """A job's id: "'abc' is not a valid job id", where click would say "integer range"."""
+
+    name = "job id"
+
+
+JOB_ID = JobId(1, MAX_ID)
 
 
 @click.group(cls=Group)
@@ -205,10 +212,12 @@ def _utc(value: Any) -> str:
 @click.pass_obj
 def retry(state: CliState, /, job_ids: tuple[int, ...], all_failed: bool, task: str | None, as_json: bool) -> None:
     """Move failed or cancelled jobs back to the queue, same id, attempts reset, history kept."""
-    if bool(job_ids) == all_failed:
-        raise click.UsageError("give job ids, or --all-failed (optionally with --task), not both")
     if task and not all_failed:
-        raise click.UsageError("--task goes with --all-failed")
+        raise click.UsageError(f"--task goes with --all-failed: jobs retry --all-failed --task {task}")
+    if job_ids and all_failed:
+        raise click.UsageError("give job ids or --all-failed, not both")
+    if not job_ids and not all_failed:
+        raise click.UsageError("give the ids of the jobs to retry, or --all-failed (optionally with --task)")
     store = state.app.store
     if all_failed:
         report = deadletter.RetryReport()
@@ -264,9 +273,7 @@ def cancel(state: CliState, /, job_ids: tuple[int, ...], as_json: bool) -> None:
 
 @jobs.command()
 @click.option("--state", "state_name", required=True, type=click.Choice(ARCHIVED_STATES))
-@click.option(
-    "--older-than", required=True, metavar="AGE", help="Archived longer ago than this: 90s, 30m, 24h, 7d, 2w."
-)
+@click.option("--older-than", required=True, type=Age(), help="Archived longer ago than this: 90s, 30m, 24h, 7d, 2w.")
 @click.option("--task", type=NAME_TEXT, help="Only this task's jobs.")
 @click.option("--batch-size", default=1000, show_default=True, type=click.IntRange(1, 100_000))
 @click.option("--dry-run", is_flag=True, help="Only count what would be deleted.")
@@ -277,7 +284,7 @@ def purge(
     state: CliState,
     /,
     state_name: str,
-    older_than: str,
+    older_than: timedelta,
     task: str | None,
     batch_size: int,
     dry_run: bool,
@@ -287,7 +294,7 @@ def purge(
     """Delete archived jobs for good, in batches of short transactions. Asks first (unless --yes);
     --dry-run only counts."""
     store = state.app.store
-    before = store.clock_now() - parse_age(older_than)
+    before = store.clock_now() - older_than
     total = deadletter.count_archived(store, state_name, task, before)
     what = f"{total} {state_name} job(s){f' of task {task}' if task else ''} archived before {timestamp(before)}"
     if dry_run or total == 0:

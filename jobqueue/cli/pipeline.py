@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import logging
 import os
+from datetime import timedelta
 from typing import Any
 
 import click
 
 from jobqueue.cli.output import echo_json, progress_bar
-from jobqueue.cli.state import CliState, Group
-from jobqueue.duration import parse_age
+from jobqueue.cli.state import Age, CliState, Group
 from jobqueue.errors import JobQueueError
 
 MASTER_HELP = "Spark master URL (default local[*]: this machine's cores)."
@@ -47,23 +47,22 @@ def _spark(master: str | None) -> tuple[Any, Any]:
     "--since",
     default="24h",
     show_default=True,
-    metavar="AGE",
+    type=Age(everything="all"),
     help="Jobs archived within this age: 90s, 30m, 24h, 7d, 2w; 'all' for the whole archive.",
 )
 @click.option("--out", required=True, type=click.Path(dir_okay=False, writable=True), help="The HTML file to write.")
 @click.option("--master", help=MASTER_HELP)
 @click.pass_obj
-def report(state: CliState, /, since: str, out: str, master: str | None) -> None:
+def report(state: CliState, /, since: timedelta | None, out: str, master: str | None) -> None:
     """Write one self-contained HTML report on the archive: counts, failure rates, queue wait
     and run time percentiles, throughput per minute, with plots."""
-    age = None if since.lower() == "all" else parse_age(since)
     directory = os.path.dirname(os.path.abspath(out))
     if not os.path.isdir(directory):  # found now, not after Spark has computed the report
         raise click.BadParameter(f"directory {directory} does not exist", param_hint="--out")
     app = state.app
     app.check_schema()  # a database that cannot be read is said before Spark takes its time to start
     spark, session = _spark(master)
-    jobs = spark.write_report(session, app.database_url, out, since=age, table_prefix=app.settings.table_prefix)
+    jobs = spark.write_report(session, app.database_url, out, since=since, table_prefix=app.settings.table_prefix)
     click.echo(f"wrote {out}: {jobs:,} archived job(s)")
 
 
@@ -74,7 +73,7 @@ def archive() -> None:
 
 @archive.command("export")
 @click.option("--to", "path", required=True, help="Directory (or cluster URI) the Parquet files go under.")
-@click.option("--older-than", metavar="AGE", help="Only jobs archived longer ago than this (default: all).")
+@click.option("--older-than", type=Age(), help="Only jobs archived longer ago than this (default: all).")
 @click.option("--purge", is_flag=True, help="Then delete the exported rows, once the files are read back and checked.")
 @click.option(
     "--batch-size",
@@ -90,14 +89,13 @@ def export(
     state: CliState,
     /,
     path: str,
-    older_than: str | None,
+    older_than: timedelta | None,
     purge: bool,
     batch_size: int,
     master: str | None,
     as_json: bool,
 ) -> None:
     """Append archived jobs to Parquet, partitioned by date and queue."""
-    age = parse_age(older_than) if older_than else None
     app = state.app
     app.check_schema()  # a database that cannot be read is said before Spark takes its time to start
     spark, session = _spark(master)
@@ -112,7 +110,7 @@ def export(
         session,
         app.database_url,
         path,
-        older_than=age,
+        older_than=older_than,
         purge=purge,
         table_prefix=app.settings.table_prefix,
         batch_size=batch_size,

@@ -10,6 +10,7 @@ import os
 import sys
 import traceback
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Any
 
 import click
@@ -17,6 +18,7 @@ import sqlalchemy as sa
 
 from jobqueue import logs
 from jobqueue.app import JobQueue
+from jobqueue.duration import parse_age
 from jobqueue.errors import ConfigurationError, JobQueueError
 from jobqueue.settings import APP_ENV, DATABASE_URL_ENV
 from jobqueue.storage.dialects.connector import lacks_a_privilege
@@ -233,6 +235,25 @@ class FiniteSeconds(click.FloatRange):
         if not math.isfinite(seconds):
             self.fail(f"{value!r} is no finite number of seconds", param, ctx)
         return seconds
+
+
+class Age(click.ParamType):
+    """An age such as ``7d``, read as a timedelta: one that cannot be read is a usage error (exit 2)."""
+
+    name = "AGE"
+
+    def __init__(self, everything: str | None = None) -> None:
+        self.everything = everything  # a word that means no age (None): "all"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if isinstance(value, timedelta):
+            return value
+        if self.everything is not None and str(value).strip().lower() == self.everything:
+            return None
+        try:
+            return parse_age(str(value))
+        except ConfigurationError as exc:
+            self.fail(str(exc), param, ctx)
 
 
 def _loaded_app(ctx: click.Context) -> JobQueue | None:

@@ -151,6 +151,26 @@ def test_bad_input(app: JobQueue, args: tuple[str, ...], fragment: str) -> None:
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.parametrize(
+    "args, fragment",
+    [
+        # an age that cannot be read is a mistake in the command line, as a bad --state is
+        (("jobs", "purge", "--state", "completed", "--older-than", "7x"), "Invalid value for '--older-than'"),
+        (("archive", "export", "--to", "/nonexistent", "--older-than", "5q"), "Invalid value for '--older-than'"),
+        (("report", "--since", "zz", "--out", "/nonexistent/r.html"), "Invalid value for '--since'"),
+        (("jobs", "show", "abc"), "'abc' is not a valid job id"),  # click said "integer range"
+        # --task without --all-failed was told "give job ids, or --all-failed, not both"
+        (("jobs", "retry", "--task", "send"), "--task goes with --all-failed: jobs retry --all-failed --task send"),
+        (("jobs", "retry"), "give the ids of the jobs to retry, or --all-failed"),
+        (("jobs", "retry", "3", "--all-failed"), "give job ids or --all-failed, not both"),
+    ],
+)
+def test_a_mistaken_command_line_exits_2_naming_the_option(app: JobQueue, args: tuple[str, ...], fragment: str) -> None:
+    result = jobqueue(*args, check=False)
+    assert (result.returncode, "Traceback" in result.stderr) == (2, False), result.stderr
+    assert fragment in result.stderr
+
+
 def test_show_prints_arguments_whose_dicts_have_keys_json_cannot_write(app: JobQueue) -> None:
     """The serializer keeps dict keys that are tuples or dates; a job given one is shown like any
     other, its keys written as text, in the table and in --json."""

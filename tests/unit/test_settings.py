@@ -48,11 +48,28 @@ def test_defaults_follow_the_spec() -> None:
         ({"idle_poll_interval": 0}, "idle_poll_interval must be at least 0.01 seconds"),
         ({"max_fetch_interval": 0.0, "min_fetch_interval": 0.0}, "max_fetch_interval must be at least 0.01"),
         ({"release_stuck_interval": 1e-9}, "release_stuck_interval must be at least 0.01"),
+        # Values of another kind, which Python would have read as something else: True forked one
+        # process, the string "false" kept every completed job, 10.5 was a batch of ten.
+        ({"concurrency": True}, "concurrency must be an integer or None, got bool True"),
+        ({"max_tasks_per_child": True}, "max_tasks_per_child must be an integer or None"),
+        ({"metrics_port": True}, "metrics_port must be an integer or None"),
+        ({"retain_in_archive_on_ack": "false"}, "retain_in_archive_on_ack must be True or False, got str 'false'"),
+        ({"configure_logging": 0}, "configure_logging must be True or False or None"),
+        ({"fetch_batch_size": 10.5}, "fetch_batch_size must be an integer, got float 10.5"),
+        ({"max_payload_bytes": "1MB"}, "max_payload_bytes must be an integer"),
+        ({"graceful_timeout": "30"}, "graceful_timeout must be a number, got str '30'"),
+        ({"flush_interval": False}, "flush_interval must be a number"),
+        ({"table_prefix": b"jq_"}, "table_prefix must be a string"),
     ],
 )
 def test_invalid_settings_name_the_problem(changes: dict, fragment: str) -> None:
     with pytest.raises(ConfigurationError, match=fragment):
         Settings(**changes)
+
+
+def test_integers_are_numbers_of_seconds_and_none_leaves_an_optional_setting_unset() -> None:
+    settings = Settings(graceful_timeout=5, concurrency=None, configure_logging=None, retain_in_archive_on_ack=False)
+    assert (settings.graceful_timeout, settings.concurrency, settings.retain_in_archive_on_ack) == (5, None, False)
 
 
 def test_concurrency_up_to_the_bound_is_accepted() -> None:
