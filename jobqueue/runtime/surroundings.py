@@ -1,5 +1,5 @@
-"""What a worker process puts back after each job: its working directory, its umask and its
-handlers of SIGTERM and SIGINT.
+"""What a worker process puts back after each job: its working directory, its umask, its
+handlers of SIGTERM and SIGINT (and the other signals it relies on) and logging left disabled.
 
 A job that calls ``os.chdir()`` or ``os.umask()`` changes them for the whole process, so every later
 job in that process would open relative paths elsewhere, or create files with other permissions.
@@ -49,6 +49,8 @@ class Surroundings:
         os.umask(self.umask)
         self.handlers = [(int(signum), _getsignal(signum)) for signum in HANDLED_SIGNALS]
         self.warned = False
+        self.manager = logging.root.manager
+        self.logging_disabled = self.manager.disable
 
     def restore(self) -> None:
         """Put the working directory, umask and signal handlers back as they were when this
@@ -57,6 +59,8 @@ class Surroundings:
         for signum, handler in self.handlers:
             if _getsignal(signum) is not handler:
                 self._restore_handler(signum, handler)
+        if self.manager.disable != self.logging_disabled:
+            self._restore_logging()
         if self.directory is not None:
             try:
                 os.fchdir(self.directory)
@@ -94,6 +98,18 @@ class Surroundings:
             signal.Signals(signum).name,
         )
         signal.signal(signum, handler)  # type: ignore[arg-type]
+
+    def _restore_logging(self) -> None:
+        # The job's logging.disable() would silence every later job's errors, and the worker's own.
+        level = logging.getLevelName(self.manager.disable)
+        logging.disable(self.logging_disabled)
+        logger.warning(
+            "worker process %s: a job called logging.disable(%s) and left it so, which silenced every later job "
+            "and the worker; logging is put back (a job that means to quieten a library sets that library's "
+            "logger level)",
+            os.getpid(),
+            level,
+        )
 
 
 def _open_directory(path: str) -> int | None:

@@ -77,3 +77,20 @@ def test_a_jobs_sigterm_handler_is_replaced_by_the_workers_once_said(
         assert len(caplog.records) == 1
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+def test_logging_disabled_by_a_job_is_put_back_and_said(home: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A job's logging.disable(logging.CRITICAL) silenced the errors of every later job of its process."""
+    with caplog.at_level(logging.WARNING, "jobqueue.worker"):  # (which enables logging first)
+        surroundings = Surroundings()
+        logging.disable(logging.CRITICAL)  # the job's
+        try:
+            surroundings.restore()
+            surroundings.restore()  # nothing to put back: nothing said
+            assert logging.root.manager.disable == surroundings.logging_disabled
+            logging.getLogger("jobqueue.worker").error("a later job failed")
+        finally:
+            logging.disable(logging.NOTSET)
+    said = [r.getMessage() for r in caplog.records]
+    assert len(said) == 2 and "a job called logging.disable(CRITICAL)" in said[0], said
+    assert said[1] == "a later job failed"
