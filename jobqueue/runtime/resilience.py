@@ -121,9 +121,10 @@ class DatabaseGuard:
                     ": it has no room left to write; free disk space (or raise its table space's limit), "
                     "and nothing is lost meanwhile"
                 )
-            else:  # a login refused (a password being changed, a database being restored): its fix
+            else:  # a login refused (a password being changed, a database being restored), a
+                # database that takes no writes (a failover in progress): what it is and its fix
                 fix = self.explain(exc) if self.explain is not None else None
-                detail = f": the server refuses this login; {fix}" if fix else ""
+                detail = f": {fix}" if fix else ""
             self.logger.warning(
                 "%s unavailable (%s: %s)%s; retrying with backoff",
                 self.what,
@@ -224,8 +225,14 @@ class DatabaseGuard:
         self._succeeded()
         return result
 
-    def try_once(self, operation: Callable[[], T], doing: str | None = None) -> tuple[bool, T | None]:
-        """Run ``operation`` once; on a transient error note the outage and return (False, None)."""
+    def try_once(
+        self, operation: Callable[[], T], doing: str | None = None, reads: bool = False
+    ) -> tuple[bool, T | None]:
+        """Run ``operation`` once; on a transient error note the outage and return (False, None).
+
+        ``reads``: the operation only reads. Its success does not end an outage, which may be a
+        database that answers and refuses writes (a full disk, a read-only database): said to be
+        over at each read between two refused writes, it was logged again and again."""
         self.doing = doing
         try:
             result = fresh_connection_retry(operation)
@@ -234,5 +241,6 @@ class DatabaseGuard:
                 raise
             self._failed(exc)
             return False, None
-        self._succeeded()
+        if not reads:
+            self._succeeded()
         return True, result

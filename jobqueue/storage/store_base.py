@@ -79,7 +79,11 @@ class StoreBase:
         """What a write refused, a statement cancelled or a login refused means, and its fix (None:
         nothing to add)."""
         try:
-            return self.dialect.explain(exc) or self.dialect.login_refused(exc)
+            explained = self.dialect.explain(exc)
+            if explained:
+                return explained
+            fix = self.dialect.login_refused(exc)
+            return f"the server refuses this login; {fix}" if fix else None
         except Exception:  # the explanation asks the server, which may not answer: the error says enough
             return None
 

@@ -189,3 +189,40 @@ def test_a_full_disk_keeps_the_outcomes_until_there_is_room(
         f"full disk[sqlite]: {stalled} of 1500 jobs run when it filled; all completed once, "
         f"{recovered:.1f} s after room was made"
     )
+
+
+@only("postgresql")
+def test_a_worker_writes_again_once_the_database_accepts_writes_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A database read-only while the worker starts (default_transaction_read_only, a standby
+    before its promotion): each session keeps the setting it was opened with, and the worker,
+    retrying on the same sessions, never ran a job after the setting was turned off."""
+    from tests import servers
+
+    url = servers.create_database("postgresql", str(tmp_path))
+    name = sa.make_url(url).database
+    admin = sa.create_engine(servers.POSTGRES_URL, isolation_level="AUTOCOMMIT", poolclass=sa.pool.NullPool)
+    monkeypatch.setenv("JOBQUEUE_DATABASE_URL", url)
+    monkeypatch.setenv("JOBQUEUE_TEST_RUNS", str(tmp_path / "runs.txt"))
+    rt.app.configure(database_url=url)
+    worker = None
+    try:
+        rt.app.init_schema()
+        job = rt.short.delay(0)
+        with admin.connect() as conn:
+            conn.execute(sa.text(f'ALTER DATABASE "{name}" SET default_transaction_read_only = on'))
+        rt.app.close()
+        worker = Worker(tmp_path, "--concurrency", "1")
+        wait_for(lambda: "accepts no writes" in worker.text(), 30, "the worker to find the database read-only")
+        assert "refuses this login" not in worker.text(), worker.text()[-3000:]  # it was said to, too
+        with admin.connect() as conn:
+            conn.execute(sa.text(f'ALTER DATABASE "{name}" SET default_transaction_read_only = off'))
+        wait_for(lambda: job.status() == "completed", 30, "the job to run once the database takes writes")
+        assert worker.process.poll() is None, worker.text()[-3000:]
+    finally:
+        if worker is not None:
+            worker.close()
+        rt.app.close()
+        admin.dispose()
+        servers.drop_database("postgresql", url)

@@ -37,6 +37,7 @@ from jobqueue.storage.dialects.postgresql_session import (
     read_any_timestamp,
     read_statement_timeout,
     refuses_options,
+    renew_read_only_sessions,
     statement_timeout_advice,
 )
 from jobqueue.storage.dialects.postgresql_sql import (
@@ -132,6 +133,7 @@ class PostgreSQLDialect(Dialect):
     def configure(cls, engine: sa.Engine) -> None:
         connect_without_refused_options(engine)
         read_any_timestamp(engine)
+        renew_read_only_sessions(engine, READ_ONLY_TRANSACTION)
 
     _apply_outcomes: Any = None
     _unseen: UnseenStatements | None = None

@@ -193,3 +193,19 @@ def statement_timeout_advice(
         f"log in as, ALTER ROLE {name} SET statement_timeout = '{ADVISED_STATEMENT_TIMEOUT}'"
         + (", and restart the workers (a connection keeps the setting it started with)" if running else "")
     )
+
+
+def renew_read_only_sessions(engine: sa.Engine, code: str) -> None:
+    """Take a statement refused as read-only (SQLSTATE ``code``) as a lost connection: its session
+    keeps the default_transaction_read_only it was opened with, or its standby's, for ever.
+    Replacing it (and every session pooled before it) lets the worker write again as soon as the
+    database accepts writes (the setting turned off, the standby promoted, the URL's host moved to
+    the new primary); retried on the same session, it was refused until the worker restarted.
+    Every way a statement reaches the server asks the dialect, SQLAlchemy's own and the driver's."""
+    dialect: Any = engine.dialect
+    is_disconnect = dialect.is_disconnect
+
+    def refused_as_read_only_or_disconnect(exc: Any, connection: Any, cursor: Any) -> bool:
+        return getattr(exc, "pgcode", None) == code or bool(is_disconnect(exc, connection, cursor))
+
+    dialect.is_disconnect = refused_as_read_only_or_disconnect
