@@ -8,6 +8,7 @@ import time
 from typing import Any
 
 import click
+import sqlalchemy as sa
 
 from jobqueue.cli.output import console, echo_json, print_table, shown_key
 from jobqueue.cli.state import CliState, FiniteSeconds, mask_secrets
@@ -134,8 +135,13 @@ def health(state: CliState, as_json: bool, max_heartbeat_age: float | None, this
             detail = probe()
             ok = True
         except Exception as exc:  # a probe reports every failure, whatever raised it
-            text = str(exc).strip()
-            detail = mask_secrets(text.splitlines()[0] if text else type(exc).__name__, click.get_current_context())
+            orig = getattr(exc, "orig", None)  # a driver's error: its first line, and what it means
+            text = str(orig if orig is not None else exc).strip()
+            detail = text.splitlines()[0] if text else type(exc).__name__
+            explained = app.store.explain(exc) if isinstance(exc, sa.exc.DBAPIError) else None
+            if explained:
+                detail += f": {explained}"
+            detail = mask_secrets(detail, click.get_current_context())
             ok = False
         checks.append({"check": name, "ok": ok, "detail": detail, "ms": round((time.monotonic() - started) * 1000, 1)})
         return ok

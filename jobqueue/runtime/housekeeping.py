@@ -67,7 +67,9 @@ class Housekeeping:
         """Fail the messages whose due time holds no time (edited by hand): no worker would ever
         take them, nor could it read them, and one of a partition would hold its key for ever."""
         store = self.app.store
-        ok, found = self.guard.try_once(lambda: store.never_due_messages(self.never_due_after, NEVER_DUE_SPAN))
+        ok, found = self.guard.try_once(
+            lambda: store.never_due_messages(self.never_due_after, NEVER_DUE_SPAN), reads=True
+        )
         if not ok or found is None:
             return
         rows, self.never_due_after = found

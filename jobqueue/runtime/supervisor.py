@@ -355,7 +355,7 @@ class Supervisor(Reaping, Maintenance):
         if not views or self.later.pending or not all(v is not None and v.idle for v in views):
             return
         horizon = utcnow() + timedelta(seconds=BURST_HORIZON_SECONDS)
-        ok, busy = self.guard.try_once(lambda: self.store.has_work(self.settings.queues, horizon))
+        ok, busy = self.guard.try_once(lambda: self.store.has_work(self.settings.queues, horizon), reads=True)
         if ok and not busy:
             self._begin_stop("burst: no message processing or due within 5 s")
 

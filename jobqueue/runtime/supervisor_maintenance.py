@@ -125,7 +125,7 @@ class Maintenance:
         The reading also tells how far this host's clock is off the server's: this process and its
         worker processes correct theirs by it (see jobqueue.clock)."""
         sent = host_now()
-        ok, server = self.guard.try_once(self.store.lease_clock_now)
+        ok, server = self.guard.try_once(self.store.lease_clock_now, reads=True)
         if not ok or server is None:  # not read this time (the database is down)
             return False
         read_at = time.monotonic()  # as the answer comes: a slow query must not look like a jump
@@ -177,7 +177,8 @@ class Maintenance:
             found, peers = self.guard.try_once(
                 lambda: self.store.supervisor_peers(
                     self.supervisor_id, self.settings.queues, self.settings.worker_stale_after
-                )
+                ),
+                reads=True,
             )
             if found and peers is not None:
                 self.waker.set_peers(*peers)

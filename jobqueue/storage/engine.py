@@ -5,6 +5,7 @@ What each database needs of its connections is its dialect's (``engine_options``
 
 from __future__ import annotations
 
+import contextvars
 import re
 import weakref
 from typing import Any
@@ -14,6 +15,10 @@ import sqlalchemy as sa
 from jobqueue.errors import ConfigurationError
 
 READONLY = "jobqueue_readonly"  # an execution option: this transaction only reads
+# Set while the tables are created: only then may a connection make the database itself (a SQLite
+# file). A status, a worker or an enqueue given a mistyped path said "no tables" and left an empty
+# database file behind.
+CREATING_DATABASE: contextvars.ContextVar[bool] = contextvars.ContextVar("jobqueue_creating_database", default=False)
 # jobqueue's transactions last milliseconds. A process frozen inside one (SIGSTOP, a stalled VM)
 # would keep its row locks for ever, and the lock waits of everyone else would run into
 # lock_timeout; after this long idle inside a transaction the server ends its session instead.

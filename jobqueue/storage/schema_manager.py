@@ -8,6 +8,7 @@ from jobqueue.errors import ConfigurationError, SchemaError
 from jobqueue.storage.dialects import dialect_for
 from jobqueue.storage.dialects.base import Dialect
 from jobqueue.storage.dialects.connector import lacks_a_privilege
+from jobqueue.storage.engine import CREATING_DATABASE
 from jobqueue.storage.migrations import (
     create_missing,
     created_what,
@@ -27,8 +28,12 @@ from jobqueue.storage.tables import SCHEMA_VERSION, Tables
 def init_schema(engine: sa.Engine, tables: Tables) -> str:
     """Create missing tables, or upgrade older ones, and record the schema version; safe to run any
     number of times. Returns a sentence saying what was done."""
-    with engine.begin() as conn:
-        return init_schema_on(conn, tables)
+    creating = CREATING_DATABASE.set(True)
+    try:
+        with engine.begin() as conn:
+            return init_schema_on(conn, tables)
+    finally:
+        CREATING_DATABASE.reset(creating)
 
 
 def init_schema_on(conn: sa.Connection, tables: Tables) -> str:

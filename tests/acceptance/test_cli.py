@@ -13,7 +13,7 @@ import pytest
 import sqlalchemy as sa
 
 from jobqueue import JobFailed, JobQueue, SerializationError
-from jobqueue.errors import ConfigurationError
+from jobqueue.errors import ConfigurationError, SchemaError
 from tests import servers
 from tests.acceptance.cli import ROOT, jobqueue
 from tests.apps import basic
@@ -206,6 +206,29 @@ def test_worker_refuses_a_database_without_tables(tmp_path) -> None:
     result = jobqueue("--database-url", url, "worker", "--burst", check=False)
     assert result.returncode == 1
     assert "jobqueue db init" in result.stderr
+
+
+@pytest.mark.parametrize(
+    "command",
+    [("status",), ("jobs", "list"), ("workers",), ("db", "check"), ("db", "upgrade"), ("worker", "--burst")],
+)
+def test_a_sqlite_path_where_no_database_is_is_named_and_nothing_is_made_there(
+    tmp_path: Path, command: tuple[str, ...]
+) -> None:
+    """A mistyped path said the tables were missing, and left an empty database file there, which
+    a later `db init` in the right place did not explain."""
+    path = tmp_path / "mistyped.sqlite3"
+    result = jobqueue("--database-url", f"sqlite:///{path}", *command, check=False)
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
+    assert f"there is no SQLite database at {path}: correct the path" in result.stderr, result.stderr
+    assert list(tmp_path.iterdir()) == []
+    app = JobQueue()
+    app.configure(database_url=f"sqlite:///{path}")  # outranks JOBQUEUE_DATABASE_URL, as JobQueue(url) does not
+    with pytest.raises(SchemaError, match="there is no SQLite database at"):
+        app.check_schema()
+    assert list(tmp_path.iterdir()) == []
+    assert "created jobqueue schema" in jobqueue("--database-url", f"sqlite:///{path}", "db", "init").stdout
+    app.check_schema()
 
 
 def test_worker_without_an_app_refuses_to_start(db_url: str) -> None:

@@ -12,9 +12,11 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from jobqueue.errors import ConfigurationError
 from tests.acceptance.cli import APP, ROOT, jobqueue
 from tests.apps import basic
 
@@ -89,3 +91,72 @@ def test_nothing_is_lost_once_the_permissions_are_given(read_only: tuple[str, Pa
     finally:
         basic.app.close()
     assert jobqueue("--database-url", url, "status").returncode == 0
+
+
+def _damaged(path: Path) -> None:
+    """A database cut short, as a copy taken mid-write or a failing disk leaves it."""
+    basic.app.configure(database_url=f"sqlite:///{path}")
+    try:
+        basic.app.init_schema()
+        basic.add.bulk([(n, n) for n in range(2000)])
+    finally:
+        basic.app.close()
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+
+
+@pytest.mark.parametrize(
+    "make, said",
+    [
+        (lambda path: path.mkdir(), "the SQLite database path {path} is a directory: fix the path in the URL"),
+        (lambda path: path.write_bytes(os.urandom(8192)), "{path} is not a SQLite database"),
+        (_damaged, "the SQLite database {path} is damaged (its disk image is malformed): restore it from a backup"),
+    ],
+    ids=["directory", "not-a-database", "damaged"],
+)
+def test_a_path_that_holds_no_usable_database_is_one_line_naming_the_fix_everywhere(
+    tmp_path: Path, make: Any, said: str
+) -> None:
+    """A directory left the worker retrying "unable to open database file" for ever; a file of
+    another kind or a damaged database printed the driver's words, naming no fix, and delay()
+    raised the driver's error."""
+    path = tmp_path / "queue.sqlite3"
+    make(path)
+    url = f"sqlite:///{path}"
+    expected = said.format(path=path)
+    for command in (("worker", "--burst", "-c", "1"), ("enqueue", "basic.add", "--args", "[1, 2]"), ("health",)):
+        result = jobqueue("--database-url", url, *command, check=False, timeout=60)
+        assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr[-3000:]
+        assert expected in result.stdout + result.stderr, (command, result.stdout, result.stderr[-3000:])
+    basic.app.configure(database_url=url)
+    try:
+        with pytest.raises(ConfigurationError) as raised:
+            basic.add.delay(1, 2)
+        assert expected in str(raised.value)
+    finally:
+        basic.app.close()
+
+
+def test_a_database_on_a_file_system_mounted_read_only_names_the_mount(tmp_path: Path) -> None:
+    """The user was told to give itself write permission on the file, or to run as its owner:
+    neither helps on a read-only mount."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8M", "tmpfs", str(disk)], capture_output=True)
+    if mounted.returncode != 0:
+        if os.environ.get("JOBQUEUE_TEST_REQUIRE_ALL"):
+            pytest.fail(f"cannot mount a file system: {mounted.stderr!r}")
+        pytest.skip(f"cannot mount a file system: {mounted.stderr!r}")
+    try:
+        url = f"sqlite:///{disk}/queue.sqlite3"
+        basic.app.configure(database_url=url)
+        basic.app.init_schema()
+        basic.app.close()
+        subprocess.run(["mount", "-o", "remount,ro", str(disk)], check=True)
+        for command in (("worker", "--burst", "-c", "1"), ("enqueue", "basic.add", "--args", "[1, 2]")):
+            result = jobqueue("--database-url", url, *command, check=False, timeout=60)
+            assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr[-3000:]
+            assert "its file system is mounted read-only. Remount it read-write" in result.stderr, result.stderr
+    finally:
+        basic.app.close()
+        subprocess.run(["umount", "-l", str(disk)], check=False)

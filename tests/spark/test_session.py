@@ -99,6 +99,7 @@ def test_a_database_without_the_tables_is_one_line_before_spark_starts(
     tmp_path: Path, command: tuple[str, ...]
 ) -> None:
     """Spark started (seconds, a JVM) before the database was read at all."""
+    (tmp_path / "empty.sqlite3").touch()  # a database, empty
     url = f"sqlite:///{tmp_path}/empty.sqlite3"
     result = jobqueue("--database-url", url, *[arg.format(tmp=tmp_path) for arg in command], check=False)
     assert result.returncode == 1 and "tables (jobqueue_*) do not exist" in result.stderr, result.stderr

@@ -223,3 +223,23 @@ def test_a_cancelled_statement_is_no_outage_and_never_taken_for_a_refusal(caplog
     assert first.startswith("db while writing job outcomes: a statement was cancelled"), first
     assert "statement_timeout of 1 ms cancelled it; raise it" in first and "unavailable" not in first
     assert "works again" in last and len(caplog.records) == 2
+
+
+def test_reads_between_refused_writes_do_not_end_the_outage(caplog: pytest.LogCaptureFixture) -> None:
+    """A full disk (or a read-only database) refuses the supervisor's heartbeat while its reads of
+    the clock and of its peers succeed: each read said "available again", and the next write
+    "unavailable", every few seconds for as long as the disk was full."""
+    guard_ = DatabaseGuard(logging.getLogger("test.guard"), "db", SQLITE.classify)
+    full = sa.exc.OperationalError("x", {}, FakeSQLiteError("database or disk is full"))
+
+    def refused_write() -> None:
+        raise full
+
+    with caplog.at_level(logging.WARNING, "test.guard"):
+        for _ in range(3):
+            assert guard_.try_once(refused_write) == (False, None)
+            assert guard_.try_once(lambda: "read", reads=True) == (True, "read")
+        assert len(caplog.records) == 1 and "no room left to write" in caplog.records[0].getMessage()
+        assert guard_.try_once(lambda: "written") == (True, "written")
+    said = [r.getMessage() for r in caplog.records]
+    assert len(said) == 2 and "available again after" in said[1] and "3 failed attempts" in said[1], said

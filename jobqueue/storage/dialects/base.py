@@ -127,7 +127,8 @@ class Dialect(Inserts):
         the checks that follow, which wait out an outage."""
 
     def unwritable(self, exc: sa.exc.DBAPIError) -> str | None:
-        """If ``exc`` says that this process may not write the database: which file, and the fix."""
+        """If ``exc`` says that this process may not write the database (or that the file is none, or
+        damaged): which file, and the fix."""
         return None
 
     @staticmethod

@@ -94,8 +94,11 @@ class SQLiteDialect(Dialect):
         # PASSIVE: copies what no reader still needs, without waiting for or blocking anyone.
         # Outside any transaction (a checkpoint cannot run inside one).
         pooled = self.engine.raw_connection()
+        statement = "PRAGMA wal_checkpoint(PASSIVE)"
         try:
-            pooled.driver_connection.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()  # type: ignore[union-attr]
+            pooled.driver_connection.execute(statement).fetchall()  # type: ignore[union-attr]
+        except sqlite3.Error as exc:  # as SQLAlchemy reports it: a full disk is an outage, logged as one
+            raise sa.exc.DBAPIError.instance(statement, None, exc, sqlite3.Error) from exc
         finally:
             pooled.close()
 
@@ -195,6 +198,16 @@ class SQLiteDialect(Dialect):
 
     def unwritable(self, exc: sa.exc.DBAPIError) -> str | None:
         text = str(exc.orig).lower()
+        path = os.path.abspath(self.engine.url.database or "")
+        if "file is not a database" in text:
+            return (
+                f"{path} is not a SQLite database (another kind of file, or an encrypted one): fix the path in the URL"
+            )
+        if "malformed" in text:
+            return (
+                f"the SQLite database {path} is damaged (its disk image is malformed): restore it from a backup; "
+                f"`sqlite3 {path} .recover` may save what it holds"
+            )
         if any(part in text for part in SQLITE_READ_ONLY):
             return self.access_problem() or cannot_write(self.engine.url.database, "SQLite refuses to write it")
         if "unable to open database file" in text:

@@ -25,6 +25,13 @@ def access_problem(database: str | None) -> str | None:
     directory = os.path.dirname(path)
     if not os.path.isdir(directory):
         return f"the directory {directory} of the SQLite database {path} does not exist: create it, or fix the URL"
+    if os.path.isdir(path):
+        return f"the SQLite database path {path} is a directory: fix the path in the URL (a database is a file)"
+    if _mounted_read_only(directory):
+        return (
+            f"cannot write the SQLite database {path}: its file system is mounted read-only. Remount it "
+            "read-write, or move the database to a writable file system"
+        )
     if os.path.exists(path) and not os.access(path, os.R_OK | os.W_OK):
         return cannot_write(database, "this user may not write the file")
     if not os.access(directory, os.W_OK | os.X_OK):
@@ -33,6 +40,13 @@ def access_problem(database: str | None) -> str | None:
         if os.path.exists(journal) and not os.access(journal, os.R_OK | os.W_OK):
             return cannot_write(database, f"this user may not write its journal file {journal}")
     return None
+
+
+def _mounted_read_only(directory: str) -> bool:
+    try:
+        return bool(os.statvfs(directory).f_flag & os.ST_RDONLY)
+    except (OSError, AttributeError):  # a platform without statvfs: the permissions tell the rest
+        return False
 
 
 def cannot_write(database: str | None, reason: str) -> str:

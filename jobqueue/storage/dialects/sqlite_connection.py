@@ -3,6 +3,7 @@ writes) and who writes the journal back into the database file."""
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import time
 import weakref
@@ -11,8 +12,8 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy import event
 
-from jobqueue.errors import ConfigurationError
-from jobqueue.storage.engine import READONLY
+from jobqueue.errors import ConfigurationError, SchemaError
+from jobqueue.storage.engine import CREATING_DATABASE, READONLY
 
 BUSY_TIMEOUT_SECONDS = 30.0
 SQLITE_CONTENTION = ("database is locked", "database table is locked", "database is busy")
@@ -99,6 +100,24 @@ def engine_options(url: sa.URL) -> tuple[sa.URL, dict[str, Any]]:
 
 def configure(engine: sa.Engine) -> None:
     """Set up every connection ``engine`` opens, and every transaction it begins."""
+
+    @event.listens_for(engine, "do_connect")
+    def on_do_connect(_dialect: Any, _record: Any, cargs: list[Any], cparams: dict[str, Any]) -> None:
+        # SQLite makes a database wherever it is asked to open one: only the creation of the
+        # tables may (a URI, "file:...", says for itself what may be made). A directory that is
+        # not there is left to SQLite's error: a worker waits for it, as for a mount to come.
+        path = cargs[0] if cargs else cparams.get("database")
+        if (
+            isinstance(path, str)
+            and not cparams.get("uri")
+            and not CREATING_DATABASE.get()
+            and not os.path.exists(path)
+            and os.path.isdir(os.path.dirname(os.path.abspath(path)))
+        ):
+            raise SchemaError(
+                f"there is no SQLite database at {os.path.abspath(path)}: correct the path in the database URL, "
+                "or create the database and its tables with `jobqueue db init` (or app.init_schema())"
+            )
 
     @event.listens_for(engine, "connect")
     def on_connect(dbapi_connection: Any, _record: Any) -> None:
