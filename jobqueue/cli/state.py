@@ -208,7 +208,11 @@ class Group(click.Group):
             explained = _explain(ctx, exc)  # a statement time limit, a file that may not be written
             if explained:
                 reason += f": {explained}"
-            if lacks_privilege:
+            if lacks_privilege and "for sequence" in reason:
+                reason += (
+                    "; GRANT the database user USAGE on the jobqueue tables' sequences (GRANT USAGE ON SEQUENCE ...)"
+                )
+            elif lacks_privilege:
                 reason += (
                     "; GRANT the database user SELECT, INSERT, UPDATE and DELETE on the jobqueue tables "
                     "(and CREATE, for `jobqueue db init` and `db upgrade`)"

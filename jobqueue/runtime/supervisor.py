@@ -166,6 +166,7 @@ class Supervisor(Reaping, Maintenance):
         try:
             self.guard.call(self.app.check_schema, give_up=lambda: self.signals > 0, doing="checking the schema")
             self.guard.call(self.app.store.check_rights, give_up=lambda: self.signals > 0, doing="checking its rights")
+            self.guard.call(self._check_connection_limit, give_up=lambda: self.signals > 0)
             self.store = self.app.store
             # Before anything is stamped (the schedules' next fires) and any fork: on the server's
             # clock. This also takes the lease clock's first mark.
@@ -196,6 +197,15 @@ class Supervisor(Reaping, Maintenance):
                 break
             self.pool.spawn(index)
         return True
+
+    def _check_connection_limit(self) -> None:
+        """A login limited to fewer connections than this worker holds: the processes beyond the
+        limit would wait for ever (PostgreSQL) or fail at start again and again (MySQL, MariaDB)."""
+        size = self.settings.effective_concurrency
+        listens = self.app.store.dialect.name == "postgresql" and resolve_listen_url(self.settings) is None
+        needed = 1 + 2 * size + (1 if listens else 0)
+        parts = f"2 per process, 1 for the supervisor{', 1 to LISTEN' if listens else ''}"
+        self.app.store.check_connection_limit(needed, f"a worker of {size} process(es) ({parts})")
 
     def _warn_of_strange_queues(self) -> None:
         """A queue asked for that none of the app's tasks and consumers declares, but whose name is

@@ -13,7 +13,7 @@ from typing import Any
 import sqlalchemy as sa
 from pyspark import SparkContext
 from pyspark.sql import DataFrame, Row
-from pyspark.sql.types import ArrayType, BinaryType, DataType, MapType, StructType, TimestampType
+from pyspark.sql.types import ArrayType, BinaryType, DataType, MapType, StringType, StructType, TimestampType
 
 from jobqueue.errors import ConfigurationError, SchemaError, SerializationError
 from jobqueue.job import Batch
@@ -119,7 +119,9 @@ def enqueue_dataframe(
         keywords=tuple(kwarg_columns),
         keyed=unique_key is not None,
         batch_size=batch_size,
-        types=tuple(schema[name] for name in wanted),
+        # The key is read cast to a string, whatever the column's type.
+        types=tuple(schema[name] for name in wanted[: len(wanted) - (unique_key is not None)])
+        + ((StringType(),) if unique_key is not None else ()),
     )
     selected = [column(name) for name in arg_columns + list(kwarg_columns.values())]
     if unique_key is not None:

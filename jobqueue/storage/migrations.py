@@ -271,6 +271,8 @@ def pending(connection: sa.Connection, tables: Tables, schema_command: str | Non
     """The migrations a database still needs, in order; SchemaError if it has no tables or is newer."""
     version = installed_version(connection, tables)
     if version is None:
+        if unversioned(connection, tables, version):
+            raise unversioned_error(tables, schema_command)
         raise missing_error(tables, schema_command)
     if version > SCHEMA_VERSION:
         raise newer_error(connection, tables, version)
@@ -282,6 +284,14 @@ def stamp(connection: sa.Connection, tables: Tables, version: int) -> None:
     connection.execute(
         sa.insert(tables.schema_version), {"version": version, "applied_at": utcnow(), "applied_by": _release()}
     )
+
+
+def stamp_sql(connection: sa.Connection, tables: Tables, version: int) -> str:
+    """:func:`stamp` as SQL to run by hand (the time is the database's own when it runs)."""
+    statement = sa.insert(tables.schema_version).values(
+        version=version, applied_at=sa.func.current_timestamp(), applied_by=_release()
+    )
+    return str(statement.compile(dialect=connection.dialect, compile_kwargs={"literal_binds": True}))
 
 
 def upgrade(engine: sa.Engine, tables: Tables, dry_run: bool = False, schema_command: str | None = None) -> list[str]:
@@ -305,7 +315,8 @@ def upgrade(engine: sa.Engine, tables: Tables, dry_run: bool = False, schema_com
                 statements = migration.statements(connection, tables)
                 done.append(f"-- {migration.version}: {migration.description}")
                 done.extend(f"{statement};" for statement in statements)
-                if dry_run:
+                if dry_run:  # what records the step: without it, SQL applied by hand reads as undone
+                    done.append(f"{stamp_sql(connection, tables, migration.version)};")
                     continue
                 for statement in statements:
                     connection.exec_driver_sql(statement)

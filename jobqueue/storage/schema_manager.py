@@ -31,9 +31,15 @@ def init_schema(engine: sa.Engine, tables: Tables) -> str:
     creating = CREATING_DATABASE.set(True)
     try:
         with engine.begin() as conn:
-            return init_schema_on(conn, tables)
+            said = init_schema_on(conn, tables)
     finally:
         CREATING_DATABASE.reset(creating)
+    # What was made again stays made (committed); columns dropped by hand are the user's to add.
+    with engine.connect() as conn:
+        _, columns = lacking(conn, tables)
+    if columns:
+        raise SchemaError(f"{said}; {_unlike_this_schema(tables, SCHEMA_VERSION, False, columns)}")
+    return said
 
 
 def init_schema_on(conn: sa.Connection, tables: Tables) -> str:
@@ -49,6 +55,12 @@ def _init_locked(conn: sa.Connection, tables: Tables, dialect: Dialect) -> str:
     versionless = unversioned(conn, tables, version)
     if version is not None and version > SCHEMA_VERSION:
         raise newer_error(conn, tables, version)
+    if version is None:
+        # Checked before anything is created (MySQL and MariaDB commit each CREATE at once): a
+        # table of the same name that is not of this schema is named, not added to, or stamped.
+        _, columns = lacking(conn, tables)
+        if columns:
+            raise _unlike_this_schema(tables, version, versionless, columns)
     done = upgrade_on(conn, tables) if version is not None and version < SCHEMA_VERSION else []
     # Not create_all: it skips a table that exists, and a `db init` cut short on MySQL or MariaDB
     # (which commit each CREATE by itself) can have left one without some of its indexes.
@@ -57,14 +69,7 @@ def _init_locked(conn: sa.Connection, tables: Tables, dialect: Dialect) -> str:
         conn.exec_driver_sql(statement)
     dialect.after_create(conn)
     if versionless:
-        # Tables whose version row was deleted: this release's only if no column of it lacks.
-        _, columns = lacking(conn, tables)
-        if columns:
-            raise SchemaError(
-                f"the jobqueue tables ({tables.prefix}*) record no schema version and lack column(s) "
-                f"{', '.join(columns)}: they are not this release's schema {SCHEMA_VERSION}; add the column(s) "
-                "by hand, or restore the tables and their version row"
-            )
+        # Tables whose version row was deleted: this release's (no column of it lacks, above).
         stamp(conn, tables, SCHEMA_VERSION)
         made = f"; created what they lacked: {', '.join(created_what(st) for st in added)}" if added else ""
         return (
@@ -82,6 +87,32 @@ def _init_locked(conn: sa.Connection, tables: Tables, dialect: Dialect) -> str:
             + ", ".join(created_what(statement) for statement in added)
         )
     return f"jobqueue schema {SCHEMA_VERSION} ({tables.prefix}*) is up to date"
+
+
+def _unlike_this_schema(tables: Tables, version: int | None, versionless: bool, columns: list[str]) -> SchemaError:
+    """Why `db init` leaves tables that lack columns of this schema as they are."""
+    named = ", ".join(columns[:4]) + (f" and {len(columns) - 4} more" if len(columns) > 4 else "")
+    # Tables whose message table is not jobqueue's are another's, version row or not (the topic
+    # log of a prefix that this one extends: jq_topic_message is jq_'s, and would be jq_topic_'s).
+    foreign = version is None and any(column.startswith(f"{tables.message.name}.") for column in columns)
+    if versionless and not foreign:
+        return SchemaError(
+            f"the jobqueue tables ({tables.prefix}*) record no schema version and lack column(s) {named}: "
+            f"they are not this release's schema {SCHEMA_VERSION}; add the column(s) by hand, or restore the "
+            "tables and their version row"
+        )
+    if version is None:
+        names = ", ".join(dict.fromkeys(column.rpartition(".")[0] for column in columns))
+        return SchemaError(
+            f"table(s) {names} already exist in this database and are none of the jobqueue tables of prefix "
+            f"{tables.prefix!r} (they lack column(s) {named}; another application's, or another prefix's): "
+            "nothing was created; give this app another table_prefix, or move those tables away"
+        )
+    return SchemaError(
+        f"the jobqueue tables ({tables.prefix}*) are at schema version {version} but lack column(s) {named} "
+        "(dropped by hand?): add the column(s) back by hand (ALTER TABLE ... ADD COLUMN, of the type a new "
+        "database gets), or restore the table"
+    )
 
 
 def drop_schema_on(conn: sa.Connection, tables: Tables) -> None:
@@ -150,9 +181,10 @@ def check_rights(engine: sa.Engine, tables: Tables) -> None:
                     if not lacks_a_privilege(exc):
                         raise
                     refused.setdefault(right, []).append(table.name)
+        sequences = _unusable_sequences(conn, tables) if engine.dialect.name == "postgresql" else []
         transaction.rollback()
+    login = engine.url.username or "this login"
     if refused:
-        login = engine.url.username or "this login"
         missing = "; ".join(f"{right} on {', '.join(refused[right])}" for right in WORKER_RIGHTS if right in refused)
         raise ConfigurationError(
             f"the database login {login!r} may not {missing}: a worker reads and writes every jobqueue "
@@ -160,3 +192,28 @@ def check_rights(engine: sa.Engine, tables: Tables) -> None:
             f"outcome. Grant it {', '.join(WORKER_RIGHTS)} on them (GRANT SELECT, INSERT, UPDATE, DELETE "
             f"ON ... TO {login}) and start the worker again"
         )
+    if sequences:
+        raise ConfigurationError(
+            f"the database login {login!r} may not use the sequence(s) {', '.join(sequences)}, which number new "
+            f"jobs: a worker adds some (a periodic task's next run, a topic's deliveries). Grant it USAGE on them "
+            f"(GRANT USAGE ON SEQUENCE {', '.join(sequences)} TO {login}) and start the worker again"
+        )
+
+
+def _unusable_sequences(conn: sa.Connection, tables: Tables) -> list[str]:
+    """PostgreSQL: the sequences of the jobqueue tables' ids that the login may not draw from."""
+    found: list[str] = []
+    for table in tables.metadata.sorted_tables:
+        key = next(iter(table.primary_key.columns))
+        sequence: str | None = conn.execute(
+            sa.text("SELECT pg_get_serial_sequence(:table, :column)"), {"table": table.name, "column": key.name}
+        ).scalar()
+        usable = (
+            sequence is None
+            or conn.execute(
+                sa.text("SELECT has_sequence_privilege(:sequence, 'USAGE')"), {"sequence": sequence}
+            ).scalar()
+        )
+        if sequence is not None and not usable:
+            found.append(sequence)
+    return found

@@ -101,6 +101,20 @@ class StoreBase:
 
         check_rights(self.engine, self.tables)
 
+    def check_connection_limit(self, needed: int, what: str) -> None:
+        """Raise ConfigurationError if the login may hold fewer than ``needed`` connections at
+        once (``what`` needs them): its processes beyond the limit would wait for ever for one."""
+        with self.engine.connect() as connection:
+            found = self.dialect.connection_limit(connection)
+            connection.rollback()
+        if found is not None and found[0] < needed:
+            limit, statement = found
+            raise ConfigurationError(
+                f"the database login may hold at most {limit} connection(s) at once, and {what} needs {needed}: "
+                f"raise the limit ({statement.format(needed=needed)}; more if the application shares the login), "
+                "or lower --concurrency"
+            )
+
     @contextmanager
     def schema_errors(self) -> Iterator[None]:
         """Turn "table missing" driver errors into a SchemaError naming the fix."""

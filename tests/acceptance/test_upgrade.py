@@ -476,7 +476,9 @@ def test_a_table_index_or_column_dropped_by_hand_is_named_by_db_check(backend: s
             said = refused.stdout + refused.stderr
             assert f"lack index ix_{t.prefix}flow_served, table {t.topic_group.name}, column " in said, said
             assert "run `jobqueue db init`" in said and f"{t.topic_message.name}.headers back by hand" in said, said
-        jobqueue("db", "init", app=APP, env=env)
+        init = jobqueue("db", "init", app=APP, env=env, check=False)  # it said "up to date"
+        assert init.returncode == 1 and f"created what it lacked: index ix_{t.prefix}flow_served" in init.stderr
+        assert f"lack column(s) {t.topic_message.name}.headers (dropped by hand?)" in init.stderr, init.stderr
         still = jobqueue("db", "check", app=APP, env=env, check=False)
         assert still.returncode == 1 and "run `jobqueue db init`" not in still.stderr, still.stderr
     finally:
@@ -515,3 +517,63 @@ def test_tables_whose_version_row_was_deleted_are_named_so_and_stamped_only_when
         with app.engine.begin() as conn:
             t.metadata.drop_all(conn)
         app.close()
+
+
+def test_the_sql_of_a_dry_run_applied_by_hand_leaves_the_schema_current(old_database: str) -> None:
+    """The dry run printed the steps but not the rows that record them: applied by hand (as a DBA
+    reviews and runs it), the tables were current and said to be of schema 1, so workers refused,
+    and the next upgrade ran every step again (rebuilding indexes, which blocks writes)."""
+    tables = build_tables(PREFIX)
+    engine = sa.create_engine(old_database)
+    statements = [s.rstrip(";") for s in migrations.upgrade(engine, tables, dry_run=True) if not s.startswith("--")]
+    engine.dispose()
+    run_each(old_database, statements)
+    upgrade.app.check_schema()
+    engine = sa.create_engine(old_database)
+    try:
+        assert migrations.upgrade(engine, tables) == []  # nothing left to do
+    finally:
+        engine.dispose()
+
+
+def test_an_upgrade_of_tables_whose_version_row_was_deleted_says_so(old_database: str) -> None:
+    """It said the tables did not exist, where they hold the jobs."""
+    upgrade.app.close()
+    jobqueue("db", "init", app=APP)
+    with upgrade.app.engine.begin() as conn:
+        conn.execute(sa.delete(build_tables(PREFIX).schema_version))
+    for args in (("db", "upgrade"), ("db", "upgrade", "--dry-run")):
+        result = jobqueue(*args, app=APP, check=False)
+        assert result.returncode == 1 and "exist but record no schema version" in result.stderr, result.stderr
+
+
+def test_db_init_leaves_tables_of_the_same_names_that_are_not_its_own_and_creates_nothing(db_url: str) -> None:
+    """Another application's table named like one of jobqueue's: `db init` said it created schema 7
+    and stamped it, `db check` then told the user to add jobqueue's columns to that table, and
+    `db init` said "up to date". With a prefix that another extends (jq_ and jq_topic_: the first's
+    topic log is the second's message table) it failed on a column, telling the user to run the
+    command that had just failed; MariaDB left some of the second's tables behind."""
+    from jobqueue.errors import SchemaError
+
+    theirs = JobQueue(db_url, table_prefix="theirs_")
+    engine = theirs.engine
+    mine = JobQueue(db_url, table_prefix="jqa_")
+    extended = JobQueue(db_url, table_prefix="jqa_topic_")
+    with engine.begin() as conn:
+        conn.execute(sa.text("CREATE TABLE theirs_worker (id INTEGER PRIMARY KEY, name VARCHAR(20))"))
+    try:
+        with pytest.raises(SchemaError, match=r"table\(s\) theirs_worker already exist in this database and are none"):
+            theirs.init_schema()
+        assert sorted(n for n in sa.inspect(engine).get_table_names() if n.startswith("theirs_")) == ["theirs_worker"]
+        mine.init_schema()
+        before = sorted(sa.inspect(engine).get_table_names())
+        with pytest.raises(SchemaError, match="table.s. jqa_topic_message already exist .* give this app another"):
+            extended.init_schema()
+        assert sorted(sa.inspect(engine).get_table_names()) == before  # nothing made
+        mine.check_schema()
+    finally:
+        with engine.begin() as conn:
+            conn.execute(sa.text("DROP TABLE theirs_worker"))
+            mine.tables.metadata.drop_all(conn)
+        for app in (theirs, mine, extended):
+            app.close()

@@ -1049,3 +1049,90 @@ def test_a_process_topping_up_its_buffer_keeps_fetching(app: JobQueue, tmp_path:
     )
     assert worker.wait(60) == 0, worker.text()[-3000:]
     assert {h.status() for h in jobs[-5:]} == {"completed"}
+
+
+@only("postgresql", "mysql")
+def test_a_login_limited_to_fewer_connections_than_a_worker_holds_is_refused_naming_the_limit(
+    backend: str, tmp_path: Path, workers: list[Worker]
+) -> None:
+    """The processes beyond the limit waited for ever (PostgreSQL), or crashed at start again and
+    again, a traceback each, thousands of lines a minute (MariaDB), and no job ran. (On a server
+    of its own, whose admin adds logins.)"""
+    from tests.servers import private_server
+
+    with private_server(backend) as server:
+        rt.app.configure(database_url=server.url)
+        rt.app.init_schema()
+        job = rt.noop.delay()
+        rt.app.close()
+        admin = sa.create_engine(server.url, poolclass=sa.pool.NullPool, isolation_level="AUTOCOMMIT")
+        with admin.connect() as conn:
+            if backend == "postgresql":
+                conn.execute(sa.text("CREATE ROLE jq_few LOGIN CONNECTION LIMIT 4"))
+                conn.execute(sa.text("GRANT ALL ON ALL TABLES IN SCHEMA public TO jq_few"))
+                conn.execute(sa.text("GRANT USAGE ON ALL SEQUENCES IN SCHEMA public TO jq_few"))
+                fix = 'ALTER ROLE "jq_few" CONNECTION LIMIT 6'
+            else:
+                conn.execute(sa.text("FLUSH PRIVILEGES"))  # the server starts without logins: now with them
+                conn.execute(sa.text("CREATE USER 'jq_few'@'127.0.0.1' IDENTIFIED BY 'pw' WITH MAX_USER_CONNECTIONS 4"))
+                conn.execute(sa.text(f"GRANT ALL ON `{sa.make_url(server.url).database}`.* TO 'jq_few'@'127.0.0.1'"))
+                fix = "ALTER USER 'jq_few'@'127.0.0.1' WITH MAX_USER_CONNECTIONS 5"
+        admin.dispose()
+        own = sa.make_url(server.url).set(username="jq_few", password="pw" if backend == "mysql" else None)
+        env = {"JOBQUEUE_DATABASE_URL": own.render_as_string(hide_password=False)}
+        refused = start(workers, tmp_path, "--burst", "--concurrency", "2", env=env, name="refused")
+        assert refused.wait(30) == 1, refused.text()[-3000:]
+        said = refused.text()
+        assert "may hold at most 4 connection(s) at once, and a worker of 2 process(es)" in said, said[-3000:]
+        assert fix in said and "Traceback" not in said, said[-3000:]
+        within = start(workers, tmp_path, "--burst", "--concurrency", "1", env=env, name="within")
+        assert within.wait(60) == 0, within.text()[-3000:]
+        assert job.status() == "completed"
+        rt.app.close()
+
+
+@only("postgresql")
+def test_a_worker_whose_login_may_not_use_the_id_sequences_exits_naming_the_grant(
+    tmp_path: Path, workers: list[Worker]
+) -> None:
+    """Rights on every table but not on their sequences: enqueue was told to grant what the login
+    had (SELECT, INSERT, UPDATE, DELETE), and the worker started, to fail where it adds a job (a
+    periodic task's next run, a topic's deliveries)."""
+    from tests.servers import private_server
+
+    with private_server("postgresql") as server:
+        rt.app.configure(database_url=server.url)
+        rt.app.init_schema()
+        rt.app.close()
+        admin = sa.create_engine(server.url, poolclass=sa.pool.NullPool, isolation_level="AUTOCOMMIT")
+        with admin.connect() as conn:
+            conn.execute(sa.text("CREATE ROLE jq_noseq LOGIN"))
+            conn.execute(sa.text("GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO jq_noseq"))
+        admin.dispose()
+        own = sa.make_url(server.url).set(username="jq_noseq").render_as_string(hide_password=False)
+        worker = start(workers, tmp_path, "--burst", "--concurrency", "1", env={"JOBQUEUE_DATABASE_URL": own})
+        assert worker.wait(30) == 1, worker.text()[-3000:]
+        said = worker.text()
+        assert "may not use the sequence(s) public.jobqueue_message_id_seq" in said, said[-3000:]
+        assert "GRANT USAGE ON SEQUENCE" in said and "Traceback" not in said, said[-3000:]
+        enqueued = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "jobqueue",
+                "--app",
+                "tests.apps.runtime:app",
+                "--database-url",
+                own,
+                "enqueue",
+                "rt.noop",
+            ],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert enqueued.returncode == 1 and "GRANT the database user USAGE on the jobqueue tables' sequences" in (
+            enqueued.stderr
+        ), enqueued.stderr
+        rt.app.close()

@@ -107,6 +107,26 @@ def test_unkeyed_rows_are_all_enqueued_with_their_values(spark: Any, score: Any,
     assert args[-2] == [4999, Decimal("0.50"), seen]
 
 
+def test_a_key_column_of_any_type_is_read_as_its_text(spark: Any, score: Any, app: JobQueue) -> None:
+    """The key column is cast to a string, as documented, but its values were then converted as
+    the column's type: a timestamp, binary, struct or map key failed on the executors with a raw
+    PythonException, and an array key was taken letter by letter."""
+    from pyspark.sql import functions as F
+
+    from jobqueue.spark import enqueue_dataframe
+
+    df = users(spark, 3).select(
+        "user_id",
+        F.to_timestamp(F.lit("2024-01-01 12:00:00")).alias("at"),
+        F.array(F.col("user_id")).alias("ids"),
+        F.struct(F.col("user_id").alias("n")).alias("one"),
+    )
+    for key in ("at", "ids", "one"):
+        assert enqueue_dataframe(df, score, args=["user_id"], unique_key=key) == (1 if key == "at" else 3), key
+    keys = sorted(r[1] for r in messages(app))
+    assert len(keys) == 7 and "[0]" in keys and all(isinstance(k, str) and k for k in keys), keys
+
+
 def test_archived_keys_are_skipped_and_the_jobs_run(spark: Any, score: Any, app: JobQueue, db_url: str) -> None:
     from jobqueue.spark import enqueue_dataframe
 

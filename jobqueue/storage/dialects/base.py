@@ -126,6 +126,12 @@ class Dialect(Inserts):
         shorter than any statement); nothing by default. Errors reaching the server are left to
         the checks that follow, which wait out an outage."""
 
+    def connection_limit(self, connection: sa.Connection) -> tuple[int, str] | None:
+        """The most connections this login may hold at once, if the server limits it (per user or
+        per database), and the statement that raises that limit to ``{needed}``; None: no limit
+        of its own (the server's max_connections is shared with everyone else)."""
+        return None
+
     def unwritable(self, exc: sa.exc.DBAPIError) -> str | None:
         """If ``exc`` says that this process may not write the database (or that the file is none, or
         damaged): which file, and the fix."""

@@ -47,7 +47,7 @@ UNKNOWN_COLUMN = 1054
 # Error codes worth retrying: server gone or restarting, too many connections; lock wait timeout and
 # deadlock. mysqlclient also reports permanent server errors (a packet too large, a bad value) as
 # OperationalError, so the code decides, not the class.
-MYSQL_DISCONNECTS = {1040, 1053, 1152, 1927, 2002, 2003, 2006, 2013, 2055, 4031}
+MYSQL_DISCONNECTS = {1040, 1053, 1152, 1203, 1226, 1927, 2002, 2003, 2006, 2013, 2055, 4031}
 MYSQL_CONTENTION = {1205, 1213}
 # The server refused to log in, and the fix. Once a worker runs these are an outage (a database
 # being restored, a password being changed): its outcomes wait; no start gets past them.
@@ -226,6 +226,14 @@ class MySQLDialect(Dialect):
     def login_refused(self, exc: BaseException) -> str | None:
         code = mysql_code(exc)
         return LOGIN_REFUSALS[code] if isinstance(exc, sa.exc.OperationalError) and code in LOGIN_REFUSALS else None
+
+    def connection_limit(self, connection: sa.Connection) -> tuple[int, str] | None:
+        # The session's value is the account's MAX_USER_CONNECTIONS where it has one.
+        limit, user = connection.exec_driver_sql("SELECT @@max_user_connections, CURRENT_USER()").one()
+        if not limit:
+            return None
+        name, _, host = str(user).rpartition("@")
+        return int(limit), f"ALTER USER '{name}'@'{host}' WITH MAX_USER_CONNECTIONS {{needed}}"
 
     def explain(self, exc: BaseException) -> str | None:
         if mysql_code(exc) not in STATEMENT_TIMEOUT:

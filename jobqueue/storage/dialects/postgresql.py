@@ -205,6 +205,21 @@ class PostgreSQLDialect(Dialect):
             return OUTAGE
         return None
 
+    def connection_limit(self, connection: sa.Connection) -> tuple[int, str] | None:
+        row = connection.exec_driver_sql(
+            "SELECT r.rolconnlimit, d.datconnlimit, current_user, current_database(), r.rolsuper "
+            "FROM pg_roles r, pg_database d WHERE r.rolname = current_user AND d.datname = current_database()"
+        ).one_or_none()
+        if row is None or row[4]:  # a superuser is held to neither limit
+            return None
+        role, database, user, name, _ = row
+        limits = []
+        if role >= 0:
+            limits.append((role, f'ALTER ROLE "{user}" CONNECTION LIMIT {{needed}}'))
+        if database >= 0:
+            limits.append((database, f'ALTER DATABASE "{name}" CONNECTION LIMIT {{needed}}'))
+        return min(limits) if limits else None
+
     def explain(self, exc: BaseException) -> str | None:
         orig = getattr(exc, "orig", None)
         if getattr(orig, "pgcode", None) == READ_ONLY_TRANSACTION:
