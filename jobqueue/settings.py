@@ -259,9 +259,21 @@ def parse_queues(value: str | list[str] | tuple[str, ...] | None) -> tuple[str, 
     """Turn ``"a,b"`` or a sequence into a validated tuple; None or empty means every queue."""
     if value is None:
         return None
-    items = value.split(",") if isinstance(value, str) else list(value)
+    items = names_given("queues", value)
     queues = tuple(dict.fromkeys(item.strip() for item in items if item.strip()))
     return tuple(validate_queue_name(q) for q in queues) or None
+
+
+def names_given(setting: str, value: Any) -> list[str]:
+    """The names in ``value``, a comma-separated string or a sequence of strings; ConfigurationError
+    for anything else (an int, bytes, a list holding a number)."""
+    if isinstance(value, str):
+        return value.split(",")
+    if isinstance(value, (list, tuple, set, frozenset)) and all(isinstance(item, str) for item in value):
+        return list(value)
+    raise ConfigurationError(
+        f"{setting} must be a comma-separated string or a list of names, got {type(value).__name__} {value!r}"
+    )
 
 
 def resolve_listen_url(settings: Settings) -> str | None:

@@ -19,6 +19,7 @@ from jobqueue.job import Batch, MessageState
 from jobqueue.retry import RetryStrategy, storable
 from jobqueue.serialization import dumps_call
 from jobqueue.settings import validate_queue_name
+from jobqueue.storage.topics import DELIVERY_PREFIX
 from jobqueue.task_options import TaskOptions, call_checker, validate_priority
 
 if TYPE_CHECKING:
@@ -97,6 +98,7 @@ class Task:
         connection: Any = None,
     ) -> JobHandle:
         """Enqueue a call with options; with ``connection`` it is written in that transaction, uncommitted."""
+        self._refuse_if_deliveries()
         now = self.app.store.clock_now()  # first: a countdown counts from the corrected clock too
         options = self._call_options(
             eta, countdown, queue, priority, headers, unique_key, partition_key, retry_strategy
@@ -226,9 +228,21 @@ class Task:
         retry_strategy: RetryStrategy | None = None,
     ) -> dict[str, Any]:
         """The columns every job of one bulk enqueue shares (``Batch.common``), options checked."""
+        self._refuse_if_deliveries()
         now = self.app.store.clock_now()  # first: a countdown counts from the corrected clock too
         options = self._call_options(eta, countdown, queue, priority, headers, None, partition_key, retry_strategy)
         return self._row((), {}, options, now, per_call=False)
+
+    def _refuse_if_deliveries(self) -> None:
+        """A consumer group's task runs the deliveries made from its topic's log: a job enqueued
+        through it is no message of the topic (no other group gets it, `jobqueue topics` does not
+        count it, dropping the group leaves it to run)."""
+        if self.name.startswith(DELIVERY_PREFIX):
+            topic = self.name[len(DELIVERY_PREFIX) :].partition(":")[0]
+            raise ConfigurationError(
+                f"{self.name!r} is what a consumer group runs for each message published to a topic: publish "
+                f"the message to the topic instead (app.topic({topic!r}).publish(payload)); nothing was enqueued"
+            )
 
     @staticmethod
     def _bulk_keys(items: list[Any], unique_key: Any) -> list[str | None]:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from jobqueue.errors import ConfigurationError
+from jobqueue.settings import names_given
 from jobqueue.storage.topics import START_EARLIEST, START_LATEST, Published, delivery_task
 from jobqueue.task import Task, check_headers, check_key, stored_call
 from jobqueue.task_options import build_options
@@ -153,7 +154,7 @@ def parse_groups(value: str | Iterable[str] | None) -> tuple[str, ...] | None:
     """``"billing,orders:audit"`` as a tuple; None or empty means every group of the app."""
     if value is None:
         return None
-    items = value.split(",") if isinstance(value, str) else list(value)
+    items = names_given("groups", value)
     groups = tuple(dict.fromkeys(item.strip() for item in items if item.strip()))
     return groups or None
 

@@ -59,11 +59,25 @@ def report(state: CliState, /, since: timedelta | None, out: str, master: str | 
     directory = os.path.dirname(os.path.abspath(out))
     if not os.path.isdir(directory):  # found now, not after Spark has computed the report
         raise click.BadParameter(f"directory {directory} does not exist", param_hint="--out")
+    _check_writable(out)
     app = state.app
     app.check_schema()  # a database that cannot be read is said before Spark takes its time to start
     spark, session = _spark(master)
     jobs = spark.write_report(session, app.database_url, out, since=since, table_prefix=app.settings.table_prefix)
     click.echo(f"wrote {out}: {jobs:,} archived job(s)")
+
+
+def _check_writable(out: str) -> None:
+    """Whether ``out`` can be written, tried now (permissions, a read-only or immutable directory,
+    /proc): not after Spark has computed the report. Nothing is left behind."""
+    existed = os.path.exists(out)
+    try:
+        with open(out, "a"):
+            pass
+    except OSError as exc:
+        raise click.BadParameter(f"cannot write {out}: {exc.strerror or exc}", param_hint="--out") from None
+    if not existed:
+        os.unlink(out)
 
 
 @click.group(cls=Group)

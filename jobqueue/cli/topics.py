@@ -41,8 +41,9 @@ def topics(ctx: click.Context, as_json: bool) -> None:
 def drop_group(state: CliState, topic: str, group: str, yes: bool) -> None:
     """Remove GROUP from TOPIC: it gets no more messages, its deliveries are deleted (one running
     now finishes, and is neither retried nor delivered again), and the log no longer keeps
-    messages for it. A worker that still runs the group adds it again
-    (from the latest message) when it starts."""
+    messages for it. A worker that still runs the group adds it again when it starts, from
+    where the group's start= says: "latest", the next message published; "earliest", every
+    message the log still holds (which runs again those the group had run)."""
     missing = click.ClickException(f"topic {topic!r} has no group {group!r}; `jobqueue topics` lists them")
     if not yes:
         if not any(row["topic"] == topic and row["group"] == group for row in state.app.topic_store.stats()):

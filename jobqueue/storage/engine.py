@@ -165,7 +165,7 @@ def same_database(first: str | sa.URL, second: str | sa.URL) -> bool:
 
 def absolute_url(url: str | sa.URL) -> sa.URL:
     """``url`` as any working directory reads it (a relative SQLite path made absolute)."""
-    parsed = sa.make_url(url)
+    parsed = parse_url(url)  # its mistakes named as every other entry point names them
     return _dialect_class(parsed).absolute_url(parsed)  # type: ignore[no-any-return]
 
 

@@ -387,8 +387,22 @@ class TopicStore:
             for row in conn.execute(sa.select(g).order_by(g.c.topic, g.c.group_name)).mappings():
                 groups.setdefault(row["topic"], []).append(row)
             for topic, rows in groups.items():
-                if not rows:
-                    entries.append({"topic": topic, "group": None, "kept": int(kept.get(topic, 0))})
+                if not rows:  # a topic no group reads yet: every field a group's row has, empty
+                    entries.append(
+                        {
+                            "topic": topic,
+                            "group": None,
+                            "start": None,
+                            "lag": 0,
+                            "in_flight": 0,
+                            "retrying": 0,
+                            "dead_letters": 0,
+                            "oldest_unfinished_seconds": None,
+                            "watermark": None,
+                            "kept": int(kept.get(topic, 0)),
+                            "queue": None,
+                        }
+                    )
                 for row in rows:
                     task = delivery_task(topic, row["group_name"])
                     counts = dict.fromkeys(("PENDING", "PROCESSING", "RETRYABLE"), 0)

@@ -104,3 +104,29 @@ def test_a_database_without_the_tables_is_one_line_before_spark_starts(
     result = jobqueue("--database-url", url, *[arg.format(tmp=tmp_path) for arg in command], check=False)
     assert result.returncode == 1 and "tables (jobqueue_*) do not exist" in result.stderr, result.stderr
     assert "starting Spark" not in result.stderr and "Traceback" not in result.stderr, result.stderr
+
+
+@only("sqlite")
+def test_a_report_that_cannot_be_written_is_refused_before_spark_starts(db_url: str) -> None:
+    """A directory that exists but takes no file (here /proc): a traceback, after Spark had
+    computed the whole report."""
+    result = jobqueue("report", "--since", "all", "--out", "/proc/report.html", check=False)
+    assert result.returncode == 2 and "Invalid value for --out: cannot write /proc/report.html" in result.stderr
+    assert "starting Spark" not in result.stderr and "Traceback" not in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize(
+    "url, said",
+    [
+        ("sqlite:////tmp/queue.sqlite3\n", "ends with '\\n'"),
+        ("", "the database URL given is blank"),
+        ("postgresql://u:pw@h:notaport/db", "cannot parse database URL"),
+    ],
+)
+def test_the_pipelines_database_url_is_checked_as_everywhere_else(url: str, said: str) -> None:
+    """The Spark entry points read the URL themselves: a line break at its end became %0A and
+    "no SQLite database", a blank one SQLAlchemy's ArgumentError, a bad port a bare ValueError."""
+    from jobqueue.spark.enqueue import executor_url
+
+    with pytest.raises(ConfigurationError, match=re.escape(said)):
+        executor_url(url)

@@ -95,6 +95,9 @@ def test_a_topic_without_groups_keeps_its_messages_for_the_first(app: JobQueue) 
     ids = app.topic("orders").publish_many(range(3))
     assert len(ids) == 3 and log_size(app) == 3
     assert app.topic_store.collect() == 0 and log_size(app) == 3
+    # Listed with the fields every group's row has (a script read row["lag"] and met a KeyError).
+    (row,) = app.topic_store.stats()
+    assert row["group"] is None and row["kept"] == 3 and row["lag"] == 0 and row.keys() >= {"in_flight", "queue"}
 
 
 def test_publishing_in_a_rolled_back_transaction_reaches_no_group(app: JobQueue) -> None:
@@ -403,3 +406,22 @@ def test_a_tasks_partition_key_that_is_a_groups_message_partition_is_refused(app
             call()
     assert slow.apply_async(partition_key="orders:shipping:cust-1").status() == "pending"  # no such group here
     assert slow.apply_async(partition_key="tenant:eu:7").status() == "pending"
+
+
+def test_a_consumer_groups_task_enqueues_nothing_but_says_to_publish(app: JobQueue) -> None:
+    """Its delay(), apply_async() and bulk() made deliveries of no published message: `jobqueue
+    topics` did not count them, no other group got them, and dropping the group left them to run."""
+    consumers(app, "billing")
+    register(app)
+    task = app.consumers[("orders", "billing")].task
+    assert app.get_task("topic:orders:billing") is task
+    for call in (lambda: task.delay({"id": 1}), lambda: task.apply_async(({"id": 1},)), lambda: task.bulk([({},)])):
+        with pytest.raises(
+            ConfigurationError, match=r"publish the message to the topic instead \(app.topic\('orders'\)"
+        ):
+            call()
+    m = app.tables.message
+    with app.engine.connect() as conn:
+        assert conn.execute(sa.select(sa.func.count()).select_from(m)).scalar() == 0
+    app.topic("orders").publish({"id": 2})  # as it should be
+    assert [g["lag"] for g in app.topic_store.stats() if g["group"] == "billing"] == [1]

@@ -242,3 +242,16 @@ def test_a_url_with_whitespace_around_it_is_refused(url: str, tmp_path: Path, mo
 )
 def test_passwords_are_masked_where_they_stand_alone(text: str, url: str, masked: str) -> None:
     assert mask_in(text, url) == masked
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [{"groups": 5}, {"groups": ["billing", 3]}, {"groups": b"billing"}, {"queues": 5}, {"queues": ["a", None]}],
+)
+def test_queues_and_groups_of_another_kind_are_refused_naming_the_setting(changes: dict) -> None:
+    """They raised TypeError or AttributeError from inside the parsing."""
+    (name,) = changes
+    with pytest.raises(ConfigurationError, match=f"{name} must be a comma-separated string or a list of names"):
+        JobQueue("sqlite:///unused.sqlite3", **changes)
+    with pytest.raises(ConfigurationError, match=f"{name} must be a comma-separated string"):
+        JobQueue("sqlite:///unused.sqlite3").configure(**changes)
