@@ -114,7 +114,10 @@ def _purge(
     engine = create_engine(executor_url(database_url))
     deleted = 0
     try:
-        rows = written.orderBy("id").toLocalIterator()
+        # A time that reads as none, or as the year 1 (a row edited by hand, on SQLite), cannot be
+        # matched, nor turned back into Python: such a row is exported, and left in the archive.
+        readable = F.col("archived_at").isNotNull() & (F.year("archived_at") > 1)
+        rows = written.where(readable).orderBy("id").toLocalIterator()
         while chunk := [(row.id, _naive_utc(row.archived_at)) for row in itertools.islice(rows, batch_size)]:
             with schema_errors(engine, build_tables(prefix)), engine.begin() as conn:
                 deleted += conn.execute(sa.delete(archive).where(key.in_(chunk))).rowcount

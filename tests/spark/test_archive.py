@@ -228,3 +228,22 @@ def test_rows_edited_by_hand_are_read_as_they_are(
     out = tmp_path / "report.html"
     assert write_report(spark, app.database_url, str(out)) == 200
     assert "&lt;b&gt;odd&lt;/b&gt;" in out.read_text()
+
+
+@only("sqlite")
+@pytest.mark.parametrize("master", ["local"], indirect=True)
+def test_rows_whose_archive_time_cannot_be_read_are_exported_and_kept_the_rest_purged(
+    spark: Any, master: str, app: JobQueue
+) -> None:
+    """An archived_at edited into text that reads as none (or the year 1): --purge failed with an
+    AttributeError (a ValueError), purged nothing, and each run exported the whole archive again."""
+    rows = data.fill_archive(app, 60)
+    ids = sorted(r["id"] for r in rows)
+    a = app.tables.archive
+    with app.engine.begin() as conn:
+        conn.execute(sa.text(f"UPDATE {a.name} SET archived_at = '' WHERE id = {ids[0]}"))
+        conn.execute(sa.text(f"UPDATE {a.name} SET archived_at = '0001-01-01 00:00:00' WHERE id = {ids[1]}"))
+    tmp = Path(app.database_url.removeprefix("sqlite:///")).parent / "edited-export"
+    report = json.loads(run_cli("archive", "export", "--to", str(tmp), "--purge", "--json", "--master", master).stdout)
+    assert report["exported"] == 60 and report["purged"] == 58, report
+    assert data.archive_ids(app) == ids[:2]
