@@ -26,7 +26,7 @@ from jobqueue.storage.store_base import commit_watch
 from jobqueue.storage.tables import MAX_ID, Tables, build_tables
 from jobqueue.storage.topics import START_LATEST, TopicStore
 from jobqueue.task import Task
-from jobqueue.task_options import build_options, unknown_names
+from jobqueue.task_options import build_options, origin, unknown_names
 from jobqueue.topics import Consumer, Topic, check_consumer, make_consumer, parse_groups
 
 if TYPE_CHECKING:
@@ -258,9 +258,9 @@ class JobQueue:
                 )
             task = Task(self, func, build_options(func, options))
             existing = self.registry.get(task.name)
-            if existing is not None and existing.fn is not func and _origin(existing.fn) != _origin(func):
+            if existing is not None and existing.fn is not func and origin(existing.fn) != origin(func):
                 raise ConfigurationError(
-                    f"task name {task.name!r} is already registered by {_origin(existing.fn)}; "
+                    f"task name {task.name!r} is already registered by {origin(existing.fn)}; "
                     "give one of them another name="
                 )
             self.registry[task.name] = task
@@ -377,10 +377,6 @@ def _forget_parent_connections() -> None:
 
 
 os.register_at_fork(after_in_child=_forget_parent_connections)
-
-
-def _origin(fn: Callable[..., Any]) -> str:
-    return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
 
 
 def _not_blank(database_url: str | None) -> str | None:

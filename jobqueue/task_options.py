@@ -188,3 +188,8 @@ def call_checker(fn: Callable[..., Any], bind: bool) -> Callable[..., None] | No
     exec(f"def {name}{stripped}:\n    pass", namespace)
     checker: Callable[..., None] = namespace[name]
     return checker
+
+
+def origin(fn: Callable[..., Any]) -> str:
+    """Where a function is defined, as ``module.qualname``, to name it in a message."""
+    return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"

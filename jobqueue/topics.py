@@ -18,7 +18,7 @@ from jobqueue.errors import ConfigurationError
 from jobqueue.settings import names_given
 from jobqueue.storage.topics import START_EARLIEST, START_LATEST, Published, delivery_task
 from jobqueue.task import Task, check_headers, check_key, stored_call
-from jobqueue.task_options import build_options
+from jobqueue.task_options import build_options, origin
 
 if TYPE_CHECKING:
     from jobqueue.app import JobQueue
@@ -147,6 +147,14 @@ def make_consumer(
     check_consumer(topic, group, start, options)
     name = delivery_task(topic, group)
     task = Task(app, fn, build_options(fn, {**options, "name": name, "queue": name}, reserved_ok=True))
+    if task.checker is not None:
+        try:
+            task.checker(None)  # a handler is called with the message's payload, and nothing else
+        except TypeError as exc:
+            raise ConfigurationError(
+                f"consumer {origin(fn)} of topic {topic!r}, group {group!r}, cannot be called with the message's "
+                f"payload alone ({exc}): it takes one argument (after the context, with bind=True)"
+            ) from None
     return Consumer(topic, group, start, task)
 
 

@@ -197,15 +197,16 @@ class Group(click.Group):
             lacks_privilege = lacks_a_privilege(exc)
             _raise_schema_damage(ctx, exc)  # a table or column dropped by hand: what lacks, and the fix
             classified = _classify(ctx, exc)  # a database refusing writes (read-only), full, cancelling
+            explained = _explain(ctx, exc)  # a statement time limit, a file that may not be written
             if (
                 not isinstance(exc, sa.exc.OperationalError)
                 and exc.statement is not None
                 and not lacks_privilege
                 and classified is None
+                and not explained
             ):
                 raise
             reason = str(exc.orig).strip().splitlines()[0] if exc.orig else str(exc)
-            explained = _explain(ctx, exc)  # a statement time limit, a file that may not be written
             if explained:
                 reason += f": {explained}"
             if lacks_privilege and "for sequence" in reason:

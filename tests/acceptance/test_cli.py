@@ -474,3 +474,17 @@ def test_seconds_that_are_no_finite_number_are_a_usage_error(command: tuple[str,
     result = jobqueue(*command, value, check=False, timeout=30)
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
     assert f"Invalid value for '{command[-1]}'" in result.stderr
+
+
+@only("postgresql")
+def test_a_search_path_naming_no_schema_is_one_line_naming_the_fix(tmp_path: Path) -> None:
+    """db init printed a traceback ending in "no schema has been selected to create in"."""
+    url = servers.create_database("postgresql", str(tmp_path))
+    try:
+        nowhere = sa.make_url(url).update_query_dict({"options": "-csearch_path=nosuch"})
+        result = jobqueue("--database-url", nowhere.render_as_string(hide_password=False), "db", "init", check=False)
+        errors = [line for line in result.stderr.splitlines() if line.startswith("Error: ")]
+        assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
+        assert len(errors) == 1 and "search_path names no schema that exists" in errors[0], result.stderr
+    finally:
+        servers.drop_database("postgresql", url)

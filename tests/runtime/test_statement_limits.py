@@ -100,3 +100,15 @@ def test_a_statement_the_limit_cancels_is_named_with_the_fix_and_nothing_is_lost
     assert NAMED[backend] in log and FIX[backend] in log and "nothing is lost" in log, log[-4000:]
     assert "unavailable" not in log and "Traceback" not in log and "refused" not in log, log[-4000:]
     assert [event for event, _, _ in runs(tmp_path / "runs.txt")] == ["start", "end"]  # ran once
+
+
+@only("postgresql")
+def test_a_limit_the_url_sets_is_to_be_removed_from_the_url_not_the_role(own_database: str) -> None:
+    """The advice was ALTER ROLE ... SET statement_timeout, which the connection's own option outranks."""
+    url = sa.make_url(own_database).update_query_dict({"options": "-c statement_timeout=20"})
+    result = jobqueue(
+        "--database-url", url.render_as_string(hide_password=False), "worker", "--burst", "-c", "1", check=False
+    )
+    said = result.stderr
+    assert result.returncode == 1 and "statement_timeout of 20 ms (set by the client)" in said, said[-3000:]
+    assert "remove statement_timeout from the connection's options" in said and "ALTER ROLE" not in said, said

@@ -425,3 +425,13 @@ def test_a_consumer_groups_task_enqueues_nothing_but_says_to_publish(app: JobQue
         assert conn.execute(sa.select(sa.func.count()).select_from(m)).scalar() == 0
     app.topic("orders").publish({"id": 2})  # as it should be
     assert [g["lag"] for g in app.topic_store.stats() if g["group"] == "billing"] == [1]
+
+
+def test_a_handler_that_cannot_take_the_payload_alone_is_refused_where_it_is_defined(app: JobQueue) -> None:
+    """It was accepted, and every message then failed with TypeError until it was a dead letter."""
+    for handler in (lambda payload, extra: None, lambda: None):
+        with pytest.raises(ConfigurationError, match="cannot be called with the message's payload alone"):
+            app.consumer("orders", group="strict")(handler)
+    app.consumer("orders", group="loose")(lambda payload, extra=None: None)
+    app.consumer("orders", group="bound", bind=True)(lambda context, payload: None)
+    assert set(app.consumers) == {("orders", "loose"), ("orders", "bound")}

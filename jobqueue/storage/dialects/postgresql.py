@@ -57,6 +57,7 @@ DISK_FULL = "53100"
 CONTENTION_CODES = {"40001", "40P01", "55P03"}  # serialization failure, deadlock, lock not available
 # A server that turned read-only (a standby after failover, or one shutting down) and a session the
 # server ended (idle in transaction too long, administrator): wait for the new primary.
+INVALID_SCHEMA_NAME = "3F000"  # "no schema has been selected to create in": search_path names none that exists
 READ_ONLY_TRANSACTION = "25006"  # a standby, or default_transaction_read_only: a failover in progress
 OUTAGE_CODES = {READ_ONLY_TRANSACTION, "57P01", "57P02", "57P03", "25P03"}
 UNDEFINED_TABLE = "42P01"
@@ -222,6 +223,11 @@ class PostgreSQLDialect(Dialect):
 
     def explain(self, exc: BaseException) -> str | None:
         orig = getattr(exc, "orig", None)
+        if getattr(orig, "pgcode", None) == INVALID_SCHEMA_NAME:
+            return (
+                "the login's search_path names no schema that exists (set in the URL's options, on the role or "
+                "on the database): create that schema (CREATE SCHEMA ...), or correct search_path"
+            )
         if getattr(orig, "pgcode", None) == READ_ONLY_TRANSACTION:
             return (
                 "the database accepts no writes (a standby, a failover in progress, or "

@@ -187,6 +187,13 @@ def statement_timeout_advice(
         role = timeout.role
     name = f'"{role}"' if role else "<role>"
     lock = int(SESSION_SETTINGS["lock_timeout"]) // 1000
+    if timeout is not None and timeout.source == "client":
+        # Given by the connection itself (the URL's options, PGOPTIONS): it outranks the role's.
+        return (
+            f"{setting} {what}; jobqueue's statements take milliseconds but may wait up to {lock} s for a row "
+            f"lock: remove statement_timeout from the connection's options (the database URL's options=, or "
+            f"PGOPTIONS), or set it to at least {ADVISED_STATEMENT_TIMEOUT} (or 0, no limit) there"
+        )
     return (
         f"{setting} {what}; jobqueue's statements take milliseconds but may wait up to {lock} s for a row "
         f"lock: raise it to at least {ADVISED_STATEMENT_TIMEOUT} (or 0, no limit) for the role the workers "
