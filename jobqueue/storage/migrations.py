@@ -12,16 +12,26 @@ to install.
 from __future__ import annotations
 
 import contextlib
+import logging
 import re
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import sqlalchemy as sa
 
 from jobqueue.clock import utcnow
 from jobqueue.errors import SchemaError
 from jobqueue.storage.dialects import dialect_for
+from jobqueue.storage.dialects.connector import CONTENTION
 from jobqueue.storage.tables import SCHEMA_VERSION, Tables
+
+logger = logging.getLogger("jobqueue.storage")
+# A step of an upgrade that finds the tables locked by another session is tried again this many
+# times (each waiting a moment for the lock: see Dialect.wait_briefly_for_locks), a second apart.
+STEP_TRIES = 30
+STEP_RETRY_PAUSE_SECONDS = 1.0
 
 
 @dataclass(frozen=True)
@@ -307,20 +317,48 @@ def upgrade(engine: sa.Engine, tables: Tables, dry_run: bool = False, schema_com
         steps = pending(connection, tables, schema_command)
         connection.rollback()
         for migration in steps:
-            # Several upgrades at once take turns; one that finds a step done by another skips it.
-            lock = contextlib.nullcontext() if dry_run else dialect.schema_lock(connection)
-            with connection.begin(), lock:
-                if not dry_run and (installed_version(connection, tables) or 0) >= migration.version:
-                    continue
-                statements = migration.statements(connection, tables)
-                done.append(f"-- {migration.version}: {migration.description}")
-                done.extend(f"{statement};" for statement in statements)
-                if dry_run:  # what records the step: without it, SQL applied by hand reads as undone
-                    done.append(f"{stamp_sql(connection, tables, migration.version)};")
-                    continue
-                for statement in statements:
-                    connection.exec_driver_sql(statement)
-                stamp(connection, tables, migration.version)
+            for attempt in range(1, STEP_TRIES + 1):
+                try:
+                    done += _step(connection, dialect, tables, migration, dry_run)
+                    break
+                except sa.exc.DBAPIError as exc:
+                    if dialect.classify(exc) != CONTENTION:
+                        raise
+                    if attempt == STEP_TRIES:
+                        raise SchemaError(
+                            f"the upgrade to schema {migration.version} found the jobqueue tables locked by another "
+                            f"session {STEP_TRIES} times ({str(exc.orig).strip().splitlines()[0]}): a long "
+                            "transaction that touched them (an application's that enqueued, or a session left "
+                            "open), which holds their lock until it ends; end it, then run the upgrade again "
+                            "(it goes on from this step)"
+                        ) from exc
+                    # Each try waits for the lock a moment only: enqueues queue behind a waiting
+                    # ALTER, and must not wait out another session's transaction with it.
+                    logger.warning(
+                        "upgrade to schema %s: the tables are locked by another session (%s); trying again",
+                        migration.version,
+                        str(exc.orig).strip().splitlines()[0],
+                    )
+                    time.sleep(STEP_RETRY_PAUSE_SECONDS)
+    return done
+
+
+def _step(connection: sa.Connection, dialect: Any, tables: Tables, migration: Migration, dry_run: bool) -> list[str]:
+    """One migration in a transaction of its own (as far as the database's DDL allows), recorded
+    as it ends; the SQL it ran (or, with ``dry_run``, would run)."""
+    # Several upgrades at once take turns; one that finds a step done by another skips it.
+    lock = contextlib.nullcontext() if dry_run else dialect.schema_lock(connection)
+    with connection.begin(), lock:
+        if not dry_run and (installed_version(connection, tables) or 0) >= migration.version:
+            return []
+        statements = migration.statements(connection, tables)
+        done = [f"-- {migration.version}: {migration.description}", *(f"{statement};" for statement in statements)]
+        if dry_run:  # what records the step: without it, SQL applied by hand reads as undone
+            return [*done, f"{stamp_sql(connection, tables, migration.version)};"]
+        dialect.wait_briefly_for_locks(connection)
+        for statement in statements:
+            connection.exec_driver_sql(statement)
+        stamp(connection, tables, migration.version)
     return done
 
 

@@ -19,6 +19,7 @@ import sqlalchemy as sa
 
 from jobqueue import JobQueue, periodic
 from jobqueue.clock import utcnow
+from jobqueue.errors import SchemaError
 from jobqueue.handle import JobHandle
 from jobqueue.serialization import dumps_call
 from jobqueue.storage import migrations
@@ -577,3 +578,35 @@ def test_db_init_leaves_tables_of_the_same_names_that_are_not_its_own_and_create
             mine.tables.metadata.drop_all(conn)
         for app in (theirs, mine, extended):
             app.close()
+
+
+@only("postgresql", "mysql")
+def test_an_upgrade_waits_for_another_sessions_lock_a_moment_at_a_time(
+    old_database: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A transaction left open on the tables (an application's that enqueued): the upgrade's ALTER
+    waited for it (30 s on PostgreSQL, a day on MariaDB) with every enqueue queued behind it. Each
+    try now waits a moment, and gives up after a number of them, naming the cause."""
+    import logging
+    import threading
+
+    tables = build_tables(PREFIX)
+    holder = sa.create_engine(old_database)
+    conn = holder.connect()
+    conn.execute(sa.text(f"SELECT count(*) FROM {PREFIX}message"))  # a lock until this transaction ends
+    monkeypatch.setattr(migrations, "STEP_TRIES", 2)
+    monkeypatch.setattr(migrations, "STEP_RETRY_PAUSE_SECONDS", 0.1)
+    engine = sa.create_engine(old_database)
+    try:
+        with pytest.raises(SchemaError, match="found the jobqueue tables locked by another session 2 times"):
+            migrations.upgrade(engine, tables)
+        monkeypatch.setattr(migrations, "STEP_TRIES", 30)
+        threading.Timer(3.0, conn.rollback).start()  # the application's transaction ends
+        with caplog.at_level(logging.WARNING, "jobqueue.storage"):
+            migrations.upgrade(engine, tables)
+        assert any("locked by another session" in r.getMessage() for r in caplog.records)
+        upgrade.app.check_schema()
+    finally:
+        conn.close()
+        holder.dispose()
+        engine.dispose()

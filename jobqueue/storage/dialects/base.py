@@ -126,6 +126,12 @@ class Dialect(Inserts):
         shorter than any statement); nothing by default. Errors reaching the server are left to
         the checks that follow, which wait out an outage."""
 
+    def wait_briefly_for_locks(self, connection: sa.Connection) -> None:
+        """In a schema change's transaction: wait at most a moment for a lock on a table (another
+        session's long transaction holds it). Every later statement on the table queues behind
+        a schema change that waits, so a long wait would hold up every enqueue; a short one is
+        tried again instead. Nothing by default (SQLite's writers take turns anyway)."""
+
     def connection_limit(self, connection: sa.Connection) -> tuple[int, str] | None:
         """The most connections this login may hold at once, if the server limits it (per user or
         per database), and the statement that raises that limit to ``{needed}``; None: no limit
