@@ -41,6 +41,7 @@ from jobqueue.runtime.supervisor_maintenance import Maintenance
 from jobqueue.runtime.supervisor_reap import Reaping
 from jobqueue.settings import resolve_listen_url
 from jobqueue.storage.engine import check_listen_url, mask_url
+from jobqueue.storage.schema_manager import check_schema
 
 if TYPE_CHECKING:
     from jobqueue.app import JobQueue
@@ -164,7 +165,7 @@ class Supervisor(Reaping, Maintenance):
         # a statement time limit too short for any statement) ends the start with the fix.
         self.app.store.check_workable()
         try:
-            self.guard.call(self.app.check_schema, give_up=lambda: self.signals > 0, doing="checking the schema")
+            self.guard.call(self._check_schema, give_up=lambda: self.signals > 0, doing="checking the schema")
             self.guard.call(self.app.store.check_rights, give_up=lambda: self.signals > 0, doing="checking its rights")
             self.guard.call(self._check_connection_limit, give_up=lambda: self.signals > 0)
             self.store = self.app.store
@@ -197,6 +198,24 @@ class Supervisor(Reaping, Maintenance):
                 break
             self.pool.spawn(index)
         return True
+
+    def _check_schema(self) -> None:
+        """The tables at this release's version (else SchemaError); what `db init` makes beyond them
+        and is missing (PostgreSQL's wake-up trigger, left out of an application's own migrations)
+        only slows new jobs down: said, and the worker runs."""
+        store = self.app.store
+        check_schema(store.engine, store.tables, self.app._schema_command(), beyond_tables=False)
+        with store.engine.connect() as connection:
+            missing = store.dialect.lacks_beyond_tables(connection)
+            connection.rollback()
+        if missing:
+            logger.warning(
+                "the jobqueue tables lack %s (dropped, or left out of the application's own migrations): idle "
+                "worker processes hear of no new job, and find it only when they poll (every %s s); run "
+                "`jobqueue db init` to make it again",
+                ", ".join(missing),
+                self.settings.max_fetch_interval,
+            )
 
     def _check_connection_limit(self) -> None:
         """A login limited to fewer connections than this worker holds: the processes beyond the

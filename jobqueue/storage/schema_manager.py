@@ -67,7 +67,7 @@ def _init_locked(conn: sa.Connection, tables: Tables, dialect: Dialect) -> str:
     added = [statement for table in tables.metadata.sorted_tables for statement in create_missing(conn, table)]
     for statement in added:
         conn.exec_driver_sql(statement)
-    dialect.after_create(conn)
+    beyond = dialect.after_create(conn)
     if versionless:
         # Tables whose version row was deleted: this release's (no column of it lacks, above).
         stamp(conn, tables, SCHEMA_VERSION)
@@ -81,10 +81,10 @@ def _init_locked(conn: sa.Connection, tables: Tables, dialect: Dialect) -> str:
         return f"created jobqueue schema {SCHEMA_VERSION} ({tables.prefix}*)"
     if version < SCHEMA_VERSION:
         return f"upgraded jobqueue schema {version} to {SCHEMA_VERSION} ({tables.prefix}*, {len(done)} statements)"
-    if added:
+    if added or beyond:
         return (
             f"jobqueue schema {SCHEMA_VERSION} ({tables.prefix}*) is up to date; created what it lacked: "
-            + ", ".join(created_what(statement) for statement in added)
+            + ", ".join([*(created_what(statement) for statement in added), *beyond])
         )
     return f"jobqueue schema {SCHEMA_VERSION} ({tables.prefix}*) is up to date"
 
@@ -121,15 +121,21 @@ def drop_schema_on(conn: sa.Connection, tables: Tables) -> None:
     dialect_for(conn.engine, tables).after_drop(conn)
 
 
-def check_schema(engine: sa.Engine, tables: Tables, schema_command: str | None = None) -> None:
+def check_schema(
+    engine: sa.Engine, tables: Tables, schema_command: str | None = None, beyond_tables: bool = True
+) -> None:
     """Raise SchemaError unless the tables exist at this release's schema version, naming the fix
-    (``schema_command``, where the application creates the tables itself: see ``missing_error``)."""
+    (``schema_command``, where the application creates the tables itself: see ``missing_error``).
+    ``beyond_tables``: what `db init` makes beyond the tables (PostgreSQL's wake-up trigger) counts."""
     with engine.connect() as conn:
-        dialect_for(engine, tables).check_server(conn)
+        dialect = dialect_for(engine, tables)
+        dialect.check_server(conn)
         version = installed_version(conn, tables)
         if version is not None and version > SCHEMA_VERSION:
             raise newer_error(conn, tables, version)
         created, columns = lacking(conn, tables) if version == SCHEMA_VERSION else ([], [])
+        if version == SCHEMA_VERSION and beyond_tables:
+            created += dialect.lacks_beyond_tables(conn)
         versionless = unversioned(conn, tables, version)
     if version is None:
         raise unversioned_error(tables, schema_command) if versionless else missing_error(tables, schema_command)

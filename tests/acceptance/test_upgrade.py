@@ -610,3 +610,28 @@ def test_an_upgrade_waits_for_another_sessions_lock_a_moment_at_a_time(
         conn.close()
         holder.dispose()
         engine.dispose()
+
+
+@only("postgresql")
+def test_a_missing_wake_up_trigger_is_named_by_db_check_and_made_again_by_db_init(db_url: str, tmp_path: Path) -> None:
+    """`db check` said up to date and `db init` made it again without a word, while idle workers,
+    hearing of no new job, took each one at their next poll (0.5 to 0.85 s instead of 0.02)."""
+    app = JobQueue(db_url, table_prefix=upgrade.app.settings.table_prefix)  # the CLI's app below
+    app.init_schema()
+    p = app.tables.prefix
+    env = {"JOBQUEUE_DATABASE_URL": db_url}
+    try:
+        with app.engine.begin() as conn:
+            conn.execute(sa.text(f"DROP TRIGGER {p}message_notify ON {p}message"))
+        checked = jobqueue("db", "check", app=APP, env=env, check=False)
+        assert checked.returncode == 1 and f"lack trigger {p}message_notify" in checked.stderr, checked.stderr
+        # A worker runs (the trigger only speeds new jobs up), saying what it lacks and the fix.
+        worker = jobqueue("worker", "--burst", "-c", "1", app=APP, env=env, timeout=60)
+        assert f"lack trigger {p}message_notify" in worker.stderr and "`jobqueue db init`" in worker.stderr
+        init = jobqueue("db", "init", app=APP, env=env)
+        assert f"created what it lacked: trigger {p}message_notify" in init.stdout, init.stdout
+        assert jobqueue("db", "check", app=APP, env=env).returncode == 0
+    finally:
+        with app.engine.begin() as conn:
+            app.tables.metadata.drop_all(conn)
+        app.close()

@@ -111,8 +111,14 @@ class Dialect(Inserts):
         """``column`` as the database stores it, for a message about a value no type reads."""
         return sa.cast(column, sa.Text)
 
-    def after_create(self, connection: sa.Connection) -> None:
-        """DDL beyond the tables that `db init` (re)applies: nothing by default."""
+    def after_create(self, connection: sa.Connection) -> list[str]:
+        """DDL beyond the tables that `db init` (re)applies: nothing by default. Returns what it
+        had to make ("trigger x"): nothing when all was in place."""
+        return []
+
+    def lacks_beyond_tables(self, connection: sa.Connection) -> list[str]:
+        """What of :meth:`after_create`'s making the database lacks ("trigger x"), for `db check`."""
+        return []
 
     def after_drop(self, connection: sa.Connection) -> None:
         """Drop what :meth:`after_create` made that dropping the tables leaves behind."""

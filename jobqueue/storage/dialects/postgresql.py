@@ -168,12 +168,19 @@ class PostgreSQLDialect(Dialect):
         connection.execute(sa.text("SELECT pg_advisory_xact_lock(hashtext(:name))"), {"name": name})
         yield
 
-    def after_create(self, connection: sa.Connection) -> None:
+    def after_create(self, connection: sa.Connection) -> list[str]:
         statements = postgresql_notify_ddl(self.tables.prefix)
         if self._notify_trigger_in_place(connection, statements[0]):
-            return  # nothing to change: no right to create is needed (the application's own login)
+            return []  # nothing to change: no right to create is needed (the application's own login)
         for statement in statements:
             connection.exec_driver_sql(statement)
+        return [f"trigger {self.tables.prefix}message_notify"]
+
+    def lacks_beyond_tables(self, connection: sa.Connection) -> list[str]:
+        # Without it, idle workers hear of no new job and find it at their next poll (up to a second).
+        if self._notify_trigger_in_place(connection, postgresql_notify_ddl(self.tables.prefix)[0]):
+            return []
+        return [f"trigger {self.tables.prefix}message_notify"]
 
     def _notify_trigger_in_place(self, connection: sa.Connection, create_function: str) -> bool:
         """Whether the wake-up trigger is on the message table and its function's body is the one
