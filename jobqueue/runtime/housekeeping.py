@@ -48,12 +48,13 @@ class Housekeeping:
     next_topic_collect: float = 0.0
     flow_walk_after: str | None = None  # where the next look for keys without a flow row goes on
     never_due_after: int = 0  # where the next look for due times that are no times goes on
+    looked: bool = False  # whether a look for due times that are no times went through once
 
     def run(self, now: float) -> int:
         settings, store = self.app.settings, self.app.store
         stale = max(10 * settings.release_stuck_timeout, 300.0)
         self.guard.try_once(lambda: store.prune_workers(stale))
-        self._fail_never_due()
+        self.looked = self._fail_never_due() or self.looked
         if self.collects_topics and now >= self.next_topic_collect:
             self.next_topic_collect = now + TOPIC_COLLECT_SECONDS
             self.guard.try_once(self.app.topic_store.collect)
@@ -63,15 +64,16 @@ class Housekeeping:
         self.guard.try_once(lambda: store.forget_idle_flow_keys(FLOW_IDLE_SECONDS))
         return self._restore_flow_keys()
 
-    def _fail_never_due(self) -> None:
+    def _fail_never_due(self) -> bool:
         """Fail the messages whose due time holds no time (edited by hand): no worker would ever
-        take them, nor could it read them, and one of a partition would hold its key for ever."""
+        take them, nor could it read them, and one of a partition would hold its key for ever.
+        Whether the look went through."""
         store = self.app.store
         ok, found = self.guard.try_once(
             lambda: store.never_due_messages(self.never_due_after, NEVER_DUE_SPAN), reads=True
         )
         if not ok or found is None:
-            return
+            return False
         rows, self.never_due_after = found
         for job_id, stored in rows:
             done, failed = self.guard.try_once(functools.partial(fail_unreadable_due_time, store, job_id, stored))
@@ -82,6 +84,7 @@ class Housekeeping:
                     job_id,
                     stored[:200],
                 )
+        return True
 
     def _restore_flow_keys(self) -> int:
         """Add back the flow rows of keys with jobs that have none (deleted by hand): no worker

@@ -383,6 +383,10 @@ class Supervisor(Reaping, Maintenance):
         views = [c.spec.slot.read() for c in self.children.values()]
         if not views or self.later.pending or not all(v is not None and v.idle for v in views):
             return
+        if self.tidies and not self.housekeeping.looked:
+            # Not before its housekeeping went through once: a job whose due time is no time
+            # (edited by hand) is failed by it, and until then holds its partition's others back.
+            return
         horizon = utcnow() + timedelta(seconds=BURST_HORIZON_SECONDS)
         ok, busy = self.guard.try_once(lambda: self.store.has_work(self.settings.queues, horizon), reads=True)
         if ok and not busy:
