@@ -21,7 +21,7 @@ from jobqueue.app import JobQueue
 from jobqueue.duration import parse_age
 from jobqueue.errors import ConfigurationError, JobQueueError
 from jobqueue.settings import APP_ENV, DATABASE_URL_ENV
-from jobqueue.storage.dialects.connector import lacks_a_privilege
+from jobqueue.storage.dialects.connector import lacks_a_privilege, privilege_advice
 from jobqueue.storage.engine import mask_in, mask_url
 
 
@@ -209,15 +209,8 @@ class Group(click.Group):
             reason = str(exc.orig).strip().splitlines()[0] if exc.orig else str(exc)
             if explained:
                 reason += f": {explained}"
-            if lacks_privilege and "for sequence" in reason:
-                reason += (
-                    "; GRANT the database user USAGE on the jobqueue tables' sequences (GRANT USAGE ON SEQUENCE ...)"
-                )
-            elif lacks_privilege:
-                reason += (
-                    "; GRANT the database user SELECT, INSERT, UPDATE and DELETE on the jobqueue tables "
-                    "(and CREATE, for `jobqueue db init` and `db upgrade`)"
-                )
+            if lacks_privilege:
+                reason += f"; {privilege_advice(reason)}"
             raise click.ClickException(mask_secrets(f"cannot use {_where(ctx)}: {reason}", ctx)) from None
         except TypeError as exc:
             if "argument for connect()" not in str(exc):  # mysqlclient, given an option it does not take

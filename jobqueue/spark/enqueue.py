@@ -62,7 +62,7 @@ def enqueue_dataframe(
     """
     if not isinstance(task, Task):
         raise ConfigurationError(f"task must be a task (a function decorated with @app.task), got {task!r}")
-    if not isinstance(batch_size, int) or not 1 <= batch_size <= 100_000:
+    if not isinstance(batch_size, int) or isinstance(batch_size, bool) or not 1 <= batch_size <= 100_000:
         raise ConfigurationError(f"batch_size must be an integer from 1 to 100000, got {batch_size!r}")
     if isinstance(args, str):
         raise ConfigurationError(f"args takes a list of column names, for one column: args=[{args!r}]")

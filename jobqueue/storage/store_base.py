@@ -19,6 +19,7 @@ from jobqueue.clock import host_now, utcnow
 from jobqueue.errors import ConfigurationError, SchemaError
 from jobqueue.storage.dialects import dialect_for
 from jobqueue.storage.dialects.common import LeaseClock
+from jobqueue.storage.dialects.connector import lacks_a_privilege, privilege_advice
 from jobqueue.storage.engine import database_kind, mask_url, same_database
 from jobqueue.storage.tables import SCHEMA_VERSION, Tables
 
@@ -132,10 +133,21 @@ class StoreBase:
         try:
             yield
         except sa.exc.DBAPIError as exc:
-            unwritable = self.dialect.unwritable(exc)
-            if unwritable:
-                raise ConfigurationError(unwritable) from exc
+            refused = self.enqueue_refused(exc)
+            if refused is not None:
+                raise refused from exc
             raise
+
+    def enqueue_refused(self, exc: sa.exc.DBAPIError) -> ConfigurationError | None:
+        """The ConfigurationError, naming the fix, for an enqueue the database refused for want of a
+        right (a file this process may not write, a privilege the login lacks); None for another error."""
+        unwritable = self.dialect.unwritable(exc)
+        if unwritable:
+            return ConfigurationError(unwritable)
+        if lacks_a_privilege(exc):
+            reason = str(exc.orig).strip().splitlines()[0] if exc.orig else str(exc)
+            return ConfigurationError(f"{reason}; nothing was enqueued: {privilege_advice(reason)}")
+        return None
 
     def _raise_if_missing_tables(self, exc: sa.exc.DBAPIError) -> None:
         missing_table = self.dialect.missing_table(exc)

@@ -31,9 +31,9 @@ class EnqueueOperations(StoreBase):
                     return [self.dialect.enqueue_one(row)]
                 except sa.exc.DBAPIError as exc:
                     self._raise_if_missing_tables(exc)
-                    unwritable = self.dialect.unwritable(exc)
-                    if unwritable:
-                        raise ConfigurationError(unwritable) from exc
+                    refused = self.enqueue_refused(exc)
+                    if refused is not None:
+                        raise refused from exc
                     raise
         with self.enqueue_errors():
             return self._enqueue(rows, connection, found)

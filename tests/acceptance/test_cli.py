@@ -488,3 +488,17 @@ def test_a_search_path_naming_no_schema_is_one_line_naming_the_fix(tmp_path: Pat
         assert len(errors) == 1 and "search_path names no schema that exists" in errors[0], result.stderr
     finally:
         servers.drop_database("postgresql", url)
+
+
+@only("postgresql")
+def test_delay_by_a_user_without_privileges_raises_configuration_error_naming_the_grant(app: JobQueue) -> None:
+    """delay() raised the driver's ProgrammingError, where the CLI named the grant."""
+    tables = ", ".join(table.name for table in app.tables.metadata.sorted_tables)
+    with app.engine.begin() as conn:  # the owner takes its own privileges away (and gives them back after)
+        conn.execute(sa.text(f"REVOKE ALL ON {tables} FROM CURRENT_USER"))
+    try:
+        with pytest.raises(ConfigurationError, match=r"permission denied for table .*; nothing was enqueued: GRANT"):
+            basic.add.delay(1, 2)
+    finally:
+        with app.engine.begin() as conn:
+            conn.execute(sa.text(f"GRANT ALL ON {tables} TO CURRENT_USER"))

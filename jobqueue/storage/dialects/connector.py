@@ -47,6 +47,16 @@ def lacks_a_privilege(exc: sa.exc.DBAPIError) -> bool:
     return bool(args) and args[0] in MYSQL_ACCESS_DENIED
 
 
+def privilege_advice(reason: str) -> str:
+    """The grant that a privilege error (its first line, ``reason``) asks for."""
+    if "for sequence" in reason:
+        return "GRANT the database user USAGE on the jobqueue tables' sequences (GRANT USAGE ON SEQUENCE ...)"
+    return (
+        "GRANT the database user SELECT, INSERT, UPDATE and DELETE on the jobqueue tables "
+        "(and CREATE, for `jobqueue db init` and `db upgrade`)"
+    )
+
+
 LOCAL_HOSTS = {None, "", "localhost", "127.0.0.1", "::1"}
 
 
