@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
+import sqlalchemy as sa
 from multiprocess import connection as mp_connection
 
 from jobqueue import clock, topics
@@ -40,6 +41,7 @@ from jobqueue.runtime.schedule_upkeep import ScheduleUpkeep
 from jobqueue.runtime.supervisor_maintenance import Maintenance
 from jobqueue.runtime.supervisor_reap import Reaping
 from jobqueue.settings import resolve_listen_url
+from jobqueue.storage.dialects.connector import CONTENTION
 from jobqueue.storage.engine import check_listen_url, mask_url
 from jobqueue.storage.schema_manager import check_schema
 
@@ -97,6 +99,7 @@ class Supervisor(Reaping, Maintenance):
         self.schedule_upkeep = ScheduleUpkeep(self.app, self.supervisor_id, self.guard)
         # Database work that failed during an outage, retried every tick until it succeeds.
         self.later = RetryLater(self.guard)
+        self.groups_waiting: set[tuple[str, str]] = set()  # groups said to wait for a publisher's lock
 
     # -- entry point -------------------------------------------------------------------------------
     def run(self) -> int:
@@ -246,7 +249,21 @@ class Supervisor(Reaping, Maintenance):
         store = self.app.topic_store
         added = []
         for c in self.consumers:
-            if store.register(c.topic, c.group, c.start):
+            try:
+                new = store.register(c.topic, c.group, c.start)
+            except sa.exc.DBAPIError as exc:
+                if self.app.store.classify(exc) == CONTENTION and (c.topic, c.group) not in self.groups_waiting:
+                    self.groups_waiting.add((c.topic, c.group))
+                    logger.warning(
+                        "adding consumer group %s:%s waits for a transaction that published to topic %s and is "
+                        "still open (the lock it holds until it ends); publishes go on meanwhile, and the group "
+                        "is added once it ends",
+                        c.topic,
+                        c.group,
+                        c.topic,
+                    )
+                raise
+            if new:
                 added.append(f"{c.topic}:{c.group} (from the {c.start})")
             elif (started := store.start_of(c.topic, c.group)) not in (None, c.start):
                 # A start changed in the code of a group that exists: nothing would say it is not

@@ -29,7 +29,7 @@ from jobqueue.storage.tables import SCHEMA_VERSION, Tables
 
 logger = logging.getLogger("jobqueue.storage")
 # A step of an upgrade that finds the tables locked by another session is tried again this many
-# times (each waiting a moment for the lock: see Dialect.wait_briefly_for_locks), a second apart.
+# times (each waiting a moment for the lock: see Dialect.brief_lock_waits), a second apart.
 STEP_TRIES = 30
 STEP_RETRY_PAUSE_SECONDS = 1.0
 
@@ -355,9 +355,9 @@ def _step(connection: sa.Connection, dialect: Any, tables: Tables, migration: Mi
         done = [f"-- {migration.version}: {migration.description}", *(f"{statement};" for statement in statements)]
         if dry_run:  # what records the step: without it, SQL applied by hand reads as undone
             return [*done, f"{stamp_sql(connection, tables, migration.version)};"]
-        dialect.wait_briefly_for_locks(connection)
-        for statement in statements:
-            connection.exec_driver_sql(statement)
+        with dialect.brief_lock_waits(connection):
+            for statement in statements:
+                connection.exec_driver_sql(statement)
         stamp(connection, tables, migration.version)
     return done
 

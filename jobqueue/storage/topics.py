@@ -237,8 +237,10 @@ class TopicStore:
                 self.dialect.insert_ignoring(tp, [tp.c.name]),
                 {"name": topic, "created_at": now, "groups_changed_at": now},
             )
-        with self.store.writing() as conn:
+        with self.store.writing() as conn, self.dialect.brief_lock_waits(conn):
             # Waits for publishes in progress; publishes that begin now wait for this to commit.
+            # A moment at a time (the caller tries again): while this waits for a publishing
+            # transaction left open, every later publish to the topic would queue behind it.
             self._groups_locked(conn, topic, now, exclusive=True)
             exists = conn.execute(stored).first()
             if exists is not None:

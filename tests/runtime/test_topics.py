@@ -16,6 +16,7 @@ import sqlalchemy as sa
 
 from jobqueue import JobQueue
 from tests.apps import topics as tp
+from tests.conftest import only
 from tests.runtime.harness import REPORTS, Worker, recorded, start, wait_for
 from tests.runtime.test_flow import kill_children_until
 
@@ -298,3 +299,29 @@ def test_a_consumer_groups_delivery_cannot_be_enqueued_by_hand(app: JobQueue) ->
     assert "app.topic('orders').publish(payload)" in refused.stderr
     with app.engine.connect() as conn:
         assert conn.execute(sa.select(sa.func.count()).select_from(app.tables.message)).scalar() == 0
+
+
+@only("postgresql", "mysql")
+def test_a_group_added_while_a_publishing_transaction_stays_open_holds_no_other_publish_back(
+    app: JobQueue, tmp_path: Path, workers: list[Worker]
+) -> None:
+    """The worker adding the group waited for the open transaction's lock, and on MariaDB every
+    publish begun after it queued behind that wait, for up to innodb_lock_wait_timeout (50 s) at
+    a time, with nothing in the log. It now waits a moment at a time, saying why."""
+    import threading
+
+    tp.orders.publish({"key": "k", "seq": 0})  # the topic exists
+    holder = app.engine.connect()
+    transaction = holder.begin()
+    tp.orders.publish({"key": "k", "seq": 1}, connection=holder)  # an application's, left open
+    worker = start(workers, tmp_path, "--concurrency", "1", "--groups", "late", name="late", app=APP)
+    try:
+        wait_for(lambda: "waits for a transaction that published to topic orders" in worker.text(), 30, "the wait")
+        published = threading.Event()
+        threading.Thread(target=lambda: (tp.orders.publish({"key": "k", "seq": 2}), published.set())).start()
+        # While the application's transaction is still open: not behind the group being added.
+        assert published.wait(20), worker.text()[-3000:]
+    finally:
+        transaction.commit()
+        holder.close()
+    wait_for(lambda: "consumer groups added: orders:late" in worker.text(), 30, "the group to be added")

@@ -132,11 +132,14 @@ class Dialect(Inserts):
         shorter than any statement); nothing by default. Errors reaching the server are left to
         the checks that follow, which wait out an outage."""
 
-    def wait_briefly_for_locks(self, connection: sa.Connection) -> None:
-        """In a schema change's transaction: wait at most a moment for a lock on a table (another
-        session's long transaction holds it). Every later statement on the table queues behind
-        a schema change that waits, so a long wait would hold up every enqueue; a short one is
-        tried again instead. Nothing by default (SQLite's writers take turns anyway)."""
+    @contextlib.contextmanager
+    def brief_lock_waits(self, connection: sa.Connection) -> Iterator[None]:
+        """In a transaction that takes a lock everyone else shares (a schema change's, a consumer
+        group being added): wait at most a moment for it, while another session's long
+        transaction holds it. Every later statement that wants the lock queues behind one that
+        waits, so a long wait would hold up every enqueue or publish; a short one is tried again
+        instead. Nothing by default (SQLite's writers take turns anyway)."""
+        yield
 
     def connection_limit(self, connection: sa.Connection) -> tuple[int, str] | None:
         """The most connections this login may hold at once, if the server limits it (per user or

@@ -49,8 +49,8 @@ UNKNOWN_COLUMN = 1054
 # OperationalError, so the code decides, not the class.
 MYSQL_DISCONNECTS = {1040, 1053, 1152, 1203, 1226, 1927, 2002, 2003, 2006, 2013, 2055, 4031}
 MYSQL_CONTENTION = {1205, 1213}
-# How long one step of a schema change waits for a table's metadata lock before it is tried again.
-SCHEMA_LOCK_WAIT_SECONDS = 2
+# How long a schema change's step, or a group being added, waits for a lock before it is tried again.
+BRIEF_LOCK_WAIT_SECONDS = 2
 # The server refused to log in, and the fix. Once a worker runs these are an outage (a database
 # being restored, a password being changed): its outcomes wait; no start gets past them.
 LOGIN_REFUSALS = {
@@ -152,7 +152,6 @@ class MySQLDialect(Dialect):
             connection.exec_driver_sql("COMMIT")
         finally:
             connection.execute(sa.select(sa.func.release_lock(name)))
-            connection.exec_driver_sql("SET SESSION lock_wait_timeout = DEFAULT")  # see wait_briefly_for_locks
 
     def apply_outcomes(self, connection: sa.Connection, outcomes: list[Outcome], now: datetime) -> set[tuple[int, int]]:
         # After lock_held (SELECT ... FOR UPDATE), one INSERT ... SELECT copies the archive rows
@@ -230,10 +229,15 @@ class MySQLDialect(Dialect):
         code = mysql_code(exc)
         return LOGIN_REFUSALS[code] if isinstance(exc, sa.exc.OperationalError) and code in LOGIN_REFUSALS else None
 
-    def wait_briefly_for_locks(self, connection: sa.Connection) -> None:
-        # A table's metadata lock (DDL); the session's: set for each step, back to the server's
-        # default when the schema change ends (see schema_lock).
-        connection.exec_driver_sql(f"SET SESSION lock_wait_timeout = {SCHEMA_LOCK_WAIT_SECONDS}")
+    @contextlib.contextmanager
+    def brief_lock_waits(self, connection: sa.Connection) -> Iterator[None]:
+        # A table's metadata lock (DDL) and a row's; the session's, so put back after.
+        seconds = BRIEF_LOCK_WAIT_SECONDS
+        connection.exec_driver_sql(f"SET SESSION lock_wait_timeout = {seconds}, innodb_lock_wait_timeout = {seconds}")
+        try:
+            yield
+        finally:
+            connection.exec_driver_sql("SET SESSION lock_wait_timeout = DEFAULT, innodb_lock_wait_timeout = DEFAULT")
 
     def connection_limit(self, connection: sa.Connection) -> tuple[int, str] | None:
         # The session's value is the account's MAX_USER_CONNECTIONS where it has one.

@@ -57,8 +57,8 @@ DISK_FULL = "53100"
 CONTENTION_CODES = {"40001", "40P01", "55P03"}  # serialization failure, deadlock, lock not available
 # A server that turned read-only (a standby after failover, or one shutting down) and a session the
 # server ended (idle in transaction too long, administrator): wait for the new primary.
-# How long one step of a schema change waits for a table's lock before it is tried again.
-SCHEMA_LOCK_WAIT_MS = 2000
+# How long a schema change's step, or a group being added, waits for a lock before it is tried again.
+BRIEF_LOCK_WAIT_MS = 2000
 INVALID_SCHEMA_NAME = "3F000"  # "no schema has been selected to create in": search_path names none that exists
 READ_ONLY_TRANSACTION = "25006"  # a standby, or default_transaction_read_only: a failover in progress
 OUTAGE_CODES = {READ_ONLY_TRANSACTION, "57P01", "57P02", "57P03", "25P03"}
@@ -215,8 +215,10 @@ class PostgreSQLDialect(Dialect):
             return OUTAGE
         return None
 
-    def wait_briefly_for_locks(self, connection: sa.Connection) -> None:
-        connection.exec_driver_sql(f"SET LOCAL lock_timeout = '{SCHEMA_LOCK_WAIT_MS}ms'")
+    @contextlib.contextmanager
+    def brief_lock_waits(self, connection: sa.Connection) -> Iterator[None]:
+        connection.exec_driver_sql(f"SET LOCAL lock_timeout = '{BRIEF_LOCK_WAIT_MS}ms'")  # until the transaction ends
+        yield
 
     def connection_limit(self, connection: sa.Connection) -> tuple[int, str] | None:
         row = connection.exec_driver_sql(
