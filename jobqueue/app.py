@@ -231,9 +231,13 @@ class JobQueue:
 
         return upgrade(self.engine, self.tables, dry_run=dry_run, schema_command=self._schema_command())
 
-    def check_schema(self) -> None:
-        """Raise SchemaError unless the tables exist at this release's version."""
-        schema_manager.check_schema(self.engine, self.tables, self._schema_command())
+    def check_schema(self, beyond_tables: bool = True) -> None:
+        """Raise SchemaError unless the tables exist at this release's version.
+
+        ``beyond_tables=False``: what `jobqueue db init` makes beyond the tables (PostgreSQL's
+        wake-up trigger, without which new jobs wait for the next poll) is not asked for.
+        """
+        schema_manager.check_schema(self.engine, self.tables, self._schema_command(), beyond_tables)
 
     # -- tasks -------------------------------------------------------------------------------------
     @overload

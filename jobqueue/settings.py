@@ -10,6 +10,7 @@ import dataclasses
 import math
 import os
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -196,8 +197,8 @@ class Settings:
             value = getattr(self, f.name)
             optional = f.type.endswith("| None")
             kind = f.type.removesuffix("| None").strip()
-            if value is None and optional or kind not in _KINDS:
-                continue
+            if value is None and optional or kind not in _KINDS or f.name.endswith("database_url"):
+                continue  # (a URL may be given as SQLAlchemy's URL object too)
             types, what = _KINDS[kind]
             if isinstance(value, bool) is not (kind == "bool") or not isinstance(value, types):
                 raise ConfigurationError(
@@ -269,8 +270,10 @@ def names_given(setting: str, value: Any) -> list[str]:
     for anything else (an int, bytes, a list holding a number)."""
     if isinstance(value, str):
         return value.split(",")
-    if isinstance(value, (list, tuple, set, frozenset)) and all(isinstance(item, str) for item in value):
-        return list(value)
+    if not isinstance(value, (bytes, bytearray)) and isinstance(value, Iterable):
+        items = list(value)
+        if all(isinstance(item, str) for item in items):
+            return items
     raise ConfigurationError(
         f"{setting} must be a comma-separated string or a list of names, got {type(value).__name__} {value!r}"
     )

@@ -61,7 +61,7 @@ def report(state: CliState, /, since: timedelta | None, out: str, master: str | 
         raise click.BadParameter(f"directory {directory} does not exist", param_hint="--out")
     _check_writable(out)
     app = state.app
-    app.check_schema()  # a database that cannot be read is said before Spark takes its time to start
+    app.check_schema(beyond_tables=False)  # a database that cannot be read is said before Spark takes its time to start
     spark, session = _spark(master)
     jobs = spark.write_report(session, app.database_url, out, since=since, table_prefix=app.settings.table_prefix)
     click.echo(f"wrote {out}: {jobs:,} archived job(s)")
@@ -111,7 +111,7 @@ def export(
 ) -> None:
     """Append archived jobs to Parquet, partitioned by date and queue."""
     app = state.app
-    app.check_schema()  # a database that cannot be read is said before Spark takes its time to start
+    app.check_schema(beyond_tables=False)  # a database that cannot be read is said before Spark takes its time to start
     spark, session = _spark(master)
     bars: list[Any] = []  # the purge's progress bar, once the export is verified
 

@@ -49,8 +49,10 @@ class Housekeeping:
     flow_walk_after: str | None = None  # where the next look for keys without a flow row goes on
     never_due_after: int = 0  # where the next look for due times that are no times goes on
     looked: bool = False  # whether a look for due times that are no times went through once
+    runs: int = 0  # turns begun, whatever became of them
 
     def run(self, now: float) -> int:
+        self.runs += 1
         settings, store = self.app.settings, self.app.store
         stale = max(10 * settings.release_stuck_timeout, 300.0)
         self.guard.try_once(lambda: store.prune_workers(stale))

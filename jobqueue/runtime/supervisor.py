@@ -43,7 +43,6 @@ from jobqueue.runtime.supervisor_reap import Reaping
 from jobqueue.settings import resolve_listen_url
 from jobqueue.storage.dialects.connector import CONTENTION
 from jobqueue.storage.engine import check_listen_url, mask_url
-from jobqueue.storage.schema_manager import check_schema
 
 if TYPE_CHECKING:
     from jobqueue.app import JobQueue
@@ -53,6 +52,8 @@ logger = logging.getLogger("jobqueue.supervisor")
 TICK_SECONDS = 0.1
 BURST_HORIZON_SECONDS = 5.0
 BURST_CHECK_SECONDS = 0.25
+# Turns of its housekeeping a --burst worker that tidies gives it to go through before it ends.
+BURST_HOUSEKEEPING_TURNS = 3
 LOOP_ERROR_PAUSE_SECONDS = 1.0
 # Two stop signals this close together are one request (a warm stop), not a warm and a cold one.
 SAME_REQUEST_SECONDS = 0.25
@@ -207,7 +208,7 @@ class Supervisor(Reaping, Maintenance):
         and is missing (PostgreSQL's wake-up trigger, left out of an application's own migrations)
         only slows new jobs down: said, and the worker runs."""
         store = self.app.store
-        check_schema(store.engine, store.tables, self.app._schema_command(), beyond_tables=False)
+        self.app.check_schema(beyond_tables=False)
         with store.engine.connect() as connection:
             missing = store.dialect.lacks_beyond_tables(connection)
             connection.rollback()
@@ -222,12 +223,14 @@ class Supervisor(Reaping, Maintenance):
 
     def _check_connection_limit(self) -> None:
         """A login limited to fewer connections than this worker holds: the processes beyond the
-        limit would wait for ever (PostgreSQL) or fail at start again and again (MySQL, MariaDB)."""
+        limit wait for a connection, running nothing; said at start, with the fix."""
         size = self.settings.effective_concurrency
         listens = self.app.store.dialect.name == "postgresql" and resolve_listen_url(self.settings) is None
         needed = 1 + 2 * size + (1 if listens else 0)
         parts = f"2 per process, 1 for the supervisor{', 1 to LISTEN' if listens else ''}"
-        self.app.store.check_connection_limit(needed, f"a worker of {size} process(es) ({parts})")
+        said = self.app.store.connection_limit_warning(needed, f"a worker of {size} process(es) ({parts})")
+        if said:
+            logger.warning("%s", said)
 
     def _warn_of_strange_queues(self) -> None:
         """A queue asked for that none of the app's tasks and consumers declares, but whose name is
@@ -400,9 +403,10 @@ class Supervisor(Reaping, Maintenance):
         views = [c.spec.slot.read() for c in self.children.values()]
         if not views or self.later.pending or not all(v is not None and v.idle for v in views):
             return
-        if self.tidies and not self.housekeeping.looked:
-            # Not before its housekeeping went through once: a job whose due time is no time
-            # (edited by hand) is failed by it, and until then holds its partition's others back.
+        if self.tidies and not self.housekeeping.looked and self.housekeeping.runs < BURST_HOUSEKEEPING_TURNS:
+            # Not before its housekeeping went through once (or had a few turns, should the
+            # database refuse it): a job whose due time is no time (edited by hand) is failed by
+            # it, and until then holds its partition's others back.
             return
         horizon = utcnow() + timedelta(seconds=BURST_HORIZON_SECONDS)
         ok, busy = self.guard.try_once(lambda: self.store.has_work(self.settings.queues, horizon), reads=True)

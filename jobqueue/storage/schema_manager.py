@@ -94,7 +94,9 @@ def _unlike_this_schema(tables: Tables, version: int | None, versionless: bool, 
     named = ", ".join(columns[:4]) + (f" and {len(columns) - 4} more" if len(columns) > 4 else "")
     # Tables whose message table is not jobqueue's are another's, version row or not (the topic
     # log of a prefix that this one extends: jq_topic_message is jq_'s, and would be jq_topic_'s).
-    foreign = version is None and any(column.startswith(f"{tables.message.name}.") for column in columns)
+    # (a message table without the columns every release's has: older releases' lack only later ones)
+    first = {f"{tables.message.name}.{name}" for name in ("task_name", "payload", "state")}
+    foreign = version is None and bool(first & set(columns))
     if versionless and not foreign:
         return SchemaError(
             f"the jobqueue tables ({tables.prefix}*) record no schema version and lack column(s) {named}: "
@@ -134,16 +136,18 @@ def check_schema(
         if version is not None and version > SCHEMA_VERSION:
             raise newer_error(conn, tables, version)
         created, columns = lacking(conn, tables) if version == SCHEMA_VERSION else ([], [])
-        if version == SCHEMA_VERSION and beyond_tables:
-            created += dialect.lacks_beyond_tables(conn)
+        beyond = dialect.lacks_beyond_tables(conn) if version == SCHEMA_VERSION and beyond_tables else []
         versionless = unversioned(conn, tables, version)
     if version is None:
         raise unversioned_error(tables, schema_command) if versionless else missing_error(tables, schema_command)
     if version < SCHEMA_VERSION:
         raise older_error(tables, version, schema_command)
-    if created or columns:
+    if created or columns or beyond:
         command = f"`{schema_command}`" if schema_command else "`jobqueue db init`"
         fixes = [f"run {command}, which creates {', '.join(created)} again"] if created else []
+        if beyond:  # made by jobqueue's own command, whoever made the tables (an applied migration does nothing)
+            fixes.append(f"run `jobqueue db init`, which makes {', '.join(beyond)} again")
+        created = created + beyond
         if columns:
             fixes.append(
                 f"add the column(s) {', '.join(columns)} back by hand (ALTER TABLE ... ADD COLUMN, of the type "
@@ -217,7 +221,7 @@ def _unusable_sequences(conn: sa.Connection, tables: Tables) -> list[str]:
         usable = (
             sequence is None
             or conn.execute(
-                sa.text("SELECT has_sequence_privilege(:sequence, 'USAGE')"), {"sequence": sequence}
+                sa.text("SELECT has_sequence_privilege(:sequence, 'USAGE, UPDATE')"), {"sequence": sequence}
             ).scalar()
         )
         if sequence is not None and not usable:

@@ -102,19 +102,22 @@ class StoreBase:
 
         check_rights(self.engine, self.tables)
 
-    def check_connection_limit(self, needed: int, what: str) -> None:
-        """Raise ConfigurationError if the login may hold fewer than ``needed`` connections at
-        once (``what`` needs them): its processes beyond the limit would wait for ever for one."""
+    def connection_limit_warning(self, needed: int, what: str) -> str | None:
+        """What to say if the login may hold fewer than ``needed`` connections at once (``what``
+        needs them): its processes beyond the limit would wait for one. A warning, not a refusal:
+        behind a pooler (PgBouncer) the limit bounds the pooler's server connections, not these."""
         with self.engine.connect() as connection:
             found = self.dialect.connection_limit(connection)
             connection.rollback()
-        if found is not None and found[0] < needed:
-            limit, statement = found
-            raise ConfigurationError(
-                f"the database login may hold at most {limit} connection(s) at once, and {what} needs {needed}: "
-                f"raise the limit ({statement.format(needed=needed)}; more if the application shares the login), "
-                "or lower --concurrency"
-            )
+        if found is None or found[0] >= needed:
+            return None
+        limit, statement = found
+        return (
+            f"the database login may hold at most {limit} connection(s) at once, and {what} needs {needed}: "
+            f"the processes beyond the limit wait for a connection and run nothing. Raise the limit "
+            f"({statement.format(needed=needed)}; more if the application shares the login), or lower "
+            "--concurrency (behind a pooler such as PgBouncer the limit bounds its server connections, not these)"
+        )
 
     @contextmanager
     def schema_errors(self) -> Iterator[None]:

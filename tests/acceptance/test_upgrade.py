@@ -625,9 +625,11 @@ def test_a_missing_wake_up_trigger_is_named_by_db_check_and_made_again_by_db_ini
             conn.execute(sa.text(f"DROP TRIGGER {p}message_notify ON {p}message"))
         checked = jobqueue("db", "check", app=APP, env=env, check=False)
         assert checked.returncode == 1 and f"lack trigger {p}message_notify" in checked.stderr, checked.stderr
-        # A worker runs (the trigger only speeds new jobs up), saying what it lacks and the fix.
+        # A worker runs (the trigger only speeds new jobs up), saying what it lacks and the fix;
+        # so health holds it healthy (a liveness probe must not restart a worker that works).
         worker = jobqueue("worker", "--burst", "-c", "1", app=APP, env=env, timeout=60)
         assert f"lack trigger {p}message_notify" in worker.stderr and "`jobqueue db init`" in worker.stderr
+        assert jobqueue("health", "--no-workers", app=APP, env=env, check=False).returncode == 0
         init = jobqueue("db", "init", app=APP, env=env)
         assert f"created what it lacked: trigger {p}message_notify" in init.stdout, init.stdout
         assert jobqueue("db", "check", app=APP, env=env).returncode == 0

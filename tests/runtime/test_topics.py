@@ -318,7 +318,12 @@ def test_a_group_added_while_a_publishing_transaction_stays_open_holds_no_other_
     try:
         wait_for(lambda: "waits for a transaction that published to topic orders" in worker.text(), 30, "the wait")
         published = threading.Event()
-        threading.Thread(target=lambda: (tp.orders.publish({"key": "k", "seq": 2}), published.set())).start()
+
+        def publish() -> None:
+            tp.orders.publish({"key": "k", "seq": 2})
+            published.set()
+
+        threading.Thread(target=publish).start()
         # While the application's transaction is still open: not behind the group being added.
         assert published.wait(20), worker.text()[-3000:]
     finally:

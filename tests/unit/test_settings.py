@@ -255,3 +255,11 @@ def test_queues_and_groups_of_another_kind_are_refused_naming_the_setting(change
         JobQueue("sqlite:///unused.sqlite3", **changes)
     with pytest.raises(ConfigurationError, match=f"{name} must be a comma-separated string"):
         JobQueue("sqlite:///unused.sqlite3").configure(**changes)
+
+
+def test_a_url_object_and_any_iterable_of_names_are_taken() -> None:
+    """The kinds check must not refuse what was always accepted: SQLAlchemy's URL, a generator of queues."""
+    import sqlalchemy as sa
+
+    app = JobQueue(sa.make_url("sqlite:///unused.sqlite3"), queues=(name for name in ["a", "b"]), groups={"g"})
+    assert app.settings.queues == ("a", "b") and app.settings.groups == ("g",)

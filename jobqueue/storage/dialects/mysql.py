@@ -231,13 +231,22 @@ class MySQLDialect(Dialect):
 
     @contextlib.contextmanager
     def brief_lock_waits(self, connection: sa.Connection) -> Iterator[None]:
-        # A table's metadata lock (DDL) and a row's; the session's, so put back after.
+        # A table's metadata lock (DDL) and a row's; the session's, so put back after as the
+        # session had them (an init_command's, say), not to the server's defaults.
+        before = connection.exec_driver_sql(
+            "SELECT @@SESSION.lock_wait_timeout, @@SESSION.innodb_lock_wait_timeout"
+        ).one()
         seconds = BRIEF_LOCK_WAIT_SECONDS
         connection.exec_driver_sql(f"SET SESSION lock_wait_timeout = {seconds}, innodb_lock_wait_timeout = {seconds}")
         try:
             yield
         finally:
-            connection.exec_driver_sql("SET SESSION lock_wait_timeout = DEFAULT, innodb_lock_wait_timeout = DEFAULT")
+            try:
+                connection.exec_driver_sql(
+                    f"SET SESSION lock_wait_timeout = {int(before[0])}, innodb_lock_wait_timeout = {int(before[1])}"
+                )
+            except sa.exc.DBAPIError:  # the connection is gone (and its session with it): the error is the caller's
+                pass
 
     def connection_limit(self, connection: sa.Connection) -> tuple[int, str] | None:
         # The session's value is the account's MAX_USER_CONNECTIONS where it has one.

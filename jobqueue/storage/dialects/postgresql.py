@@ -222,8 +222,8 @@ class PostgreSQLDialect(Dialect):
 
     def connection_limit(self, connection: sa.Connection) -> tuple[int, str] | None:
         row = connection.exec_driver_sql(
-            "SELECT r.rolconnlimit, d.datconnlimit, current_user, current_database(), r.rolsuper "
-            "FROM pg_roles r, pg_database d WHERE r.rolname = current_user AND d.datname = current_database()"
+            "SELECT r.rolconnlimit, d.datconnlimit, session_user, current_database(), r.rolsuper "
+            "FROM pg_roles r, pg_database d WHERE r.rolname = session_user AND d.datname = current_database()"
         ).one_or_none()
         if row is None or row[4]:  # a superuser is held to neither limit
             return None

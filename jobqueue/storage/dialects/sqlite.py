@@ -203,7 +203,7 @@ class SQLiteDialect(Dialect):
             return (
                 f"{path} is not a SQLite database (another kind of file, or an encrypted one): fix the path in the URL"
             )
-        if "malformed" in text:
+        if "database disk image is malformed" in text or "malformed database schema" in text:
             return (
                 f"the SQLite database {path} is damaged (its disk image is malformed): restore it from a backup; "
                 f"`sqlite3 {path} .recover` may save what it holds"

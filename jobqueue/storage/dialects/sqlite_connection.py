@@ -98,6 +98,18 @@ def engine_options(url: sa.URL) -> tuple[sa.URL, dict[str, Any]]:
     return url, {"connect_args": {"timeout": BUSY_TIMEOUT_SECONDS, "check_same_thread": False}}
 
 
+def _absent(path: str) -> bool:
+    """Whether nothing is at ``path`` (a directory this user may not search is left to SQLite,
+    whose error the permissions then explain)."""
+    try:
+        os.stat(path)
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False
+    return False
+
+
 def configure(engine: sa.Engine) -> None:
     """Set up every connection ``engine`` opens, and every transaction it begins."""
 
@@ -111,7 +123,7 @@ def configure(engine: sa.Engine) -> None:
             isinstance(path, str)
             and not cparams.get("uri")
             and not CREATING_DATABASE.get()
-            and not os.path.exists(path)
+            and _absent(path)
             and os.path.isdir(os.path.dirname(os.path.abspath(path)))
         ):
             raise SchemaError(
