@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import importlib.util
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -261,5 +262,6 @@ def test_a_url_object_and_any_iterable_of_names_are_taken() -> None:
     """The kinds check must not refuse what was always accepted: SQLAlchemy's URL, a generator of queues."""
     import sqlalchemy as sa
 
-    app = JobQueue(sa.make_url("sqlite:///unused.sqlite3"), queues=(name for name in ["a", "b"]), groups={"g"})
+    url: Any = sa.make_url("sqlite:///unused.sqlite3")  # not in JobQueue's signature, but taken at run time
+    app = JobQueue(url, queues=(name for name in ["a", "b"]), groups={"g"})
     assert app.settings.queues == ("a", "b") and app.settings.groups == ("g",)
