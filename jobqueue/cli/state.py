@@ -21,7 +21,7 @@ from jobqueue.app import JobQueue
 from jobqueue.duration import parse_age
 from jobqueue.errors import ConfigurationError, JobQueueError
 from jobqueue.settings import APP_ENV, DATABASE_URL_ENV
-from jobqueue.storage.dialects.connector import lacks_a_privilege, privilege_advice
+from jobqueue.storage.dialects.connector import first_line, lacks_a_privilege, privilege_advice
 from jobqueue.storage.engine import mask_in, mask_url
 
 
@@ -206,7 +206,7 @@ class Group(click.Group):
                 and not explained
             ):
                 raise
-            reason = str(exc.orig).strip().splitlines()[0] if exc.orig else str(exc)
+            reason = first_line(exc)
             if explained:
                 reason += f": {explained}"
             if lacks_privilege:

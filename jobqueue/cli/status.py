@@ -14,6 +14,7 @@ from jobqueue.cli.output import console, echo_json, print_table, shown_key
 from jobqueue.cli.state import CliState, FiniteSeconds, mask_secrets
 from jobqueue.errors import JobQueueError
 from jobqueue.storage import jobs, waiting
+from jobqueue.storage.dialects.connector import first_line
 
 QUEUE_COLUMNS = ["queue", *jobs.QUEUE_STATES, "oldest_ready_seconds"]
 WORKER_COLUMNS = [
@@ -135,9 +136,7 @@ def health(state: CliState, as_json: bool, max_heartbeat_age: float | None, this
             detail = probe()
             ok = True
         except Exception as exc:  # a probe reports every failure, whatever raised it
-            orig = getattr(exc, "orig", None)  # a driver's error: its first line, and what it means
-            text = str(orig if orig is not None else exc).strip()
-            detail = text.splitlines()[0] if text else type(exc).__name__
+            detail = first_line(exc)  # a driver's error: its first line, and what it means
             explained = app.store.explain(exc) if isinstance(exc, sa.exc.DBAPIError) else None
             if explained:
                 detail += f": {explained}"

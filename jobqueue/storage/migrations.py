@@ -24,7 +24,7 @@ import sqlalchemy as sa
 from jobqueue.clock import utcnow
 from jobqueue.errors import SchemaError
 from jobqueue.storage.dialects import dialect_for
-from jobqueue.storage.dialects.connector import CONTENTION
+from jobqueue.storage.dialects.connector import CONTENTION, first_line
 from jobqueue.storage.tables import SCHEMA_VERSION, Tables
 
 logger = logging.getLogger("jobqueue.storage")
@@ -327,7 +327,7 @@ def upgrade(engine: sa.Engine, tables: Tables, dry_run: bool = False, schema_com
                     if attempt == STEP_TRIES:
                         raise SchemaError(
                             f"the upgrade to schema {migration.version} found the jobqueue tables locked by another "
-                            f"session {STEP_TRIES} times ({str(exc.orig).strip().splitlines()[0]}): a long "
+                            f"session {STEP_TRIES} times ({first_line(exc)}): a long "
                             "transaction that touched them (an application's that enqueued, or a session left "
                             "open), which holds their lock until it ends; end it, then run the upgrade again "
                             "(it goes on from this step)"
@@ -337,7 +337,7 @@ def upgrade(engine: sa.Engine, tables: Tables, dry_run: bool = False, schema_com
                     logger.warning(
                         "upgrade to schema %s: the tables are locked by another session (%s); trying again",
                         migration.version,
-                        str(exc.orig).strip().splitlines()[0],
+                        first_line(exc),
                     )
                     time.sleep(STEP_RETRY_PAUSE_SECONDS)
     return done

@@ -24,6 +24,11 @@ from jobqueue.storage.migrations import (
 )
 from jobqueue.storage.tables import SCHEMA_VERSION, Tables
 
+# The fix for columns dropped by hand, which `db init` does not add (they may hold data elsewhere).
+ADD_BACK_BY_HAND = (
+    "add the column(s) back by hand (ALTER TABLE ... ADD COLUMN, of the type a new database gets), or restore the table"
+)
+
 
 def init_schema(engine: sa.Engine, tables: Tables) -> str:
     """Create missing tables, or upgrade older ones, and record the schema version; safe to run any
@@ -92,9 +97,9 @@ def _init_locked(conn: sa.Connection, tables: Tables, dialect: Dialect) -> str:
 def _unlike_this_schema(tables: Tables, version: int | None, versionless: bool, columns: list[str]) -> SchemaError:
     """Why `db init` leaves tables that lack columns of this schema as they are."""
     named = ", ".join(columns[:4]) + (f" and {len(columns) - 4} more" if len(columns) > 4 else "")
-    # Tables whose message table is not jobqueue's are another's, version row or not (the topic
-    # log of a prefix that this one extends: jq_topic_message is jq_'s, and would be jq_topic_'s).
-    # (a message table without the columns every release's has: older releases' lack only later ones)
+    # Tables whose message table lacks the columns every release's has are another's, version row
+    # or not (the topic log of a prefix that this one extends: jq_topic_message is jq_'s, and would
+    # be jq_topic_'s); an older release's tables lack only columns added since.
     first = {f"{tables.message.name}.{name}" for name in ("task_name", "payload", "state")}
     foreign = version is None and bool(first & set(columns))
     if versionless and not foreign:
@@ -112,8 +117,7 @@ def _unlike_this_schema(tables: Tables, version: int | None, versionless: bool, 
         )
     return SchemaError(
         f"the jobqueue tables ({tables.prefix}*) are at schema version {version} but lack column(s) {named} "
-        "(dropped by hand?): add the column(s) back by hand (ALTER TABLE ... ADD COLUMN, of the type a new "
-        "database gets), or restore the table"
+        f"(dropped by hand?): {ADD_BACK_BY_HAND}"
     )
 
 
@@ -149,10 +153,7 @@ def check_schema(
             fixes.append(f"run `jobqueue db init`, which makes {', '.join(beyond)} again")
         created = created + beyond
         if columns:
-            fixes.append(
-                f"add the column(s) {', '.join(columns)} back by hand (ALTER TABLE ... ADD COLUMN, of the type "
-                "a new database gets), or restore the table"
-            )
+            fixes.append(ADD_BACK_BY_HAND.replace("the column(s)", f"the column(s) {', '.join(columns)}"))
         raise SchemaError(
             f"the jobqueue tables ({tables.prefix}*) are at schema version {version} but lack "
             f"{', '.join(created + ['column ' + c for c in columns])} (dropped by hand?): {'; '.join(fixes)}"
@@ -218,12 +219,7 @@ def _unusable_sequences(conn: sa.Connection, tables: Tables) -> list[str]:
         sequence: str | None = conn.execute(
             sa.text("SELECT pg_get_serial_sequence(:table, :column)"), {"table": table.name, "column": key.name}
         ).scalar()
-        usable = (
-            sequence is None
-            or conn.execute(
-                sa.text("SELECT has_sequence_privilege(:sequence, 'USAGE, UPDATE')"), {"sequence": sequence}
-            ).scalar()
-        )
-        if sequence is not None and not usable:
+        usable = sa.text("SELECT has_sequence_privilege(:sequence, 'USAGE, UPDATE')")
+        if sequence is not None and not conn.execute(usable, {"sequence": sequence}).scalar():
             found.append(sequence)
     return found

@@ -19,7 +19,7 @@ from jobqueue.clock import host_now, utcnow
 from jobqueue.errors import ConfigurationError, SchemaError
 from jobqueue.storage.dialects import dialect_for
 from jobqueue.storage.dialects.common import LeaseClock
-from jobqueue.storage.dialects.connector import lacks_a_privilege, privilege_advice
+from jobqueue.storage.dialects.connector import first_line, lacks_a_privilege, privilege_advice
 from jobqueue.storage.engine import database_kind, mask_url, same_database
 from jobqueue.storage.tables import SCHEMA_VERSION, Tables
 
@@ -148,7 +148,7 @@ class StoreBase:
         if unwritable:
             return ConfigurationError(unwritable)
         if lacks_a_privilege(exc):
-            reason = str(exc.orig).strip().splitlines()[0] if exc.orig else str(exc)
+            reason = first_line(exc)
             return ConfigurationError(f"{reason}; nothing was enqueued: {privilege_advice(reason)}")
         return None
 

@@ -47,6 +47,13 @@ def lacks_a_privilege(exc: sa.exc.DBAPIError) -> bool:
     return bool(args) and args[0] in MYSQL_ACCESS_DENIED
 
 
+def first_line(exc: BaseException) -> str:
+    """What an error says, in a line: the driver's own error's first line where there is one."""
+    orig = getattr(exc, "orig", None)
+    text = str(orig if orig is not None else exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
 def privilege_advice(reason: str) -> str:
     """The grant that a privilege error (its first line, ``reason``) asks for."""
     if "for sequence" in reason:
@@ -233,8 +240,7 @@ class Connector:
         """Before a worker starts: raise ConfigurationError with the fix if ``exc`` is a refused login."""
         fix = self.login_refused(exc)
         if fix is not None:
-            reason = str(exc.orig).strip().splitlines()[0] if exc.orig else str(exc)
-            raise ConfigurationError(f"the database server refuses this login ({reason}): {fix}") from None
+            raise ConfigurationError(f"the database server refuses this login ({first_line(exc)}): {fix}") from None
 
     def missing_table(self, exc: sa.exc.DBAPIError) -> bool:
         """True if ``exc`` says that a table does not exist."""
