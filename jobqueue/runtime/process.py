@@ -66,6 +66,7 @@ EWMA_WEIGHT = 0.2
 # behind it to the supervisor, which returns them to the queue.
 HOARD_SECONDS = 2 * PREFETCH_WINDOW_SECONDS
 KEEPER_JOIN_SECONDS = 30.0
+MEMORY_RESERVE_BYTES = 64 * 1024
 STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT}
 
 
@@ -100,6 +101,8 @@ class WorkerProcess(Fetching, Flushing, KeeperThread):
         self.avg_duration: float | None = None
         self.done = 0
         self.last_run: Message | None = None  # the job that ran last (see _out_of_memory)
+        # Freed when the process runs out of memory, so that it can still blame the job and say so.
+        self.memory_reserve: bytearray | None = bytearray(MEMORY_RESERVE_BYTES)
         self.stop_requested_at: float | None = None
         self.pending_token: int | None = None
         self.keeper_stop = threading.Event()
@@ -172,6 +175,11 @@ class WorkerProcess(Fetching, Flushing, KeeperThread):
             pass  # stopping during an outage: what we hold is released by the supervisor
         except MemoryError:
             self._out_of_memory()
+        except SystemError:
+            # What a driver's C code short of memory may raise ("error return without exception set")
+            if memory_exhausted():
+                self._out_of_memory()
+            raise
         finally:
             self.keeper_stop.set()
             if keeper.is_alive():
@@ -300,15 +308,18 @@ class WorkerProcess(Fetching, Flushing, KeeperThread):
         like a job that kills its process, it is charged a delivery, and after max_deliveries it
         fails without running, rather than run and fill a fresh process again for ever. The other
         outcomes it held are lost, and those jobs run again; what it held goes back to the queue."""
-        if self.last_run is not None:
-            self.spec.slot.blame(self.last_run.id, self.last_run.lease_token)
-        with contextlib.suppress(BaseException):
-            os.write(
-                2,
-                f"worker process {os.getpid()} ran out of memory after job {getattr(self.last_run, 'id', '-')}; "
-                "it exits\n".encode(),
-            )
-        os._exit(OUT_OF_MEMORY_STATUS)
+        self.memory_reserve = None  # room to say so in, whatever the job left
+        try:
+            if self.last_run is not None:
+                self.spec.slot.blame(self.last_run.id, self.last_run.lease_token)
+            with contextlib.suppress(BaseException):
+                os.write(
+                    2,
+                    f"worker process {os.getpid()} ran out of memory after job {getattr(self.last_run, 'id', '-')}; "
+                    "it exits\n".encode(),
+                )
+        finally:
+            os._exit(OUT_OF_MEMORY_STATUS)
 
     def _report_stale(self) -> None:
         stale = self.held.take_stale()
@@ -389,6 +400,15 @@ def serves_rated(app: JobQueue, queues: tuple[str, ...] | None) -> bool:
 def capacity_of(fetch_batch_size: int, overfetch_factor: float) -> int:
     """How many messages a process may hold unstarted (and how many outcomes make it flush)."""
     return max(1, int(fetch_batch_size * overfetch_factor))
+
+
+def memory_exhausted() -> bool:
+    """Whether this process could not take a little more memory (a MEMORY_RESERVE_BYTES piece)."""
+    try:
+        bytearray(MEMORY_RESERVE_BYTES)
+    except MemoryError:
+        return True
+    return False
 
 
 EMFILE_TEXT = f"[Errno {errno.EMFILE}]"  # in the message of an OSError for want of a file descriptor

@@ -485,7 +485,7 @@ def span(key: str, seq: int, seconds: float) -> None:
             time.sleep(seconds)
 
 
-FILLED: list[bytearray] = []  # what rt.fills_memory keeps, as a leak would
+FILLED: list[bytearray | None] = []  # what rt.fills_memory keeps, as a leak would
 
 
 @app.task(name="rt.fills_memory", max_deliveries=2, retry_strategy=NoRetryStrategy())
@@ -494,16 +494,21 @@ def fills_memory() -> int:
     and keeps it: the process has none left to write the job's outcome with."""
     import resource
 
+    FILLED.extend([None] * 1_000_000)  # room to keep each piece without growing the list
     with open("/proc/self/status") as status:
         used = next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmSize:"))
     resource.setrlimit(resource.RLIMIT_AS, (used + 256 * 1024 * 1024, resource.RLIM_INFINITY))
-    for chunk in (1024 * 1024, 1024):
+    # Large pieces first, then every small size Python's allocator keeps free blocks of (multiples
+    # of 16 bytes up to 512): no free block of any size is left for writing the outcome.
+    kept = 0
+    for size in (1024 * 1024, 4096, 1024, *range(512, 0, -16)):
         try:
-            while True:
-                FILLED.append(bytearray(chunk))
+            while kept < len(FILLED):
+                FILLED[kept] = bytearray(size - 1)
+                kept += 1
         except MemoryError:
             pass
-    return len(FILLED)
+    return kept
 
 
 @app.task(name="rt.clears_wakeup")

@@ -188,6 +188,7 @@ def test_a_job_that_leaves_its_process_no_memory_is_failed_after_max_deliveries(
     log = worker.text()
     assert log.count(f"ran out of memory after job {hog.id}; it exits") == 2, log[-3000:]
     assert log.count(f"exited with code 4 while running job {hog.id}") == 2, log[-3000:]
+    assert "crashed" not in log, log[-3000:]
 
 
 def test_a_job_that_lowers_the_limit_of_open_files_gets_its_process_recycled(
