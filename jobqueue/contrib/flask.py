@@ -15,7 +15,7 @@ at once on jobqueue's own connection. Workers run every job inside an app contex
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
@@ -25,6 +25,9 @@ from jobqueue.storage.engine import mask_url, same_database
 
 if TYPE_CHECKING:
     from jobqueue.app import JobQueue
+
+
+ENQUEUED_IN_SESSION = "_jobqueue_enqueued_in_session"  # in flask.g: each enqueue's commit watch
 
 
 class FlaskIntegration(Framework):
@@ -71,10 +74,44 @@ class FlaskIntegration(Framework):
             )
         return db.session
 
+    def commit_watch(self, connection: Any) -> Callable[[], bool] | None:
+        watch = super().commit_watch(connection)
+        if watch is not None:
+            from flask import g
+
+            g.setdefault(ENQUEUED_IN_SESSION, []).append(watch)
+        return watch
+
+    @staticmethod
+    def _uncommitted() -> bool:
+        """Whether jobs enqueued through db.session in this app context wait for a commit."""
+        from flask import g, has_app_context
+
+        return has_app_context() and any(still_open() for still_open in g.get(ENQUEUED_IN_SESSION, ()))
+
     @contextmanager
     def job_scope(self) -> Iterator[None]:
         with self.flask_app.app_context():
             yield
+            # The app context's end rolls back db.session: jobs the task enqueued through it and
+            # left uncommitted would be gone without a word. The job fails instead (and is retried).
+            if self._uncommitted():
+                raise ConfigurationError(
+                    "this job enqueued jobs through db.session and returned without committing it: "
+                    "Flask-SQLAlchemy rolls the session back as the job ends, and those jobs with it. "
+                    "Call db.session.commit() before the task returns (db.session.rollback() to drop "
+                    "them on purpose)"
+                )
+
+    def check_drain(self) -> None:
+        # drain() reads and writes on jobqueue's own connections, which cannot see jobs enqueued
+        # in db.session's open transaction; on SQLite they would wait for its lock, then fail.
+        if self._uncommitted():
+            raise ConfigurationError(
+                "drain() was called while db.session holds jobs enqueued in a transaction not yet "
+                "committed: drain() runs jobs on jobqueue's own connections, which cannot see them "
+                "(on SQLite they would also wait for its lock). Call db.session.commit() first"
+            )
 
     def before_fork(self) -> None:
         # Pooled connections must not be shared with forked children.

@@ -17,7 +17,9 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from jobqueue.errors import ConfigurationError, JobNotCommitted
+from jobqueue import Task
+from jobqueue.errors import ConfigurationError, JobFailed, JobNotCommitted
+from jobqueue.retry import NoRetryStrategy
 from jobqueue.testing import drain
 from tests.acceptance.cli import ROOT
 
@@ -162,6 +164,59 @@ def test_drain_runs_the_shops_jobs_in_the_test_process(shop) -> None:
     for order in placed:
         assert client.get(f"/orders/{order['id']}").json["status"] == "confirmed"
     assert jobs(module) == (0, 3)
+
+
+def chained(module: ModuleType) -> tuple[Task, Task]:
+    """Two tasks of the shop's JobQueue, made once: a parent that enqueues the shop's confirmation
+    job through db.session, committing it or not."""
+    jq = module.jq
+    if jq.registry.get("test.enqueues_and_commits") is None:
+
+        @jq.task(name="test.enqueues_and_commits", retry_strategy=NoRetryStrategy())
+        def enqueues_and_commits(order_id: int) -> int:
+            job = module.confirm_order.delay(order_id)
+            module.db.session.commit()
+            return job.id
+
+        @jq.task(name="test.enqueues_only", retry_strategy=NoRetryStrategy())
+        def enqueues_only(order_id: int) -> int:
+            return module.confirm_order.delay(order_id).id  # db.session never committed
+
+    return jq.get_task("test.enqueues_and_commits"), jq.get_task("test.enqueues_only")
+
+
+def test_a_job_that_enqueues_through_db_session_without_committing_fails_naming_the_fix(shop) -> None:
+    """A task that enqueued its next step through db.session and returned without committing it:
+    the app context's end rolled the session back, and the next step was gone without a word."""
+    module, flask_app = shop
+    commits, forgets = chained(module)
+    with flask_app.app_context():
+        order = module.Order(item="lamp", quantity=1)
+        module.db.session.add(order)
+        module.db.session.commit()
+        order_id = order.id
+    forgot = forgets.delay(order_id)
+    drain(module.jq)
+    with pytest.raises(JobFailed, match=r"returned without committing it.*db\.session\.commit\(\)"):
+        forgot.get(timeout=5)
+    assert jobs(module) == (0, 1)  # nothing was enqueued by it
+    committed = commits.delay(order_id)
+    ran = drain(module.jq)
+    assert [h.id for h in ran] == [committed.id, committed.get(timeout=5)]  # the parent, then its child
+    with flask_app.app_context():
+        assert module.db.session.get(module.Order, order_id).status == "confirmed"
+
+
+def test_drain_with_jobs_db_session_has_not_committed_says_to_commit(shop) -> None:
+    """drain() in an app context whose db.session held uncommitted jobs waited 30 s for SQLite's
+    lock and failed, or (PostgreSQL, MariaDB) ran nothing, without a word."""
+    module, flask_app = shop
+    with flask_app.app_context():
+        module.confirm_order.delay(1)
+        with pytest.raises(ConfigurationError, match=r"not yet committed.*db\.session\.commit\(\) first"):
+            drain(module.jq)
+        module.db.session.commit()
+        assert len(drain(module.jq)) == 1  # the order does not exist: the job fails, but it ran
 
 
 def test_flask_jobqueue_commands_use_the_apps_database(shop, db_url: str, tmp_path) -> None:
