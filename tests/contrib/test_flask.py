@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from jobqueue import Task
+from jobqueue import JobHandle, Task
 from jobqueue.errors import ConfigurationError, JobFailed, JobNotCommitted
 from jobqueue.retry import NoRetryStrategy
 from jobqueue.testing import drain
@@ -174,13 +174,14 @@ def chained(module: ModuleType) -> tuple[Task, Task]:
 
         @jq.task(name="test.enqueues_and_commits", retry_strategy=NoRetryStrategy())
         def enqueues_and_commits(order_id: int) -> int:
-            job = module.confirm_order.delay(order_id)
+            job: JobHandle = module.confirm_order.delay(order_id)
             module.db.session.commit()
             return job.id
 
         @jq.task(name="test.enqueues_only", retry_strategy=NoRetryStrategy())
         def enqueues_only(order_id: int) -> int:
-            return module.confirm_order.delay(order_id).id  # db.session never committed
+            job: JobHandle = module.confirm_order.delay(order_id)
+            return job.id  # db.session never committed
 
     return jq.get_task("test.enqueues_and_commits"), jq.get_task("test.enqueues_only")
 
