@@ -132,6 +132,22 @@ def test_handles_say_which_unique_keys_found_an_active_job(app: JobQueue, add) -
     assert (inside.id, inside.existing, fresh.existing) == (handles[1].id, True, False)
 
 
+def test_a_unique_key_another_transaction_took_is_found_from_the_callers_older_snapshot(app: JobQueue, add) -> None:
+    """The caller's own engine (REPEATABLE READ, MySQL's default) read before another transaction
+    enqueued the key and committed: the insert met that job, the read of it saw the caller's older
+    snapshot, and the enqueue failed with a bare RuntimeError after 10 tries."""
+    engine = sa.create_engine(app.engine.url)  # not jobqueue's engine, which reads committed rows
+    try:
+        with engine.begin() as conn:
+            conn.execute(sa.select(sa.func.count()).select_from(app.tables.message)).scalar()  # the snapshot
+            other = add.apply_async((1, 1), unique_key="taken")  # committed meanwhile
+            mine = add.apply_async((2, 2), unique_key="taken", connection=conn)
+        assert (mine.id, mine.existing) == (other.id, True)
+        assert len(rows(app)) == 1
+    finally:
+        engine.dispose()
+
+
 def test_unique_key_is_race_free_under_concurrent_enqueues(app: JobQueue, add) -> None:
     barrier = threading.Barrier(20)
     results: list[int] = []

@@ -13,6 +13,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from jobqueue.clock import utcnow
+from jobqueue.errors import JobQueueError
 from jobqueue.job import Batch
 from jobqueue.storage.dialects.common import BATCH_COLUMNS, json_text
 from jobqueue.storage.dialects.connector import Connector
@@ -158,7 +159,9 @@ class Inserts(Connector):
         """Insert ``row`` and return (its id, True), or (the id of the active message holding its
         (task_name, unique_key), False) when one does."""
         m = self.message
-        existing = sa.select(m.c.id).where(m.c.task_name == row["task_name"], m.c.unique_key == row["unique_key"])
+        existing = self.holder_of_key(
+            sa.select(m.c.id).where(m.c.task_name == row["task_name"], m.c.unique_key == row["unique_key"])
+        )
         for _ in range(UNIQUE_RETRIES):
             new_id = self.insert_unique(connection, row)
             if new_id is not None:
@@ -167,7 +170,15 @@ class Inserts(Connector):
             if found is not None:
                 return int(found), False
             # The holder was archived between our insert and our select: try again.
-        raise RuntimeError(f"could not enqueue unique key {row['unique_key']!r} after {UNIQUE_RETRIES} tries")
+        raise JobQueueError(
+            f"could not enqueue unique key {row['unique_key']!r} after {UNIQUE_RETRIES} tries: the job holding "
+            "it was archived each time before it could be read"
+        )
+
+    def holder_of_key(self, select: sa.Select[Any]) -> sa.Select[Any]:
+        """The read of the active message an insert found holding a unique key: it must see the
+        latest committed rows, as the insert did (not an older snapshot of the caller's transaction)."""
+        return select
 
     def insert_new(self, connection: sa.Connection, rows: list[dict[str, Any]]) -> list[tuple[int, str]]:
         """Insert keyed ``rows`` (all of one task), skipping those whose unique_key an active message

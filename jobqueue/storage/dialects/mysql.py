@@ -473,6 +473,12 @@ class MySQLDialect(Dialect):
         )
         return [(row[0], row[1]) for row in connection.execute(mine)]
 
+    def holder_of_key(self, select: sa.Select[Any]) -> sa.Select[Any]:
+        # A plain read in the caller's REPEATABLE READ transaction (SQLAlchemy's and Flask's default
+        # on MySQL) sees its snapshot, older than the duplicate INSERT IGNORE met; a locking read
+        # sees the latest row. (The insert share-locked that row's index entry already.)
+        return select.with_for_update(read=True)
+
     def insert_unique(self, connection: sa.Connection, row: dict[str, Any]) -> int | None:
         # IGNORE reports a skipped duplicate as no row (ON DUPLICATE KEY UPDATE could not: with
         # CLIENT_FOUND_ROWS, which SQLAlchemy sets, a no-op update reports one row like an insert).
