@@ -272,3 +272,74 @@ def test_a_django_database_on_a_unix_socket_is_reached_on_that_socket(backend: s
     else:
         assert given["unix_socket"] == socket and given["db"] == url.database and "host" not in given, given
         assert answer == [url.database], result.stdout
+
+
+SWITCHING_SITE = """
+import os, sys
+import django
+from django.conf import settings
+
+settings.configure(
+    INSTALLED_APPS=["django.contrib.contenttypes", "jobqueue.contrib.django"],
+    DATABASES={
+        "default": {"ENGINE": "django.db.backends.sqlite3", "NAME": "default.sqlite3"},
+        "other": {"ENGINE": "django.db.backends.sqlite3", "NAME": "other.sqlite3"},
+    },
+    JOBQUEUE={"APP": "__main__:app", "DATABASE": os.environ["QUEUE_ALIAS"]},
+    USE_TZ=True,
+)
+from jobqueue import JobQueue
+
+app = JobQueue()
+
+
+@app.task(name="site.hello")
+def hello() -> None:
+    pass
+
+
+django.setup()
+from django.core.management import call_command
+
+if sys.argv[1] == "migrate":
+    call_command("migrate", *sys.argv[2:], verbosity=1)
+else:
+    print("job", hello.delay().id)
+"""
+
+
+def test_migrating_the_database_jobqueue_moved_to_creates_its_tables(tmp_path: Path) -> None:
+    """settings.JOBQUEUE['DATABASE'] changed to a database migrated before, when jobqueue's
+    migrations ran there and created nothing (they create on jobqueue's database only): Django
+    had them as applied, `migrate --database other` did nothing, and delay() said to run it."""
+    (tmp_path / "site.py").write_text(SWITCHING_SITE)
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    for name in ("JOBQUEUE_DATABASE_URL", "DJANGO_SETTINGS_MODULE"):
+        env.pop(name, None)
+
+    def site(alias: str, *args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "site.py", *args],
+            cwd=tmp_path,
+            env=dict(env, QUEUE_ALIAS=alias),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+
+    for args in (("migrate",), ("migrate", "--database", "other")):  # a deploy that migrates every database
+        done = site("default", *args)
+        assert done.returncode == 0, done.stderr
+    assert "jobqueue: created" not in done.stdout
+    moved = site("other", "migrate", "--database", "other")
+    assert moved.returncode == 0, moved.stderr
+    assert "jobqueue: created jobqueue schema" in moved.stdout and "'other'" in moved.stdout, moved.stdout
+    enqueued = site("other", "enqueue")
+    assert enqueued.returncode == 0 and enqueued.stdout.startswith("job 1"), enqueued.stderr[-2000:]
+    again = site("other", "migrate", "--database", "other")
+    assert again.returncode == 0 and "jobqueue:" not in again.stdout, again.stdout
+    back = site("other", "migrate", "jobqueue", "zero", "--database", "other")  # on purpose: stays dropped
+    assert back.returncode == 0, back.stderr
+    assert "jobqueue: created" not in back.stdout
+    with sa.create_engine(f"sqlite:///{tmp_path / 'other.sqlite3'}").connect() as conn:
+        assert not [t for t in sa.inspect(conn).get_table_names() if t.startswith("jobqueue_")]

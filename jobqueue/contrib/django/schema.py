@@ -2,21 +2,59 @@
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 
 def target_tables(schema_editor: Any) -> Any:
     """The tables of the configured app, if this migration runs on the configured database."""
-    from jobqueue.contrib.django.integration import database_alias, jobqueue_setting
+    from jobqueue.contrib.django.integration import database_alias
 
     if schema_editor.connection.alias != database_alias():
         return None
+    return configured_tables()
+
+
+def configured_tables() -> Any:
+    """The tables of the app settings.JOBQUEUE names (its table prefix)."""
     from jobqueue.cli.state import load_app
+    from jobqueue.contrib.django.integration import jobqueue_setting
     from jobqueue.storage.tables import build_tables
 
     spec = jobqueue_setting().get("APP")
     prefix = load_app(str(spec)).settings.table_prefix if spec else "jobqueue_"
     return build_tables(prefix)
+
+
+def tables_after_migrate(using: str = "default", verbosity: int = 1, **kwargs: Any) -> None:
+    """After each ``migrate`` of jobqueue's database: create its tables when jobqueue's migrations
+    are all recorded there as applied and its tables are missing. That happens when they ran while
+    settings.JOBQUEUE named another database (they create nothing on any other) or another table
+    prefix, and the setting changed since: Django would never run them again."""
+    from django.db import connections, transaction
+    from django.db.migrations.loader import MigrationLoader
+
+    from jobqueue.contrib.django.integration import DjangoIntegration, database_alias
+    from jobqueue.storage.migrations import installed_version
+    from jobqueue.storage.schema_manager import init_schema_on
+
+    if using != database_alias():
+        return
+    tables = configured_tables()
+    with transaction.atomic(using=using), DjangoIntegration(using).engine().connect() as connection:
+        if installed_version(connection, tables) is not None:
+            return  # the usual case, checked first: Django's flush (each TransactionTestCase) comes here too
+        loader = MigrationLoader(connections[using], ignore_no_migrations=True)
+        leaves = loader.graph.leaf_nodes("jobqueue")
+        if not leaves or any(leaf not in loader.applied_migrations for leaf in leaves):
+            return  # migrated back on purpose, or not yet: the migrations do what is needed
+        done = init_schema_on(connection, tables)
+    if verbosity:
+        out = kwargs.get("stdout") or sys.stdout
+        out.write(
+            f"  jobqueue: {done} on database {using!r} (its migrations were recorded there while "
+            "settings.JOBQUEUE named another database or table prefix)\n"
+        )
 
 
 def borrowed_connection(schema_editor: Any) -> Any:
