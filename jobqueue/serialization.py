@@ -250,9 +250,18 @@ class JSONSerializer:
                 # What we write: UTF-8 starting with "[" or "{" (json.loads would work that out
                 # byte by byte first, to read UTF-16 and UTF-32 as well).
                 return _decode(decoder, data.decode("utf-8", "surrogatepass"))
+            if data[:1] == PICKLE_START:
+                raise SerializationError(WRITTEN_BY_PICKLE)
             return decoder.decode(_as_text(data))
         except (ValueError, UnicodeDecodeError, TypeError, RecursionError) as exc:
             raise SerializationError(f"corrupt payload: not valid JSON ({exc})") from exc
+
+
+PICKLE_START = b"\x80"  # the PROTO opcode every pickle written since Python 2.3 begins with
+WRITTEN_BY_PICKLE = (
+    "written with serializer='pickle', and this app's serializer is 'json', which never unpickles: run "
+    "it with workers whose app has serializer='pickle' (switch to json once no job written so is left)"
+)
 
 
 class PickleSerializer:
@@ -267,6 +276,8 @@ class PickleSerializer:
             raise SerializationError(f"{path}: cannot pickle: {exc}") from exc
 
     def loads(self, data: bytes) -> Any:
+        if data[:1] in _PLAIN_STARTS:  # no pickle starts so: written with serializer='json' (safe to read)
+            return JSONSerializer().loads(data)
         try:
             return pickle.loads(data)
         except Exception as exc:

@@ -123,3 +123,17 @@ def test_unknown_serializer_is_a_configuration_error() -> None:
 
     with pytest.raises(ConfigurationError, match="json, pickle"):
         get_serializer("yaml")
+
+
+def test_a_pickle_app_reads_what_a_json_app_wrote() -> None:
+    """Switching an app to serializer='pickle' failed every job already queued as 'corrupt payload'."""
+    written = dumps_call(JSONSerializer(), (1, Decimal("2.5"), datetime(2026, 1, 2, tzinfo=timezone.utc)), {"k": b"x"})
+    assert loads_call(PickleSerializer(), written) == loads_call(JSONSerializer(), written)
+    assert PickleSerializer().loads(JSONSerializer().dumps({"result": [1, 2]})) == {"result": [1, 2]}
+
+
+def test_a_json_app_never_unpickles_and_says_which_serializer_wrote_the_payload() -> None:
+    written = dumps_call(PickleSerializer(), (1, 2), {})
+    with pytest.raises(SerializationError, match=r"written with serializer='pickle'.*never unpickles") as info:
+        loads_call(JSONSerializer(), written)
+    assert "corrupt" not in str(info.value)
