@@ -81,8 +81,9 @@ def make_schedule(
             task.checker(*args, **dict(kwargs or {}))
     except TypeError as exc:
         raise ConfigurationError(f"@app.periodic(args=, kwargs=) do not fit task {task.name}: {exc}") from None
-    task.flow.key_for(tuple(args), dict(kwargs or {}))  # a concurrency_key function that fails, fails here
+    key = task.flow.key_for(tuple(args), dict(kwargs or {}))  # a concurrency_key function that fails, fails here
     payload = dumps_call(app.serializer, tuple(args), dict(kwargs or {}))
+    flow = task.flow.columns(key) if task.flow.enabled else None
     return Schedule(
         name=name,
         task_name=task.name,
@@ -92,6 +93,7 @@ def make_schedule(
         queue=task.queue,
         priority=task.options.priority,
         payload=payload,
+        flow=flow if flow and flow != NO_FLOW else None,
     )
 
 
@@ -151,8 +153,11 @@ def message_row(schedule: Schedule, first_fire: datetime, now: datetime, writer:
 def flow_columns(task: Task | None, schedule: Schedule) -> dict[str, Any]:
     """The flow columns (concurrency key and limits) of the jobs ``schedule`` enqueues for ``task``,
     as ``delay()`` would give them: a task with ``concurrency_limit=1`` never runs two fires at once.
-    A task this app does not register gets none (its own app's workers would refuse it anyway)."""
-    if task is None or not task.flow.enabled:
+    A task this app does not register (another release's, while two run) gets those the app that
+    defined the schedule stored with it."""
+    if task is None:
+        return dict(schedule.flow) if schedule.flow else NO_FLOW
+    if not task.flow.enabled:
         return NO_FLOW
     from jobqueue.serialization import loads_call
 

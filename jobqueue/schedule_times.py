@@ -62,6 +62,9 @@ class Schedule:
     queue: str = "default"
     priority: int = 0
     payload: bytes = b""
+    # The flow columns (concurrency key and limits) its jobs get, as the app that defined it computed
+    # them: a worker of another release, which does not know the task, fires it with these.
+    flow: dict[str, Any] | None = field(default=None, hash=False)
     tz: ZoneInfo = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -191,6 +194,7 @@ class Schedule:
             "queue": self.queue,
             "priority": self.priority,
             "payload": base64.b64encode(self.payload).decode("ascii"),
+            **({"flow": self.flow} if self.flow else {}),
         }
 
     @classmethod
@@ -204,6 +208,7 @@ class Schedule:
             queue=data.get("queue", "default"),
             priority=data.get("priority", 0),
             payload=base64.b64decode(data.get("payload", "")),
+            flow=_stored_flow(data.get("flow")),
         )
 
     def encode(self) -> bytes:
@@ -212,6 +217,16 @@ class Schedule:
     @classmethod
     def decode(cls, payload: bytes) -> Schedule:
         return cls.from_definition(json.loads(payload))
+
+
+FLOW_COLUMNS = frozenset({"flow_key", "concurrency_limit", "rate_interval_us"})
+
+
+def _stored_flow(flow: Any) -> dict[str, Any] | None:
+    """A stored definition's flow columns, refused unless they are those columns."""
+    if flow is not None and (not isinstance(flow, dict) or set(flow) != FLOW_COLUMNS):
+        raise ValueError(f"its flow columns are not {sorted(FLOW_COLUMNS)}: {flow!r}")
+    return flow
 
 
 # Names the zoneinfo database offers that are not one place's time.

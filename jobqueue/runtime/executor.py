@@ -151,8 +151,9 @@ class Executor(OutcomeDecisions):
                 message,
                 started,
                 UnknownTaskError(
-                    f"task {name!r} is not registered in this worker (registered: {known}); "
-                    "deploy the code that defines it, or cancel the job"
+                    f"task {name!r} is not registered in this worker (registered: {known}): the job is "
+                    f"failed. Deploy the code that defines it to every worker of queue {message.queue!r}, "
+                    f"then run the job again: jobqueue jobs retry {message.id}"
                 ),
             )
         plan = self.plans.get(name)

@@ -177,6 +177,31 @@ def test_a_periodic_tasks_jobs_keep_its_flow_control(db_url: str, limits: dict) 
     app.close()
 
 
+def test_a_schedule_fired_by_a_release_without_its_task_keeps_its_flow_control(db_url: str) -> None:
+    """Two releases at once: the new one defines a periodic task with concurrency_limit=1, the old
+    one's workers, which do not know the task, fire its schedule too. Their fires had no flow
+    columns, and the new release's workers ran two of them at once."""
+    new = JobQueue(db_url)
+
+    @new.periodic(every=10, args=(7,))
+    @new.task(name="report", concurrency_key=lambda n: f"n{n}", concurrency_limit=1)
+    def report(n: int) -> int:
+        return n
+
+    old = JobQueue(db_url)  # the release before: no such task
+    executor = Executor(old, writes=StoreDeliveryWriter(old.store), ack_first=lambda o: True)
+    with freeze_time(T0) as clock:
+        sync(new)
+        for _ in range(2):
+            clock.tick(10)
+            (message,) = old.store.acquire(WORKER, None, 1, 30.0, now=utcnow())
+            assert message.task_name == SCHEDULE_TASK and executor.execute(message) is None
+        started = new.store.acquire(WORKER, None, 10, 30.0, now=utcnow(), flow=True)
+    assert [(m.task_name, m.flow_key, m.concurrency_limit) for m in started] == [("report", "n7", 1)]
+    new.close()
+    old.close()
+
+
 def named_app(db_url: str, *names: str) -> JobQueue:
     app = JobQueue(db_url)
     task = app.task(name="report")(lambda n: n)
