@@ -7,6 +7,7 @@ cell whole, so ``grep`` sees what a wide terminal would.
 from __future__ import annotations
 
 import json
+import math
 import sys
 from collections.abc import Sequence
 from datetime import date, datetime, timezone
@@ -194,7 +195,23 @@ def _default(value: Any) -> Any:
 
 
 def echo_json(data: Any) -> None:
-    click.echo(json.dumps(data, default=_default, indent=2, ensure_ascii=False))
+    """``data`` as strict JSON: a float that is no number (NaN, infinities, which a job's arguments or
+    result may hold) is written as its name in a string, as JSON has no such numbers."""
+    try:
+        text = json.dumps(data, default=_default, indent=2, ensure_ascii=False, allow_nan=False)
+    except ValueError:
+        text = json.dumps(_finite(data), default=_default, indent=2, ensure_ascii=False, allow_nan=False)
+    click.echo(text)
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
+    if isinstance(value, dict):
+        return {key: _finite(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(item) for item in value]
+    return value
 
 
 def progress_bar(total: int, label: str) -> Any:

@@ -52,6 +52,17 @@ def test_list_show_retry_a_failed_job(app: JobQueue, tmp_path: Path) -> None:
     assert "history 1: FAILED" in jobqueue("jobs", "show", str(failing.id)).stdout
 
 
+def test_jobs_show_json_is_strict_json_when_a_job_holds_floats_that_are_no_numbers(app: JobQueue) -> None:
+    """It wrote NaN and Infinity, which JSON has not: JavaScript's JSON.parse refuses them."""
+    job = basic.add.delay(float("nan"), float("-inf"))
+
+    def refuse(name: str) -> None:
+        raise AssertionError(f"not JSON: {name}")
+
+    shown = json.loads(jobqueue("jobs", "show", str(job.id), "--json").stdout, parse_constant=refuse)
+    assert shown["args"] == ["NaN", "-Infinity"]
+
+
 def test_retry_all_failed_of_a_task(app: JobQueue) -> None:
     failed = [basic.fail.delay(f"n{i}") for i in range(3)]
     other = basic.fail_once.delay("/nonexistent/dir/marker")  # fails too (cannot create the marker)
