@@ -282,6 +282,15 @@ def drain_in_django_tests() -> None:
                 self.assertIn("@pytest.mark.django_db(transaction=True)", said)
                 self.assertNotIn("read its status after the commit", said)
 
+        def test_status_after_the_on_commit_callbacks_ran(self) -> None:
+            # captureOnCommitCallbacks(execute=True) runs them, but commits nothing: the handle
+            # said the job never existed.
+            with self.captureOnCommitCallbacks(execute=True):
+                handle = noop.delay(4)
+            with self.assertRaises(JobNotCommitted) as caught:
+                handle.status()
+            self.assertIn("never commits", str(caught.exception))
+
     class InATransactionTestCase(TransactionTestCase):  # type: ignore[misc]
         databases = {QUEUE_ALIAS}
 
@@ -295,7 +304,7 @@ def drain_in_django_tests() -> None:
         unittest.defaultTestLoader.loadTestsFromTestCase(case) for case in (InATestCase, InATransactionTestCase)
     )
     result = unittest.TextTestRunner(stream=sys.stderr, verbosity=2).run(suite)
-    assert result.wasSuccessful() and result.testsRun == 3, result
+    assert result.wasSuccessful() and result.testsRun == 4, result
 
 
 def in_parallel_test_processes() -> None:

@@ -172,8 +172,14 @@ class DjangoIntegration(Framework):
             committed.append(True)
 
         transaction.on_commit(on_commit, using=self.alias)
+        # TestCase's block never commits, though captureOnCommitCallbacks(execute=True) runs the
+        # callbacks, this one included: while that block is open, the job is not committed.
+        blocks = getattr(wrapper, "atomic_blocks", None)
+        test_block = blocks[0] if blocks and getattr(blocks[0], "_from_testcase", False) else None
 
         def still_open() -> bool:
+            if test_block is not None and (wrapper.atomic_blocks or [None])[0] is test_block:
+                return True
             return not committed and any(entry[1] is on_commit for entry in wrapper.run_on_commit)
 
         return still_open
