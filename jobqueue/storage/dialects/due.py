@@ -136,23 +136,29 @@ class DueCheck:
             due = [m.c.next_attempt_at <= sa.bindparam("now", type_=Timestamp), first_of_partition(m)]
             if work_only:
                 due.append(m.c.task_name != SCHEDULE_TASK)
-            index = dialect.unkeyed_index
+            index = due_index = dialect.unkeyed_index
             if one:
                 in_queue = m.c.queue == sa.bindparam("only_queue", type_=sa.String)
                 if index == "ready":  # a partial index of the queue's jobs without a key
-                    index, ready = "ready_queue", [*ready, in_queue]
+                    index = due_index = "ready_queue"
+                    ready = [*ready, in_queue]
                 else:
-                    # The levels of every queue (the first entries of ranges); the queue is
-                    # checked among due jobs, where each range ends at the first one due later.
+                    # The levels of every queue (the first entries of ranges). Whether a job of
+                    # the level is due in this queue is read on the queue's own range of the index
+                    # by queue, which ends at its first job due later: on the range of jobs
+                    # without a key it would read through every other queue's due jobs first.
                     due.append(in_queue)
-            on_index = self._forced(f"FORCE INDEX (ix_{dialect.tables.prefix}message_{index})")
+                    due_index = "ready_queue"
+            prefix = dialect.tables.prefix
+            on_index = self._forced(f"FORCE INDEX (ix_{prefix}message_{index})")
+            on_due_index = self._forced(f"FORCE INDEX (ix_{prefix}message_{due_index})")
             level = sa.bindparam("p", type_=sa.Integer)
             levels = sa.select(m.c.priority).where(*ready).order_by(m.c.priority.desc()).limit(1)
             probes = self._levels[(one, work_only)] = DueProbes(
                 top=on_index(levels),
-                due=on_index(sa.select(m.c.id).where(*ready, m.c.priority == level, *due).limit(1)),
+                due=on_due_index(sa.select(m.c.id).where(*ready, m.c.priority == level, *due).limit(1)),
                 below=on_index(levels.where(m.c.priority < level)),
-                scan=on_index(sa.select(m.c.id).where(*ready, *due).limit(1)),
+                scan=on_due_index(sa.select(m.c.id).where(*ready, *due).limit(1)),
             )
         return probes
 
