@@ -262,8 +262,12 @@ def purge(
         ids = archived_ids(store, state, task, before, batch_size)
         if not ids:
             return deleted
+        # The picked rows again as picked: one retried and archived again meanwhile is a new failure.
+        stmt = sa.delete(a).where(a.c.id.in_(ids), a.c.state == state.upper())
+        if before is not None:
+            stmt = stmt.where(a.c.archived_at < before)
         with store.writing() as conn:
-            conn.execute(sa.delete(a).where(a.c.id.in_(ids), a.c.state == state.upper()))
-        deleted += len(ids)
+            gone = conn.execute(stmt).rowcount
+        deleted += gone
         if progress is not None:
-            progress(len(ids))
+            progress(gone)

@@ -455,6 +455,36 @@ def test_purge_deletes_only_old_rows_of_the_state(app: JobQueue) -> None:
     assert recent.status() == "completed" and failed.status() == "failed"
 
 
+def test_purge_leaves_a_job_archived_again_since_it_was_picked(app: JobQueue) -> None:
+    """A failed job picked as old, then retried and failed again before the delete (its row now
+    archived just now): the delete took it by id and state, and its new failure was gone."""
+
+    @app.task(retry_strategy=NoRetryStrategy())
+    def fails() -> None:
+        raise ValueError("x")
+
+    with freeze_time(utcnow() - timedelta(days=10)):
+        job = fails.delay()
+        run_due(app, now=utcnow())
+    a = app.tables.archive
+
+    picked: list[str] = []
+
+    def archived_again(conn, cursor, statement, parameters, context, executemany) -> None:
+        if statement.lstrip().upper().startswith("SELECT") and not picked:  # the ids to delete, read
+            picked.append(statement)
+            with app.engine.begin() as other:  # another session retries the job, which fails again
+                other.execute(sa.update(a).where(a.c.id == job.id).values(archived_at=utcnow()))
+
+    sa.event.listen(app.engine, "after_cursor_execute", archived_again)
+    try:
+        purged = deadletter.purge(app.store, "failed", utcnow() - timedelta(days=7))
+    finally:
+        sa.event.remove(app.engine, "after_cursor_execute", archived_again)
+    assert "archived_at <" in picked[0]
+    assert purged == 0 and job.status() == "failed"
+
+
 def test_a_hard_timeout_is_decided_by_the_ack_policy_and_retry_on(app: JobQueue) -> None:
     """The supervisor records a killed job's timeout as the error the job would have raised."""
 
