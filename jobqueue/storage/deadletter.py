@@ -149,54 +149,87 @@ def _history_entry(row: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+RETRY_BATCH = 200  # jobs moved back per transaction
+
+
 def retry(store: Store, job_ids: Iterable[int], now: datetime | None = None) -> RetryReport:
     """Move FAILED or CANCELLED jobs back to PENDING under the same id, attempts reset.
 
     The archived outcome is appended to the job's ``history``, so earlier failures stay readable;
-    the checkpoint is kept, so a job that saved progress resumes from it.
+    the checkpoint is kept, so a job that saved progress resumes from it. Jobs go back
+    ``RETRY_BATCH`` to a transaction; a batch one of whose jobs an active job's unique key refuses
+    goes again job by job, so that only that one is refused.
     """
     now = now or store.clock_now()
+    report = RetryReport()
+    ids = list(job_ids)
+    for start in range(0, len(ids), RETRY_BATCH):
+        batch = ids[start : start + RETRY_BATCH]
+        try:
+            done = _retry_batch(store, batch, now)
+        except sa.exc.IntegrityError:
+            done = RetryReport()
+            for job_id in batch:
+                try:
+                    one = _retry_batch(store, [job_id], now)
+                except sa.exc.IntegrityError:
+                    done.refused[job_id] = "an active job holds the same unique_key; cancel it or wait for it to end"
+                    continue
+                done.retried += one.retried
+                done.refused.update(one.refused)
+                done.tasks.update(one.tasks)
+        report.retried += done.retried
+        report.refused.update(done.refused)
+        report.tasks.update(done.tasks)
+    return report
+
+
+def _retry_batch(store: Store, job_ids: list[int], now: datetime) -> RetryReport:
+    """Move back what can be of ``job_ids``, in one transaction; what it did, or IntegrityError."""
     m, a = store.tables.message, store.tables.archive
     columns = message_archive_columns(store.tables)
-    report = RetryReport()
-    for job_id in job_ids:
-        try:
-            with store.writing() as conn:
-                found = readable_rows(conn, sa.select(a).where(a.c.id == job_id).with_for_update())
-                if not found:
-                    where = "still active" if _active(conn, store, job_id) else "not in the archive"
-                    report.refused[job_id] = f"{where}; only archived jobs can be retried"
-                    continue
-                row = found[0]
-                if row["state"] not in RETRYABLE_FROM_ARCHIVE:
-                    report.refused[job_id] = f"{row['state'].lower()}; only failed or cancelled jobs are retried"
-                    continue
-                if unreadable := _unreadable(row, a):
-                    report.refused[job_id] = unreadable
-                    continue
-                values = {name: row[name] for name in columns}
-                values.update(
-                    state=MessageState.PENDING.value,
-                    attempts_count=0,
-                    deliveries_count=0,
-                    first_attempt_at=None,
-                    last_attempt_at=None,
-                    next_attempt_at=now,
-                    history=list(row["history"] or []) + [_history_entry(dict(row))],
-                    last_error_type=row["error_type"],
-                    last_error_message=row["error_message"],
-                    last_error_traceback=row["error_traceback"],
-                )
-                if values.get("flow_key") is not None:
-                    store.dialect.hold_flow_keys(conn, {values["flow_key"]}, now)
-                conn.execute(sa.insert(m), values)
-                conn.execute(sa.delete(a).where(a.c.id == job_id))
-        except sa.exc.IntegrityError:
-            report.refused[job_id] = "an active job holds the same unique_key; cancel it or wait for it to end"
-            continue
-        report.retried.append(job_id)
-        report.tasks[job_id] = row["task_name"]
-    return report
+    done = RetryReport()
+    rows: list[dict[str, Any]] = []
+    with store.writing() as conn:
+        found = {
+            row["id"]: row
+            for row in readable_rows(conn, sa.select(a).where(a.c.id.in_(set(job_ids))).with_for_update())
+        }
+        for job_id in job_ids:
+            row = found.pop(job_id, None)  # an id given twice goes back once
+            if row is None:
+                where = "still active" if _active(conn, store, job_id) or job_id in done.tasks else "not in the archive"
+                done.refused[job_id] = f"{where}; only archived jobs can be retried"
+                continue
+            if row["state"] not in RETRYABLE_FROM_ARCHIVE:
+                done.refused[job_id] = f"{row['state'].lower()}; only failed or cancelled jobs are retried"
+                continue
+            if unreadable := _unreadable(row, a):
+                done.refused[job_id] = unreadable
+                continue
+            values = {name: row[name] for name in columns}
+            values.update(
+                state=MessageState.PENDING.value,
+                attempts_count=0,
+                deliveries_count=0,
+                first_attempt_at=None,
+                last_attempt_at=None,
+                next_attempt_at=now,
+                history=list(row["history"] or []) + [_history_entry(dict(row))],
+                last_error_type=row["error_type"],
+                last_error_message=row["error_message"],
+                last_error_traceback=row["error_traceback"],
+            )
+            rows.append(values)
+            done.retried.append(job_id)
+            done.tasks[job_id] = row["task_name"]
+        if rows:
+            keys = {values["flow_key"] for values in rows if values.get("flow_key") is not None}
+            if keys:
+                store.dialect.hold_flow_keys(conn, keys, now)
+            conn.execute(sa.insert(m), rows)
+            conn.execute(sa.delete(a).where(a.c.id.in_(done.retried)))
+    return done
 
 
 def _unreadable(row: dict[str, Any], table: sa.Table) -> str | None:

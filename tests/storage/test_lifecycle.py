@@ -438,6 +438,26 @@ def test_retry_refuses_when_an_active_job_holds_the_unique_key(app: JobQueue) ->
     assert "unique_key" in report.refused[first.id] and first.status() == "failed"
 
 
+def test_retry_of_many_refuses_only_the_job_whose_unique_key_is_held(app: JobQueue) -> None:
+    """Jobs go back in batches, one transaction each: one refused job does not keep its batch back."""
+
+    @app.task(retry_strategy=NoRetryStrategy())
+    def keyed(n: int) -> None:
+        raise ValueError("x")
+
+    failed = [keyed.apply_async((n,), unique_key=f"k{n}") for n in range(450)]
+    while run_due(app):
+        pass
+    holder = keyed.apply_async((1,), unique_key="k300")  # the key is free again, and taken
+    ids = [h.id for h in failed]
+    report = deadletter.retry(app.store, [*ids, ids[0]])
+    assert report.retried == [i for i in ids if i != failed[300].id]
+    assert list(report.refused) == [failed[300].id, ids[0]]
+    assert "unique_key" in report.refused[failed[300].id] and "still active" in report.refused[ids[0]]
+    assert failed[300].status() == "failed" and holder.status() == "pending"
+    assert {h.status() for n, h in enumerate(failed) if n != 300} == {"pending"}
+
+
 def test_purge_deletes_only_old_rows_of_the_state(app: JobQueue) -> None:
     @app.task(retry_strategy=NoRetryStrategy())
     def outcome(ok: bool) -> None:
