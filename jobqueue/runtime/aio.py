@@ -11,12 +11,17 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import logging
 import os
 import threading
 from collections.abc import Coroutine
 from typing import Any
 
 from jobqueue.errors import SoftTimeLimitExceeded
+
+logger = logging.getLogger("jobqueue.worker")
+# How long what a job left on the loop gets to end once cancelled, as its process stops.
+LEFTOVER_SECONDS = 5.0
 
 
 class CoroutineRunner:
@@ -46,7 +51,14 @@ class CoroutineRunner:
             return
         try:
             _cancel_leftovers(loop)
-            loop.run_until_complete(loop.shutdown_asyncgens())
+            try:
+                loop.run_until_complete(asyncio.wait_for(loop.shutdown_asyncgens(), LEFTOVER_SECONDS))
+            except TimeoutError:
+                logger.warning(
+                    "worker process %s: async generators a job left open did not close within %s s; left as they are",
+                    os.getpid(),
+                    LEFTOVER_SECONDS,
+                )
         finally:
             loop.close()
 
@@ -57,8 +69,14 @@ def _run(
     soft_timeout: float | None,
     close: bool = False,
 ) -> Any:
+    future = asyncio.ensure_future(_limited(coroutine, soft_timeout), loop=loop)
     try:
-        return loop.run_until_complete(_limited(coroutine, soft_timeout))
+        return loop.run_until_complete(future)
+    except BaseException:
+        if not future.done():  # the loop stopped under it (a job's loop.stop()): it must not resume later
+            future.cancel()
+            _cancel_leftovers(loop, [future])
+        raise
     finally:
         if close:
             _cancel_leftovers(loop)
@@ -90,13 +108,33 @@ async def _limited(coroutine: Coroutine[Any, Any, Any], soft_timeout: float | No
         timer.cancel()
 
 
-def _cancel_leftovers(loop: asyncio.AbstractEventLoop) -> None:
-    """Cancel what jobs left running on the loop, and let it unwind."""
-    leftovers = [task for task in asyncio.all_tasks(loop) if not task.done()]
+def _cancel_leftovers(loop: asyncio.AbstractEventLoop, tasks: list[asyncio.Future[Any]] | None = None) -> None:
+    """Cancel what jobs left running on the loop (or ``tasks``), and let it unwind, for at most
+    LEFTOVER_SECONDS: a task that does not end when cancelled (a cleanup that waits for ever, a
+    loop that catches CancelledError) must not keep its process from ending."""
+    leftovers = [task for task in (asyncio.all_tasks(loop) if tasks is None else tasks) if not task.done()]
+    if not leftovers:
+        return
     for task in leftovers:
         task.cancel()
-    if leftovers:
-        loop.run_until_complete(asyncio.gather(*leftovers, return_exceptions=True))
+    _, pending = loop.run_until_complete(asyncio.wait(leftovers, timeout=LEFTOVER_SECONDS))
+    for task in leftovers:
+        if task.done() and not task.cancelled():
+            task.exception()  # retrieved: not reported again when the task is collected
+    if pending:
+        logger.warning(
+            "worker process %s: %s task(s) a job left on its event loop did not end within %s s of being "
+            "cancelled (%s); left behind",
+            os.getpid(),
+            len(pending),
+            LEFTOVER_SECONDS,
+            ", ".join(sorted(_task_name(task) for task in pending)),
+        )
+
+
+def _task_name(task: asyncio.Future[Any]) -> str:
+    coroutine = task.get_coro() if isinstance(task, asyncio.Task) else None
+    return getattr(coroutine, "__qualname__", None) or repr(task)
 
 
 def _loop_running() -> bool:

@@ -39,6 +39,7 @@ from jobqueue.retry import default_strategy
 from jobqueue.runtime.aio import CoroutineRunner
 from jobqueue.runtime.decisions import OutcomeDecisions, announce
 from jobqueue.runtime.resilience import GaveUp
+from jobqueue.runtime.soft_limit import SoftLimit
 from jobqueue.schedule_times import CATCH_UP_GRACE_SECONDS, Schedule
 from jobqueue.serialization import loads_call
 
@@ -101,6 +102,8 @@ class Executor(OutcomeDecisions):
         self.ack_first = ack_first
         self.default_strategy = default_strategy()
         self.in_handler = False
+        self.soft_limit = SoftLimit(Executor._invoke.__code__)
+        self.soft_fired = False  # the running job's soft limit went off
         self.coroutines = CoroutineRunner()  # async def tasks run on this process's event loop
         # Decided once per task rather than once per job: what its options and the settings make of it.
         self.plans: dict[str, TaskPlan] = {}
@@ -116,8 +119,10 @@ class Executor(OutcomeDecisions):
 
     def _on_soft_timeout(self, signum: int, frame: Any) -> None:
         # The one signal handler that raises: interrupting the job's own code is the point of a soft
-        # time limit. An alarm that arrives after the handler returned is ignored.
-        if self.in_handler:
+        # time limit (inside a library's, at the job's next line; see SoftLimit). An alarm that
+        # arrives after the handler returned is ignored.
+        self.soft_fired = True
+        if self.in_handler and self.soft_limit.raise_here(frame):
             raise SoftTimeLimitExceeded("soft time limit exceeded")
 
     def execute(self, message: Message) -> Outcome | None:
@@ -235,15 +240,14 @@ class Executor(OutcomeDecisions):
         # event loop enforces it, with no signal).
         alarm = bool(soft) and threading.current_thread() is threading.main_thread()
         if alarm and soft:
+            self.soft_fired = False
             previous = signal.signal(signal.SIGALRM, self._on_soft_timeout)
             signal.setitimer(signal.ITIMER_REAL, soft)
-        elif soft and not plan.task.is_async and plan.task.name not in self.unenforced:
-            self.unenforced.add(plan.task.name)
-            logger.warning(
-                "task %s: soft_timeout=%s s is not enforced outside the main thread (no signal reaches "
-                "this thread); its jobs run here without it",
-                plan.task.name,
-                soft,
+        elif soft and not plan.task.is_async:
+            self._unenforced(
+                plan,
+                f"soft_timeout={soft} s is not enforced outside the main thread (no signal reaches this "
+                "thread); its jobs run here without it",
             )
         self.in_handler = True
         try:
@@ -254,9 +258,26 @@ class Executor(OutcomeDecisions):
         finally:
             self.in_handler = False
             if alarm:
-                signal.setitimer(signal.ITIMER_REAL, 0)
-                signal.signal(signal.SIGALRM, previous)
+                remaining = signal.setitimer(signal.ITIMER_REAL, 0)[0]
+                self.soft_limit.reset()
+                replaced = signal.signal(signal.SIGALRM, previous)
+                # A sync job's own timer (signal.alarm, setitimer, a timeout helper) took the place
+                # of its soft limit's: its handler replaced, or its timer cancelled before it was due.
+                cancelled = not remaining and not self.soft_fired and time.monotonic() - began < (soft or 0) - 0.05
+                lost = replaced != self._on_soft_timeout or cancelled
+                if lost and not plan.task.is_async:
+                    self._unenforced(
+                        plan,
+                        "a job set a timer or SIGALRM handler of its own (signal.alarm, setitimer, a timeout "
+                        f"helper), which took the place of its soft_timeout={soft} s: not enforced for it",
+                    )
             deactivate(token)
+
+    def _unenforced(self, plan: TaskPlan, why: str) -> None:
+        """Say once per task why its soft time limit went unenforced."""
+        if plan.task.name not in self.unenforced:
+            self.unenforced.add(plan.task.name)
+            logger.warning("task %s: %s", plan.task.name, why)
 
     def _invoke(
         self,

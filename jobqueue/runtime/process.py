@@ -257,6 +257,7 @@ class WorkerProcess(Fetching, Flushing, KeeperThread):
         if descriptor_identity(self.spec.wake_r) != self.own_pipe:
             self._descriptors_lost(message)
         self.surroundings.restore()
+        self._cancel_timer_left(message)
         self.out_of_files = outcome is not None and outcome.error is not None and EMFILE_TEXT in outcome.error.message
         pending = self.held.finish(outcome, settled=self.acked_first == message.id)
         duration = time.perf_counter() - began
@@ -286,6 +287,22 @@ class WorkerProcess(Fetching, Flushing, KeeperThread):
             # fetch). Nobody else would say so: the news of that job came when it was enqueued, and
             # whoever it woke found its partition busy.
             self.next_fetch_at = 0.0
+
+    @staticmethod
+    def _cancel_timer_left(message: Message) -> None:
+        """A job's own signal.alarm() or setitimer() still pending as it ended would end this
+        process, or raise in the job's handler, during a later job: cancelled, said once per job."""
+        left = signal.getitimer(signal.ITIMER_REAL)[0]
+        if left <= 0:
+            return
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, signal.SIG_DFL)
+        logger.warning(
+            "job %s %s left a timer (signal.alarm or setitimer) due in %.1f s; cancelled, so that it ends no later job",
+            message.id,
+            message.task_name,
+            left,
+        )
 
     def _descriptors_lost(self, message: Message) -> None:
         """The job closed descriptors it did not open: this process's pipes, log and database files

@@ -511,6 +511,54 @@ def fills_memory() -> int:
     return kept
 
 
+@app.task(name="rt.leaves_a_stubborn_task")
+async def leaves_a_stubborn_task() -> None:
+    """Leaves a task on the loop whose cleanup, once cancelled, waits for ever."""
+
+    async def flusher() -> None:
+        try:
+            await asyncio.sleep(3600)
+        finally:
+            await asyncio.Event().wait()  # a last flush that never comes
+
+    STUBBORN.append(asyncio.get_running_loop().create_task(flusher()))
+
+
+STUBBORN: list[asyncio.Task[None]] = []
+
+
+@app.task(
+    name="rt.checkpoints_past_its_soft_limit",
+    soft_timeout=0.05,
+    timeout=10,
+    bind=True,
+    retry_strategy=NoRetryStrategy(),
+)
+def checkpoints_past_its_soft_limit(job) -> None:
+    """Spends its time in checkpoint(): the soft limit's alarm lands in jobqueue's and SQLAlchemy's
+    code, most often while a connection goes back to its pool."""
+    saved = 0
+    while True:
+        job.checkpoint({"saved": saved})
+        saved += 1
+
+
+@app.task(name="rt.sets_its_own_alarm", soft_timeout=0.5, retry_strategy=NoRetryStrategy())
+def sets_its_own_alarm() -> str:
+    """Times a call with its own alarm, as timeout helpers do, and puts the handler back after."""
+    previous = signal.signal(signal.SIGALRM, lambda signum, frame: None)
+    signal.setitimer(signal.ITIMER_REAL, 5)
+    signal.setitimer(signal.ITIMER_REAL, 0)
+    signal.signal(signal.SIGALRM, previous)
+    return "done"
+
+
+@app.task(name="rt.leaves_an_alarm")
+def leaves_an_alarm() -> None:
+    """signal.alarm(1) and returns: the alarm would end the process during a later job."""
+    signal.alarm(1)
+
+
 @app.task(name="rt.clears_wakeup")
 def clears_wakeup() -> None:
     """What asyncio.run() leaves after loop.add_signal_handler(): no signal wake-up descriptor."""

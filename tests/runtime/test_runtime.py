@@ -191,6 +191,60 @@ def test_a_job_that_leaves_its_process_no_memory_is_failed_after_max_deliveries(
     assert "crashed" not in log, log[-3000:]
 
 
+def test_a_task_left_on_the_loop_that_will_not_end_does_not_keep_a_recycled_process(
+    app: JobQueue, tmp_path: Path, workers: list[Worker]
+) -> None:
+    """An async job left a task whose cleanup waits for ever once cancelled: the process recycled
+    after it waited for that task for ever, the slot lost without a word (with --concurrency 1
+    nothing more ran)."""
+    rt.leaves_a_stubborn_task.delay()
+    others = rt.short.bulk([()] * 3)
+    worker = start(workers, tmp_path, "--burst", "--concurrency", "1", "--max-tasks-per-child", "1")
+    assert worker.wait(60) == 0, worker.text()[-3000:]
+    assert {h.status() for h in others} == {"completed"}
+    log = worker.text()
+    assert "1 task(s) a job left on its event loop did not end within 5.0 s of being cancelled" in log, log[-3000:]
+    assert "leaves_a_stubborn_task.<locals>.flusher" in log
+
+
+def test_a_soft_limit_that_lands_in_a_checkpoint_is_raised_in_the_jobs_own_code(
+    app: JobQueue, tmp_path: Path, workers: list[Worker]
+) -> None:
+    """Raised inside SQLAlchemy as a connection went back to its pool, the soft limit was logged
+    and swallowed there, and the job ran on to its hard limit (or for ever without one); raised in a
+    checkpoint's statement, it was recorded as a StatementError."""
+    rt.checkpoints_past_its_soft_limit.bulk([()] * 30)
+    worker = start(workers, tmp_path, "--burst", "--concurrency", "2")
+    assert worker.wait(120) == 0, worker.text()[-3000:]
+    errors = [error for (error,) in table_rows(app, "archive", "error_type")]
+    assert errors == ["jobqueue.errors.SoftTimeLimitExceeded"] * 30, worker.text()[-3000:]
+
+
+def test_a_timer_a_job_leaves_is_cancelled_before_the_next_job(
+    app: JobQueue, tmp_path: Path, workers: list[Worker]
+) -> None:
+    """A job's signal.alarm(1), still pending as it returned, ended its process during a later
+    job, which was charged a delivery for it."""
+    left = rt.leaves_an_alarm.delay()
+    others = [rt.short.delay(0.4) for _ in range(4)]
+    worker = start(workers, tmp_path, "--burst", "--concurrency", "1")
+    assert worker.wait(60) == 0, worker.text()[-3000:]
+    assert left.status() == "completed" and {h.status() for h in others} == {"completed"}
+    log = worker.text()
+    assert "exited with signal" not in log, log[-3000:]
+    assert f"job {left.id} rt.leaves_an_alarm left a timer (signal.alarm or setitimer) due in " in log, log[-3000:]
+
+
+def test_a_job_that_replaces_the_soft_limits_handler_is_said_to_run_without_it(
+    app: JobQueue, tmp_path: Path, workers: list[Worker]
+) -> None:
+    job = rt.sets_its_own_alarm.delay()
+    worker = start(workers, tmp_path, "--burst", "--concurrency", "1")
+    assert worker.wait(60) == 0, worker.text()[-3000:]
+    assert job.get(timeout=5) == "done"
+    assert "task rt.sets_its_own_alarm: a job set a timer or SIGALRM handler of its own" in worker.text()
+
+
 def test_a_job_that_lowers_the_limit_of_open_files_gets_its_process_recycled(
     app: JobQueue, tmp_path: Path, workers: list[Worker]
 ) -> None:
