@@ -527,6 +527,15 @@ async def leaves_a_stubborn_task() -> None:
 STUBBORN: list[asyncio.Task[None]] = []
 
 
+@app.task(name="rt.stops_the_loop", retry_strategy=NoRetryStrategy())
+async def stops_the_loop() -> None:
+    """Stops the event loop under itself, then would go on where it was."""
+    record("start")
+    asyncio.get_running_loop().stop()
+    await asyncio.sleep(0.05)
+    record("resumed")
+
+
 @app.task(
     name="rt.checkpoints_past_its_soft_limit",
     soft_timeout=0.05,

@@ -55,3 +55,19 @@ def test_the_soft_timeout_cancels_an_async_task_at_its_await(
     assert "CancelledError" in info.value.traceback  # where the job was waiting when it was cancelled
     assert [event for event, _, _ in runs(tmp_path / "runs.txt")][0] == "cancelled"
     assert after.get(timeout=5)["value"] == 42  # the loop is fine for the next job
+
+
+def test_an_async_job_that_stops_the_loop_fails_and_never_resumes(
+    app: JobQueue, tmp_path: Path, workers: list[Worker]
+) -> None:
+    """It failed, and its coroutine, left pending, went on during the next async job: a failed job
+    that kept running (and could run twice if retried)."""
+    job = rt.stops_the_loop.delay()
+    later = rt.async_ok.bulk([(i,) for i in range(3)])
+    worker = start(workers, tmp_path, "--burst", "--concurrency", "1")
+    assert worker.wait(60) == 0, worker.text()[-3000:]
+    with pytest.raises(JobFailed, match="Event loop stopped before Future completed"):
+        job.get(timeout=5)
+    assert [h.get(timeout=5)["value"] for h in later] == [0, 2, 4]
+    events = [event for event, _, _ in runs(tmp_path / "runs.txt")]
+    assert events.count("start") == 1 and "resumed" not in events, events
