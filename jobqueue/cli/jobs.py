@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
@@ -222,9 +224,9 @@ def retry(state: CliState, /, job_ids: tuple[int, ...], all_failed: bool, task: 
     if all_failed:
         report = deadletter.RetryReport()
         total = deadletter.count_archived(store, "failed", task)
-        with progress_bar(total, "retrying failed jobs") as bar:
+        with progress_bar(total, "retrying failed jobs") as bar, _interrupted(lambda: f"retried {len(report.retried)}"):
             after = 0
-            while ids := deadletter.archived_ids(store, "failed", task, limit=500, after_id=after):
+            while ids := deadletter.archived_ids(store, "failed", task, limit=deadletter.RETRY_BATCH, after_id=after):
                 batch = deadletter.retry(store, ids)
                 report.retried += batch.retried
                 report.refused.update(batch.refused)
@@ -307,12 +309,28 @@ def purge(
         if not sys.stdin.isatty():
             raise click.UsageError(f"purge would delete {what}; add --yes to confirm (or --dry-run to count only)")
         click.confirm(f"Delete {what} for good?", abort=True, err=True)
-    with progress_bar(total, f"purging {state_name} jobs") as bar:
-        deleted = deadletter.purge(store, state_name, before, task, batch_size, progress=bar.update)
+    done = [0]
+
+    def progress(count: int) -> None:
+        done[0] += count
+        bar.update(count)
+
+    with progress_bar(total, f"purging {state_name} jobs") as bar, _interrupted(lambda: f"purged {done[0]}"):
+        deleted = deadletter.purge(store, state_name, before, task, batch_size, progress=progress)
     if as_json:
         echo_json({"purged": deleted, "state": state_name, "archived_before": before})
     else:
         click.echo(f"purged {deleted} {state_name} job(s) archived before {timestamp(before)}")
+
+
+@contextmanager
+def _interrupted(so_far: Callable[[], str]) -> Iterator[None]:
+    """Ctrl-C during a long command: say how far it went (each batch is whole), exit 130."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        click.echo(f"\ninterrupted: {so_far()} job(s) before it stopped; run the command again to go on", err=True)
+        raise SystemExit(130) from None
 
 
 def _ids(ids: list[int], most: int = 20) -> str:

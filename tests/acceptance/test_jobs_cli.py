@@ -63,6 +63,41 @@ def test_jobs_show_json_is_strict_json_when_a_job_holds_floats_that_are_no_numbe
     assert shown["args"] == ["NaN", "-Infinity"]
 
 
+def test_ctrl_c_during_a_long_retry_says_how_many_went_back(app: JobQueue) -> None:
+    """Interrupted, it printed only "Aborted!": how many jobs were back in the queue was unsaid."""
+    import sqlalchemy as sa
+    from click.testing import CliRunner
+
+    from jobqueue.cli import bound_cli
+    from jobqueue.retry import NoRetryStrategy
+    from jobqueue.testing import drain
+
+    @app.task(name="t.fails", retry_strategy=NoRetryStrategy())
+    def fails(n: int) -> None:
+        raise ValueError(n)
+
+    fails.bulk([(n,) for n in range(450)])
+    drain(app)
+    batches: list[str] = []
+
+    def ctrl_c(conn, cursor, statement, parameters, context, executemany) -> None:
+        if statement.lstrip().upper().startswith("DELETE"):
+            batches.append(statement)  # a batch moved back, committed as its transaction ends
+        elif len(batches) == 2:
+            raise KeyboardInterrupt  # Ctrl-C as the third batch starts
+
+    sa.event.listen(app.engine, "before_cursor_execute", ctrl_c)
+    try:
+        result = CliRunner().invoke(bound_cli(app), ["jobs", "retry", "--all-failed"])
+    finally:
+        sa.event.remove(app.engine, "before_cursor_execute", ctrl_c)
+    assert result.exit_code == 130, result.output
+    assert "interrupted: retried 400 job(s) before it stopped; run the command again to go on" in result.output
+    with app.engine.connect() as conn:  # two whole batches back in the queue, the rest still failed
+        for table, count in ((app.tables.message, 400), (app.tables.archive, 50)):
+            assert conn.execute(sa.select(sa.func.count()).select_from(table)).scalar_one() == count
+
+
 def test_retry_all_failed_of_a_task(app: JobQueue) -> None:
     failed = [basic.fail.delay(f"n{i}") for i in range(3)]
     other = basic.fail_once.delay("/nonexistent/dir/marker")  # fails too (cannot create the marker)
