@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Collection
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from jobqueue.periodic import ScheduleRow, message_headers, message_row, schedule_rows
 from jobqueue.schedule_times import Schedule
@@ -141,6 +141,14 @@ def sync(
                 report.clashing[name] = holder
             elif holder == name:
                 report.busy.append(name)  # created by another worker meanwhile: compared on the next look
+        elif row.schedule is not None and _apart_from_flow(row.schedule) == _apart_from_flow(schedule):
+            if row.schedule.flow != schedule.flow:
+                # Only the flow columns stored with it differ (stored by an earlier release without
+                # them, or a changed limit): stored quietly, its next fire and its writer kept.
+                headers = message_headers(schedule, row.defined_by)
+                stored.update_schedule(
+                    store, row.id, schedule.encode(), schedule.queue, row.next_fire, headers, row.payload
+                )
         elif row.schedule is None or row.schedule.definition() != schedule.definition():
             contest(name, row)
             headers = message_headers(schedule, writer)
@@ -188,3 +196,10 @@ class Keeper:
                 created.append(name)
         self.seen = found
         return created, sorted(retired)
+
+
+def _apart_from_flow(schedule: Schedule) -> dict[str, Any]:
+    """What makes a schedule fire when it does, and what: its definition but the flow columns."""
+    definition = schedule.definition()
+    definition.pop("flow", None)
+    return definition

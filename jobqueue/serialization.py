@@ -276,7 +276,7 @@ class PickleSerializer:
             raise SerializationError(f"{path}: cannot pickle: {exc}") from exc
 
     def loads(self, data: bytes) -> Any:
-        if data[:1] in _PLAIN_STARTS:  # no pickle starts so: written with serializer='json' (safe to read)
+        if data[:1] != PICKLE_START:  # not a pickle of ours: written with serializer='json' (safe to read)
             return JSONSerializer().loads(data)
         try:
             return pickle.loads(data)

@@ -65,12 +65,15 @@ def console(stderr: bool = False) -> Console:
     return Console(
         file=stream,
         markup=False,
-        width=None if tty else 10_000,
+        width=None if tty else PIPED_WIDTH,
         highlight=False,
         soft_wrap=not tty,
         no_color=True if color is False else None,
         force_terminal=True if color else None,
     )
+
+
+PIPED_WIDTH = 10_000  # off a terminal rich would assume 80 columns: lines this wide, cells whole
 
 
 def timestamp(value: datetime) -> str:
@@ -152,9 +155,11 @@ def _numeric(rows: Sequence[dict[str, Any]], column: str) -> bool:
     return isinstance(sample, (int, float)) and not isinstance(sample, bool)
 
 
-def plain_table(rows: Sequence[dict[str, Any]], columns: Sequence[str]) -> Iterator[str]:
+def plain_table(rows: Sequence[dict[str, Any]], columns: Sequence[str]) -> Iterator[str] | None:
     """The lines of :func:`render_table` off a terminal (no colour, no wrapping), made as they
-    are written: rich measures a whole table first, minutes for the 100,000 rows of a long list."""
+    are written: rich measures a whole table first, minutes for the 100,000 rows of a long list.
+    None for a table whose cells rich lays out otherwise (a line break or tab in a cell, lines
+    wider than it folds at): rich writes those."""
     numeric = [_numeric(rows, column) for column in columns]
     headers = [_header(column) for column in columns]
     widths = [cell_len(header) for header in headers]
@@ -165,10 +170,19 @@ def plain_table(rows: Sequence[dict[str, Any]], columns: Sequence[str]) -> Itera
     for row in rows:
         line = [_plain(row.get(column)) for column in columns]
         for i, text in enumerate(line):
+            if "\n" in text or "\t" in text:
+                return None
             size = len(text) if text.isascii() else cell_len(text)
             if size > widths[i]:
                 widths[i] = size
         cells.append(line)
+    if sum(widths) + 2 * (len(widths) - 1) > PIPED_WIDTH:
+        return None
+    return _aligned_lines(headers, cells, widths, numeric)
+
+
+def _aligned_lines(headers: list[str], cells: list[list[str]], widths: list[int], numeric: list[bool]) -> Iterator[str]:
+    """Each row's cells padded to their column's width, numbers on the right, two spaces apart."""
 
     def aligned(line: list[str]) -> str:
         padded = []
@@ -217,8 +231,9 @@ def print_table(rows: Sequence[dict[str, Any]], columns: Sequence[str], empty: s
     if not rows:
         out.print(empty)
         return
-    if not out.is_terminal:
-        for line in plain_table(rows, columns):
+    lines = None if out.is_terminal else plain_table(rows, columns)
+    if lines is not None:
+        for line in lines:
             out.file.write(line + "\n")
         return
     if not _fits(rows, columns, out.width):

@@ -51,9 +51,10 @@ class CoroutineRunner:
             return
         try:
             _cancel_leftovers(loop)
-            try:
-                loop.run_until_complete(asyncio.wait_for(loop.shutdown_asyncgens(), LEFTOVER_SECONDS))
-            except TimeoutError:
+            # asyncio.wait, not wait_for: wait_for waits for what it cancels, which may never end.
+            closing = loop.create_task(loop.shutdown_asyncgens())
+            _, pending = loop.run_until_complete(asyncio.wait({closing}, timeout=LEFTOVER_SECONDS))
+            if pending:
                 logger.warning(
                     "worker process %s: async generators a job left open did not close within %s s; left as they are",
                     os.getpid(),

@@ -104,6 +104,7 @@ class Executor(OutcomeDecisions):
         self.in_handler = False
         self.soft_limit = SoftLimit(Executor._invoke.__code__)
         self.soft_fired = False  # the running job's soft limit went off
+        self.ran_coroutine = False
         self.coroutines = CoroutineRunner()  # async def tasks run on this process's event loop
         # Decided once per task rather than once per job: what its options and the settings make of it.
         self.plans: dict[str, TaskPlan] = {}
@@ -239,6 +240,7 @@ class Executor(OutcomeDecisions):
         # another thread, where a sync job runs without its soft limit (an async job keeps it: its
         # event loop enforces it, with no signal).
         alarm = bool(soft) and threading.current_thread() is threading.main_thread()
+        self.ran_coroutine = False  # a coroutine returned by a sync function: its loop keeps the limit
         if alarm and soft:
             self.soft_fired = False
             previous = signal.signal(signal.SIGALRM, self._on_soft_timeout)
@@ -265,7 +267,7 @@ class Executor(OutcomeDecisions):
                 # of its soft limit's: its handler replaced, or its timer cancelled before it was due.
                 cancelled = not remaining and not self.soft_fired and time.monotonic() - began < (soft or 0) - 0.05
                 lost = replaced != self._on_soft_timeout or cancelled
-                if lost and not plan.task.is_async:
+                if lost and not plan.task.is_async and not self.ran_coroutine:
                     self._unenforced(
                         plan,
                         "a job set a timer or SIGALRM handler of its own (signal.alarm, setitimer, a timeout "
@@ -305,6 +307,7 @@ class Executor(OutcomeDecisions):
 
     def _run_coroutine(self, coroutine: Any, soft: float | None, began: float, alarm: bool) -> Any:
         """Run an async def task's coroutine on the process's loop, within its soft time limit."""
+        self.ran_coroutine = True
         if alarm:
             # The loop keeps its time limit itself: an alarm raising inside the loop's own code
             # would leave the loop broken for the next job.

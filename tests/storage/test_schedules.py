@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from datetime import datetime, timedelta
 
 import pytest
@@ -200,6 +201,32 @@ def test_a_schedule_fired_by_a_release_without_its_task_keeps_its_flow_control(d
     assert [(m.task_name, m.flow_key, m.concurrency_limit) for m in started] == [("report", "n7", 1)]
     new.close()
     old.close()
+
+
+def test_a_schedule_stored_without_its_flow_columns_keeps_its_next_fire(db_url: str) -> None:
+    """Stored by a release that kept no flow columns with a schedule: the first start of one that
+    does took the definition for changed, said so, and put the next fire back a whole interval."""
+    app = JobQueue(db_url)
+
+    @app.periodic(every=3600, args=(7,))
+    @app.task(name="report", concurrency_limit=1)
+    def report(n: int) -> int:
+        return n
+
+    with freeze_time(T0):
+        sync(app)
+    (row,) = periodic.schedule_rows(app.store).values()
+    earlier = json.loads(row.payload)
+    assert earlier.pop("flow")["concurrency_limit"] == 1
+    with app.engine.begin() as conn:
+        m = app.tables.message
+        conn.execute(sa.update(m).where(m.c.id == row.id).values(payload=json.dumps(earlier).encode()))
+    with freeze_time(T0 + timedelta(minutes=30)):
+        report_ = sync(app)
+    assert not report_.updated and not report_.contested
+    (after,) = periodic.schedule_rows(app.store).values()
+    assert after.next_fire == row.next_fire and after.schedule is not None and after.schedule.flow
+    app.close()
 
 
 def named_app(db_url: str, *names: str) -> JobQueue:

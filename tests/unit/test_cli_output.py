@@ -44,7 +44,9 @@ def laid_out_by_rich(rows: list[dict], columns: list[str]) -> str:
 
 def test_a_piped_table_is_what_rich_lays_out_wide_characters_and_escapes_included() -> None:
     """rich measured the whole table before writing a line: minutes for a list of 100,000 jobs."""
-    plain = "".join(line + "\n" for line in output.plain_table(ROWS, COLUMNS))
+    lines = output.plain_table(ROWS, COLUMNS)
+    assert lines is not None
+    plain = "".join(line + "\n" for line in lines)
     assert plain == laid_out_by_rich(ROWS, COLUMNS)
     assert "boom\\x1b[2J" in plain and "\x1b" not in plain
 
@@ -52,3 +54,11 @@ def test_a_piped_table_is_what_rich_lays_out_wide_characters_and_escapes_include
 def test_print_table_off_a_terminal_writes_the_plain_lines(capsys) -> None:
     output.print_table(ROWS, COLUMNS)
     assert capsys.readouterr().out == laid_out_by_rich(ROWS, COLUMNS)
+
+
+def test_cells_rich_lays_out_over_lines_are_left_to_rich(capsys) -> None:
+    """A driver's error of two lines in a cell (and a tab) was written raw inside its row."""
+    rows = [{**ROWS[0], "error": "could not connect\nis the server running?"}, {**ROWS[1], "task": "a\tb"}]
+    assert output.plain_table(rows, COLUMNS) is None
+    output.print_table(rows, COLUMNS)
+    assert capsys.readouterr().out == laid_out_by_rich(rows, COLUMNS)
