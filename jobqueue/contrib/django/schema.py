@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import sys
 from typing import Any
 
@@ -23,7 +24,12 @@ def configured_tables() -> Any:
 
     spec = jobqueue_setting().get("APP")
     prefix = load_app(str(spec)).settings.table_prefix if spec else "jobqueue_"
-    return build_tables(prefix)
+    return _tables(prefix, build_tables)
+
+
+@functools.lru_cache(maxsize=8)
+def _tables(prefix: str, build: Any) -> Any:
+    return build(prefix)
 
 
 def tables_after_migrate(using: str = "default", verbosity: int = 1, **kwargs: Any) -> None:
@@ -41,9 +47,13 @@ def tables_after_migrate(using: str = "default", verbosity: int = 1, **kwargs: A
     if using != database_alias():
         return
     tables = configured_tables()
+    # The usual case, asked first on Django's own connection: Django's flush after each
+    # TransactionTestCase comes here too.
+    if tables.schema_version.name in connections[using].introspection.table_names():
+        return
     with transaction.atomic(using=using), DjangoIntegration(using).engine().connect() as connection:
         if installed_version(connection, tables) is not None:
-            return  # the usual case, checked first: Django's flush (each TransactionTestCase) comes here too
+            return
         loader = MigrationLoader(connections[using], ignore_no_migrations=True)
         leaves = loader.graph.leaf_nodes("jobqueue")
         if not leaves or any(leaf not in loader.applied_migrations for leaf in leaves):
