@@ -227,10 +227,7 @@ def retry(state: CliState, /, job_ids: tuple[int, ...], all_failed: bool, task: 
         with progress_bar(total, "retrying failed jobs") as bar, _interrupted(lambda: f"retried {len(report.retried)}"):
             after = 0
             while ids := deadletter.archived_ids(store, "failed", task, limit=deadletter.RETRY_BATCH, after_id=after):
-                batch = deadletter.retry(store, ids)
-                report.retried += batch.retried
-                report.refused.update(batch.refused)
-                report.tasks.update(batch.tasks)
+                report.add(deadletter.retry(store, ids))
                 bar.update(len(ids))
                 after = ids[-1]
     else:

@@ -149,10 +149,19 @@ def _header(column: str) -> str:
     return HEADERS.get(column, column).upper()
 
 
-def _numeric(rows: Sequence[dict[str, Any]], column: str) -> bool:
-    """Whether ``column`` holds numbers (right-aligned), as its first value says."""
-    sample = next((row.get(column) for row in rows if row.get(column) is not None), None)
+def _sample(rows: Sequence[dict[str, Any]], column: str) -> Any:
+    """The first value of ``column`` that is not None: what the column holds."""
+    return next((row.get(column) for row in rows if row.get(column) is not None), None)
+
+
+def _is_number(sample: Any) -> bool:
+    """Whether a column whose first value is ``sample`` holds numbers (right-aligned)."""
     return isinstance(sample, (int, float)) and not isinstance(sample, bool)
+
+
+def _width(text: str) -> int:
+    """The columns ``text`` takes on a terminal (wide characters take two)."""
+    return len(text) if text.isascii() else cell_len(text)
 
 
 def plain_table(rows: Sequence[dict[str, Any]], columns: Sequence[str]) -> Iterator[str] | None:
@@ -160,21 +169,20 @@ def plain_table(rows: Sequence[dict[str, Any]], columns: Sequence[str]) -> Itera
     are written: rich measures a whole table first, minutes for the 100,000 rows of a long list.
     None for a table whose cells rich lays out otherwise (a line break or tab in a cell, lines
     wider than it folds at): rich writes those."""
-    numeric = [_numeric(rows, column) for column in columns]
+    samples = [_sample(rows, column) for column in columns]
+    numeric = [_is_number(sample) for sample in samples]
     headers = [_header(column) for column in columns]
-    widths = [cell_len(header) for header in headers]
-    for i, column in enumerate(columns):
-        if isinstance(next((row.get(column) for row in rows if row.get(column) is not None), None), datetime):
-            widths[i] = max(widths[i], TIMESTAMP_WIDTH)
+    widths = [
+        max(_width(header), TIMESTAMP_WIDTH) if isinstance(sample, datetime) else _width(header)
+        for header, sample in zip(headers, samples, strict=True)
+    ]
     cells = []
     for row in rows:
         line = [_plain(row.get(column)) for column in columns]
         for i, text in enumerate(line):
             if "\n" in text or "\t" in text:
                 return None
-            size = len(text) if text.isascii() else cell_len(text)
-            if size > widths[i]:
-                widths[i] = size
+            widths[i] = max(widths[i], _width(text))
         cells.append(line)
     if sum(widths) + 2 * (len(widths) - 1) > PIPED_WIDTH:
         return None
@@ -187,7 +195,7 @@ def _aligned_lines(headers: list[str], cells: list[list[str]], widths: list[int]
     def aligned(line: list[str]) -> str:
         padded = []
         for text, width, right in zip(line, widths, numeric, strict=True):
-            gap = " " * (width - (len(text) if text.isascii() else cell_len(text)))
+            gap = " " * (width - _width(text))
             padded.append(gap + text if right else text + gap)
         return "  ".join(padded)
 
@@ -199,10 +207,10 @@ def _aligned_lines(headers: list[str], cells: list[list[str]], widths: list[int]
 def render_table(rows: Sequence[dict[str, Any]], columns: Sequence[str]) -> Table:
     table = Table(box=None, pad_edge=False, header_style="bold", show_edge=False)
     for column in columns:
-        sample = next((row.get(column) for row in rows if row.get(column) is not None), None)
+        sample = _sample(rows, column)
         if isinstance(sample, datetime):
             table.add_column(_header(column), no_wrap=True, min_width=TIMESTAMP_WIDTH)
-        elif _numeric(rows, column):
+        elif _is_number(sample):
             table.add_column(_header(column), justify="right", no_wrap=True)
         else:
             table.add_column(_header(column), overflow="fold", min_width=min(len(_header(column)), 12))

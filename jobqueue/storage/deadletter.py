@@ -129,6 +129,12 @@ class RetryReport:
     refused: dict[int, str] = field(default_factory=dict)
     tasks: dict[int, str] = field(default_factory=dict)  # the task of each retried job
 
+    def add(self, other: RetryReport) -> None:
+        """Take in what a later call did."""
+        self.retried += other.retried
+        self.refused.update(other.refused)
+        self.tasks.update(other.tasks)
+
 
 def _history_entry(row: dict[str, Any]) -> dict[str, Any]:
     def iso(value: datetime | None) -> str | None:  # stored times are UTC: say so
@@ -171,16 +177,10 @@ def retry(store: Store, job_ids: Iterable[int], now: datetime | None = None) -> 
             done = RetryReport()
             for job_id in batch:
                 try:
-                    one = _retry_batch(store, [job_id], now)
+                    done.add(_retry_batch(store, [job_id], now))
                 except sa.exc.IntegrityError:
                     done.refused[job_id] = "an active job holds the same unique_key; cancel it or wait for it to end"
-                    continue
-                done.retried += one.retried
-                done.refused.update(one.refused)
-                done.tasks.update(one.tasks)
-        report.retried += done.retried
-        report.refused.update(done.refused)
-        report.tasks.update(done.tasks)
+        report.add(done)
     return report
 
 
