@@ -7,6 +7,7 @@ this session with the jobqueue tables, emptied before each test; ``app`` a JobQu
 from __future__ import annotations
 
 import os
+import tempfile
 from collections.abc import Iterator
 
 import pytest
@@ -118,10 +119,55 @@ def _host_clock_kept(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(jobqueue.clock, "_next_check", jobqueue.clock._next_check)
 
 
+# The test command runs the suite in several pytest processes (pytest-xdist). Tests that share an
+# expensive session fixture run in one of them: the Spark tests (a standalone cluster and two
+# SparkSessions), the tests of a virtualenv with Django alone, and the browser tests.
+GROUPS = {
+    "spark": "spark",
+    "spark_cluster": "spark",
+    "master": "spark",
+    "django_alone": "django-alone",
+    "browser": "browser",
+}
+REPORTS_FILE = "PYTEST_JOBQUEUE_REPORTS"  # where each pytest process leaves its runtime reports
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if not config.pluginmanager.hasplugin("xdist"):
+        return
+    for item in items:
+        for fixture, group in GROUPS.items():
+            if fixture in getattr(item, "fixturenames", ()):
+                item.add_marker(pytest.mark.xdist_group(group))
+                break
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if not hasattr(config, "workerinput") and REPORTS_FILE not in os.environ:
+        handle, path = tempfile.mkstemp(prefix="jobqueue-reports-", suffix=".txt")
+        os.close(handle)
+        os.environ[REPORTS_FILE] = path  # the pytest-xdist workers, started later, inherit it
+        config.add_cleanup(lambda: os.unlink(path))
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    from tests.runtime.harness import REPORTS
+
+    path = os.environ.get(REPORTS_FILE)
+    if hasattr(session.config, "workerinput") and REPORTS and path:
+        with open(path, "a", encoding="utf-8") as reports:
+            reports.write("".join(f"{line}\n" for line in REPORTS))
+
+
 def pytest_terminal_summary(terminalreporter) -> None:
     from tests.runtime.harness import REPORTS
 
-    if REPORTS:
+    path = os.environ.get(REPORTS_FILE)
+    lines = list(REPORTS)
+    if path and os.path.exists(path) and not hasattr(terminalreporter.config, "workerinput"):
+        with open(path, encoding="utf-8") as reports:
+            lines += reports.read().splitlines()
+    if lines:
         terminalreporter.section("runtime reports")
-        for line in REPORTS:
+        for line in lines:
             terminalreporter.write_line(line)
