@@ -199,7 +199,7 @@ class Task:
             for key, indexes in groups.items():
                 batch = Batch(
                     {**common, **self.flow.columns(key, common["partition_key"])},
-                    _Payloads(self, [items[i] for i in indexes]),
+                    _Payloads(self, [items[i] for i in indexes], indexes),
                     [keys[i] for i in indexes],
                 )
                 found: list[int] = []
@@ -434,17 +434,19 @@ def _item_call(item: Any, index: int) -> tuple[tuple[Any, ...] | list[Any], dict
 class _Payloads(Sequence[bytes]):
     """A bulk's payloads, serialized when read (the streamed bulk path reads them once, in order)."""
 
-    def __init__(self, task: Task, items: list[Any]) -> None:
+    def __init__(self, task: Task, items: list[Any], positions: Sequence[int] | None = None) -> None:
         self.task = task
         self.items = items
+        # where each item stands in the caller's bulk() (a per-key group takes some of them), for errors
+        self.positions = range(len(items)) if positions is None else positions
 
     def __len__(self) -> int:
         return len(self.items)
 
     def __getitem__(self, index: Any) -> Any:
         if isinstance(index, slice):
-            return [self.task._bulk_payload(self.items[i], i) for i in range(*index.indices(len(self.items)))]
-        return self.task._bulk_payload(self.items[index], index)
+            return [self[i] for i in range(*index.indices(len(self.items)))]
+        return self.task._bulk_payload(self.items[index], self.positions[index])
 
     def __iter__(self) -> Iterator[bytes]:
         # _bulk_payload unrolled: per item, only what differs from one item to the next (the
@@ -452,7 +454,7 @@ class _Payloads(Sequence[bytes]):
         # of the client's time of a bulk() on PostgreSQL.
         task = self.task
         serializer, limit, check = task.app.serializer, task.app.settings.max_payload_bytes, task.check_call
-        for index, item in enumerate(self.items):
+        for index, item in zip(self.positions, self.items, strict=True):
             args, kwargs = _item_call(item, index)
             check(args, kwargs, index)
             try:

@@ -54,12 +54,14 @@ def log_outcome(outcome: Outcome) -> None:
                 logging.ERROR,
                 __file__,
                 0,
-                "job %s %s failed on attempt %s after %.1f ms: %s: %s",
+                "job %s %s failed %s: %s: %s",
                 (
                     m.id,
                     m.task_name,
-                    m.attempts_count,
-                    (outcome.duration_seconds or 0.0) * 1000,
+                    # a job failed before its call (an unknown task, an unreadable row) never had an attempt
+                    f"on attempt {m.attempts_count} after {(outcome.duration_seconds or 0.0) * 1000:.1f} ms"
+                    if outcome.ran
+                    else "without running",
                     error.type if error else "?",
                     _clipped(error.message, outcome, LOGGED_ERROR_CHARS) if error else "",
                 ),

@@ -83,7 +83,10 @@ def test_a_message_for_an_unregistered_task_fails_and_the_rest_complete(app: Job
 
     lost = ghost.delay()
     good = [basic.add.delay(i, 1) for i in range(20)]
-    jobqueue("worker", "--burst", "--concurrency", "2")
+    said = jobqueue("worker", "--burst", "--concurrency", "2")
+    # Its log line says it never ran (it said "failed on attempt 0 after 0.0 ms").
+    assert f"job {lost.id} ghost.task failed without running: " in said.stderr, said.stderr[-3000:]
+    assert "attempt 0" not in said.stderr, said.stderr[-3000:]
     with pytest.raises(JobFailed, match="ghost.task") as info:
         lost.get(timeout=5)
     assert info.value.error_type == "jobqueue.errors.UnknownTaskError"

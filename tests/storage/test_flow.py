@@ -12,7 +12,7 @@ import sqlalchemy as sa
 
 from jobqueue import JobQueue
 from jobqueue.clock import utcnow
-from jobqueue.errors import ConfigurationError
+from jobqueue.errors import ConfigurationError, SerializationError
 from jobqueue.job import Message, MessageState, OutcomeKind
 from jobqueue.runtime.holdings import hand_back
 from jobqueue.storage import deadletter, flowkeys, waiting
@@ -157,6 +157,9 @@ def test_a_bulk_whose_key_depends_on_each_item_names_the_bad_item_and_writes_not
     for bad in ("x" * 256, 2.5, "a\x00b"):
         with pytest.raises(ConfigurationError, match=r"^item 2: concurrency_key of task t.tenant must be"):
             work.bulk([("acme",), ("globex",), (bad,)])
+    # An argument it cannot serialize is named by its place in the bulk, not in its key's group.
+    with pytest.raises(SerializationError, match=r"^item 2: "):
+        work.bulk([("acme",), ("globex",), ("acme", object())])
 
     @app.task(name="t.region", concurrency_key=lambda region: f"region-{region['code']}")
     def refresh(region: dict[str, str]) -> None: ...
