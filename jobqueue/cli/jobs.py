@@ -6,6 +6,7 @@ import json
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
@@ -244,11 +245,44 @@ def retry(state: CliState, /, job_ids: tuple[int, ...], all_failed: bool, task: 
 
 
 @jobs.command()
-@click.argument("job_ids", type=JOB_ID, nargs=-1, required=True)
+@click.argument("job_ids", type=JOB_ID, nargs=-1)
+@click.option("--queue", type=NAME_TEXT, help="Cancel this queue's pending and retryable jobs.")
+@click.option("--task", type=NAME_TEXT, help="Cancel this task's pending and retryable jobs (in --queue if given).")
+@click.option("--all", "every", is_flag=True, help="Cancel every pending and retryable job.")
+@click.option("--dry-run", is_flag=True, help="Only count what would be cancelled.")
+@click.option("-y", "--yes", is_flag=True, help="Do not ask for confirmation.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.pass_obj
-def cancel(state: CliState, /, job_ids: tuple[int, ...], as_json: bool) -> None:
-    """Cancel pending or retryable jobs: archived as cancelled, never run."""
+def cancel(
+    state: CliState,
+    /,
+    job_ids: tuple[int, ...],
+    queue: str | None,
+    task: str | None,
+    every: bool,
+    dry_run: bool,
+    yes: bool,
+    as_json: bool,
+) -> None:
+    """Cancel pending or retryable jobs: archived as cancelled, never run. Give their ids, or
+    --queue and/or --task (or --all) to cancel every such job; that asks first (unless --yes),
+    --dry-run only counts. Running jobs and periodic schedules are left alone."""
+    filtered = queue is not None or task is not None
+    if job_ids and (filtered or every):
+        raise click.UsageError("give job ids, or --queue/--task/--all, not both")
+    if every and filtered:
+        raise click.UsageError("--all cancels every pending job: leave out --queue and --task, or --all")
+    if not job_ids and not (filtered or every):
+        raise click.UsageError("give the ids of the jobs to cancel, or --queue and/or --task, or --all")
+    if job_ids:
+        if dry_run or yes:
+            raise click.UsageError("--dry-run and --yes go with --queue, --task or --all")
+        _cancel_ids(state, job_ids, as_json)
+    else:
+        _cancel_matching(state, queue, task, dry_run, yes, as_json)
+
+
+def _cancel_ids(state: CliState, job_ids: tuple[int, ...], as_json: bool) -> None:
     store = state.app.store
     results = {job_id: job_queries.cancel(store, job_id) for job_id in dict.fromkeys(job_ids)}  # each id once
     if as_json:
@@ -268,6 +302,33 @@ def cancel(state: CliState, /, job_ids: tuple[int, ...], as_json: bool) -> None:
             )
     if not all(results.values()):
         raise SystemExit(1)
+
+
+def _cancel_matching(
+    state: CliState, queue: str | None, task: str | None, dry_run: bool, yes: bool, as_json: bool
+) -> None:
+    """Cancel every pending or retryable job of ``queue`` and ``task`` (every one where neither
+    is given), a batch of ids to a transaction; a job that started meanwhile is left to run."""
+    store = state.app.store
+    total, last = job_queries.count_ready(store, queue, task)  # jobs enqueued meanwhile are left
+    where = " and ".join(
+        [*([f"of queue {queue!r}"] if queue is not None else []), *([f"of task {task!r}"] if task is not None else [])]
+    )
+    what = printable(f"{total} pending or retryable job(s){f' {where}' if where else ''}")
+    asked = Asked("cancel", "cancel", f"Cancel {what}?", {"cancelled": 0, "queue": queue, "task": task})
+    if not _go_ahead(asked, what, total, dry_run, yes, as_json):
+        return
+    cancelled = [0]
+    with progress_bar(total, "cancelling jobs") as bar, _interrupted(lambda: f"cancelled {cancelled[0]}"):
+        after = 0
+        while ids := job_queries.ready_ids(store, queue, task, after_id=after, up_to_id=last):
+            cancelled[0] += len(job_queries.cancel_many(store, ids))
+            bar.update(len(ids))
+            after = ids[-1]
+    if as_json:
+        echo_json({"cancelled": cancelled[0], "queue": queue, "task": task})
+    else:
+        click.echo(printable(f"cancelled {cancelled[0]} job(s){f' {where}' if where else ''}"))
 
 
 @jobs.command()
@@ -296,16 +357,9 @@ def purge(
     before = store.clock_now() - older_than
     total = deadletter.count_archived(store, state_name, task, before)
     what = f"{total} {state_name} job(s){f' of task {task}' if task else ''} archived before {timestamp(before)}"
-    if dry_run or total == 0:
-        if as_json:
-            echo_json({"purged": 0, "would_purge": total, "state": state_name, "archived_before": before})
-        else:
-            click.echo(f"{'would purge' if dry_run else 'nothing to purge:'} {what}")
+    report = {"purged": 0, "state": state_name, "archived_before": before}
+    if not _go_ahead(Asked("purge", "delete", f"Delete {what} for good?", report), what, total, dry_run, yes, as_json):
         return
-    if not yes:
-        if not sys.stdin.isatty():
-            raise click.UsageError(f"purge would delete {what}; add --yes to confirm (or --dry-run to count only)")
-        click.confirm(f"Delete {what} for good?", abort=True, err=True)
     done = [0]
 
     def progress(count: int) -> None:
@@ -318,6 +372,35 @@ def purge(
         echo_json({"purged": deleted, "state": state_name, "archived_before": before})
     else:
         click.echo(f"purged {deleted} {state_name} job(s) archived before {timestamp(before)}")
+
+
+@dataclass(frozen=True)
+class Asked:
+    """What a command that changes many jobs at once says before it does: its name, what it does
+    to them, the question it asks on a terminal, and its --json report when it does nothing."""
+
+    command: str
+    does: str
+    question: str
+    report: dict[str, Any]
+
+
+def _go_ahead(asked: Asked, what: str, total: int, dry_run: bool, yes: bool, as_json: bool) -> bool:
+    """Whether to change ``what`` (``total`` jobs): not for --dry-run or when there is nothing to
+    change (it says what it would do), and only once confirmed: --yes, or asked on a terminal."""
+    if dry_run or total == 0:
+        if as_json:
+            echo_json({**asked.report, f"would_{asked.command}": total})
+        else:
+            click.echo(f"{f'would {asked.command}' if dry_run else f'nothing to {asked.command}:'} {what}")
+        return False
+    if not yes:
+        if not sys.stdin.isatty():
+            raise click.UsageError(
+                f"{asked.command} would {asked.does} {what}; add --yes to confirm (or --dry-run to count only)"
+            )
+        click.confirm(asked.question, abort=True, err=True)
+    return True
 
 
 @contextmanager

@@ -67,7 +67,56 @@ def archived_job(store: Store, job_id: int) -> ArchivedJob | None:
 def cancel(store: Store, job_id: int, now: datetime | None = None, headers: dict[str, Any] | None = None) -> bool:
     """Archive a PENDING or RETRYABLE job as CANCELLED (with ``headers`` added to its own); False if
     it is running or gone."""
-    return _archive_as_stored(store, job_id, MessageState.CANCELLED, now or store.clock_now(), headers=headers)
+    return bool(_archive_as_stored(store, [job_id], MessageState.CANCELLED, now or store.clock_now(), headers=headers))
+
+
+CANCEL_BATCH = 500  # jobs cancelled per transaction by ``jobqueue jobs cancel`` with a filter
+
+
+def cancel_many(store: Store, job_ids: list[int], now: datetime | None = None) -> list[int]:
+    """Archive those of ``job_ids`` that are PENDING or RETRYABLE as CANCELLED, in one
+    transaction; the ids cancelled, in id order (the rest are running or gone)."""
+    return _archive_as_stored(store, job_ids, MessageState.CANCELLED, now or store.clock_now())
+
+
+def _ready(store: Store, queue: str | None, task: str | None) -> list[sa.ColumnElement[bool]]:
+    """Pending or retryable jobs (never a periodic schedule's message), of ``queue`` and ``task``
+    where given."""
+    m = store.tables.message
+    where = [m.c.state.in_(READY_LITERALS), m.c.task_name != SCHEDULE_TASK]
+    if queue is not None:
+        where.append(m.c.queue == queue)
+    if task is not None:
+        where.append(m.c.task_name == task)
+    return where
+
+
+def count_ready(store: Store, queue: str | None = None, task: str | None = None) -> tuple[int, int]:
+    """How many jobs :func:`ready_ids` would go through, and the largest id of the queue table
+    now: jobs enqueued after that are not among them."""
+    m = store.tables.message
+    with store.reading() as conn:
+        last = int(conn.execute(sa.select(sa.func.max(m.c.id))).scalar() or 0)
+        count = conn.execute(sa.select(sa.func.count()).where(m.c.id <= last, *_ready(store, queue, task))).scalar()
+    return int(count or 0), last
+
+
+def ready_ids(
+    store: Store,
+    queue: str | None = None,
+    task: str | None = None,
+    *,
+    after_id: int = 0,
+    up_to_id: int | None = None,
+    limit: int = CANCEL_BATCH,
+) -> list[int]:
+    """The ids of pending or retryable jobs after ``after_id`` (and at most ``up_to_id``), in id
+    order, at most ``limit``: a command that goes through them all asks again after the last one."""
+    m = store.tables.message
+    where = _ready(store, queue, task) + ([m.c.id <= up_to_id] if up_to_id is not None else [])
+    stmt = sa.select(m.c.id).where(m.c.id > after_id, *where).order_by(m.c.id).limit(limit)
+    with store.reading() as conn:
+        return list(conn.execute(stmt).scalars())
 
 
 def fail_unreadable_due_time(store: Store, job_id: int, stored: str, now: datetime | None = None) -> bool:
@@ -80,28 +129,34 @@ def fail_unreadable_due_time(store: Store, job_id: int, stored: str, now: dateti
             "ever find it due; it is failed without running"
         ),
     }
-    return _archive_as_stored(store, job_id, MessageState.FAILED, now or store.clock_now(), error=error)
+    return bool(_archive_as_stored(store, [job_id], MessageState.FAILED, now or store.clock_now(), error=error))
 
 
 def _archive_as_stored(
     store: Store,
-    job_id: int,
+    job_ids: list[int],
     state: MessageState,
     now: datetime,
     headers: dict[str, Any] | None = None,
     error: dict[str, str] | None = None,
-) -> bool:
-    """Move a PENDING or RETRYABLE job to the archive in ``state``, its values copied as stored;
-    False if it is running or gone."""
+) -> list[int]:
+    """Move those of ``job_ids`` that are PENDING or RETRYABLE to the archive in ``state``, their
+    values copied as stored, in one transaction; the ids moved (the rest are running or gone)."""
     m, a = store.tables.message, store.tables.archive
     columns = message_archive_columns(store.tables)
     with store.writing() as conn:
         # Every column it copies, named (untyped: nothing is read from them): on tables an upgrade
         # has yet to reach, the missing ones make the database refuse, which names the upgrade.
-        named = [sa.type_coerce(m.c[name], sa.types.NullType()) for name in columns]
-        locked = sa.select(*named).where(m.c.id == job_id, m.c.state.in_(READY_LITERALS)).with_for_update()
-        if conn.execute(locked).first() is None:
-            return False
+        named = [sa.type_coerce(m.c[name], sa.types.NullType()) for name in columns if name != "id"]
+        locked = (
+            sa.select(m.c.id, *named)
+            .where(m.c.id.in_(job_ids), m.c.state.in_(READY_LITERALS))
+            .order_by(m.c.id)
+            .with_for_update()
+        )
+        found = [row[0] for row in conn.execute(locked)]
+        if not found:
+            return []
         # Copied by the database as stored, never read here: a value edited by hand that Python
         # cannot read (SQLite takes any text in any column) still moves with its job.
         ended = {
@@ -112,16 +167,16 @@ def _archive_as_stored(
         }
         copied = sa.select(*[ended.get(name, m.c[name]) for name in columns], *list(ended.values())[1:])
         names = [*columns, *list(ended)[1:]]
-        conn.execute(sa.insert(a).from_select(names, copied.where(m.c.id == job_id)))
-        if headers:
+        conn.execute(sa.insert(a).from_select(names, copied.where(m.c.id.in_(found))))
+        for job_id in found if headers else ():
             try:
                 own = conn.execute(sa.select(m.c.headers).where(m.c.id == job_id)).scalar()
             except ValueError:  # not JSON (SQLite, edited by hand): the given headers replace it
                 own = None
-            merged = {**(own if isinstance(own, dict) else {}), **headers}
+            merged = {**(own if isinstance(own, dict) else {}), **(headers or {})}
             conn.execute(sa.update(a).where(a.c.id == job_id).values(headers=merged))
-        conn.execute(sa.delete(m).where(m.c.id == job_id))
-    return True
+        conn.execute(sa.delete(m).where(m.c.id.in_(found)))
+    return found
 
 
 QUEUE_STATES = ("ready", "scheduled", "processing", "retrying", "failed")

@@ -8,9 +8,11 @@ from datetime import datetime
 from pathlib import Path
 
 import pytest
+import sqlalchemy as sa
 
 from jobqueue import JobQueue
 from jobqueue.clock import utcnow
+from jobqueue.job import SCHEDULE_TASK
 from tests.acceptance.cli import jobqueue
 from tests.apps import basic
 from tests.conftest import only
@@ -132,6 +134,67 @@ def test_an_id_given_twice_is_retried_or_cancelled_once(app: JobQueue) -> None:
     pending = basic.add.delay(3, 3)
     assert jobqueue("jobs", "cancel", str(pending.id), str(pending.id)).returncode == 0
     assert failed.status() == "pending" and pending.status() == "cancelled"
+
+
+def test_cancel_every_pending_job_of_a_queue_or_task(app: JobQueue, db_url: str) -> None:
+    """A flood of bad jobs is cancelled in one command, a batch to a transaction; it used to take
+    every id, one transaction each (about 84 jobs/s on PostgreSQL)."""
+    from jobqueue import schedule_sync
+    from tests.apps import periodic as periodic_app
+
+    schedules = periodic_app.app
+    schedules.configure(database_url=db_url)
+    try:
+        schedule_sync.sync(schedules.store, schedules.schedules, set(schedules.registry), utcnow())
+    finally:
+        schedules.close()
+    flood = basic.add.bulk([(i, i) for i in range(1_203)], queue="bulk")
+    later = basic.add.apply_async((1, 1), queue="bulk", countdown=3600)  # pending, not yet due
+    other_task = basic.notify.apply_async((1,), queue="bulk")
+    other_queue = basic.add.delay(2, 2)
+    m = app.tables.message
+    with app.engine.begin() as conn:  # one retryable, one running: the latter is left alone
+        conn.execute(sa.update(m).where(m.c.id == flood[0].id).values(state="RETRYABLE"))
+        conn.execute(sa.update(m).where(m.c.id == flood[1].id).values(state="PROCESSING"))
+    schedules_before = _schedule_rows(app)
+    assert schedules_before
+
+    command = ("jobs", "cancel", "--queue", "bulk", "--task", "basic.add")
+    refused = jobqueue(*command, check=False)  # not a terminal: no question can be asked
+    assert refused.returncode == 2 and "would cancel 1203 pending or retryable job(s)" in refused.stderr
+    assert "of queue 'bulk' and of task 'basic.add'" in refused.stderr and "--yes" in refused.stderr
+    dry = json.loads(jobqueue(*command, "--dry-run", "--json").stdout)
+    assert (dry["would_cancel"], dry["cancelled"]) == (1_203, 0)
+    done = jobqueue(*command, "--yes", "--json")
+    assert json.loads(done.stdout)["cancelled"] == 1_203 and "cancelling jobs" in done.stderr
+    assert {h.status() for h in flood[2:]} == {"cancelled"} and flood[0].status() == "cancelled"
+    assert (flood[1].status(), later.status()) == ("processing", "cancelled")
+    assert (other_task.status(), other_queue.status()) == ("pending", "pending")
+
+    # --all: every pending job of every queue and task, never a periodic schedule's message.
+    said = jobqueue("jobs", "cancel", "--all", "--yes")
+    assert "cancelled 2 job(s)" in said.stdout, said.stdout
+    assert (other_task.status(), other_queue.status(), flood[1].status()) == ("cancelled", "cancelled", "processing")
+    assert _schedule_rows(app) == schedules_before
+    nothing = jobqueue("jobs", "cancel", "--task", "basic.add")
+    assert "nothing to cancel: 0 pending or retryable job(s) of task 'basic.add'" in nothing.stdout
+
+    for args, fragment in [
+        (("jobs", "cancel"), "give the ids of the jobs to cancel, or --queue and/or --task, or --all"),
+        (("jobs", "cancel", "5", "--queue", "bulk"), "give job ids, or --queue/--task/--all, not both"),
+        (("jobs", "cancel", "--all", "--task", "basic.add"), "leave out --queue and --task, or --all"),
+        (("jobs", "cancel", "5", "--yes"), "--dry-run and --yes go with --queue, --task or --all"),
+        (("jobs", "cancel", "--queue", ""), "is empty: give a name, or leave the option out"),
+    ]:
+        usage = jobqueue(*args, check=False)
+        assert usage.returncode == 2 and fragment in usage.stderr, usage.stderr
+
+
+def _schedule_rows(app: JobQueue) -> list[tuple[int, str]]:
+    m = app.tables.message
+    with app.engine.connect() as conn:
+        rows = conn.execute(sa.select(m.c.id, m.c.state).where(m.c.task_name == SCHEDULE_TASK).order_by(m.c.id))
+        return [tuple(row) for row in rows]
 
 
 @pytest.mark.parametrize(
