@@ -344,8 +344,11 @@ def test_a_frozen_supervisors_child_keeps_its_running_job_and_starts_no_aged_lea
     wait_for(lambda: len(runs(tmp_path / "runs.txt")) >= 10, 30, "the first jobs to run")
     freeze(first, app.engine)  # the supervisor renews nothing from now on; its child runs on
     try:
-        long = rt.slow.delay(8.0)
-        behind = rt.short.bulk([(0.01,)] * 20)
+        # Committed together, so that the child's next fetch takes quick jobs with the long one
+        # (enqueued one after the other, a loaded machine let it fetch the long one alone).
+        with app.engine.begin() as conn:
+            long = rt.slow.apply_async((8.0,), connection=conn)
+            behind = rt.short.bulk([(0.01,)] * 20, connection=conn)
         (child,) = first.children()
         wait_for(lambda: ("start", long.id, child) in runs(tmp_path / "runs.txt"), 30, "the long job to start")
         # The jobs fetched with it wait in the child's buffer, their leases running out in 6 s.

@@ -285,7 +285,10 @@ def running_tasks(spark: Any) -> int:
 
 @contextmanager
 def message_table_locked(app: JobQueue, backend: str) -> Iterator[Callable[[], None]]:
-    """Hold a lock that makes every insert into the message table wait; yield what releases it."""
+    """Hold a lock that makes every insert into the message table wait; yield what releases it.
+
+    The holder waits as long as Spark takes, which on a loaded machine is longer than the 10 s a
+    jobqueue session may stay idle in a transaction: its server would end it, so it may wait."""
     table = app.tables.message.name
     conn = app.engine.raw_connection()
     cursor = conn.cursor()
@@ -293,8 +296,10 @@ def message_table_locked(app: JobQueue, backend: str) -> Iterator[Callable[[], N
         conn.driver_connection.isolation_level = None
         cursor.execute("BEGIN IMMEDIATE")
     elif backend == "postgresql":
+        cursor.execute("SET idle_in_transaction_session_timeout = 0")
         cursor.execute(f"LOCK TABLE {table} IN EXCLUSIVE MODE")
     else:
+        cursor.execute("SET SESSION idle_transaction_timeout = 0")
         cursor.execute(f"LOCK TABLES {table} WRITE")
     try:
         yield conn.rollback if backend != "mysql" else lambda: cursor.execute("UNLOCK TABLES")
