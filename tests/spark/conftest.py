@@ -62,3 +62,19 @@ def spark(master: str) -> Iterator[Any]:
     session.conf.set("spark.sql.shuffle.partitions", "2")
     yield session
     session.stop()
+
+
+@pytest.hookimpl(trylast=True)  # after pytest has grouped the tests by their session parameters
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Every test on the local session, then every one on the cluster: pytest's own grouping went
+    back and forth between the two, and each switch stopped one SparkSession and started the other
+    (10 to 30 s each)."""
+    spark = [i for i, item in enumerate(items) if "master" in getattr(item, "fixturenames", ())]
+    ordered = sorted((items[i] for i in spark), key=lambda item: _master(item) == "cluster")
+    for i, item in zip(spark, ordered, strict=True):
+        items[i] = item
+
+
+def _master(item: pytest.Item) -> str:
+    callspec = getattr(item, "callspec", None)
+    return str(callspec.params.get("master", "")) if callspec is not None else ""
