@@ -116,6 +116,7 @@ def _host_clock_kept(monkeypatch: pytest.MonkeyPatch) -> None:
     import jobqueue.clock
 
     monkeypatch.setattr(jobqueue.clock, "_offset", jobqueue.clock._offset)
+    monkeypatch.setattr(jobqueue.clock, "_base", jobqueue.clock._base)
     monkeypatch.setattr(jobqueue.clock, "_next_check", jobqueue.clock._next_check)
 
 

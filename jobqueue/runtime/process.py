@@ -147,7 +147,7 @@ class WorkerProcess(Fetching, Flushing, KeeperThread):
         self.app.after_fork()
         # How far this host's clock is off the server's is the supervisor's to measure: it tells.
         clock.kept_elsewhere()
-        clock.set_correction(self.spec.slot.clock_correction())
+        clock.follow(self.spec.slot.clock_base())
         signals.worker_process_init.send(self.app, app=self.app, process_name=name)
         self.guard.what = f"database (worker process {os.getpid()})"
         self.store = self.app.store

@@ -107,7 +107,7 @@ class Fetching:
 
     def _fetch(self) -> None:
         limit = self.fetch_limit()
-        clock.set_correction(self.spec.slot.clock_correction())  # due times on the server's clock
+        clock.follow(self.spec.slot.clock_base())  # due times on the server's clock
 
         sent_ns = 0
 

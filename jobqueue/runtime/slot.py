@@ -43,10 +43,11 @@ from jobqueue import clock
     REVOKES,
     RENEWED_NS,
     LAPSED_NS,
-    CLOCK_CORRECTION_US,
+    CLOCK_BASE_US,
 ) = range(13)
 SIZE = 13
 UNKNOWN = -1  # more started ids than the list holds: only the running one is known
+NO_READING = -(2**63)  # the clock base of a supervisor that has read no server's clock (SQLite)
 MAX_BATCHES = 16  # buffered batches a child may hold (it stops fetching when they are all in use)
 LOCK_TIMEOUT_SECONDS = 0.05
 
@@ -89,7 +90,7 @@ class Slot:
             context.Lock(),
         )
         slot.renewed(time.monotonic_ns())  # a new child's supervisor is alive: it just forked it
-        slot.set_clock_correction(clock.correction())
+        slot.set_clock_base(clock.shared())
         return slot
 
     # -- the child's side --------------------------------------------------------------------------
@@ -175,9 +176,11 @@ class Slot:
             return taken_ns
         return max(taken_ns, int(self.array[RENEWED_NS]))
 
-    def clock_correction(self) -> float:
-        """Seconds to add to this host's clock to read the server's (read without the lock: one word)."""
-        return int(self.array[CLOCK_CORRECTION_US]) / 1e6
+    def clock_base(self) -> float | None:
+        """The supervisor's reading of the server's clock, as :func:`jobqueue.clock.follow` takes it
+        (read without the lock: one word)."""
+        base = int(self.array[CLOCK_BASE_US])
+        return None if base == NO_READING else base / 1e6
 
     def set_idle(self, idle: bool) -> None:
         with self.lock:
@@ -230,9 +233,9 @@ class Slot:
             self.array[LAPSED_NS] = sent_ns
         self.array[RENEWED_NS] = sent_ns
 
-    def set_clock_correction(self, seconds: float) -> None:
-        """Tell the child the supervisor's measure of this host's clock (written without the lock)."""
-        self.array[CLOCK_CORRECTION_US] = round(seconds * 1e6)
+    def set_clock_base(self, base: float | None) -> None:
+        """Tell the child the supervisor's reading of the server's clock (written without the lock)."""
+        self.array[CLOCK_BASE_US] = NO_READING if base is None else round(base * 1e6)
 
     def started_ids(self) -> list[int] | None:
         """The ids the child started whose outcome it never wrote; None if it lost count."""

@@ -132,7 +132,7 @@ class Maintenance:
         if not self.store.dialect.client_clock:
             clock.observe(server, sent, host_now())
             for child in self.children.values():  # every time: whatever changed it, they follow
-                child.spec.slot.set_clock_correction(clock.correction())
+                child.spec.slot.set_clock_base(clock.shared())
         mark, self.clock_mark = self.clock_mark, (read_at, server)
         if mark is None:
             return False

@@ -662,6 +662,29 @@ def test_a_worker_whose_clock_runs_an_hour_ahead_starts_no_job_before_its_time(
     assert worker.wait(30) == 0, worker.text()[-3000:]
 
 
+@only("postgresql", "mysql")
+@pytest.mark.parametrize("step", ["90", "-90"])
+def test_a_host_clock_set_while_a_worker_runs_starts_no_job_early_or_late(
+    app: JobQueue, tmp_path: Path, workers: list[Worker], step: str
+) -> None:
+    """The host's clock is set 90 s forward or back (NTP stepping it, `date -s`) between two readings
+    of the server's: a job due in 4 s still starts in about 4 s. It started at once, 86 s early, or
+    waited for the next reading (here 30 s off), up to 90 s late by the server's clock."""
+    jump = tmp_path / "jump.txt"
+    env = {"JOBQUEUE_TEST_JUMP_FILE": str(jump), "JOBQUEUE_TEST_JUMP_WALL": "1"}
+    options = ("--concurrency", "1", "--release-stuck-interval", "30")
+    worker = start(workers, tmp_path, *options, app="tests.apps.clock_jump:app", env=env)
+    rt.short.delay(0.0).get(timeout=30)  # up, the server's clock read
+    jump.write_text(step)
+    time.sleep(0.5)  # every process of the worker on the new clock
+    job = rt.short.apply_async((0.0,), countdown=4)
+    sent = time.monotonic()
+    job.get(timeout=30)
+    assert 3.0 < time.monotonic() - sent < 7.0, worker.text()[-3000:]
+    worker.signal(signal.SIGTERM)
+    assert worker.wait(30) == 0, worker.text()[-3000:]
+
+
 @only("sqlite")
 def test_a_clock_set_forward_mid_job_releases_no_live_lease(
     app: JobQueue, tmp_path: Path, workers: list[Worker]

@@ -86,6 +86,7 @@ def measured(monkeypatch: pytest.MonkeyPatch) -> None:
     import jobqueue.clock
 
     monkeypatch.setattr(jobqueue.clock, "_offset", 0.0)
+    monkeypatch.setattr(jobqueue.clock, "_base", None)
     monkeypatch.setattr(jobqueue.clock, "_next_check", 0.0)
 
 
@@ -126,6 +127,39 @@ def test_a_host_clock_off_by_an_hour_enqueues_jobs_due_by_the_servers_clock(
     assert abs(due_in(app, plain.apply_async(countdown=60).id) - 60) < 5
     assert abs(due_in(app, plain.delay().id)) < 5
     assert abs(due_in(app, plain.bulk([(), ()])[1].id)) < 5
+
+
+@only("postgresql", "mysql")
+@pytest.mark.parametrize("step", [90.0, -90.0])
+def test_a_host_clock_set_after_a_reading_moves_no_due_time(
+    app: JobQueue,
+    plain: Task,
+    monkeypatch: pytest.MonkeyPatch,
+    measured: None,
+    caplog: pytest.LogCaptureFixture,
+    step: float,
+) -> None:
+    """The host's clock set forward or back (NTP stepping it, `date -s`) after the server's was read:
+    jobs enqueued before the next reading, a minute later, are still due by the server's clock. They
+    were due 90 s late, or 90 s early (a countdown of a minute already past)."""
+    import jobqueue.clock
+
+    real, shift = time.time, [0.0]
+
+    def host_clock() -> float:
+        return real() + shift[0]
+
+    monkeypatch.setattr(time, "time", host_clock)
+    monkeypatch.setattr(jobqueue.clock, "_REAL_TIME", (host_clock,))  # taken for the interpreter's own
+    assert abs(due_in(app, plain.apply_async(countdown=60).id) - 60) < 5  # the reading
+    shift[0] = step
+    assert abs(due_in(app, plain.apply_async(countdown=60).id) - 60) < 5
+    assert abs(due_in(app, plain.delay().id)) < 5
+    monkeypatch.setattr(jobqueue.clock, "_next_check", 0.0)  # the next reading says so, and corrects by it
+    with caplog.at_level("WARNING", logger="jobqueue"):
+        assert abs(due_in(app, plain.delay().id)) < 5
+    assert f"this host's clock was set 90.0 s {'forward' if step > 0 else 'back'} since" in caplog.text
+    assert abs(jobqueue.clock.correction() + step) < 1
 
 
 @only("postgresql", "mysql")

@@ -26,6 +26,7 @@ import socket
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
+from jobqueue.clock import utcnow
 from jobqueue.contrib.django.integration import MISSING_TASK_API, configured_app
 from jobqueue.errors import ConfigurationError, JobQueueError
 from jobqueue.retry import RetryStrategy, storable
@@ -114,7 +115,7 @@ class JobQueueBackend(BaseTaskBackend):
             task=task,
             id=str(handle.id),
             status=TaskResultStatus.READY,
-            enqueued_at=_aware(datetime.now(timezone.utc)),
+            enqueued_at=_aware(utcnow()),
             started_at=None,
             finished_at=None,
             last_attempted_at=None,
@@ -194,7 +195,7 @@ def _run(app: JobQueue, module_path: str, args: tuple[Any, ...], kwargs: dict[st
     task, alias = KNOWN[module_path]
     job = current_job()
     label = f"{socket.gethostname()}:{os.getpid()}"
-    now = _aware(datetime.now(timezone.utc))
+    now = _aware(utcnow())
     result = TaskResult(
         task=task,
         id=str(job.id),
@@ -224,7 +225,7 @@ def _run(app: JobQueue, module_path: str, args: tuple[Any, ...], kwargs: dict[st
         object.__setattr__(result, "_return_value", value)
         return value
     finally:
-        object.__setattr__(result, "finished_at", _aware(datetime.now(timezone.utc)))
+        object.__setattr__(result, "finished_at", _aware(utcnow()))
         task_finished.send(sender=backend, task_result=result)
 
 
