@@ -73,6 +73,20 @@ def test_keys_take_turns_so_a_flood_never_starves_the_others(app: JobQueue) -> N
     assert {m.flow_key for m in take(app, limit=12)} == {"big"}
 
 
+def test_keys_take_turns_when_a_fetch_takes_fewer_jobs_than_there_are_keys(app: JobQueue) -> None:
+    """Slow jobs are fetched one or two at a time. A key the fetch found but had no room for keeps
+    its place in line: every key found was marked served, so all had the same time, and the keys'
+    names decided every turn. A tenant whose name sorted after the flood's waited for all of it."""
+
+    @app.task(name="t.tenant", concurrency_key=lambda tenant, n: tenant)
+    def work(tenant: str, n: int) -> None: ...
+
+    work.bulk([("acme", n) for n in range(20)])
+    work.bulk([("zeta", n) for n in range(3)])
+    turns = [m.flow_key for _ in range(6) for m in take(app, limit=1)]
+    assert turns == ["acme", "zeta", "acme", "zeta", "acme", "zeta"], turns
+
+
 def test_a_rate_limit_spaces_starts_by_the_database_clock(app: JobQueue) -> None:
     @app.task(name="t.mail", rate_limit="10/s")
     def mail(n: int) -> None: ...

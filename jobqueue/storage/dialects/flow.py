@@ -467,6 +467,11 @@ class FlowAcquirer:
                         corrupt[row.id] = problem
                         chosen.append(row.id)
                 candidates = [row for row in candidates if row.id not in corrupt]
+            if candidates and len(chosen) >= params.limit:
+                # The fetch is full before this key's turn (slow jobs are fetched one or two at a
+                # time): it keeps its place in line, first at the next fetch. Marked served, every
+                # key found would share one time, and their names would decide every turn.
+                continue
             allowed = min(len(candidates), params.limit - len(chosen))
             # None too if it is no time (SQLite text edited by hand): written again below.
             stored = next_start = stored_time(lock.next_start_at)
