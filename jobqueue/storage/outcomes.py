@@ -58,6 +58,11 @@ def _unstarted(outcome: Outcome) -> bool:
     return outcome.kind is OutcomeKind.RETURN
 
 
+def _first_attempt(outcome: Outcome, now: Any) -> datetime | None:
+    m = outcome.message
+    return None if _unstarted(outcome) and m.attempts_count <= 1 else m.first_attempt_at
+
+
 ARCHIVED = (
     Field("state", "text", lambda o, now: o.state.value),
     Field("checkpoint", "bytes", lambda o, now: o.checkpoint),
@@ -81,6 +86,8 @@ REQUEUED = (
     # A recorded outcome resets deliveries; handing back unstarted uncounts both.
     Field("attempts_count", "integer", lambda o, now: o.message.attempts_count - (1 if _unstarted(o) else 0)),
     Field("deliveries_count", "integer", lambda o, now: o.message.deliveries_count - 1 if _unstarted(o) else 0),
+    # Handed back before its first attempt started: it has had none yet (its fetch set the time).
+    Field("first_attempt_at", "timestamp", _first_attempt),
     Field("checkpoint", "bytes", lambda o, now: o.checkpoint),
     Field("last_error_type", "text", _error("type"), keep_if_null=True),
     Field("last_error_message", "text", _error("message"), keep_if_null=True),

@@ -125,6 +125,38 @@ def test_nack_with_retry_allowed_goes_retryable_then_processing_again(app: JobQu
     assert handle.get(timeout=1) == "ok on attempt 3"
 
 
+def test_a_job_handed_back_unstarted_has_its_first_attempt_still_to_come(app: JobQueue) -> None:
+    """A fetched job taken back before it started (behind a slow job, by a stopping process) kept
+    its fetch's time as its first attempt: max_total_delay_seconds counted the wait, and its first
+    error, minutes later, was final, where the strategy allowed retries."""
+    from jobqueue.runtime.holdings import hand_back
+
+    strategy = ConstantRetryStrategy(delay_seconds=1, max_attempts=5, max_total_delay_seconds=5)
+
+    @app.task(retry_strategy=strategy)
+    def flaky() -> None:
+        raise ConnectionError(f"attempt {current_job().attempt}")
+
+    handle = flaky.delay()
+    store = app.store
+    with freeze_time(T0) as clock:
+        for take_back in ("by its process", "by the supervisor"):
+            (message,) = store.acquire(WORKER, None, 10, 30.0, now=utcnow(), token=7)
+            assert row(app, handle.id)["first_attempt_at"] is not None  # the fetch's time
+            if take_back == "by its process":
+                store.flush([hand_back(message)])
+            else:
+                store.release_unstarted(WORKER, [7], [])
+            again = row(app, handle.id)
+            assert (again["attempts_count"], again["first_attempt_at"]) == (0, None), take_back
+            clock.tick(60)  # a minute later, its first attempt fails: it is retried
+        run_due(app, now=utcnow())
+        first = row(app, handle.id)
+        assert (first["state"], first["attempts_count"]) == ("RETRYABLE", 1)
+        assert first["first_attempt_at"] == T0 + timedelta(seconds=120)
+    assert handle.status() == "retryable"
+
+
 def test_nack_without_retry_left_fails_with_traceback(app: JobQueue) -> None:
     @app.task(retry_strategy=ConstantRetryStrategy(delay_seconds=5, max_attempts=3))
     def doomed() -> None:

@@ -421,12 +421,19 @@ class Dialect(Inserts):
         """Return PROCESSING messages matching ``conditions`` to PENDING, subtracting ``attempts`` and
         ``deliveries`` (SQL expressions worth 0 or 1 per row) from their counters."""
         m = self.message
-        values: dict[str, Any] = dict(state=MessageState.PENDING.value, **RELEASED)
+        values: dict[Any, Any] = {}
         if attempts is not None:
-            values["attempts_count"] = m.c.attempts_count - attempts
+            # A job whose only attempt is taken back never had one: its first attempt is still to
+            # come (a retry strategy's max_total_delay_seconds counts from it). Set first: MySQL
+            # reads the columns a statement already set with their new values.
+            values[m.c.first_attempt_at] = sa.case(
+                (m.c.attempts_count - attempts <= 0, sa.null()), else_=m.c.first_attempt_at
+            )
+            values[m.c.attempts_count] = m.c.attempts_count - attempts
         if deliveries is not None:
-            values["deliveries_count"] = m.c.deliveries_count - deliveries
-        stmt = sa.update(m).where(m.c.state == PROCESSING, *conditions).values(values)
+            values[m.c.deliveries_count] = m.c.deliveries_count - deliveries
+        values.update({m.c.state: MessageState.PENDING.value, **{m.c[name]: v for name, v in RELEASED.items()}})
+        stmt = sa.update(m).where(m.c.state == PROCESSING, *conditions).ordered_values(*values.items())
         with self.engine.begin() as connection:
             return int(connection.execute(stmt, binds or {}).rowcount)
 

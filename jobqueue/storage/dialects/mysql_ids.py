@@ -87,7 +87,9 @@ class FreshIds:
                     # it goes back to the queue, uncounted, and that delivery's outcome is fenced out.
                     # (MySQL assigns left to right, each seeing the ones before: counters first.)
                     run(
-                        f"UPDATE {self.message} SET id = %s, attempts_count = attempts_count - (state = 'PROCESSING'), "
+                        f"UPDATE {self.message} SET id = %s, first_attempt_at = IF(state = 'PROCESSING' AND "
+                        "attempts_count <= 1, NULL, first_attempt_at), "
+                        "attempts_count = attempts_count - (state = 'PROCESSING'), "
                         "deliveries_count = deliveries_count - (state = 'PROCESSING'), state = 'PENDING', "
                         f"{', '.join(f'{column} = NULL' for column in RELEASED)} WHERE id = %s",
                         (new, old),
