@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any
@@ -266,7 +266,8 @@ def cancel(
 ) -> None:
     """Cancel pending or retryable jobs: archived as cancelled, never run. Give their ids, or
     --queue and/or --task (or --all) to cancel every such job; that asks first (unless --yes),
-    --dry-run only counts. Running jobs and periodic schedules are left alone."""
+    --dry-run only counts. Running jobs are left alone, and so are periodic schedules but for
+    one given by its id (which retires it)."""
     filtered = queue is not None or task is not None
     if job_ids and (filtered or every):
         raise click.UsageError("give job ids, or --queue/--task/--all, not both")
@@ -282,25 +283,40 @@ def cancel(
         _cancel_matching(state, queue, task, dry_run, yes, as_json)
 
 
+class _NoBar:
+    """A progress bar for a few jobs: none."""
+
+    def update(self, count: int) -> None:
+        pass
+
+
 def _cancel_ids(state: CliState, job_ids: tuple[int, ...], as_json: bool) -> None:
     store = state.app.store
-    results = {job_id: job_queries.cancel(store, job_id) for job_id in dict.fromkeys(job_ids)}  # each id once
+    wanted = list(dict.fromkeys(job_ids))  # each id once
+    cancelled: set[int] = set()
+    many = len(wanted) > job_queries.CANCEL_BATCH
+    bar_shown = progress_bar(len(wanted), "cancelling jobs") if many else nullcontext(_NoBar())
+    with bar_shown as bar, _interrupted(lambda: f"cancelled {len(cancelled)}"):
+        for start in range(0, len(wanted), job_queries.CANCEL_BATCH):
+            batch = wanted[start : start + job_queries.CANCEL_BATCH]
+            cancelled.update(job_queries.cancel_many(store, batch))
+            bar.update(len(batch))
     if as_json:
         echo_json(
             {
-                "cancelled": [j for j, ok in results.items() if ok],
-                "not_cancelled": [j for j, ok in results.items() if not ok],
+                "cancelled": [j for j in wanted if j in cancelled],
+                "not_cancelled": [j for j in wanted if j not in cancelled],
             }
         )
     else:
-        for job_id, ok in results.items():
+        for job_id in wanted:
             click.echo(
                 f"job {job_id} cancelled"
-                if ok
+                if job_id in cancelled
                 else f"job {job_id} not cancelled: it is running, has ended or does not exist",
-                err=not ok,
+                err=job_id not in cancelled,
             )
-    if not all(results.values()):
+    if len(cancelled) < len(wanted):
         raise SystemExit(1)
 
 
@@ -308,9 +324,11 @@ def _cancel_matching(
     state: CliState, queue: str | None, task: str | None, dry_run: bool, yes: bool, as_json: bool
 ) -> None:
     """Cancel every pending or retryable job of ``queue`` and ``task`` (every one where neither
-    is given), a batch of ids to a transaction; a job that started meanwhile is left to run."""
+    is given) there is now, a batch of ids to a transaction; a job that started meanwhile is left
+    to run, and one enqueued or retried meanwhile is not among them."""
     store = state.app.store
-    total, last = job_queries.count_ready(store, queue, task)  # jobs enqueued meanwhile are left
+    ids = job_queries.ready_ids(store, queue, task)
+    total = len(ids)
     where = " and ".join(
         [*([f"of queue {queue!r}"] if queue is not None else []), *([f"of task {task!r}"] if task is not None else [])]
     )
@@ -320,13 +338,12 @@ def _cancel_matching(
         return
     cancelled = [0]
     with progress_bar(total, "cancelling jobs") as bar, _interrupted(lambda: f"cancelled {cancelled[0]}"):
-        after = 0
-        while ids := job_queries.ready_ids(store, queue, task, after_id=after, up_to_id=last):
-            cancelled[0] += len(job_queries.cancel_many(store, ids))
-            bar.update(len(ids))
-            after = ids[-1]
+        for start in range(0, total, job_queries.CANCEL_BATCH):
+            batch = ids[start : start + job_queries.CANCEL_BATCH].tolist()
+            cancelled[0] += len(job_queries.cancel_many(store, batch))
+            bar.update(len(batch))
     if as_json:
-        echo_json({"cancelled": cancelled[0], "queue": queue, "task": task})
+        echo_json({"cancelled": cancelled[0], "would_cancel": total, "queue": queue, "task": task})
     else:
         click.echo(printable(f"cancelled {cancelled[0]} job(s){f' {where}' if where else ''}"))
 
@@ -356,7 +373,8 @@ def purge(
     store = state.app.store
     before = store.clock_now() - older_than
     total = deadletter.count_archived(store, state_name, task, before)
-    what = f"{total} {state_name} job(s){f' of task {task}' if task else ''} archived before {timestamp(before)}"
+    of_task = f" of task {task}" if task else ""
+    what = printable(f"{total} {state_name} job(s){of_task} archived before {timestamp(before)}")
     report = {"purged": 0, "state": state_name, "archived_before": before}
     if not _go_ahead(Asked("purge", "delete", f"Delete {what} for good?", report), what, total, dry_run, yes, as_json):
         return
@@ -369,7 +387,7 @@ def purge(
     with progress_bar(total, f"purging {state_name} jobs") as bar, _interrupted(lambda: f"purged {done[0]}"):
         deleted = deadletter.purge(store, state_name, before, task, batch_size, progress=progress)
     if as_json:
-        echo_json({"purged": deleted, "state": state_name, "archived_before": before})
+        echo_json({"purged": deleted, "would_purge": total, "state": state_name, "archived_before": before})
     else:
         click.echo(f"purged {deleted} {state_name} job(s) archived before {timestamp(before)}")
 
@@ -405,12 +423,19 @@ def _go_ahead(asked: Asked, what: str, total: int, dry_run: bool, yes: bool, as_
 
 @contextmanager
 def _interrupted(so_far: Callable[[], str]) -> Iterator[None]:
-    """Ctrl-C during a long command: say how far it went (each batch is whole), exit 130."""
+    """Ctrl-C during a long command: say how far it went (each batch is whole), exit 130. An
+    error (a lock timeout, a lost server) is said with how far it went too."""
     try:
         yield
     except KeyboardInterrupt:
         click.echo(f"\ninterrupted: {so_far()} job(s) before it stopped; run the command again to go on", err=True)
         raise SystemExit(130) from None
+    except Exception:
+        click.echo(
+            f"\nstopped by the error below: {so_far()} job(s) before it; run the command again to go on",
+            err=True,
+        )
+        raise
 
 
 def _ids(ids: list[int], most: int = 20) -> str:

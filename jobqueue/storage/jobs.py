@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from array import array
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -91,32 +92,22 @@ def _ready(store: Store, queue: str | None, task: str | None) -> list[sa.ColumnE
     return where
 
 
-def count_ready(store: Store, queue: str | None = None, task: str | None = None) -> tuple[int, int]:
-    """How many jobs :func:`ready_ids` would go through, and the largest id of the queue table
-    now: jobs enqueued after that are not among them."""
+def ready_ids(store: Store, queue: str | None = None, task: str | None = None, page: int = 10_000) -> array[int]:
+    """The ids of every pending or retryable job now (of ``queue`` and ``task`` where given), in
+    id order, read ``page`` at a time: what a command that goes through them all goes through,
+    and no job committed later (a transaction's jobs take their ids before it commits, a retried
+    job keeps its old one). Eight bytes an id."""
     m = store.tables.message
+    ids: array[int] = array("q")
+    after = 0
     with store.reading() as conn:
-        last = int(conn.execute(sa.select(sa.func.max(m.c.id))).scalar() or 0)
-        count = conn.execute(sa.select(sa.func.count()).where(m.c.id <= last, *_ready(store, queue, task))).scalar()
-    return int(count or 0), last
-
-
-def ready_ids(
-    store: Store,
-    queue: str | None = None,
-    task: str | None = None,
-    *,
-    after_id: int = 0,
-    up_to_id: int | None = None,
-    limit: int = CANCEL_BATCH,
-) -> list[int]:
-    """The ids of pending or retryable jobs after ``after_id`` (and at most ``up_to_id``), in id
-    order, at most ``limit``: a command that goes through them all asks again after the last one."""
-    m = store.tables.message
-    where = _ready(store, queue, task) + ([m.c.id <= up_to_id] if up_to_id is not None else [])
-    stmt = sa.select(m.c.id).where(m.c.id > after_id, *where).order_by(m.c.id).limit(limit)
-    with store.reading() as conn:
-        return list(conn.execute(stmt).scalars())
+        while True:
+            stmt = sa.select(m.c.id).where(m.c.id > after, *_ready(store, queue, task)).order_by(m.c.id).limit(page)
+            found = list(conn.execute(stmt).scalars())
+            ids.extend(found)
+            if len(found) < page:
+                return ids
+            after = found[-1]
 
 
 def fail_unreadable_due_time(store: Store, job_id: int, stored: str, now: datetime | None = None) -> bool:

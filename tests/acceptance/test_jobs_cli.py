@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 import re
+import sys
+import time
 from datetime import datetime
 from pathlib import Path
 
@@ -188,6 +191,47 @@ def test_cancel_every_pending_job_of_a_queue_or_task(app: JobQueue, db_url: str)
     ]:
         usage = jobqueue(*args, check=False)
         assert usage.returncode == 2 and fragment in usage.stderr, usage.stderr
+
+
+@only("postgresql", "mysql")
+def test_cancel_by_filter_cancels_only_the_jobs_it_counted(app: JobQueue) -> None:
+    """A transaction that enqueued jobs before the command started commits while it asks: those
+    jobs, whose ids are below the newest job's, are not among the ones it counted, and stay. It
+    cancelled them (3 jobs asked about, 8 cancelled)."""
+    import pty
+    import select
+
+    from tests.acceptance.cli import APP, ROOT
+
+    basic.add.bulk([(i, i) for i in range(3)])
+    with app.engine.connect() as conn:
+        transaction = conn.begin()
+        late = basic.add.bulk([(i, i) for i in range(5)], connection=conn)
+        newest = basic.notify.delay(1)  # committed, with the largest id
+        pid, fd = pty.fork()
+        if pid == 0:  # the command, at a terminal: it asks
+            os.chdir(ROOT)
+            os.execv(sys.executable, [sys.executable, "-m", "jobqueue", "--app", APP, "jobs", "cancel", "--all"])
+        said = b""
+        deadline = time.monotonic() + 60
+        while b"[y/N]" not in said and time.monotonic() < deadline:
+            if select.select([fd], [], [], 1)[0]:
+                said += os.read(fd, 1024)
+        assert b"Cancel 4 pending or retryable job(s)?" in said, said
+        transaction.commit()
+    os.write(fd, b"y\n")
+    while True:
+        try:
+            chunk = os.read(fd, 4096)
+        except OSError:
+            break
+        if not chunk:
+            break
+        said += chunk
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0, said
+    assert b"cancelled 4 job(s)" in said, said
+    assert {h.status() for h in late} == {"pending"} and newest.status() == "cancelled"
 
 
 def _schedule_rows(app: JobQueue) -> list[tuple[int, str]]:
