@@ -21,7 +21,7 @@ from jobqueue.app import JobQueue
 from jobqueue.duration import parse_age
 from jobqueue.errors import ConfigurationError, JobQueueError
 from jobqueue.settings import APP_ENV, DATABASE_URL_ENV
-from jobqueue.storage.dialects.connector import first_line, lacks_a_privilege, privilege_advice
+from jobqueue.storage.dialects.connector import CONTENTION, first_line, lacks_a_privilege, privilege_advice
 from jobqueue.storage.engine import mask_in, mask_url
 
 
@@ -209,6 +209,12 @@ class Group(click.Group):
             reason = first_line(exc)
             if explained:
                 reason += f": {explained}"
+            elif classified == CONTENTION:
+                reason += (
+                    ": another session held a lock on jobqueue's tables past the lock timeout (a long "
+                    "transaction, LOCK TABLES, a schema change): find it (pg_stat_activity, SHOW PROCESSLIST), "
+                    "then run the command again"
+                )
             if lacks_privilege:
                 reason += f"; {privilege_advice(reason)}"
             raise click.ClickException(mask_secrets(f"cannot use {_where(ctx)}: {reason}", ctx)) from None

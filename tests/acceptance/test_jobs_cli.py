@@ -234,6 +234,28 @@ def test_cancel_by_filter_cancels_only_the_jobs_it_counted(app: JobQueue) -> Non
     assert {h.status() for h in late} == {"pending"} and newest.status() == "cancelled"
 
 
+@only("mysql")
+def test_a_command_behind_a_table_lock_says_so_after_the_lock_timeout(app: JobQueue) -> None:
+    """LOCK TABLES (or a schema change) holds jobqueue's table: a command waited 60 s, its read
+    timeout, and said the connection to the server was lost. It waits 30 s, as on PostgreSQL, and
+    says what holds it up."""
+    basic.add.delay(1, 1)
+    holder = app.engine.raw_connection()
+    try:
+        cursor = holder.cursor()
+        cursor.execute("SET SESSION idle_transaction_timeout = 0")  # jobqueue's 10 s would end it
+        cursor.execute(f"LOCK TABLES {app.tables.message.name} WRITE")
+        sent = time.monotonic()
+        listed = jobqueue("jobs", "list", check=False)
+        waited = time.monotonic() - sent
+    finally:
+        holder.close()
+    assert listed.returncode == 1 and "Traceback" not in listed.stderr, listed.stderr[-2000:]
+    assert "Lock wait timeout exceeded" in listed.stderr and "another session held a lock" in listed.stderr
+    assert "SHOW PROCESSLIST" in listed.stderr and "Lost connection" not in listed.stderr
+    assert 25 < waited < 50, waited
+
+
 def _schedule_rows(app: JobQueue) -> list[tuple[int, str]]:
     m = app.tables.message
     with app.engine.connect() as conn:

@@ -51,6 +51,10 @@ MYSQL_DISCONNECTS = {1040, 1053, 1152, 1203, 1226, 1927, 2002, 2003, 2006, 2013,
 MYSQL_CONTENTION = {1205, 1213}
 # How long a schema change's step, or a group being added, waits for a lock before it is tried again.
 BRIEF_LOCK_WAIT_SECONDS = 2
+# How long any statement waits for a table's metadata lock (LOCK TABLES, a schema change) before it
+# fails as contention, as on PostgreSQL (lock_timeout): the server's default is a year, so a command
+# waited until its read timeout and said the connection was lost.
+METADATA_LOCK_WAIT_SECONDS = 30
 # The server refused to log in, and the fix. Once a worker runs these are an outage (a database
 # being restored, a password being changed): its outcomes wait; no start gets past them.
 LOGIN_REFUSALS = {
@@ -107,6 +111,7 @@ class MySQLDialect(Dialect):
         def on_connect(dbapi_connection: Any, _record: Any) -> None:
             info = getattr(dbapi_connection, "get_server_info", lambda: "")()
             cursor = dbapi_connection.cursor()
+            cursor.execute(f"SET SESSION lock_wait_timeout = {METADATA_LOCK_WAIT_SECONDS}")
             if "MariaDB" in str(info):
                 # A session left idle inside a transaction is ended (a frozen process); MySQL 8
                 # has no such setting, and a frozen process holds its locks until it wakes.
