@@ -225,7 +225,7 @@ def retry(state: CliState, /, job_ids: tuple[int, ...], all_failed: bool, task: 
     if all_failed:
         report = deadletter.RetryReport()
         total = deadletter.count_archived(store, "failed", task)
-        with progress_bar(total, "retrying failed jobs") as bar, _interrupted(lambda: f"retried {len(report.retried)}"):
+        with progress_bar(total, "retrying failed jobs") as bar, _interrupted("retried", lambda: len(report.retried)):
             after = 0
             while ids := deadletter.archived_ids(store, "failed", task, limit=deadletter.RETRY_BATCH, after_id=after):
                 report.add(deadletter.retry(store, ids))
@@ -296,7 +296,7 @@ def _cancel_ids(state: CliState, job_ids: tuple[int, ...], as_json: bool) -> Non
     cancelled: set[int] = set()
     many = len(wanted) > job_queries.CANCEL_BATCH
     bar_shown = progress_bar(len(wanted), "cancelling jobs") if many else nullcontext(_NoBar())
-    with bar_shown as bar, _interrupted(lambda: f"cancelled {len(cancelled)}"):
+    with bar_shown as bar, _interrupted("cancelled", lambda: len(cancelled)):
         for start in range(0, len(wanted), job_queries.CANCEL_BATCH):
             batch = wanted[start : start + job_queries.CANCEL_BATCH]
             cancelled.update(job_queries.cancel_many(store, batch))
@@ -337,7 +337,7 @@ def _cancel_matching(
     if not _go_ahead(asked, what, total, dry_run, yes, as_json):
         return
     cancelled = [0]
-    with progress_bar(total, "cancelling jobs") as bar, _interrupted(lambda: f"cancelled {cancelled[0]}"):
+    with progress_bar(total, "cancelling jobs") as bar, _interrupted("cancelled", lambda: cancelled[0]):
         for start in range(0, total, job_queries.CANCEL_BATCH):
             batch = ids[start : start + job_queries.CANCEL_BATCH].tolist()
             cancelled[0] += len(job_queries.cancel_many(store, batch))
@@ -384,7 +384,7 @@ def purge(
         done[0] += count
         bar.update(count)
 
-    with progress_bar(total, f"purging {state_name} jobs") as bar, _interrupted(lambda: f"purged {done[0]}"):
+    with progress_bar(total, f"purging {state_name} jobs") as bar, _interrupted("purged", lambda: done[0]):
         deleted = deadletter.purge(store, state_name, before, task, batch_size, progress=progress)
     if as_json:
         echo_json({"purged": deleted, "would_purge": total, "state": state_name, "archived_before": before})
@@ -422,19 +422,20 @@ def _go_ahead(asked: Asked, what: str, total: int, dry_run: bool, yes: bool, as_
 
 
 @contextmanager
-def _interrupted(so_far: Callable[[], str]) -> Iterator[None]:
+def _interrupted(did: str, done: Callable[[], int]) -> Iterator[None]:
     """Ctrl-C during a long command: say how far it went (each batch is whole), exit 130. An
-    error (a lock timeout, a lost server) is said with how far it went too."""
+    error (a lock timeout, a lost server) after some batches is said with how far it went too."""
     try:
         yield
     except KeyboardInterrupt:
-        click.echo(f"\ninterrupted: {so_far()} job(s) before it stopped; run the command again to go on", err=True)
+        click.echo(f"\ninterrupted: {did} {done()} job(s) before it stopped; run the command again to go on", err=True)
         raise SystemExit(130) from None
     except Exception:
-        click.echo(
-            f"\nstopped by the error below: {so_far()} job(s) before it; run the command again to go on",
-            err=True,
-        )
+        if done():
+            click.echo(
+                f"\nstopped by the error below: {did} {done()} job(s) before it; run the command again to go on",
+                err=True,
+            )
         raise
 
 
