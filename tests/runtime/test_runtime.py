@@ -365,7 +365,10 @@ def test_a_frozen_supervisors_child_keeps_its_running_job_and_starts_no_aged_lea
     assert second.children()[0] in ran_behind  # their leases ran out; the second worker took them
     log = first.text()
     assert f"job {long.id} rt.slow: its lease renewed by the worker process itself" in log
-    assert "returned to the queue unstarted" in log, log[-3000:]
+    if "whose lease expired" in second.text():  # the child took quick jobs with the long one
+        assert "returned to the queue unstarted" in log, log[-3000:]
+    # (On a loaded machine its fetch may take the long job alone: the second worker then finds
+    # the quick ones ready, unleased, and nothing is handed back.)
     assert "takes no new job until it does" in log
     for worker in (first, second):
         worker.signal(signal.SIGTERM)
