@@ -151,7 +151,12 @@ def test_a_host_clock_set_after_a_reading_moves_no_due_time(
 
     monkeypatch.setattr(time, "time", host_clock)
     monkeypatch.setattr(jobqueue.clock, "_REAL_TIME", (host_clock,))  # taken for the interpreter's own
-    assert abs(due_in(app, plain.apply_async(countdown=60).id) - 60) < 5  # the reading
+    for _ in range(3):  # the reading (one too slow to use, on a loaded machine, is taken again)
+        monkeypatch.setattr(jobqueue.clock, "_next_check", 0.0)
+        assert abs(due_in(app, plain.apply_async(countdown=60).id) - 60) < 5
+        if jobqueue.clock.shared() is not None:
+            break
+    assert jobqueue.clock.shared() is not None, "no reading of the server's clock could be used"
     shift[0] = step
     assert abs(due_in(app, plain.apply_async(countdown=60).id) - 60) < 5
     assert abs(due_in(app, plain.delay().id)) < 5
