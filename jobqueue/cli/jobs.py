@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
@@ -297,8 +297,7 @@ def _cancel_ids(state: CliState, job_ids: tuple[int, ...], as_json: bool) -> Non
     many = len(wanted) > job_queries.CANCEL_BATCH
     bar_shown = progress_bar(len(wanted), "cancelling jobs") if many else nullcontext(_NoBar())
     with bar_shown as bar, _interrupted("cancelled", lambda: len(cancelled)):
-        for start in range(0, len(wanted), job_queries.CANCEL_BATCH):
-            batch = wanted[start : start + job_queries.CANCEL_BATCH]
+        for batch in _batches(wanted):
             cancelled.update(job_queries.cancel_many(store, batch))
             bar.update(len(batch))
     if as_json:
@@ -320,6 +319,12 @@ def _cancel_ids(state: CliState, job_ids: tuple[int, ...], as_json: bool) -> Non
         raise SystemExit(1)
 
 
+def _batches(ids: Sequence[int]) -> Iterator[list[int]]:
+    """``ids`` a transaction's worth at a time."""
+    for start in range(0, len(ids), job_queries.CANCEL_BATCH):
+        yield list(ids[start : start + job_queries.CANCEL_BATCH])
+
+
 def _cancel_matching(
     state: CliState, queue: str | None, task: str | None, dry_run: bool, yes: bool, as_json: bool
 ) -> None:
@@ -338,8 +343,7 @@ def _cancel_matching(
         return
     cancelled = [0]
     with progress_bar(total, "cancelling jobs") as bar, _interrupted("cancelled", lambda: cancelled[0]):
-        for start in range(0, total, job_queries.CANCEL_BATCH):
-            batch = ids[start : start + job_queries.CANCEL_BATCH].tolist()
+        for batch in _batches(ids):
             cancelled[0] += len(job_queries.cancel_many(store, batch))
             bar.update(len(batch))
     if as_json:

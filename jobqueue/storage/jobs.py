@@ -71,7 +71,7 @@ def cancel(store: Store, job_id: int, now: datetime | None = None, headers: dict
     return bool(_archive_as_stored(store, [job_id], MessageState.CANCELLED, now or store.clock_now(), headers=headers))
 
 
-CANCEL_BATCH = 500  # jobs cancelled per transaction by ``jobqueue jobs cancel`` with a filter
+CANCEL_BATCH = 500  # jobs cancelled per transaction by ``jobqueue jobs cancel``
 
 
 def cancel_many(store: Store, job_ids: list[int], now: datetime | None = None) -> list[int]:
@@ -159,13 +159,14 @@ def _archive_as_stored(
         copied = sa.select(*[ended.get(name, m.c[name]) for name in columns], *list(ended.values())[1:])
         names = [*columns, *list(ended)[1:]]
         conn.execute(sa.insert(a).from_select(names, copied.where(m.c.id.in_(found))))
-        for job_id in found if headers else ():
-            try:
-                own = conn.execute(sa.select(m.c.headers).where(m.c.id == job_id)).scalar()
-            except ValueError:  # not JSON (SQLite, edited by hand): the given headers replace it
-                own = None
-            merged = {**(own if isinstance(own, dict) else {}), **(headers or {})}
-            conn.execute(sa.update(a).where(a.c.id == job_id).values(headers=merged))
+        if headers:
+            for job_id in found:
+                try:
+                    own = conn.execute(sa.select(m.c.headers).where(m.c.id == job_id)).scalar()
+                except ValueError:  # not JSON (SQLite, edited by hand): the given headers replace it
+                    own = None
+                merged = {**(own if isinstance(own, dict) else {}), **headers}
+                conn.execute(sa.update(a).where(a.c.id == job_id).values(headers=merged))
         conn.execute(sa.delete(m).where(m.c.id.in_(found)))
     return found
 
