@@ -33,7 +33,9 @@ before they are written: if the job's lease was lost meanwhile the write is refu
 the job runs again elsewhere.
 
 A receiver that raises is logged (logger ``jobqueue.signals``, with its traceback) and changes
-nothing: the job's outcome stays what it was, and the other receivers are still called.
+nothing: the job's outcome stays what it was, and the other receivers are still called. That holds
+for whatever it raises, ``SystemExit`` (``sys.exit()``), ``KeyboardInterrupt`` and
+``asyncio.CancelledError`` included.
 Receivers run in the worker process, on its only thread, so a slow one holds up the next job.
 """
 
@@ -57,6 +59,8 @@ class Signal:
         self.arguments = arguments
         self._receivers: tuple[Receiver, ...] = ()
         self._lock = threading.Lock()
+        # What a receiver's exception leaves as it was, said in the log line.
+        self._unchanged = "the job's outcome is unchanged" if "job" in arguments else "the worker process goes on"
 
     def __repr__(self) -> str:
         return f"<Signal {self.name}({', '.join(self.arguments)}) receivers={len(self._receivers)}>"
@@ -88,8 +92,8 @@ class Signal:
         for receiver in self._receivers:  # a tuple: a receiver may connect or disconnect while we loop
             try:
                 receiver(sender=sender, **kwargs)
-            except Exception:
-                logger.exception("a receiver of %s raised (%r); the job's outcome is unchanged", self.name, receiver)
+            except BaseException:  # sys.exit() or asyncio.CancelledError in a receiver is its own fault too
+                logger.exception("a receiver of %s raised (%r); %s", self.name, receiver, self._unchanged)
 
 
 job_started = Signal("job_started", ("sender", "job"))

@@ -322,12 +322,20 @@ class Executor(OutcomeDecisions):
         if self.ack_first is not None and not self.ack_first(outcome):
             logger.warning("job %s %s: lease lost before it ran (ACK_FIRST); not run", message.id, task.name)
             return None
+        # Completed before it runs: its signals still say that it started, and how its function
+        # ended (a failure is final, never retried).
+        context = JobContext(message, self.serializer, None)
+        if signals.job_started.receivers:
+            signals.job_started.send(task, job=context)
         try:
-            self._call(
-                TaskPlan(task, self.settings.max_deliveries), JobContext(message, self.serializer, None), args, kwargs
-            )
-        except BaseException:
+            result = self._call(TaskPlan(task, self.settings.max_deliveries), context, args, kwargs)
+        except BaseException as exc:
             logger.exception("job %s %s raised after it was acked (ACK_FIRST: not retried)", message.id, task.name)
+            if signals.job_failed.receivers:
+                signals.job_failed.send(task, job=context, exception=exc, traceback=traceback.format_exc())
+            return None
+        if signals.job_succeeded.receivers:
+            signals.job_succeeded.send(task, job=context, result=result)
         return None
 
 

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from jobqueue import JobQueue, signals
+from jobqueue import AckPolicy, JobQueue, signals
 from jobqueue.clock import utcnow
-from jobqueue.job import Message
+from jobqueue.job import Message, MessageState
 from jobqueue.runtime.executor import Executor
 from jobqueue.serialization import dumps_call
 
@@ -52,6 +55,23 @@ def message(task: str, payload: bytes) -> Message:
     return Message(7, task, "default", 0, payload, None, 1, 1, 1, now, now, now, acquired_at=now)
 
 
+@contextlib.contextmanager
+def job_signals_recorded() -> Iterator[list[tuple[str, dict[str, Any]]]]:
+    """Every job signal sent meanwhile, as (name, keyword arguments)."""
+    events: list[tuple[str, dict[str, Any]]] = []
+    receivers = {
+        s: (lambda name: lambda **kw: events.append((name, kw)))(s.name)
+        for s in (signals.job_started, signals.job_succeeded, signals.job_failed, signals.job_retrying)
+    }
+    for s, r in receivers.items():
+        s.connect(r)
+    try:
+        yield events
+    finally:
+        for s, r in receivers.items():
+            s.disconnect(r)
+
+
 def test_the_executor_signals_each_outcome_with_the_job_context() -> None:
     app = JobQueue("sqlite://")
 
@@ -63,21 +83,11 @@ def test_the_executor_signals_each_outcome_with_the_job_context() -> None:
     def bad() -> None:
         raise KeyError("gone")
 
-    events: list[tuple[str, dict[str, Any]]] = []
-    receivers = {
-        s: (lambda name: lambda **kw: events.append((name, kw)))(s.name)
-        for s in (signals.job_started, signals.job_succeeded, signals.job_failed, signals.job_retrying)
-    }
-    for s, r in receivers.items():
-        s.connect(r)
-    try:
+    with job_signals_recorded() as events:
         executor = Executor(app)
         executor.execute(message("probe.ok", dumps_call(app.serializer, (21,), {})))
         executor.execute(message("probe.bad", dumps_call(app.serializer, (), {})))
         executor.execute(message("probe.unknown", b"[]"))
-    finally:
-        for s, r in receivers.items():
-            s.disconnect(r)
     names = [name for name, _ in events]
     assert names == ["job_started", "job_succeeded", "job_started", "job_failed", "job_failed"]
     started, succeeded = events[0][1], events[1][1]
@@ -88,3 +98,72 @@ def test_the_executor_signals_each_outcome_with_the_job_context() -> None:
     assert failed["exception"].__traceback__ is not None
     unknown = events[4][1]
     assert unknown["sender"] is None and type(unknown["exception"]).__name__ == "UnknownTaskError"
+
+
+@pytest.mark.parametrize(
+    "raised",
+    [SystemExit(9), KeyboardInterrupt(), asyncio.CancelledError()],
+    ids=["sys.exit", "KeyboardInterrupt", "CancelledError"],
+)
+def test_a_receiver_raising_what_is_not_an_exception_leaves_the_outcome_alone(
+    raised: BaseException, caplog: pytest.LogCaptureFixture
+) -> None:
+    app = JobQueue("sqlite://")
+
+    @app.task(name="probe.charge")
+    def charge(order: int) -> str:
+        return f"charged {order}"
+
+    def bad(**kwargs: Any) -> None:
+        raise raised
+
+    later: list[str] = []
+
+    def good(**kwargs: Any) -> None:
+        later.append(kwargs["result"])
+
+    for signal in (signals.job_started, signals.job_succeeded):
+        signal.connect(bad)
+    signals.job_succeeded.connect(good)
+    try:
+        with caplog.at_level(logging.ERROR, logger="jobqueue.signals"):
+            outcome = Executor(app).execute(message("probe.charge", dumps_call(app.serializer, (7,), {})))
+    finally:
+        for signal in (signals.job_started, signals.job_succeeded):
+            signal.disconnect(bad)
+        signals.job_succeeded.disconnect(good)
+    assert outcome is not None and outcome.state is MessageState.COMPLETED and outcome.error is None
+    assert later == ["charged 7"]  # the function ran, and the next receiver was called
+    assert caplog.text.count("a receiver of job_") == 2 and "the job's outcome is unchanged" in caplog.text
+
+
+def test_a_process_signal_receiver_that_raises_says_the_process_goes_on(caplog: pytest.LogCaptureFixture) -> None:
+    def bad(**kwargs: Any) -> None:
+        raise SystemExit(4)
+
+    signals.worker_process_init.connect(bad)
+    try:
+        with caplog.at_level(logging.ERROR, logger="jobqueue.signals"):
+            signals.worker_process_init.send(None, app=None, process_name="worker-0")
+    finally:
+        signals.worker_process_init.disconnect(bad)
+    assert "the worker process goes on" in caplog.text and "outcome" not in caplog.text
+
+
+def test_an_ack_first_job_sends_its_signals() -> None:
+    app = JobQueue("sqlite://")
+
+    @app.task(name="probe.fire", ack_policy=AckPolicy.ACK_FIRST)
+    def fire(x: str) -> str:
+        if x == "bad":
+            raise ValueError("boom")
+        return x.upper()
+
+    with job_signals_recorded() as events:
+        executor = Executor(app)
+        assert executor.execute(message("probe.fire", dumps_call(app.serializer, ("ok",), {}))) is None
+        assert executor.execute(message("probe.fire", dumps_call(app.serializer, ("bad",), {}))) is None
+    assert [name for name, _ in events] == ["job_started", "job_succeeded", "job_started", "job_failed"]
+    assert events[1][1]["result"] == "OK" and events[1][1]["sender"] is fire
+    failed = events[3][1]
+    assert isinstance(failed["exception"], ValueError) and "ValueError: boom" in failed["traceback"]
