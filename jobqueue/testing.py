@@ -11,15 +11,24 @@ uses: the same ack policies, retry strategies, checkpoints, soft time limits, si
 and outcome writes, in the calling process. What it does not do: enforce a task's hard ``timeout``
 (that kills a worker process, here the test itself), or fire periodic schedules. Called from a
 thread other than the main one, sync jobs run without their ``soft_timeout`` (a signal, which only
-the main thread receives).
+the main thread receives). As in a worker process, the working directory, umask and signal
+handlers a job changes are put back after it.
+
+Ctrl-C stops a drain as it stops a worker: the running job finishes and its outcome is written,
+then ``drain`` raises KeyboardInterrupt; a second Ctrl-C interrupts the job itself (it fails that
+attempt, and is retried by its strategy).
 """
 
 from __future__ import annotations
 
 import logging
+import signal
+import threading
 import time
 import uuid
+from collections import Counter
 from collections.abc import Iterable
+from types import FrameType
 from typing import TYPE_CHECKING
 
 from jobqueue.errors import ConfigurationError
@@ -30,6 +39,7 @@ from jobqueue.runtime.executor import Executor, StoreDeliveryWriter
 from jobqueue.runtime.outcome_log import log_outcome
 from jobqueue.runtime.process import serves_rated
 from jobqueue.runtime.resilience import DatabaseGuard, GaveUp
+from jobqueue.runtime.surroundings import Surroundings
 from jobqueue.runtime.writer import OutcomeWriter, Unwritten
 from jobqueue.settings import parse_queues
 
@@ -38,6 +48,34 @@ if TYPE_CHECKING:
     from jobqueue.storage.store import Store
 
 __all__ = ["drain"]
+
+logger = logging.getLogger("jobqueue.testing")
+
+# Runs of one job within one call past which it is set aside: a strategy with no max_attempts and
+# no delay would otherwise retry it for ever, and the call would never return.
+RUNS_OF_ONE_JOB_MOST = 100
+
+
+class _CtrlC:
+    """Ctrl-C during a drain: the first lets the running job finish, the second interrupts it.
+    Installed only in the main thread over Python's own handler (a program's own is left alone)."""
+
+    def __init__(self) -> None:
+        self.presses = 0
+        self.previous: object = None
+        if threading.current_thread() is threading.main_thread():
+            if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+                self.previous = signal.signal(signal.SIGINT, self._pressed)
+
+    def _pressed(self, signum: int, frame: FrameType | None) -> None:
+        self.presses += 1
+        if self.presses > 1:
+            raise KeyboardInterrupt
+        logger.warning("Ctrl-C: drain() stops once the running job ends (Ctrl-C again to interrupt it)")
+
+    def uninstall(self) -> None:
+        if self.previous is not None:
+            signal.signal(signal.SIGINT, self.previous)  # type: ignore[arg-type]
 
 
 def drain(app: JobQueue, queues: str | Iterable[str] | None = None, max_jobs: int | None = None) -> list[JobHandle]:
@@ -69,30 +107,54 @@ def drain(app: JobQueue, queues: str | Iterable[str] | None = None, max_jobs: in
     lease = app.settings.release_stuck_timeout
     rated = serves_rated(app, wanted)
     handles: dict[int, JobHandle] = {}
-    schedules: list[Message] = []  # periodic schedule messages met on the way, handed back at the end
+    # Held until the end, so that the next acquire moves past them, then handed back: periodic
+    # schedule messages met on the way, and jobs run too often within the call.
+    held: list[Message] = []
+    runs_of: Counter[int] = Counter()
     runs = 0
+    ctrl_c = _CtrlC()
+    # Signal handlers are put back only in the main thread, the one that can set them.
+    surroundings = Surroundings("drain()", handlers=threading.current_thread() is threading.main_thread())
     try:
-        while max_jobs is None or runs < max_jobs:
+        while (max_jobs is None or runs < max_jobs) and not ctrl_c.presses:
             messages = store.acquire(worker_id, wanted, 1, lease, flow=True, rated=rated)
             if not messages:
                 break
             message = messages[0]
             if message.task_name == SCHEDULE_TASK:
-                schedules.append(message)  # held until the end, so the next acquire moves past it
+                held.append(message)
+                continue
+            if runs_of[message.id] >= RUNS_OF_ONE_JOB_MOST:
+                logger.warning(
+                    "job %s %s ran %s times in this drain() and is due again: it is left for a later call (give "
+                    "its retry strategy a max_attempts, or a delay, or pass drain(max_jobs=...))",
+                    message.id,
+                    message.task_name,
+                    runs_of[message.id],
+                )
+                held.append(message)
                 continue
             began = time.perf_counter()
-            outcome = executor.execute(message)
+            try:
+                outcome = executor.execute(message)
+            finally:
+                surroundings.restore()
             runs += 1
+            runs_of[message.id] += 1
             handles.setdefault(message.id, JobHandle(app, message.id))
             if outcome is not None:
                 outcome.duration_seconds = time.perf_counter() - began
                 _write(store, outcome)
     finally:
         try:
-            if schedules:
-                store.release_unstarted(worker_id, [m.lease_token for m in schedules], [])
+            if held:
+                store.release_unstarted(worker_id, [m.lease_token for m in held], [])
         finally:
+            ctrl_c.uninstall()
+            surroundings.close()
             executor.close()
+    if ctrl_c.presses:
+        raise KeyboardInterrupt
     return list(handles.values())
 
 

@@ -39,7 +39,9 @@ class Surroundings:
     """The working directory, umask and signal handlers this process has now, to put back after
     each job (make it once the process's own handlers are installed)."""
 
-    def __init__(self) -> None:
+    def __init__(self, who: str | None = None, handlers: bool = True) -> None:
+        # Who puts them back, in warnings: this worker process, or a drain() in a test.
+        self.who = who or f"worker process {os.getpid()}"
         self.directory = _open_directory(".")
         try:
             self.path: str | None = os.getcwd()
@@ -47,7 +49,8 @@ class Surroundings:
             self.path = None
         self.umask = os.umask(0)
         os.umask(self.umask)
-        self.handlers = [(int(signum), _getsignal(signum)) for signum in HANDLED_SIGNALS]
+        # Only the main thread may set signal handlers (and only its jobs can replace them).
+        self.handlers = [(int(signum), _getsignal(signum)) for signum in HANDLED_SIGNALS] if handlers else []
         self.warned = False
         self.manager = logging.root.manager
         self.logging_disabled = self.manager.disable
@@ -80,21 +83,26 @@ class Surroundings:
             if not self.warned:
                 self.warned = True
                 logger.warning(
-                    "worker process %s: cannot go back to its working directory %s after a job changed it (%s); "
+                    "%s: cannot go back to its working directory %s after a job changed it (%s); "
                     "later jobs run where the job left them",
-                    os.getpid(),
+                    self.who,
                     self.path,
                     exc,
                 )
             return
         self.directory = _open_directory(self.path)
 
+    def close(self) -> None:
+        """Close the descriptor of the working directory (a worker process keeps it until it exits)."""
+        if self.directory is not None:
+            os.close(self.directory)
+            self.directory = None
+
     def _restore_handler(self, signum: int, handler: object) -> None:
         logger.warning(
-            "worker process %s: a job replaced the process's %s handler and left it so; the worker "
-            "puts its own back (restore the previous handler when the job ends, or set it in a "
-            "process of the job's own)",
-            os.getpid(),
+            "%s: a job replaced the process's %s handler and left it so; it is put back "
+            "(restore the previous handler when the job ends, or set it in a process of the job's own)",
+            self.who,
             signal.Signals(signum).name,
         )
         signal.signal(signum, handler)  # type: ignore[arg-type]
@@ -104,10 +112,10 @@ class Surroundings:
         level = logging.getLevelName(self.manager.disable)
         logging.disable(self.logging_disabled)
         logger.warning(
-            "worker process %s: a job called logging.disable(%s) and left it so, which silenced every later job "
+            "%s: a job called logging.disable(%s) and left it so, which silenced every later job "
             "and the worker; logging is put back (a job that means to quieten a library sets that library's "
             "logger level)",
-            os.getpid(),
+            self.who,
             level,
         )
 

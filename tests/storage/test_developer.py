@@ -4,6 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import logging
+import os
+import signal
+import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 
@@ -180,6 +185,91 @@ def test_drain_stops_at_retries_not_yet_due_and_honours_queues_and_max_jobs(app:
     assert drain(app, max_jobs=0) == []
     with pytest.raises(ConfigurationError, match="max_jobs"):
         drain(app, max_jobs=-1)
+
+
+def test_drain_puts_back_the_working_directory_and_umask_a_job_changed(app: JobQueue, tmp_path) -> None:
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+
+    @app.task(name="t.wander")
+    def wander() -> None:
+        os.chdir(elsewhere)
+        os.umask(0)
+
+    @app.task(name="t.where")
+    def where() -> tuple[str, int]:
+        mask = os.umask(0o022)
+        os.umask(mask)
+        return os.getcwd(), mask
+
+    before, mask = os.getcwd(), os.umask(0o027)
+    os.umask(0o027)
+    try:
+        wander.delay()
+        seen = where.delay()
+        drain(app)
+        assert seen.get(timeout=0) == [before, 0o027]  # the next job ran where the test was
+        assert os.getcwd() == before  # and so does the rest of the test
+    finally:
+        os.chdir(before)
+        os.umask(mask)
+
+
+def test_drain_sets_aside_a_job_its_strategy_retries_for_ever(app: JobQueue, caplog) -> None:
+    @app.task(name="t.declined", retry_strategy=ConstantRetryStrategy(delay_seconds=0))
+    def declined() -> None:
+        raise ValueError("card declined")
+
+    @app.task(name="t.fine")
+    def fine() -> str:
+        return "fine"
+
+    runaway = declined.delay()
+    after = fine.delay()
+    with caplog.at_level(logging.WARNING, logger="jobqueue.testing"):
+        assert drain(app) == [runaway, after]  # it returns, and the other job ran too
+    assert runaway.status() == "pending" and after.get(timeout=0) == "fine"  # handed back, not run again
+    assert "ran 100 times in this drain()" in caplog.text and "max_attempts" in caplog.text
+    assert drain(app, max_jobs=3) == [runaway]  # a later call runs it again: nothing was lost
+
+
+@pytest.mark.skipif(
+    threading.current_thread() is not threading.main_thread(), reason="Ctrl-C reaches the main thread only"
+)
+def test_ctrl_c_stops_a_drain_after_the_running_job(app: JobQueue, caplog) -> None:
+    @app.task(name="t.pressed", retry_strategy=NoRetryStrategy())
+    def pressed(times: int) -> str:
+        for _ in range(times):
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.05)  # the handler runs between two bytecodes of this loop
+        return "finished"
+
+    first, untouched = pressed.delay(1), pressed.delay(1)
+    with caplog.at_level(logging.WARNING, logger="jobqueue.testing"), pytest.raises(KeyboardInterrupt):
+        drain(app)
+    assert first.get(timeout=0) == "finished"  # the running job ended as it would have
+    assert untouched.status() == "pending"  # and no other job was started
+    assert "Ctrl-C again to interrupt it" in caplog.text
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+@pytest.mark.skipif(
+    threading.current_thread() is not threading.main_thread(), reason="Ctrl-C reaches the main thread only"
+)
+def test_a_second_ctrl_c_interrupts_the_job_a_drain_runs(app: JobQueue) -> None:
+    @app.task(name="t.pressed", retry_strategy=NoRetryStrategy())
+    def pressed(times: int) -> str:
+        for _ in range(times):
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.05)
+        return "finished"
+
+    interrupted = pressed.delay(2)
+    with pytest.raises(KeyboardInterrupt):
+        drain(app)
+    with pytest.raises(JobFailed, match="KeyboardInterrupt"):  # its outcome was written first
+        interrupted.get(timeout=0)
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
 
 
 class _BrokenStrategy(ConstantRetryStrategy):
