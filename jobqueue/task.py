@@ -37,7 +37,7 @@ class Task:
         self.options = options
         self.name = options.name
         self.flow = Flow.of(options.name, options.concurrency_key, options.concurrency_limit, options.rate_limit)
-        self.checker = call_checker(fn, options.bind)
+        self.checker = call_checker(fn, options.bind, options.name)
         # An async def function: the worker runs its coroutine on the process's event loop.
         self.is_async = inspect.iscoroutinefunction(fn)
         functools.update_wrapper(self, fn)

@@ -120,7 +120,8 @@ def build_options(fn: Callable[..., Any], options: dict[str, Any], reserved_ok: 
             f"known options: {', '.join(OPTION_NAMES)}"
         )
     values = dict(options)
-    values["name"] = validate_task_name(values.get("name") or default_task_name(fn), reserved_ok)
+    name = values.get("name")
+    values["name"] = validate_task_name(default_task_name(fn) if name is None else name, reserved_ok)
     if values.get("queue") is not None:
         validate_queue_name(values["queue"])
     validate_priority(values.get("priority", 0))
@@ -138,6 +139,13 @@ def build_options(fn: Callable[..., Any], options: dict[str, Any], reserved_ok: 
         values["retry_on"] = retry_on
     _time_limit("timeout", values.get("timeout"))
     _time_limit("soft_timeout", values.get("soft_timeout"))
+    hard, soft = values.get("timeout"), values.get("soft_timeout")
+    if hard is not None and soft is not None and soft >= hard:
+        raise ConfigurationError(
+            f"task {values['name']}: soft_timeout={soft} is not below timeout={hard}, so the job would be killed "
+            "before its soft limit could fire; make soft_timeout smaller, leaving the job time to clean up "
+            f"(for example soft_timeout={hard * 0.9:g})"
+        )
     _positive("max_deliveries", values.get("max_deliveries"), integer=True)
     policy = values.get("ack_policy")
     if policy is not None and not isinstance(policy, AckPolicy):
@@ -162,12 +170,13 @@ class _Default:
         return "_default"
 
 
-def call_checker(fn: Callable[..., Any], bind: bool) -> Callable[..., None] | None:
+def call_checker(fn: Callable[..., Any], bind: bool, task_name: str) -> Callable[..., None] | None:
     """A function with ``fn``'s parameters and an empty body: calling it binds a call as ``fn`` would,
     raising Python's own TypeError when it cannot (twenty times cheaper than ``Signature.bind``).
 
     None when Python cannot read ``fn``'s signature (some builtins): such calls are not checked.
-    A bound task's first parameter is the job context, which no caller passes.
+    A bound task's first parameter is the job context, which no caller passes: a function that
+    takes no positional parameter cannot be bound (ConfigurationError).
     """
     try:
         # Not through functools.wraps: a decorator may take other arguments than the function it wraps.
@@ -175,7 +184,13 @@ def call_checker(fn: Callable[..., Any], bind: bool) -> Callable[..., None] | No
     except (TypeError, ValueError):
         return None
     params = list(signature.parameters.values())
-    if bind and params and params[0].kind is not inspect.Parameter.VAR_POSITIONAL:
+    if bind and (not params or params[0].kind in (inspect.Parameter.KEYWORD_ONLY, inspect.Parameter.VAR_KEYWORD)):
+        raise ConfigurationError(
+            f"task {task_name}: bind=True passes the job context as the first positional argument, and "
+            f"{getattr(fn, '__name__', 'the function')}{signature} takes none; add a first parameter for it "
+            "(def task(job, ...)), or drop bind=True (current_job() gives the context too)"
+        )
+    if bind and params[0].kind is not inspect.Parameter.VAR_POSITIONAL:
         params = params[1:]
     default = _Default()
     stripped = inspect.Signature(

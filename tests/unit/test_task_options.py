@@ -84,6 +84,9 @@ def test_unknown_option_fails_at_decoration_naming_it(app: JobQueue) -> None:
         # A pattern's $ also matches before a final newline: such names were taken as valid.
         ({"name": "reports.daily\n"}, "invalid task name"),
         ({"queue": "emails\n"}, "invalid queue name"),
+        ({"name": ""}, "invalid task name ''"),  # it fell back to the function's name unnoticed
+        ({"timeout": 10, "soft_timeout": 10}, r"soft_timeout=10 is not below timeout=10.*soft_timeout=9\)"),
+        ({"bind": True}, r"bind=True passes the job context .* takes none"),
     ],
 )
 def test_invalid_option_values(app: JobQueue, options: dict, fragment: str) -> None:
@@ -106,6 +109,31 @@ def test_inline_call_runs_the_function(app: JobQueue) -> None:
         return x + y
 
     assert add(2, 3) == 5
+
+
+def test_bind_needs_a_first_positional_parameter_and_leaves_the_rest_checked(app: JobQueue) -> None:
+    def keyword_only(*, x):
+        return x
+
+    def keywords(**kwargs):
+        return kwargs
+
+    for fn in (keyword_only, keywords):  # the check took x for the context, and refused x=1 at enqueue
+        with pytest.raises(ConfigurationError, match=rf"task .*{fn.__name__}: bind=True .* add a first parameter"):
+            app.task(bind=True)(fn)
+
+    @app.task(bind=True)
+    def either(*args):
+        return args
+
+    @app.task(bind=True)
+    def bound(job, *, x):
+        return x
+
+    either.check_call((), {})
+    bound.check_call((), {"x": 1})
+    with pytest.raises(TypeError, match="unexpected keyword argument 'y'"):
+        bound.check_call((), {"y": 1})
 
 
 def test_inline_call_of_bound_task_gets_a_context(app: JobQueue) -> None:
