@@ -96,7 +96,8 @@ class JobContext:
             try:
                 self._state_cache = None if self._checkpoint is None else self._serializer.loads(self._checkpoint)
             except SerializationError as exc:  # the loader speaks of payloads: name what was read
-                raise SerializationError(str(exc).replace("corrupt payload", "corrupt checkpoint", 1)) from exc
+                said = str(exc).replace("corrupt payload", "corrupt checkpoint", 1)
+                raise SerializationError(said.replace("unpickle the payload", "unpickle the checkpoint", 1)) from exc
             self._state_loaded = True
         return self._state_cache
 

@@ -271,9 +271,17 @@ class PickleSerializer:
 
     def dumps(self, obj: Any, path: str = "value") -> bytes:
         try:
-            return pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+            data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
         except (Exception, RecursionError) as exc:  # PicklingError, TypeError, AttributeError, deep nesting
             raise SerializationError(f"{path}: cannot pickle: {exc}") from exc
+        # Read back at once: an object that pickles may not unpickle (an exception whose __init__
+        # takes other arguments than it gives its base class), and would be stored only to fail
+        # in the worker, or in the caller that reads the result.
+        try:
+            pickle.loads(data)
+        except (Exception, RecursionError) as exc:
+            raise SerializationError(f"{path}: pickles, but cannot be unpickled: {exc}; {UNPICKLABLE_FIX}") from exc
+        return data
 
     def loads(self, data: bytes) -> Any:
         if data[:1] != PICKLE_START:  # not a pickle of ours: written with serializer='json' (safe to read)
@@ -281,7 +289,17 @@ class PickleSerializer:
         try:
             return pickle.loads(data)
         except Exception as exc:
-            raise SerializationError(f"corrupt payload: cannot unpickle ({exc})") from exc
+            raise SerializationError(
+                f"cannot unpickle the payload ({exc}): it was damaged, or a class in it cannot be rebuilt here "
+                "(its module is not importable in this process, or it changed since the value was written; "
+                f"{UNPICKLABLE_FIX})"
+            ) from exc
+
+
+UNPICKLABLE_FIX = (
+    "a class whose __init__ needs arguments that pickle does not pass (an exception that does not give them all "
+    "to its base class) needs a __reduce__ method; or pass plain data (str, numbers, dicts, lists) instead"
+)
 
 
 SERIALIZERS: dict[str, type[JSONSerializer] | type[PickleSerializer]] = {

@@ -14,7 +14,16 @@ import pytest
 import sqlalchemy as sa
 from freezegun import freeze_time
 
-from jobqueue import AckPolicy, JobCancelled, JobFailed, JobNotFound, JobQueue, TimeLimitExceeded, current_job
+from jobqueue import (
+    AckPolicy,
+    JobCancelled,
+    JobFailed,
+    JobNotFound,
+    JobQueue,
+    SerializationError,
+    TimeLimitExceeded,
+    current_job,
+)
 from jobqueue.clock import utcnow
 from jobqueue.job import Outcome
 from jobqueue.retry import ConstantRetryStrategy, ExponentialBackoffRetryStrategy, NoRetryStrategy
@@ -396,6 +405,37 @@ def test_binary_results_and_checkpoints_are_archived_byte_for_byte(db_url: str) 
     result = handle.get(timeout=1)
     assert result["set"] == {1, 2} and result["nan"] != result["nan"] and result["error"].args == ("kept",)
     assert app.serializer.loads(row(app, handle.id, "archive")["checkpoint"]) == {"done": {1, 2}, "ratio": 0.5}
+    app.close()
+
+
+class _OddInit(Exception):
+    """Pickles, but cannot be unpickled: its __init__ takes an argument it does not pass on."""
+
+    def __init__(self, message: str, code: int) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def test_a_value_that_pickles_but_cannot_be_unpickled_is_refused_where_it_is_made(db_url: str) -> None:
+    app = JobQueue(db_url, serializer="pickle")
+
+    @app.task(retry_strategy=NoRetryStrategy())
+    def take(value: Any) -> str:
+        return "ran"
+
+    @app.task(retry_strategy=NoRetryStrategy())
+    def give() -> Any:
+        return _OddInit("declined", 2)
+
+    with pytest.raises(SerializationError, match=r"arguments: pickles, but cannot be unpickled: .*__reduce__"):
+        take.delay(_OddInit("declined", 2))  # at the enqueue, where it can be fixed; nothing stored
+    handle = give.delay()
+    run_due(app)
+    # The job fails saying why, where it completed with a result that no caller could read.
+    with pytest.raises(JobFailed, match=r"result: pickles, but cannot be unpickled"):
+        handle.get(timeout=1)
+    with app.engine.connect() as conn:
+        assert conn.execute(sa.select(sa.func.count()).select_from(app.tables.archive)).scalar_one() == 1
     app.close()
 
 

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import pickle
 import uuid
 from datetime import date, datetime, timedelta, timezone
 from decimal import Decimal
@@ -138,3 +139,12 @@ def test_a_json_app_never_unpickles_and_says_which_serializer_wrote_the_payload(
     with pytest.raises(SerializationError, match=r"written with serializer='pickle'.*never unpickles") as info:
         loads_call(JSONSerializer(), written)
     assert "corrupt" not in str(info.value)
+
+
+def test_an_unpicklable_payload_is_not_called_corrupt_and_names_the_fix() -> None:
+    written = pickle.dumps(ValueError("x"), protocol=pickle.HIGHEST_PROTOCOL)
+    assert isinstance(PickleSerializer().loads(written), ValueError)
+    missing = written.replace(b"builtins", b"nomodule")  # its class's module is not importable here
+    with pytest.raises(SerializationError, match=r"cannot unpickle the payload .*damaged, or a class in it") as info:
+        PickleSerializer().loads(missing)
+    assert "__reduce__" in str(info.value) and "corrupt" not in str(info.value)
