@@ -13,6 +13,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from jobqueue.errors import ConfigurationError
+from jobqueue.storage.liveness import check_idle_connections
 
 READONLY = "jobqueue_readonly"  # an execution option: this transaction only reads
 # Set while the tables are created: only then may a connection make the database itself (a SQLite
@@ -201,6 +202,8 @@ def create_engine(url: str | sa.URL, **kwargs: Any) -> sa.Engine:
     except ModuleNotFoundError as exc:
         raise ConfigurationError(_missing_driver(parsed, exc.name)) from None
     cls.configure(engine)
+    if cls.name != "sqlite":  # a file has no server to close connections
+        check_idle_connections(engine)
     if secrets:
         _URL_SECRETS[engine] = secrets
     return engine
