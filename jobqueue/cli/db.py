@@ -31,7 +31,15 @@ def upgrade(state: CliState, dry_run: bool) -> None:
     Safe with workers of the older release still running; restart them on this release after.
     """
     app = state.app
-    statements = app.upgrade_schema(dry_run=dry_run)
+    try:
+        statements = app.upgrade_schema(dry_run=dry_run)
+    except KeyboardInterrupt:
+        click.echo(
+            "\ninterrupted: the steps done so far are kept; run `jobqueue db upgrade` again to finish "
+            "(a step cut off midway is done again)",
+            err=True,
+        )
+        raise SystemExit(130) from None
     for statement in statements:
         click.echo(statement)
     if not statements:

@@ -87,11 +87,13 @@ def load_app(spec: str | None) -> JobQueue:
         raise
     except Exception as exc:  # the module's own code failed
         raise _import_failed(target, exc) from exc
-    app = getattr(module, attribute, None)
+    missing = object()
+    app = getattr(module, attribute, missing)
     if not isinstance(app, JobQueue):
         found = [name for name, value in vars(module).items() if isinstance(value, JobQueue)]
         hint = f"; JobQueue objects there: {', '.join(found)}" if found else ""
-        raise ConfigurationError(f"{target}:{attribute} is not a JobQueue{hint} (give --app module:attribute)")
+        what = f"has no {attribute!r}" if app is missing else f"{attribute} is a {type(app).__name__}, not a JobQueue"
+        raise ConfigurationError(f"{target} {what}{hint} (give --app module:attribute)")
     return app
 
 
@@ -210,10 +212,11 @@ class Group(click.Group):
             if explained:
                 reason += f": {explained}"
             elif classified == CONTENTION:
+                app = _loaded_app(ctx)
+                where = app.store.dialect.lock_holder_hint if app is not None else "find the session that holds it"
                 reason += (
                     ": another session held a lock on jobqueue's tables past the lock timeout (a long "
-                    "transaction, LOCK TABLES, a schema change): find it (pg_stat_activity, SHOW PROCESSLIST), "
-                    "then run the command again"
+                    f"transaction, LOCK TABLES, a schema change): {where}, then run the command again"
                 )
             if lacks_privilege:
                 reason += f"; {privilege_advice(reason)}"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import signal
+import sqlite3
 import subprocess
 import sys
 from datetime import datetime
@@ -351,6 +352,15 @@ def test_an_app_without_a_module_is_one_line_naming_the_fix() -> None:
     assert "Traceback" not in result.stderr
 
 
+def test_an_app_attribute_that_is_missing_or_no_jobqueue_is_named_as_such(tmp_path) -> None:
+    path = tmp_path / "two_apps.py"
+    path.write_text("from jobqueue import JobQueue\nqueue = JobQueue()\nsettings = {}\n")
+    missing = jobqueue("status", app=f"{path}:nothere", check=False)
+    assert missing.returncode == 1 and f"{path} has no 'nothere'; JobQueue objects there: queue" in missing.stderr
+    wrong = jobqueue("status", app=f"{path}:settings", check=False)
+    assert wrong.returncode == 1 and "settings is a dict, not a JobQueue; JobQueue objects there: queue" in wrong.stderr
+
+
 @pytest.mark.parametrize(
     "source, fragment",
     [
@@ -509,3 +519,27 @@ def test_delay_by_a_user_without_privileges_raises_configuration_error_naming_th
     finally:
         with app.engine.begin() as conn:
             conn.execute(sa.text(f"GRANT ALL ON {tables} TO CURRENT_USER"))
+
+
+def test_a_command_behind_sqlite_write_lock_names_how_to_find_its_holder(tmp_path, monkeypatch) -> None:
+    """It named PostgreSQL's and MariaDB's views of sessions, which a SQLite user has neither of."""
+    from click.testing import CliRunner
+
+    from jobqueue.cli import bound_cli
+    from jobqueue.storage.dialects import sqlite_connection
+
+    monkeypatch.setattr(sqlite_connection, "BUSY_TIMEOUT_SECONDS", 0.5)
+    path = tmp_path / "locked.sqlite3"
+    app = JobQueue(f"sqlite:///{path}")
+    app.init_schema()
+    app.task(name="t.waiting")(lambda: None).delay()  # a job to cancel: a write
+    holder = sqlite3.connect(path, isolation_level=None)
+    try:
+        holder.execute("BEGIN IMMEDIATE")  # another program's long transaction
+        result = CliRunner().invoke(bound_cli(app), ["jobs", "cancel", "--all", "--yes"])
+    finally:
+        holder.close()
+        app.close()
+    assert result.exit_code == 1, result.output
+    assert "database is locked" in result.output and "`fuser FILE` or `lsof FILE`" in result.output, result.output
+    assert "pg_stat_activity" not in result.output

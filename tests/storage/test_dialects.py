@@ -462,6 +462,51 @@ def test_a_killed_connection_is_an_outage(
     assert dialect.classify(info.value) == "outage"
 
 
+@only("postgresql", "mysql")
+def test_a_pooled_connection_the_server_closed_while_idle_is_replaced_before_use(app: JobQueue, backend: str) -> None:
+    """After a database restart, a failover or a proxy's idle timeout, the first delay() of each
+    process failed on the connection its pool still held ("server closed the connection")."""
+
+    @app.task(name="t.after_restart")
+    def after_restart() -> None:
+        pass
+
+    with freeze_time() as frozen:
+        after_restart.delay()
+        with app.engine.connect() as pooled:  # the connection delay() used, back in the pool since
+            own = pooled.exec_driver_sql(
+                "SELECT pg_backend_pid()" if backend == "postgresql" else "SELECT CONNECTION_ID()"
+            ).scalar()
+        killer = sa.create_engine(app.engine.url, poolclass=sa.pool.NullPool)
+        with killer.connect() as conn:
+            conn.exec_driver_sql(f"SELECT pg_terminate_backend({own})" if backend == "postgresql" else f"KILL {own}")
+            conn.commit()
+        killer.dispose()
+        frozen.tick(2)  # idle that long, it is pinged as it is handed out, and replaced
+        handle = after_restart.delay()
+        assert handle.status() == "pending"
+        with app.engine.connect() as conn:
+            assert conn.execute(sa.select(sa.func.count()).select_from(app.tables.message)).scalar_one() == 2
+
+
+@only("mysql")
+def test_an_upgrade_interrupted_on_mariadb_raises_the_interrupt_not_its_cleanup_error(
+    app: JobQueue, dialect: Dialect
+) -> None:
+    """Ctrl-C inside a step left the connection unusable, and the cleanup's own error (restoring the
+    lock waits, releasing the named lock) replaced the KeyboardInterrupt: 119 lines of traceback
+    ending in PendingRollbackError, instead of the CLI's word on what to do."""
+    with app.engine.connect() as conn:
+        conn.begin()
+        with pytest.raises(KeyboardInterrupt):
+            with dialect.schema_lock(conn), dialect.brief_lock_waits(conn):
+                conn.invalidate()  # as an interrupt inside a statement leaves it
+                raise KeyboardInterrupt
+    with app.engine.connect() as conn:  # the lock went with the session: the next upgrade gets it
+        with dialect.schema_lock(conn):
+            pass
+
+
 # -- SQLite's one writer -----------------------------------------------------------------------------
 
 

@@ -46,6 +46,8 @@ class Dialect(Inserts):
     """One database's way of running the queue. Subclasses override what theirs does differently."""
 
     name = "generic"
+    # Where an operator finds the session that holds a lock everyone waits for.
+    lock_holder_hint = "find the session that holds it"
     # Whether the flow acquire may lock keys in the statement that finds them. Not where a sorted
     # SELECT ... FOR UPDATE locks every row it reads before LIMIT applies (MariaDB): one worker's
     # fetch would lock every key with work, and the others would find none.

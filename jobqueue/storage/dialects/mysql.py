@@ -75,6 +75,7 @@ MYSQL_WRITE_ERRORS = {3, 1030}
 
 class MySQLDialect(Dialect):
     name = "mysql"
+    lock_holder_hint = "find it with SHOW PROCESSLIST (or information_schema.innodb_trx)"
     default_port = 3306
     where_am_i = "SELECT DATABASE(), @@hostname, @@port, @@datadir"
     lock_flow_keys_as_found = False  # a sorted SELECT ... FOR UPDATE locks every row it reads
@@ -155,8 +156,13 @@ class MySQLDialect(Dialect):
             # Committed before the next holder looks: the version row (the DDL has committed
             # itself, as DDL always does on MySQL, so the transaction was not atomic anyway).
             connection.exec_driver_sql("COMMIT")
-        finally:
-            connection.execute(sa.select(sa.func.release_lock(name)))
+        except BaseException:
+            # Interrupted (Ctrl-C) or failed: the session may be unusable now, and its end releases
+            # the lock anyway; the error that stopped the work is the one to tell.
+            with contextlib.suppress(sa.exc.SQLAlchemyError):
+                connection.execute(sa.select(sa.func.release_lock(name)))
+            raise
+        connection.execute(sa.select(sa.func.release_lock(name)))
 
     def apply_outcomes(self, connection: sa.Connection, outcomes: list[Outcome], now: datetime) -> set[tuple[int, int]]:
         # After lock_held (SELECT ... FOR UPDATE), one INSERT ... SELECT copies the archive rows
@@ -246,12 +252,12 @@ class MySQLDialect(Dialect):
         try:
             yield
         finally:
-            try:
+            # The connection may be gone, or left unusable by an interrupt (and its session with it):
+            # the error, or the KeyboardInterrupt, is the caller's to see.
+            with contextlib.suppress(sa.exc.SQLAlchemyError):
                 connection.exec_driver_sql(
                     f"SET SESSION lock_wait_timeout = {int(before[0])}, innodb_lock_wait_timeout = {int(before[1])}"
                 )
-            except sa.exc.DBAPIError:  # the connection is gone (and its session with it): the error is the caller's
-                pass
 
     def connection_limit(self, connection: sa.Connection) -> tuple[int, str] | None:
         # The session's value is the account's MAX_USER_CONNECTIONS where it has one.

@@ -100,6 +100,9 @@ FLOW_HOLD_TRIES = 3
 
 class PostgreSQLDialect(Dialect):
     name = "postgresql"
+    lock_holder_hint = (
+        "find it in pg_stat_activity (state 'idle in transaction', or the pid that pg_blocking_pids() names)"
+    )
     client_clock = False
     default_port = 5432
     where_am_i = "SELECT current_database(), pg_postmaster_start_time()::text"

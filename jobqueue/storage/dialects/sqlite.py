@@ -41,6 +41,7 @@ SPARE_ENQUEUE_CONNECTIONS = 4
 
 class SQLiteDialect(Dialect):
     name = "sqlite"
+    lock_holder_hint = "find the process that has the database file open with `fuser FILE` or `lsof FILE`"
     autocommit = False
 
     @classmethod
