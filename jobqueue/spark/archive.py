@@ -76,7 +76,8 @@ def read_archive(
         raise ConfigurationError(f"partitions must be at least 1, got {partitions}")
     partitions = min(partitions, span)
     step = -(-span // partitions)
-    ranges = [(start, min(start + step, high + 1)) for start in range(low, high + 1, step)]
+    # Bounds included: the largest id a column holds (2**63 - 1) has no id past it to bound by.
+    ranges = [(start, min(start + step - 1, high)) for start in range(low, high + 1, step)]
     rdd = spark.sparkContext.parallelize(ranges, len(ranges)).flatMap(spec.read_range)
     return spark.createDataFrame(rdd, ARCHIVE_SCHEMA)
 
@@ -136,7 +137,7 @@ class _ReadSpec:
         times = [c.name in _TIMES for c in archive.columns]
         stmt = (
             sa.select(*columns)
-            .where(archive.c.id >= bounds[0], archive.c.id < bounds[1], *self.window.where(archive.c.archived_at))
+            .where(archive.c.id >= bounds[0], archive.c.id <= bounds[1], *self.window.where(archive.c.archived_at))
             .order_by(archive.c.id)
         )
         try:
@@ -160,7 +161,15 @@ def _read_as(column: sa.Column[Any], dialect: str) -> Any:
 
 def _spark_time(value: Any) -> datetime | None:
     """A time of the archive, stored as naive UTC (a datetime, or SQLite's text of one), as an aware
-    UTC datetime: Spark keeps the instant whatever its session's time zone. None where it is null or
-    its text is no time (a row edited by hand)."""
+    UTC datetime: Spark keeps the instant whatever its session's time zone. None where it is null,
+    its text is no time, or it falls in the year 1 or 9999 (a row edited by hand, PostgreSQL's
+    -infinity and infinity): Python cannot turn such a time into local time, which PySpark does
+    to every time it hands over, and a report's statistics then failed with "year 0 is out of
+    range"."""
     at = stored_time(value)
-    return None if at is None else at.replace(tzinfo=timezone.utc)
+    if at is None or not EARLIEST_YEAR <= at.year <= LATEST_YEAR:
+        return None
+    return at.replace(tzinfo=timezone.utc)
+
+
+EARLIEST_YEAR, LATEST_YEAR = 2, 9998  # the times a read hands to Spark (see _spark_time)

@@ -108,6 +108,10 @@ def enqueue_dataframe(
     if unique_key is not None:
         check_keys(df, unique_key, task.name)
     schema = {entry.name: entry.dataType for entry in df.schema.fields}
+    # A TIMESTAMP key is an instant, written as its UTC time: cast to a string it would be written
+    # in the session's time zone, a re-run in another zone would enqueue every row again, and two
+    # instants an hour apart (a clock set back in the autumn) would share one key.
+    instant_key = unique_key is not None and isinstance(schema[unique_key], TimestampType)
     spec = _EnqueueSpec(
         url=executor_url(database_url or app.database_url),
         prefix=app.settings.table_prefix,
@@ -119,13 +123,14 @@ def enqueue_dataframe(
         keywords=tuple(kwarg_columns),
         keyed=unique_key is not None,
         batch_size=batch_size,
-        # The key is read cast to a string, whatever the column's type.
+        # The key is read cast to a string, whatever the column's type (a TIMESTAMP as its UTC time).
         types=tuple(schema[name] for name in wanted[: len(wanted) - (unique_key is not None)])
         + ((StringType(),) if unique_key is not None else ()),
+        instant_key=instant_key,
     )
     selected = [column(name) for name in arg_columns + list(kwarg_columns.values())]
     if unique_key is not None:
-        selected.append(column(unique_key).cast("string"))
+        selected.append(column(unique_key) if instant_key else column(unique_key).cast("string"))
     rows = df.select(*selected).rdd
     return _settled(rows.context, task.name, lambda: int(rows.mapPartitions(spec.write).sum()))
 
@@ -197,11 +202,14 @@ class _EnqueueSpec:
     keyed: bool
     batch_size: int
     types: tuple[DataType, ...]
+    instant_key: bool = False  # the key column is a TIMESTAMP, read as it is
 
     def write(self, rows: Iterable[Row]) -> Iterator[int]:
         store = Store(create_engine(self.url), build_tables(self.prefix))
         serializer = get_serializer(self.serializer)
         converters = [_converter(data_type) for data_type in self.types]
+        if self.instant_key:
+            converters[-1] = utc_key
         inserted = 0
         try:
             iterator = iter(rows)
@@ -234,6 +242,17 @@ class _EnqueueSpec:
     def _key(self, key: Any) -> str:
         # The driver checked every key before Spark ran (check_keys): this is a second guard.
         return check_key(f"task {self.task_name}: unique_key", key)
+
+
+def utc_key(value: datetime | None) -> str | None:
+    """A TIMESTAMP key as Spark casts one to a string in a UTC session (``2024-11-03 05:00:00``,
+    a fraction of a second without its trailing zeros), whatever the session's time zone.
+    PySpark hands the instant over as naive local time, its fold set in a clock's repeated hour."""
+    if value is None:
+        return None
+    at = value.astimezone(timezone.utc)
+    text = f"{at.year:04d}-{at:%m-%d %H:%M:%S}"
+    return f"{text}.{at.microsecond:06d}".rstrip("0") if at.microsecond else text
 
 
 def _converter(data_type: DataType) -> Callable[[Any], Any]:

@@ -212,12 +212,20 @@ def test_rows_edited_by_hand_are_read_as_they_are(
         edits.append(f"UPDATE {table} SET first_attempt_at = '0001-01-01 00:00:00+05:00' WHERE id = 13")  # UTC: year 0
         # No time to place it in the report's throughput (it failed on it): neither can be read.
         edits.append(f"UPDATE {table} SET finished_at = NULL, archived_at = 'not a time' WHERE id = 14")
+        edits.append(f"UPDATE {table} SET finished_at = '0001-01-01 00:00:00' WHERE id = 15")
+        edits.append(f"UPDATE {table} SET id = {2**63 - 1} WHERE id = 16")  # no id past it bounds a range
+    # The ends of the times Python holds: the statistics failed on them ("year 0 is out of range"),
+    # and the report's chart on the year 9999.
+    edge = {"postgresql": "'-infinity'", "mysql": "'9999-12-31 23:59:59'", "sqlite": "'9999-12-31 23:59:59.999999'"}
+    edits.append(f"UPDATE {table} SET finished_at = {edge[backend]} WHERE id = 7")
     with app.engine.begin() as conn:
         for edit in edits:
             conn.execute(sa.text(edit))
     rows = {row.id: row for row in read_archive(spark, app.database_url).collect()}
     assert len(rows) == 200 and rows[6].state == "WEIRD" and rows[5].finished_at is None
+    assert rows[7].finished_at is None and rows[7].archived_at is not None
     if backend == "sqlite":
+        assert rows[15].finished_at is None and 2**63 - 1 in rows and 16 not in rows
         assert (rows[10].headers, rows[10].history) == ("{not json", "null")
         assert (rows[11].finished_at, rows[11].created_at) == (None, None) and rows[11].archived_at is not None
         assert rows[12].last_attempt_at.astimezone(timezone.utc).replace(tzinfo=None) == datetime(2026, 11, 27, 8, 0)
@@ -225,6 +233,7 @@ def test_rows_edited_by_hand_are_read_as_they_are(
         assert (rows[14].finished_at, rows[14].archived_at) == (None, None)
     totals = archive_stats(read_archive(spark, app.database_url), by=()).collect()[0]
     assert totals.total == 200 and totals.completed + totals.failed + totals.cancelled == 199
+    assert totals.first_finished is not None and totals.first_finished.year > 1
     out = tmp_path / "report.html"
     assert write_report(spark, app.database_url, str(out)) == 200
     assert "&lt;b&gt;odd&lt;/b&gt;" in out.read_text()

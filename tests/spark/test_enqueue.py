@@ -127,6 +127,28 @@ def test_a_key_column_of_any_type_is_read_as_its_text(spark: Any, score: Any, ap
     assert len(keys) == 7 and "[0]" in keys and all(isinstance(k, str) and k for k in keys), keys
 
 
+def test_a_timestamp_key_is_its_utc_time_whatever_the_session_time_zone(spark: Any, score: Any, app: JobQueue) -> None:
+    """Cast to a string in the session's zone, a TIMESTAMP key changed with the zone (a re-run
+    elsewhere enqueued every row again), and the two instants of a clock's repeated autumn hour
+    shared one key (4 of 8 rows were dropped in New York)."""
+    from jobqueue.spark import enqueue_dataframe
+
+    # 8 instants 15 minutes apart from 05:00 UTC on 3 November 2024, when New York's 01:00-02:00 repeats.
+    events = spark.sql("SELECT id AS user_id, timestamp_seconds(1730610000 + id * 900) AS at FROM range(8)")
+    zone = spark.conf.get("spark.sql.session.timeZone")
+    try:
+        spark.conf.set("spark.sql.session.timeZone", "America/New_York")
+        assert enqueue_dataframe(events, score, args=["user_id"], unique_key="at") == 8
+        spark.conf.set("spark.sql.session.timeZone", "UTC")
+        assert enqueue_dataframe(events, score, args=["user_id"], unique_key="at") == 0
+        spark.conf.set("spark.sql.session.timeZone", "Asia/Tokyo")
+        assert enqueue_dataframe(events, score, args=["user_id"], unique_key="at") == 0
+    finally:
+        spark.conf.set("spark.sql.session.timeZone", zone)
+    keys = sorted(r[1] for r in messages(app))
+    assert keys[:2] == ["2024-11-03 05:00:00", "2024-11-03 05:15:00"] and keys[-1] == "2024-11-03 06:45:00"
+
+
 def test_archived_keys_are_skipped_and_the_jobs_run(spark: Any, score: Any, app: JobQueue, db_url: str) -> None:
     from jobqueue.spark import enqueue_dataframe
 
