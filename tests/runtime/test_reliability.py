@@ -430,10 +430,30 @@ def test_ctrl_c_stops_warmly_and_reaches_the_programs_jobs_started(
     tool = rt.runs_program.delay(10)
     worker = start(workers, tmp_path, "--concurrency", "2", group=True)
     wait_for(lambda: len(runs(tmp_path / "runs.txt")) == 2, 30, "both jobs to start")
+    # The job records its start before it starts the program: under load a Ctrl-C sent in between
+    # reached no program, which then slept its 10 s and exited 0.
+    wait_for(lambda: _programs_in_group(worker.pid, "sleep"), 30, "the job's program to start")
     os.killpg(worker.pid, signal.SIGINT)
     assert worker.wait(30) == 0, worker.text()[-3000:]
     assert job.get(timeout=5) >= 1.0
     assert tool.get(timeout=5) == -signal.SIGINT
+
+
+def _programs_in_group(group: int, name: str) -> list[int]:
+    """The processes of process group ``group`` running the program ``name``."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as stat:
+                fields = stat.read().rpartition(")")
+        except OSError:  # it ended meanwhile
+            continue
+        command = fields[0].partition("(")[2]
+        if command == name and int(fields[2].split()[2]) == group:
+            found.append(int(entry))
+    return found
 
 
 @only("sqlite")

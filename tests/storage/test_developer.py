@@ -9,6 +9,7 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 
@@ -233,9 +234,20 @@ def test_drain_sets_aside_a_job_its_strategy_retries_for_ever(app: JobQueue, cap
     assert drain(app, max_jobs=3) == [runaway]  # a later call runs it again: nothing was lost
 
 
-@pytest.mark.skipif(
-    threading.current_thread() is not threading.main_thread(), reason="Ctrl-C reaches the main thread only"
-)
+@pytest.fixture
+def python_ctrl_c() -> Iterator[None]:
+    """Python's own SIGINT handler for the test, as a script or a plain pytest run has it (a
+    pytest-xdist process has another, which drain() leaves alone)."""
+    if threading.current_thread() is not threading.main_thread():
+        pytest.skip("Ctrl-C reaches the main thread only")
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+@pytest.mark.usefixtures("python_ctrl_c")
 def test_ctrl_c_stops_a_drain_after_the_running_job(app: JobQueue, caplog) -> None:
     @app.task(name="t.pressed", retry_strategy=NoRetryStrategy())
     def pressed(times: int) -> str:
@@ -253,9 +265,7 @@ def test_ctrl_c_stops_a_drain_after_the_running_job(app: JobQueue, caplog) -> No
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
 
 
-@pytest.mark.skipif(
-    threading.current_thread() is not threading.main_thread(), reason="Ctrl-C reaches the main thread only"
-)
+@pytest.mark.usefixtures("python_ctrl_c")
 def test_a_second_ctrl_c_interrupts_the_job_a_drain_runs(app: JobQueue) -> None:
     @app.task(name="t.pressed", retry_strategy=NoRetryStrategy())
     def pressed(times: int) -> str:
