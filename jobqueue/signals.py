@@ -51,16 +51,22 @@ logger = logging.getLogger("jobqueue.signals")
 Receiver = Callable[..., Any]
 
 
+class Interrupted(KeyboardInterrupt):
+    """The user's Ctrl-C, as ``jobqueue.testing.drain`` raises it into the job it runs: passed on
+    by :meth:`Signal.send` where a receiver's own exceptions are logged."""
+
+
 class Signal:
     """A list of receivers called in the order they were connected."""
 
-    def __init__(self, name: str, arguments: tuple[str, ...]) -> None:
+    def __init__(
+        self, name: str, arguments: tuple[str, ...], unchanged: str = "the job's outcome is unchanged"
+    ) -> None:
         self.name = name
         self.arguments = arguments
         self._receivers: tuple[Receiver, ...] = ()
         self._lock = threading.Lock()
-        # What a receiver's exception leaves as it was, said in the log line.
-        self._unchanged = "the job's outcome is unchanged" if "job" in arguments else "the worker process goes on"
+        self._unchanged = unchanged  # what a receiver's exception leaves as it was, said in the log line
 
     def __repr__(self) -> str:
         return f"<Signal {self.name}({', '.join(self.arguments)}) receivers={len(self._receivers)}>"
@@ -92,6 +98,8 @@ class Signal:
         for receiver in self._receivers:  # a tuple: a receiver may connect or disconnect while we loop
             try:
                 receiver(sender=sender, **kwargs)
+            except Interrupted:  # the user's Ctrl-C during drain(), landing in a receiver: not its error
+                raise
             except BaseException:  # sys.exit() or asyncio.CancelledError in a receiver is its own fault too
                 logger.exception("a receiver of %s raised (%r); %s", self.name, receiver, self._unchanged)
 
@@ -100,8 +108,10 @@ job_started = Signal("job_started", ("sender", "job"))
 job_succeeded = Signal("job_succeeded", ("sender", "job", "result"))
 job_retrying = Signal("job_retrying", ("sender", "job", "exception", "traceback", "retry_at"))
 job_failed = Signal("job_failed", ("sender", "job", "exception", "traceback"))
-worker_process_init = Signal("worker_process_init", ("sender", "app", "process_name"))
-worker_process_shutdown = Signal("worker_process_shutdown", ("sender", "app", "process_name"))
+worker_process_init = Signal("worker_process_init", ("sender", "app", "process_name"), "the worker process goes on")
+worker_process_shutdown = Signal(
+    "worker_process_shutdown", ("sender", "app", "process_name"), "the worker process goes on stopping"
+)
 
 __all__ = [
     "Signal",

@@ -42,6 +42,7 @@ from jobqueue.runtime.resilience import DatabaseGuard, GaveUp
 from jobqueue.runtime.surroundings import Surroundings
 from jobqueue.runtime.writer import OutcomeWriter, Unwritten
 from jobqueue.settings import parse_queues
+from jobqueue.signals import Interrupted
 
 if TYPE_CHECKING:
     from jobqueue.app import JobQueue
@@ -70,7 +71,7 @@ class _CtrlC:
     def _pressed(self, signum: int, frame: FrameType | None) -> None:
         self.presses += 1
         if self.presses > 1:
-            raise KeyboardInterrupt
+            raise Interrupted("Ctrl-C during drain()")
         logger.warning("Ctrl-C: drain() stops once the running job ends (Ctrl-C again to interrupt it)")
 
     def uninstall(self) -> None:
@@ -121,7 +122,7 @@ def drain(app: JobQueue, queues: str | Iterable[str] | None = None, max_jobs: in
             if not messages:
                 break
             message = messages[0]
-            if message.task_name == SCHEDULE_TASK:
+            if message.task_name == SCHEDULE_TASK or ctrl_c.presses:  # Ctrl-C during the fetch: not started
                 held.append(message)
                 continue
             if runs_of[message.id] >= RUNS_OF_ONE_JOB_MOST:

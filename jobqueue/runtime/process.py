@@ -151,7 +151,6 @@ class WorkerProcess(Fetching, Flushing, KeeperThread):
         signals.worker_process_init.send(self.app, app=self.app, process_name=name)
         self.guard.what = f"database (worker process {os.getpid()})"
         self.store = self.app.store
-        self.store.trust_idle_connections()  # it recovers from a lost connection itself
         row = {
             "id": self.spec.worker_id,
             "supervisor_id": self.spec.supervisor_id,

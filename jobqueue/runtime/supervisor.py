@@ -173,8 +173,6 @@ class Supervisor(Reaping, Maintenance):
             self.guard.call(self.app.store.check_rights, give_up=lambda: self.signals > 0, doing="checking its rights")
             self.guard.call(self._check_connection_limit, give_up=lambda: self.signals > 0)
             self.store = self.app.store
-            # Its processes (which share its engine) handle a lost connection themselves.
-            self.store.trust_idle_connections()
             # Before anything is stamped (the schedules' next fires) and any fork: on the server's
             # clock. This also takes the lease clock's first mark.
             self._lease_clock_jumped()

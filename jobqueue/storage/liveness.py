@@ -8,10 +8,9 @@ though the database answers. A connection that has been idle in the pool for ``I
 more is pinged as it is handed out (one round trip: ``SELECT 1`` on PostgreSQL, the protocol's ping
 on MySQL and MariaDB); one that does not answer is replaced by a new connection, as SQLAlchemy's
 ``pool_pre_ping`` does, but only when the connection may have gone stale: a connection in use
-every moment (an enqueue loop, a worker's batches) is never pinged.
-
-Worker processes and their supervisor turn it off for their engine (:func:`trust_idle_connections`):
-they recover from a lost connection by themselves, and an idle worker's polls would pay a ping each.
+every moment (an enqueue loop, a worker's batches) is never pinged. Worker processes keep it too:
+their own loop retries a lost connection, but a job's ``delay()`` or ``handle.get()`` does not; and
+their loop uses its connections more often than once a second, idle or not.
 """
 
 from __future__ import annotations
@@ -32,7 +31,6 @@ class _Liveness:
 
     def __init__(self, dialect: sa.Dialect) -> None:
         self.dialect = dialect
-        self.idle_seconds: float | None = IDLE_SECONDS
 
     def checkin(self, _dbapi_connection: Any, record: Any) -> None:
         if record is not None:
@@ -40,7 +38,7 @@ class _Liveness:
 
     def checkout(self, dbapi_connection: Any, record: Any, _proxy: Any) -> None:
         returned = record.info.get(_RETURNED)
-        if self.idle_seconds is None or returned is None or time.monotonic() - returned < self.idle_seconds:
+        if returned is None or time.monotonic() - returned < IDLE_SECONDS:
             return
         try:
             self.dialect.do_ping(dbapi_connection)
@@ -61,10 +59,3 @@ def check_idle_connections(engine: sa.Engine) -> None:
     liveness = _ENGINES[engine] = _Liveness(engine.dialect)
     event.listen(engine, "checkin", liveness.checkin)
     event.listen(engine, "checkout", liveness.checkout)
-
-
-def trust_idle_connections(engine: sa.Engine) -> None:
-    """Stop pinging ``engine``'s idle connections (a worker's: it handles a lost connection itself)."""
-    liveness = _ENGINES.get(engine)
-    if liveness is not None:
-        liveness.idle_seconds = None

@@ -11,7 +11,6 @@ import sqlalchemy as sa
 from jobqueue.flow import RATE_MEMORY_SECONDS, rate_horizon
 from jobqueue.storage import flowkeys
 from jobqueue.storage.dialects.common import READY_LITERALS
-from jobqueue.storage.liveness import trust_idle_connections
 from jobqueue.storage.store_base import StoreBase
 from jobqueue.storage.tables import Timestamp
 
@@ -116,11 +115,6 @@ class MaintenanceOperations(StoreBase):
         """Give fresh ids to waiting messages whose ids an archived job has (see the MySQL dialect)."""
         with self.engine.begin() as conn:
             return self.dialect.repair_ids(conn)
-
-    def trust_idle_connections(self) -> None:
-        """Hand out pooled connections without pinging those that sat idle (see
-        storage.liveness): a worker's processes recover from a lost connection themselves."""
-        trust_idle_connections(self.engine)
 
     def take_over_checkpoints(self) -> bool:
         """Let this process write the journal back from now on (see :meth:`checkpoint`), for its

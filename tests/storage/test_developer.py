@@ -12,6 +12,7 @@ import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
@@ -266,6 +267,26 @@ def test_ctrl_c_stops_a_drain_after_the_running_job(app: JobQueue, caplog) -> No
 
 
 @pytest.mark.usefixtures("python_ctrl_c")
+def test_ctrl_c_while_a_drain_fetches_starts_no_job(app: JobQueue, monkeypatch: pytest.MonkeyPatch) -> None:
+    @app.task(name="t.never")
+    def never() -> str:
+        return "ran"
+
+    fetch = app.store.acquire
+
+    def pressed_meanwhile(*args: Any, **kwargs: Any) -> Any:
+        found = fetch(*args, **kwargs)
+        os.kill(os.getpid(), signal.SIGINT)  # its handler runs before this returns
+        return found
+
+    monkeypatch.setattr(app.store, "acquire", pressed_meanwhile)
+    fetched = never.delay()
+    with pytest.raises(KeyboardInterrupt):
+        drain(app)
+    assert fetched.status() == "pending"  # handed back, not run
+
+
+@pytest.mark.usefixtures("python_ctrl_c")
 def test_a_second_ctrl_c_interrupts_the_job_a_drain_runs(app: JobQueue) -> None:
     @app.task(name="t.pressed", retry_strategy=NoRetryStrategy())
     def pressed(times: int) -> str:
@@ -277,7 +298,9 @@ def test_a_second_ctrl_c_interrupts_the_job_a_drain_runs(app: JobQueue) -> None:
     interrupted = pressed.delay(2)
     with pytest.raises(KeyboardInterrupt):
         drain(app)
-    with pytest.raises(JobFailed, match="KeyboardInterrupt"):  # its outcome was written first
+    with pytest.raises(
+        JobFailed, match=r"signals.Interrupted: Ctrl-C during drain\(\)"
+    ):  # its outcome was written first
         interrupted.get(timeout=0)
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
 

@@ -7,6 +7,7 @@ them). A new dialect passes this file before anything else.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import sqlite3
@@ -472,14 +473,23 @@ def test_a_pooled_connection_the_server_closed_while_idle_is_replaced_before_use
         pass
 
     with freeze_time() as frozen:
-        after_restart.delay()
-        with app.engine.connect() as pooled:  # the connection delay() used, back in the pool since
-            own = pooled.exec_driver_sql(
-                "SELECT pg_backend_pid()" if backend == "postgresql" else "SELECT CONNECTION_ID()"
-            ).scalar()
+        first = after_restart.delay()
+        assert first.status() == "pending"  # each of the app's two pools holds a connection now
+        # The server ends every session of this test's database but the killer's (a restart would).
         killer = sa.create_engine(app.engine.url, poolclass=sa.pool.NullPool)
         with killer.connect() as conn:
-            conn.exec_driver_sql(f"SELECT pg_terminate_backend({own})" if backend == "postgresql" else f"KILL {own}")
+            if backend == "postgresql":
+                conn.exec_driver_sql(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                    "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+                )
+            else:
+                others = conn.exec_driver_sql(
+                    "SELECT id FROM information_schema.processlist WHERE db = DATABASE() AND id <> CONNECTION_ID()"
+                ).scalars()
+                for other in list(others):
+                    with contextlib.suppress(sa.exc.DBAPIError):  # it ended meanwhile
+                        conn.exec_driver_sql(f"KILL {other}")
             conn.commit()
         killer.dispose()
         frozen.tick(2)  # idle that long, it is pinged as it is handed out, and replaced

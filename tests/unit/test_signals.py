@@ -141,13 +141,33 @@ def test_a_process_signal_receiver_that_raises_says_the_process_goes_on(caplog: 
     def bad(**kwargs: Any) -> None:
         raise SystemExit(4)
 
-    signals.worker_process_init.connect(bad)
-    try:
-        with caplog.at_level(logging.ERROR, logger="jobqueue.signals"):
-            signals.worker_process_init.send(None, app=None, process_name="worker-0")
-    finally:
-        signals.worker_process_init.disconnect(bad)
-    assert "the worker process goes on" in caplog.text and "outcome" not in caplog.text
+    said = {}
+    for signal in (signals.worker_process_init, signals.worker_process_shutdown):
+        signal.connect(bad)
+        caplog.clear()
+        try:
+            with caplog.at_level(logging.ERROR, logger="jobqueue.signals"):
+                signal.send(None, app=None, process_name="worker-0")
+        finally:
+            signal.disconnect(bad)
+        said[signal.name] = caplog.text
+    init = said["worker_process_init"]
+    assert "; the worker process goes on" in init and "stopping" not in init and "outcome" not in init
+    assert "; the worker process goes on stopping" in said["worker_process_shutdown"]
+
+
+def test_the_users_ctrl_c_during_a_drain_is_passed_on_by_a_receiver() -> None:
+    signal = signals.Signal("probe", ("sender",))
+    calls: list[str] = []
+
+    def pressed(**kwargs: Any) -> None:
+        raise signals.Interrupted  # what drain() raises on a second Ctrl-C, wherever it lands
+
+    signal.connect(pressed)
+    signal.connect(lambda **kwargs: calls.append("later"))
+    with pytest.raises(KeyboardInterrupt):
+        signal.send(None)
+    assert calls == []
 
 
 def test_an_ack_first_job_sends_its_signals() -> None:
