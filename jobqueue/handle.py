@@ -2,17 +2,24 @@
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+import sqlalchemy as sa
+
 from jobqueue.errors import JobCancelled, JobFailed, JobNotCommitted, JobNotFound
 from jobqueue.job import MessageState
 from jobqueue.storage import jobs
+from jobqueue.storage.dialects.connector import first_line
 
 if TYPE_CHECKING:
     from jobqueue.app import JobQueue
+    from jobqueue.storage.store import Store
+
+logger = logging.getLogger("jobqueue.handle")
 
 POLL_FIRST_SECONDS = 0.01
 POLL_MAX_SECONDS = 0.25
@@ -72,7 +79,9 @@ class JobHandle:
 
         Raises JobFailed (with the remote error type, message and ``traceback``), JobCancelled, or
         TimeoutError when ``timeout`` seconds pass first. ``None`` waits without limit; 0 (or less)
-        reads the job once.
+        reads the job once. A database that does not answer meanwhile (a restart, a failover, a
+        lock held a while) is waited out, with a warning, until the deadline; then its error is
+        raised.
         """
         if timeout is not None and (
             isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or math.isnan(timeout)
@@ -82,25 +91,48 @@ class JobHandle:
         deadline = None if timeout is None else time.monotonic() + timeout
         interval = POLL_FIRST_SECONDS
         store = self.app.store
+        unanswered = False  # the database did not answer the last read
         while True:
-            archived = jobs.archived_job(store, self.id)
-            if archived is not None:
-                return self._finish(archived)
-            if jobs.job_state(store, self.id) is None:
-                # Archived between our two reads, or gone for good.
-                archived = jobs.archived_job(store, self.id)
+            try:
+                archived = self._archived_or_missing(store)
+            except sa.exc.DBAPIError as exc:
+                # A restart, a failover, a lock held a while: the job runs on meanwhile, and the wait
+                # goes on until its deadline, where the database's error is the one to raise.
+                if store.classify(exc) is None or (deadline is not None and time.monotonic() >= deadline):
+                    raise
+                if not unanswered:
+                    logger.warning(
+                        "job %s: the database did not answer while waiting for its result (%s); still waiting",
+                        self.id,
+                        first_line(exc),
+                    )
+                unanswered = True
+            else:
                 if archived is not None:
                     return self._finish(archived)
-                self._raise_uncommitted()  # waiting in the transaction that holds it would never end
-                raise JobNotFound(
-                    f"job {self.id} not found: it never existed, was purged, or its archive "
-                    "row was not retained, so there is no result to read"
-                )
+                if unanswered:
+                    logger.warning("job %s: the database answers again; still waiting for its result", self.id)
+                    unanswered = False
             if deadline is not None and time.monotonic() >= deadline:
                 raise TimeoutError(f"job {self.id} did not finish within {timeout} seconds")
             pause = interval if deadline is None else min(interval, max(0.0, deadline - time.monotonic()))
             time.sleep(pause)
             interval = min(interval * 1.5, POLL_MAX_SECONDS)
+
+    def _archived_or_missing(self, store: Store) -> jobs.ArchivedJob | None:
+        """The job's archive row, None while it is still in the queue; JobNotFound if neither holds it."""
+        archived = jobs.archived_job(store, self.id)
+        if archived is not None or jobs.job_state(store, self.id) is not None:
+            return archived
+        # Archived between our two reads, or gone for good.
+        archived = jobs.archived_job(store, self.id)
+        if archived is not None:
+            return archived
+        self._raise_uncommitted()  # waiting in the transaction that holds it would never end
+        raise JobNotFound(
+            f"job {self.id} not found: it never existed, was purged, or its archive "
+            "row was not retained, so there is no result to read"
+        )
 
     def _finish(self, archived: jobs.ArchivedJob) -> Any:
         if archived.state is MessageState.COMPLETED:

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import logging
 import os
+import re
 import sqlite3
 import threading
 import time
@@ -26,6 +28,7 @@ from jobqueue.errors import ConfigurationError
 from jobqueue.job import Batch, Message, MessageState, OutcomeKind
 from jobqueue.storage.dialects import AcquireParams, Dialect, LeaseClock, WorkerState
 from tests.conftest import only
+from tests.servers import free_port
 from tests.storage.test_store import outcome, rows
 
 WORKER = "w" * 32
@@ -463,6 +466,51 @@ def test_a_killed_connection_is_an_outage(
     assert dialect.classify(info.value) == "outage"
 
 
+def end_other_sessions(app: JobQueue, backend: str) -> None:
+    """The server ends every session of this test's database (its own) but the one asking."""
+    killer = sa.create_engine(app.engine.url, poolclass=sa.pool.NullPool)
+    with killer.connect() as conn:
+        if backend == "postgresql":
+            conn.exec_driver_sql(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            )
+        else:
+            others = conn.exec_driver_sql(
+                "SELECT id FROM information_schema.processlist WHERE db = DATABASE() AND id <> CONNECTION_ID()"
+            ).scalars()
+            for other in list(others):
+                with contextlib.suppress(sa.exc.DBAPIError):  # it ended meanwhile
+                    conn.exec_driver_sql(f"KILL {other}")
+        conn.commit()
+    killer.dispose()
+
+
+@only("postgresql", "mysql")
+def test_waiting_for_a_result_outlasts_a_dropped_connection(
+    app: JobQueue, backend: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A restart during handle.get(timeout=60) raised "server closed the connection" at the next
+    poll, while the job ran on and completed seconds later."""
+
+    @app.task(name="t.long")
+    def long() -> None:
+        pass
+
+    waiting = long.delay()  # no worker: it stays pending for the whole wait
+    ended = threading.Timer(0.3, end_other_sessions, (app, backend))
+    ended.start()
+    began = time.monotonic()
+    with caplog.at_level(logging.WARNING, logger="jobqueue.handle"):
+        with pytest.raises(TimeoutError, match=f"job {waiting.id} did not finish within 1.5 seconds"):
+            waiting.get(timeout=1.5)
+    ended.join()
+    assert time.monotonic() - began >= 1.5
+    said = [record.getMessage() for record in caplog.records]
+    assert any("the database did not answer while waiting for its result" in line for line in said), said
+    assert any("the database answers again" in line for line in said), said
+
+
 @only("postgresql", "mysql")
 def test_a_pooled_connection_the_server_closed_while_idle_is_replaced_before_use(app: JobQueue, backend: str) -> None:
     """After a database restart, a failover or a proxy's idle timeout, the first delay() of each
@@ -475,28 +523,37 @@ def test_a_pooled_connection_the_server_closed_while_idle_is_replaced_before_use
     with freeze_time() as frozen:
         first = after_restart.delay()
         assert first.status() == "pending"  # each of the app's two pools holds a connection now
-        # The server ends every session of this test's database but the killer's (a restart would).
-        killer = sa.create_engine(app.engine.url, poolclass=sa.pool.NullPool)
-        with killer.connect() as conn:
-            if backend == "postgresql":
-                conn.exec_driver_sql(
-                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                    "WHERE datname = current_database() AND pid <> pg_backend_pid()"
-                )
-            else:
-                others = conn.exec_driver_sql(
-                    "SELECT id FROM information_schema.processlist WHERE db = DATABASE() AND id <> CONNECTION_ID()"
-                ).scalars()
-                for other in list(others):
-                    with contextlib.suppress(sa.exc.DBAPIError):  # it ended meanwhile
-                        conn.exec_driver_sql(f"KILL {other}")
-            conn.commit()
-        killer.dispose()
+        end_other_sessions(app, backend)  # as a restart would
         frozen.tick(2)  # idle that long, it is pinged as it is handed out, and replaced
         handle = after_restart.delay()
         assert handle.status() == "pending"
         with app.engine.connect() as conn:
             assert conn.execute(sa.select(sa.func.count()).select_from(app.tables.message)).scalar_one() == 2
+
+
+@only("postgresql")
+def test_a_listen_connection_that_cannot_be_made_is_said_once_and_its_return_once(
+    dialect: Dialect, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """While the server was down a supervisor said "cannot LISTEN" at every try, once a second for
+    the whole outage, with the driver's line breaks, and never that it listened again."""
+    from jobqueue.storage.dialects.postgresql_listen import ListeningWaker
+
+    monkeypatch.setattr(ListeningWaker, "RECONNECT_SECONDS", 0.0)
+    nowhere = f"postgresql://jobqueue_test@127.0.0.1:{free_port()}/jobqueue"  # refuses connections
+    with caplog.at_level(logging.WARNING, logger="jobqueue.storage"):
+        waker = ListeningWaker(dialect, nowhere, lambda: False)
+        for _ in range(5):
+            assert waker.fileno() is None
+        assert waker.engine is not None
+        waker.engine.dispose()
+        waker.engine = None  # the server is back (the jobs' own engine answers)
+        assert waker.fileno() is not None
+    waker.close()
+    said = [record.getMessage() for record in caplog.records]
+    assert len(said) == 2, said
+    assert said[0].startswith("cannot LISTEN for new jobs (") and "\n" not in said[0]
+    assert re.fullmatch(r"listening for new jobs again after \d+\.\d s", said[1]), said
 
 
 @only("mysql")

@@ -12,6 +12,7 @@ import sqlalchemy as sa
 
 from jobqueue.errors import ConfigurationError
 from jobqueue.storage.dialects.base import Dialect
+from jobqueue.storage.dialects.connector import first_line
 from jobqueue.storage.dialects.wakeup import Waker
 from jobqueue.storage.engine import create_engine, mask_url
 from jobqueue.storage.tables import notify_channel
@@ -50,6 +51,9 @@ class ListeningWaker(Waker):
         self.raw: Any = None  # the DB-API connection, LISTENing
         self.fresh = False  # (re)connected since the last check
         self.retry_at = 0.0
+        # Since when it cannot listen (an outage): said once as it begins and once as it ends, not
+        # at every try, which comes every RECONNECT_SECONDS.
+        self.failing_since: float | None = None
         self.heard_on: tuple[Any, ...] | None = None  # the database the LISTEN connection first reached
         self._connect()
         if self.heard_on is not None:
@@ -69,12 +73,19 @@ class ListeningWaker(Waker):
                     self.heard_on = tuple(cursor.fetchone())
                 cursor.execute(f"LISTEN {self.channel}")
         except Exception as exc:
-            logger.warning("cannot LISTEN for new jobs (%s); polling every max_fetch_interval meanwhile", exc)
+            if self.failing_since is None:
+                self.failing_since = time.monotonic()
+                logger.warning(
+                    "cannot LISTEN for new jobs (%s); polling every max_fetch_interval meanwhile", first_line(exc)
+                )
             if pooled is not None:
                 with contextlib.suppress(Exception):
                     pooled.invalidate()
             return
         self.pooled, self.raw, self.fresh = pooled, raw, True
+        if self.failing_since is not None:
+            logger.warning("listening for new jobs again after %.1f s", time.monotonic() - self.failing_since)
+            self.failing_since = None
 
     def _check_target(self, heard_on: tuple[Any, ...], listen_url: str | None) -> None:
         """Raise ConfigurationError unless the LISTEN connection reaches the jobs' own database: on
@@ -119,7 +130,7 @@ class ListeningWaker(Waker):
         try:
             self.raw.poll()
         except Exception as exc:
-            logger.warning("lost the LISTEN connection (%s); listening again", exc)
+            logger.warning("lost the LISTEN connection (%s); listening again", first_line(exc))
             self._drop()
             return heard + 1  # look at once: what committed meanwhile would wait for the next poll
         for notify in self.raw.notifies:
