@@ -28,6 +28,7 @@ TEXT_FORMAT = "%(asctime)s %(levelname)s %(processName)s %(name)s: %(message)s"
 LOGGERS = (
     "jobqueue",
     "jobqueue.dashboard",
+    "jobqueue.handle",
     "jobqueue.periodic",
     "jobqueue.signals",
     "jobqueue.storage",
