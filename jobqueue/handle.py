@@ -10,10 +10,10 @@ from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 
-from jobqueue.errors import JobCancelled, JobFailed, JobNotCommitted, JobNotFound
+from jobqueue.errors import JobCancelled, JobFailed, JobNotCommitted, JobNotFound, JobQueueError
 from jobqueue.job import MessageState
 from jobqueue.storage import jobs
-from jobqueue.storage.dialects.connector import first_line
+from jobqueue.storage.dialects.connector import CONTENTION, OUTAGE, first_line
 
 if TYPE_CHECKING:
     from jobqueue.app import JobQueue
@@ -23,6 +23,7 @@ logger = logging.getLogger("jobqueue.handle")
 
 POLL_FIRST_SECONDS = 0.01
 POLL_MAX_SECONDS = 0.25
+OUTAGE_POLL_MAX_SECONDS = 5.0  # while the database does not answer
 
 
 class JobHandle:
@@ -79,9 +80,11 @@ class JobHandle:
 
         Raises JobFailed (with the remote error type, message and ``traceback``), JobCancelled, or
         TimeoutError when ``timeout`` seconds pass first. ``None`` waits without limit; 0 (or less)
-        reads the job once. A database that does not answer meanwhile (a restart, a failover, a
-        lock held a while) is waited out, with a warning, until the deadline; then its error is
-        raised.
+        reads the job once. A database that stops answering while it waits (a restart, a failover,
+        a lock held a while) is waited out until the deadline, or without limit for ``None``, with
+        a warning as the outage begins and one as it ends; at the deadline its error is raised.
+        One that does not answer the first read (down, or a wrong URL) raises at once. A statement
+        sent to a server that is frozen, not down, waits for it, past the deadline.
         """
         if timeout is not None and (
             isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or math.isnan(timeout)
@@ -91,33 +94,56 @@ class JobHandle:
         deadline = None if timeout is None else time.monotonic() + timeout
         interval = POLL_FIRST_SECONDS
         store = self.app.store
+        answered = False  # a read of this wait succeeded: the URL and login are right
         unanswered = False  # the database did not answer the last read
         while True:
             try:
-                archived = self._archived_or_missing(store)
+                archived = self._read(store)
             except sa.exc.DBAPIError as exc:
-                # A restart, a failover, a lock held a while: the job runs on meanwhile, and the wait
-                # goes on until its deadline, where the database's error is the one to raise.
-                if store.classify(exc) is None or (deadline is not None and time.monotonic() >= deadline):
+                kind = store.classify(exc)
+                late = deadline is not None and time.monotonic() >= deadline
+                if not answered or kind not in (OUTAGE, CONTENTION) or late:
                     raise
-                if not unanswered:
+                if kind == OUTAGE and not unanswered:
                     logger.warning(
                         "job %s: the database did not answer while waiting for its result (%s); still waiting",
                         self.id,
                         first_line(exc),
                     )
-                unanswered = True
+                    unanswered = True
+                # Backing off, as a worker does: each try of a restarting server is a new connection.
+                interval = min(interval * 2, OUTAGE_POLL_MAX_SECONDS)
+            except JobQueueError:  # the database answered: the job is gone, or not committed
+                self._answered_again(unanswered)
+                raise
             else:
+                self._answered_again(unanswered)
                 if archived is not None:
                     return self._finish(archived)
                 if unanswered:
-                    logger.warning("job %s: the database answers again; still waiting for its result", self.id)
-                    unanswered = False
+                    unanswered, interval = False, POLL_MAX_SECONDS
+                answered = True
             if deadline is not None and time.monotonic() >= deadline:
                 raise TimeoutError(f"job {self.id} did not finish within {timeout} seconds")
             pause = interval if deadline is None else min(interval, max(0.0, deadline - time.monotonic()))
             time.sleep(pause)
-            interval = min(interval * 1.5, POLL_MAX_SECONDS)
+            if not unanswered:
+                interval = min(interval * 1.5, POLL_MAX_SECONDS)
+
+    def _read(self, store: Store) -> jobs.ArchivedJob | None:
+        """:meth:`_archived_or_missing`, once more at once if a pooled connection the server had
+        closed failed it (after a restart SQLAlchemy replaces them all: only a second failure is an
+        outage)."""
+        try:
+            return self._archived_or_missing(store)
+        except sa.exc.DBAPIError as exc:
+            if not exc.connection_invalidated:
+                raise
+        return self._archived_or_missing(store)
+
+    def _answered_again(self, unanswered: bool) -> None:
+        if unanswered:
+            logger.warning("job %s: the database answers again", self.id)
 
     def _archived_or_missing(self, store: Store) -> jobs.ArchivedJob | None:
         """The job's archive row, None while it is still in the queue; JobNotFound if neither holds it."""

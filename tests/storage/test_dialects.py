@@ -15,6 +15,7 @@ import re
 import sqlite3
 import threading
 import time
+from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -491,7 +492,8 @@ def test_waiting_for_a_result_outlasts_a_dropped_connection(
     app: JobQueue, backend: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A restart during handle.get(timeout=60) raised "server closed the connection" at the next
-    poll, while the job ran on and completed seconds later."""
+    poll, while the job ran on and completed seconds later. A connection lost once is replaced at
+    once, without a word: only a database that does not answer a new one is an outage."""
 
     @app.task(name="t.long")
     def long() -> None:
@@ -506,9 +508,79 @@ def test_waiting_for_a_result_outlasts_a_dropped_connection(
             waiting.get(timeout=1.5)
     ended.join()
     assert time.monotonic() - began >= 1.5
+    assert caplog.records == []
+
+
+def failing_reads(monkeypatch: pytest.MonkeyPatch, error: str, failing: Callable[[int], bool]) -> None:
+    """Each read of a job's archive row whose number (from 1) ``failing`` picks raises SQLite's
+    ``error``, as a database that does not answer would."""
+    from jobqueue.storage import jobs
+
+    read = getattr(jobs.archived_job, "original", jobs.archived_job)  # not an earlier call's
+    calls = itertools.count(1)
+
+    def archived_job(store: Any, job_id: int) -> Any:
+        if failing(next(calls)):
+            raise sa.exc.OperationalError("SELECT ... FROM jobqueue_archive", {}, sqlite3.OperationalError(error))
+        return read(store, job_id)
+
+    archived_job.original = read  # type: ignore[attr-defined]
+    monkeypatch.setattr(jobs, "archived_job", archived_job)
+
+
+@only("sqlite")
+def test_waiting_for_a_result_through_an_outage_says_when_it_begins_and_ends(
+    app: JobQueue, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from jobqueue.testing import drain
+
+    @app.task(name="t.answer")
+    def answer() -> int:
+        return 42
+
+    waiting = answer.delay()
+    failing_reads(monkeypatch, "disk I/O error", lambda call: 2 <= call <= 5)  # after one answered read
+    later = threading.Timer(0.5, drain, (app,))
+    later.start()
+    with caplog.at_level(logging.WARNING, logger="jobqueue.handle"):
+        assert waiting.get(timeout=10) == 42
+    later.join()
     said = [record.getMessage() for record in caplog.records]
-    assert any("the database did not answer while waiting for its result" in line for line in said), said
-    assert any("the database answers again" in line for line in said), said
+    assert said == [
+        f"job {waiting.id}: the database did not answer while waiting for its result (disk I/O error); still waiting",
+        f"job {waiting.id}: the database answers again",
+    ]
+
+
+@only("sqlite")
+def test_waiting_for_a_result_raises_the_databases_error_at_the_deadline_or_at_once(
+    app: JobQueue, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    @app.task(name="t.never_ends")
+    def never_ends() -> None:
+        pass
+
+    waiting = never_ends.delay()
+    failing_reads(monkeypatch, "disk I/O error", lambda call: call >= 2)  # for good, after one answered read
+    began = time.monotonic()
+    with caplog.at_level(logging.WARNING, logger="jobqueue.handle"):
+        with pytest.raises(sa.exc.OperationalError, match="disk I/O error"):
+            waiting.get(timeout=1.0)
+    assert time.monotonic() - began >= 1.0 and len(caplog.records) == 1  # said once, however many tries
+    caplog.clear()
+    for when in ("at the first read", "with timeout 0"):  # nothing answered yet (a wrong URL, say)
+        failing_reads(monkeypatch, "disk I/O error", lambda call: True)
+        began = time.monotonic()
+        with pytest.raises(sa.exc.OperationalError, match="disk I/O error"):
+            waiting.get(timeout=5 if when == "at the first read" else 0)
+        assert time.monotonic() - began < 1, when
+    failing_reads(monkeypatch, "no such column: bogus", lambda call: call >= 2)  # no outage: at once
+    with pytest.raises(sa.exc.OperationalError, match="no such column"):
+        waiting.get(timeout=5)
+    failing_reads(monkeypatch, "database is locked", lambda call: 2 <= call <= 3)  # a lock: waited quietly
+    with pytest.raises(TimeoutError):
+        waiting.get(timeout=0.5)
+    assert caplog.records == []
 
 
 @only("postgresql", "mysql")

@@ -131,6 +131,7 @@ class ListeningWaker(Waker):
             self.raw.poll()
         except Exception as exc:
             logger.warning("lost the LISTEN connection (%s); listening again", first_line(exc))
+            self.failing_since = time.monotonic()  # said: a failed reconnect adds nothing until it ends
             self._drop()
             return heard + 1  # look at once: what committed meanwhile would wait for the next poll
         for notify in self.raw.notifies:
