@@ -12,6 +12,7 @@ import sqlalchemy as sa
 
 from jobqueue.errors import JobCancelled, JobFailed, JobNotCommitted, JobNotFound, JobQueueError
 from jobqueue.job import MessageState
+from jobqueue.runtime.resilience import fresh_connection_retry
 from jobqueue.storage import jobs
 from jobqueue.storage.dialects.connector import CONTENTION, OUTAGE, first_line
 
@@ -98,7 +99,9 @@ class JobHandle:
         unanswered = False  # the database did not answer the last read
         while True:
             try:
-                archived = self._read(store)
+                # A pooled connection the server had closed is replaced at once: only a second
+                # failure is an outage.
+                archived = fresh_connection_retry(lambda: self._archived_or_missing(store))
             except sa.exc.DBAPIError as exc:
                 kind = store.classify(exc)
                 late = deadline is not None and time.monotonic() >= deadline
@@ -129,17 +132,6 @@ class JobHandle:
             time.sleep(pause)
             if not unanswered:
                 interval = min(interval * 1.5, POLL_MAX_SECONDS)
-
-    def _read(self, store: Store) -> jobs.ArchivedJob | None:
-        """:meth:`_archived_or_missing`, once more at once if a pooled connection the server had
-        closed failed it (after a restart SQLAlchemy replaces them all: only a second failure is an
-        outage)."""
-        try:
-            return self._archived_or_missing(store)
-        except sa.exc.DBAPIError as exc:
-            if not exc.connection_invalidated:
-                raise
-        return self._archived_or_missing(store)
 
     def _answered_again(self, unanswered: bool) -> None:
         if unanswered:
