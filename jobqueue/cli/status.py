@@ -57,7 +57,7 @@ def _print_status(data: dict[str, Any]) -> None:
         held = [{**row, "key": shown_key(row["key"])} for row in data["held_keys"]]
         print_table(held, ["kind", "key", "waiting", "reason"])
     out.print("")
-    totals = ", ".join(f"{name} {count}" for name, count in sorted(data["archive"].items())) or "empty"
+    totals = ", ".join(f"{name} {count}" for name, count in sorted(data["archive"].items()) if count) or "empty"
     out.print(f"archive: {totals}")
     stale = f" ({data['stale_workers']} stale: see `jobqueue workers`)" if data["stale_workers"] else ""
     out.print(f"live worker processes: {data['workers']}{stale}")

@@ -223,15 +223,17 @@ def queue_counts(store: Store, now: datetime | None = None) -> list[dict[str, An
 
 
 def archive_counts(store: Store) -> dict[str, int]:
-    """How many archived jobs are in each final state (lower case); rows in a state jobqueue does
-    not know (edited by hand) are counted together as ``unknown_state``, never under their text."""
+    """How many archived jobs are in each final state (lower case), every final state named even at
+    0 so that a script can read ``failed`` without a default; rows in a state jobqueue does not know
+    (edited by hand) are counted together as ``unknown_state``, never under their text."""
     a = store.tables.archive
     # Known by the database's own comparison, as everything else reads them (MySQL's ignores case).
     kind = sa.case(
         (a.c.state.in_([state.value for state in FINAL_STATES]), sa.func.lower(a.c.state)), else_=UNKNOWN_STATE
     ).label("kind")
     with store.reading() as conn:
-        return {state: int(n) for state, n in conn.execute(sa.select(kind, sa.func.count()).group_by(kind))}
+        counted = {state: int(n) for state, n in conn.execute(sa.select(kind, sa.func.count()).group_by(kind))}
+    return {state.value.lower(): 0 for state in FINAL_STATES} | counted
 
 
 def worker_rows(store: Store, stale_after_seconds: float) -> list[dict[str, Any]]:

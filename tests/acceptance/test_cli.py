@@ -187,6 +187,8 @@ def test_status_and_workers(app: JobQueue) -> None:
     assert "emails" in text and "3" in text
     data = json.loads(jobqueue("status", "--json").stdout)
     assert data["queues"][0]["queue"] == "emails" and data["queues"][0]["ready"] == 3
+    assert data["archive"] == {"cancelled": 0, "completed": 0, "failed": 0}  # a script reads each without a default
+    assert "archive: empty" in text
     assert json.loads(jobqueue("workers", "--json").stdout) == []
 
 

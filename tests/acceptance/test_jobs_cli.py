@@ -558,7 +558,12 @@ def test_status_counts_archived_jobs_in_an_unknown_state_apart(app: JobQueue, ed
     shown = jobqueue("status", check=False)
     assert shown.returncode == 0 and "Traceback" not in shown.stderr, shown.stderr[-2000:]
     assert "archive: completed 1, unknown_state 1" in shown.stdout
-    assert json.loads(jobqueue("status", "--json").stdout)["archive"] == {"completed": 1, "unknown_state": 1}
+    assert json.loads(jobqueue("status", "--json").stdout)["archive"] == {
+        "cancelled": 0,
+        "completed": 1,
+        "failed": 0,
+        "unknown_state": 1,
+    }
 
 
 def test_retrying_a_job_whose_row_was_edited_by_hand_says_which_value_to_correct(app: JobQueue, backend: str) -> None:

@@ -185,7 +185,7 @@ def test_status_splits_the_states(app: JobQueue) -> None:
         0,
     )
     assert queue["oldest_ready_seconds"] >= 0
-    assert data["archive"] == {"completed": 2, "failed": 1}
+    assert data["archive"] == {"cancelled": 0, "completed": 2, "failed": 1}  # every final state, even at 0
     text = jobqueue("status", app=OPS).stdout
     assert "READY" in text and "SCHEDULED" in text and "RETRYING" in text
 
