@@ -39,6 +39,7 @@ from jobqueue.runtime.executor import Executor, StoreDeliveryWriter
 from jobqueue.runtime.outcome_log import log_outcome
 from jobqueue.runtime.process import serves_rated
 from jobqueue.runtime.resilience import DatabaseGuard, GaveUp
+from jobqueue.runtime.supervisor import queue_typos
 from jobqueue.runtime.surroundings import Surroundings
 from jobqueue.runtime.writer import OutcomeWriter, Unwritten
 from jobqueue.settings import parse_queues
@@ -99,6 +100,8 @@ def drain(app: JobQueue, queues: str | Iterable[str] | None = None, max_jobs: in
     if max_jobs is not None and (not isinstance(max_jobs, int) or isinstance(max_jobs, bool) or max_jobs < 0):
         raise ConfigurationError(f"max_jobs must be a non-negative integer or None, got {max_jobs!r}")
     wanted = parse_queues(queues if isinstance(queues, str) or queues is None else tuple(queues))
+    for queue, close in queue_typos(app, wanted):
+        logger.warning("drain(): no task of this app declares the queue %r: did you mean %r?", queue, close)
     framework = app.framework
     if framework is not None:
         framework.check_drain()

@@ -45,6 +45,8 @@ from jobqueue.storage.dialects.connector import CONTENTION
 from jobqueue.storage.engine import check_listen_url, mask_url
 
 if TYPE_CHECKING:
+    from collections.abc import Iterable
+
     from jobqueue.app import JobQueue
 
 logger = logging.getLogger("jobqueue.supervisor")
@@ -236,16 +238,13 @@ class Supervisor(Reaping, Maintenance):
         """A queue asked for that none of the app's tasks and consumers declares, but whose name is
         close to one they do, is most likely a typo, which would otherwise idle without a word. It
         is served all the same: jobs sent there with ``queue=`` or by name run."""
-        known = {task.queue for task in self.app.registry.values()} | {c.queue for c in self.app.consumers.values()}
-        for queue in self.settings.queues or ():
-            close = [] if queue in known else difflib.get_close_matches(queue, sorted(known), n=1, cutoff=0.75)
-            if close:
-                logger.warning(
-                    "no task of this app declares the queue %r: did you mean %r? It is served all the same, "
-                    "for jobs sent there with queue= or by name",
-                    queue,
-                    close[0],
-                )
+        for queue, close in queue_typos(self.app, self.settings.queues):
+            logger.warning(
+                "no task of this app declares the queue %r: did you mean %r? It is served all the same, "
+                "for jobs sent there with queue= or by name",
+                queue,
+                close,
+            )
 
     def _register_groups(self) -> None:
         """Add the consumer groups this worker runs to their topics, those that are new."""
@@ -455,3 +454,15 @@ class Supervisor(Reaping, Maintenance):
 def run_supervisor(app: JobQueue, burst: bool = False, progress: bool = False) -> int:
     """Run a supervisor in this process until it stops; return its exit code."""
     return Supervisor(app, burst=burst, progress=progress).run()
+
+
+def queue_typos(app: JobQueue, queues: Iterable[str] | None) -> list[tuple[str, str]]:
+    """The queues asked for that none of ``app``'s tasks and consumers declares but whose name is
+    close to one they do (most likely typos), each with the declared name it is close to."""
+    known = sorted({task.queue for task in app.registry.values()} | {c.queue for c in app.consumers.values()})
+    found = []
+    for queue in queues or ():
+        close = [] if queue in known else difflib.get_close_matches(queue, known, n=1, cutoff=0.75)
+        if close:
+            found.append((queue, close[0]))
+    return found

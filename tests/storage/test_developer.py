@@ -189,6 +189,24 @@ def test_drain_stops_at_retries_not_yet_due_and_honours_queues_and_max_jobs(app:
         drain(app, max_jobs=-1)
 
 
+def test_drain_names_the_declared_queue_a_mistyped_one_is_close_to(
+    app: JobQueue, caplog: pytest.LogCaptureFixture
+) -> None:
+    @app.task(name="t.mail", queue="emails")
+    def mail() -> None:
+        pass
+
+    sent = mail.delay()
+    with caplog.at_level(logging.WARNING, logger="jobqueue.testing"):
+        assert drain(app, queues="Emails,default") == []  # nothing ran: the test would wonder why
+    assert "no task of this app declares the queue 'Emails': did you mean 'emails'?" in caplog.text
+    assert "'default'" not in caplog.text  # not close to a declared queue: not a typo
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="jobqueue.testing"):
+        assert drain(app, queues=["emails"]) == [sent]
+    assert caplog.text == ""
+
+
 def test_drain_puts_back_the_working_directory_and_umask_a_job_changed(app: JobQueue, tmp_path) -> None:
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
