@@ -106,24 +106,29 @@ def _import_failed(target: str, exc: Exception) -> ConfigurationError:
 
 
 def _import(target: str) -> Any:
-    if target.endswith(".py") or os.sep in target:
-        path = os.path.abspath(target)
-        if not os.path.isfile(path):
-            raise ImportError(f"no such file: {path}")
-        name = os.path.splitext(os.path.basename(path))[0]
-        if name in sys.modules:
-            return sys.modules[name]
-        directory = os.path.dirname(path)
-        if directory not in sys.path:
-            sys.path.insert(0, directory)
-        spec = importlib.util.spec_from_file_location(name, path)
-        if spec is None or spec.loader is None:
-            raise ImportError(f"no such file: {path}")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-        return module
-    return importlib.import_module(target)
+    if not (target.endswith(".py") or os.sep in target):
+        return importlib.import_module(target)
+    path = os.path.realpath(target)
+    if not os.path.isfile(path):
+        raise ImportError(f"no such file: {path}")
+    # Imported under the name the application imports it by, so that its tasks have the same
+    # names: a file in a package (folders with an __init__.py) as pkg.module, from the folder above.
+    root, name = os.path.split(os.path.splitext(path)[0])
+    while os.path.isfile(os.path.join(root, "__init__.py")) and os.path.basename(root).isidentifier():
+        root, package = os.path.split(root)
+        name = f"{package}.{name}"
+    loaded = sys.modules.get(name)
+    if loaded is None:
+        if root not in sys.path:
+            sys.path.insert(0, root)
+        loaded = importlib.import_module(name)
+    where = getattr(loaded, "__file__", None)
+    if where is None or os.path.realpath(where) != path:
+        raise ImportError(
+            f"{target} is imported as the module {name!r}, but that name is already the module of "
+            f"{where or 'Python itself'}: rename the file (its tasks are named after it)"
+        )
+    return loaded
 
 
 def setup_logging(state: CliState, app: JobQueue) -> None:

@@ -161,8 +161,9 @@ class Executor(OutcomeDecisions):
                 started,
                 UnknownTaskError(
                     f"task {name!r} is not registered in this worker (registered: {known}): the job is "
-                    f"failed. Deploy the code that defines it to every worker of queue {message.queue!r}, "
-                    f"then run the job again: jobqueue jobs retry {message.id}"
+                    f"failed. Deploy the code that defines it to every worker of queue {message.queue!r}, and "
+                    "have the module --app names import the module that defines it, then run the job again: "
+                    f"jobqueue jobs retry {message.id}"
                 ),
             )
         plan = self.plans.get(name)

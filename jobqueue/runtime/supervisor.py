@@ -108,7 +108,9 @@ class Supervisor(Reaping, Maintenance):
     def run(self) -> int:
         if not self.app.registry:
             raise ConfigurationError(
-                "no tasks are registered: point the worker at your app with --app module:attribute (or JOBQUEUE_APP)"
+                "no tasks are registered: point the worker at your app with --app module:attribute (or "
+                "JOBQUEUE_APP); if that module makes the app but defines its tasks in other modules, import "
+                "those at its end (from myproject import tasks), or point --app at one of them"
             )
         check_listen_url(self.app.database_url, resolve_listen_url(self.settings))  # before any work
         name_process("jobqueue-supervisor")

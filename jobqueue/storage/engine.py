@@ -54,7 +54,13 @@ def mask_url(url: str | sa.URL) -> str:
             parsed = parsed.update_query_dict(hidden)
         return parsed.render_as_string(hide_password=True).replace("%2A%2A%2A", "***")  # not URL-escaped
     except Exception:  # not a URL at all: show nothing that might be a secret
-        return "<unparseable database URL>"
+        return str(url) if _holds_no_secret(str(url)) else "<unparseable database URL>"
+
+
+def _holds_no_secret(text: str) -> bool:
+    """True for text that cannot hold a password the way a URL does (after a ':' or before an '@'):
+    a bare file path given for a URL, say, which is then worth showing."""
+    return ":" not in text and "@" not in text
 
 
 def url_secrets(url: str | sa.URL | None) -> list[str]:
@@ -113,6 +119,12 @@ def parse_url(url: str | sa.URL) -> sa.URL:
             f"the database URL {mask_url(url.strip())!r} {where} with {char!r} (a line break from an env file "
             "or a secret?): remove it"
         )
+    if isinstance(url, str) and "://" not in url and _holds_no_secret(url):
+        raise ConfigurationError(
+            f"{url!r} is not a database URL: for that SQLite file write sqlite:///{url} (three slashes, then "
+            "the path: a fourth for an absolute one); for a server, postgresql+psycopg2://user@host:5432/db "
+            "or mysql+mysqldb://user@host/db"
+        )
     try:
         parsed = sa.make_url(url)
     except Exception as exc:
@@ -120,6 +132,13 @@ def parse_url(url: str | sa.URL) -> sa.URL:
             f"cannot parse database URL {mask_url(url)!r} ({exc}); expected for example "
             "sqlite:///jobqueue.sqlite3, postgresql+psycopg2://user@host:5432/db or mysql+mysqldb://user@host/db"
         ) from None
+    if parsed.get_backend_name() == "sqlite" and (parsed.host or parsed.port or parsed.username):
+        # sqlite://jobs.sqlite3: two slashes make the file's name a host, which SQLite has none of.
+        path = "/".join(part for part in (parsed.host, parsed.database) if part)
+        raise ConfigurationError(
+            f"the SQLite URL {mask_url(url)!r} names a host, which a file has none of: write three slashes "
+            f"before a relative path (sqlite:///{path}) and four before an absolute one (sqlite:////srv/app/jobs.sqlite3)"
+        )
     if _spilled(parsed) is not parsed:
         raise ConfigurationError(
             f"the database URL {mask_url(url)!r} has more than one '@' before its host: write each '@' of "

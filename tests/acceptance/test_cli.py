@@ -337,14 +337,23 @@ def test_a_blank_database_url_is_refused_not_taken_for_the_default(tmp_path: Pat
         ("postgresql://app:a@127.0.0.1:1/nowhere", "Error: cannot use postgresql://app:***@127.0.0.1:1/nowhere: "),
         ("mysql://root:root@127.0.0.1:1/nowhere", "Error: cannot use mysql://***:***@127.0.0.1:1/nowhere: "),
         # A URL that does not parse, and is a word of the message.
-        ("e", "Error: cannot parse database URL '<unparseable database URL>' (Could not parse SQLAlchemy URL"),
+        ("pw:e", "Error: cannot parse database URL '<unparseable database URL>' (Could not parse SQLAlchemy URL"),
+        # A file's path for a URL: it can hold no password, so it is shown, with the URL to write.
+        ("e", "Error: 'e' is not a database URL: for that SQLite file write sqlite:///e (three slashes"),
+        (
+            "jobqueue.sqlite3",
+            "Error: 'jobqueue.sqlite3' is not a database URL: for that SQLite file write sqlite:///jo",
+        ),
+        # Two slashes: the file's name taken for a host (a traceback from SQLAlchemy before).
+        ("sqlite://jobs.sqlite3", "Error: the SQLite URL 'sqlite://jobs.sqlite3' names a host, which a file has none"),
         (" ", "Error: the database URL given is blank (a variable that is not set?): give one, for example "),
     ],
 )
 def test_masking_leaves_the_rest_of_the_message_readable(url: str, expected: str) -> None:
     result = jobqueue("--database-url", url, "status", check=False)
     assert result.returncode == 1 and result.stderr.startswith(expected), result.stderr
-    words = ("failed", "connect to server", "example sqlite:///", "then sqlite:///")
+    words = ["failed", "connect to server", "example sqlite:///", "then sqlite:///", "write three slashes"]
+    words += ["write sqlite:///e (", "write sqlite:///jobqueue.sqlite3 ("]
     assert any(word in result.stderr for word in words)
 
 
@@ -352,6 +361,36 @@ def test_an_app_without_a_module_is_one_line_naming_the_fix() -> None:
     result = jobqueue("status", app=":app", check=False)
     assert result.returncode == 1 and "names no module: give module:attribute" in result.stderr, result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_an_app_file_in_a_package_is_imported_by_its_package_name(tmp_path) -> None:
+    """Its tasks get the names the application's own imports give them (it registered ``jobs.add``
+    where the application enqueued ``shop.jobs.add``, and every job failed as unknown), and its
+    relative imports work."""
+    package = tmp_path / "shop"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "config.py").write_text(f"URL = 'sqlite:///{tmp_path / 'jobs.sqlite3'}'\n")
+    (package / "jobs.py").write_text(
+        "from jobqueue import JobQueue\nfrom .config import URL\n\napp = JobQueue(URL)\n\n\n"
+        "@app.task\ndef add(a, b):\n    return a + b\n"
+    )
+    app = str(package / "jobs.py")
+    jobqueue("db", "init", app=app)
+    sent = json.loads(jobqueue("enqueue", "shop.jobs.add", "--args", "[2, 3]", "--json", app=app).stdout)
+    jobqueue("worker", "--burst", app=app)
+    shown = json.loads(jobqueue("jobs", "show", str(sent["id"]), "--json", app=app).stdout)
+    assert (shown["task_name"], shown["state"]) == ("shop.jobs.add", "completed")
+
+
+def test_an_app_file_named_like_a_module_already_imported_is_refused_naming_the_fix(tmp_path) -> None:
+    """It was handed the other module (Python's own ``email``), then said it had no 'app'."""
+    path = tmp_path / "email.py"
+    path.write_text("from jobqueue import JobQueue\napp = JobQueue()\n")
+    result = jobqueue("status", app=str(path), check=False)
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
+    assert f"{path} is imported as the module 'email', but that name is already the module of " in result.stderr
+    assert "email/__init__.py: rename the file (its tasks are named after it)" in result.stderr
 
 
 def test_an_app_attribute_that_is_missing_or_no_jobqueue_is_named_as_such(tmp_path) -> None:

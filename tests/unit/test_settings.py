@@ -237,7 +237,8 @@ def test_a_url_with_whitespace_around_it_is_refused(url: str, tmp_path: Path, mo
         ("a cannot: a", "postgresql://u:a@h/db", "*** cannot: ***"),
         ("x!pw@h and !pw", "postgresql://u:!pw@h/db", "x***@h and ***"),
         ("password=hunter2 hunter2x", "mysql://u@h/db?passwd=hunter2", "password=*** hunter2x"),
-        ("cannot parse e", "e", "cannot parse <unparseable database URL>"),
+        ("cannot parse pw:e", "pw:e", "cannot parse <unparseable database URL>"),
+        ("cannot parse e", "e", "cannot parse e"),  # no ':' nor '@': it can hold no password, and is shown
         ("a b", " ", "a b"),
     ],
 )
