@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Any
@@ -24,6 +24,8 @@ ROWS_PER_RANGE = 50_000  # at most this many ids per read task, so that big arch
 _TYPES = {
     "id": LongType(),
     "priority": IntegerType(),
+    "concurrency_limit": IntegerType(),
+    "rate_interval_us": LongType(),
     "attempts_count": IntegerType(),
     "deliveries_count": IntegerType(),
     "payload": BinaryType(),
@@ -32,15 +34,18 @@ _TYPES = {
 }
 _JSON = ("headers", "options", "history")
 _TIMES = ("created_at", "first_attempt_at", "last_attempt_at", "finished_at", "archived_at")
+# Columns that ARCHIVE_SCHEMA typed as strings before: an export appending to files written then
+# keeps their type (see export_archive).
+WERE_TEXT = ("concurrency_limit", "rate_interval_us")
 
-# Every archive column: JSON columns as their JSON text, blobs as binary, times as TIMESTAMP (UTC).
-# Times may be null: SQLite holds them as text, and a row edited by hand may hold text that is none.
+# Every archive column: JSON columns as their JSON text, blobs as binary, numbers as numbers, times
+# as TIMESTAMP (UTC). Every column may be null: SQLite holds any value in any column, and a cell
+# edited by hand into something that is not of its column's type reads as null (times: as text
+# that is no time), instead of stopping the read.
 ARCHIVE_SCHEMA = StructType(
     [
         StructField(
-            column.name,
-            _TYPES.get(column.name, TimestampType() if column.name in _TIMES else StringType()),
-            nullable=column.nullable or column.name == "id" or column.name in _TIMES,
+            column.name, _TYPES.get(column.name, TimestampType() if column.name in _TIMES else StringType()), True
         )
         for column in build_tables().archive.columns
     ]
@@ -134,7 +139,7 @@ class _ReadSpec:
         # by hand into text that does not parse (SQLite takes any) must not stop the whole read.
         # SQLite holds times as text too, parsed here: a time that does not parse is read as null.
         columns = [_read_as(c, engine.dialect.name) for c in archive.columns]
-        times = [c.name in _TIMES for c in archive.columns]
+        readers = [_cell_reader(field, engine.dialect.name) for field in ARCHIVE_SCHEMA.fields]
         stmt = (
             sa.select(*columns)
             .where(archive.c.id >= bounds[0], archive.c.id <= bounds[1], *self.window.where(archive.c.archived_at))
@@ -142,9 +147,13 @@ class _ReadSpec:
         )
         try:
             with engine.connect() as conn:
+                if engine.dialect.name == "sqlite":  # text that is not UTF-8 (edited by hand) reads, mended
+                    conn.connection.dbapi_connection.text_factory = _text_of  # type: ignore[union-attr]
                 result = conn.execution_options(stream_results=True, yield_per=2000).execute(stmt)
                 for row in result:
-                    yield tuple(_spark_time(value) if time else value for value, time in zip(row, times, strict=True))
+                    yield tuple(
+                        value if read is None else read(value) for value, read in zip(row, readers, strict=True)
+                    )
         finally:
             engine.dispose()
 
@@ -157,6 +166,48 @@ def _read_as(column: sa.Column[Any], dialect: str) -> Any:
     if column.name in _TIMES and dialect == "sqlite":
         return sa.type_coerce(column, sa.Text).label(column.name)
     return column
+
+
+def _cell_reader(field: StructField, dialect: str) -> Callable[[Any], Any] | None:
+    """What turns a cell of ``field``'s column into a value Spark takes, None where the cell is
+    taken as it is: times always (see :func:`_spark_time`); on SQLite, which keeps any value in any
+    column, every cell, read as null where it is not of its column's type."""
+    if isinstance(field.dataType, TimestampType):
+        return _spark_time
+    if dialect != "sqlite":  # the other databases hold only values of the column's type
+        return None
+    if isinstance(field.dataType, IntegerType):
+        return _int32
+    if isinstance(field.dataType, LongType):
+        return _int64
+    if isinstance(field.dataType, BinaryType):
+        return _bytes
+    return _text
+
+
+def _int32(value: Any) -> int | None:
+    return value if type(value) is int and -(2**31) <= value < 2**31 else None
+
+
+def _int64(value: Any) -> int | None:
+    return value if type(value) is int else None  # SQLite's integers are 64-bit
+
+
+def _bytes(value: Any) -> bytes | None:
+    if type(value) is bytes or value is None:
+        return value
+    return value.encode() if type(value) is str else None
+
+
+def _text(value: Any) -> str | None:
+    if type(value) is str or value is None:
+        return value
+    return _text_of(value) if type(value) is bytes else str(value)
+
+
+def _text_of(data: bytes) -> str:
+    """SQLite text as a string, bytes that are not UTF-8 replaced rather than stopping the read."""
+    return data.decode("utf-8", "replace")
 
 
 def _spark_time(value: Any) -> datetime | None:

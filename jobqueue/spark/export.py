@@ -15,10 +15,11 @@ from pyspark import StorageLevel
 from pyspark.errors import PySparkException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql.types import StringType
 
 from jobqueue.clock import utcnow
 from jobqueue.errors import ConfigurationError, ExportError
-from jobqueue.spark.archive import read_archive
+from jobqueue.spark.archive import WERE_TEXT, read_archive
 from jobqueue.spark.enqueue import executor_url
 from jobqueue.storage.engine import create_engine
 from jobqueue.storage.store import schema_errors
@@ -69,6 +70,7 @@ def export_archive(
         rows = archive.withColumn(
             "date", F.date_format(F.to_utc_timestamp("archived_at", zone), "yyyy-MM-dd")
         ).withColumn("export_batch", F.lit(batch))
+        rows = _in_types_of_files_there(spark, path, rows)
         previous = spark.conf.get("spark.sql.parquet.outputTimestampType")
         spark.conf.set("spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS")
         try:
@@ -101,6 +103,20 @@ def export_archive(
         on_verified(exported)
     purged = _purge(written, database_url, table_prefix, batch_size, progress) if purge else 0
     return ExportResult(path, batch, cutoff, exported, purged)
+
+
+def _in_types_of_files_there(spark: SparkSession, path: str, rows: DataFrame) -> DataFrame:
+    """``rows`` with the columns that exports before this release wrote as strings (the flow
+    control's limit and rate) cast to strings again where ``path`` holds such files already: files
+    of one column in two types cannot be read together."""
+    try:
+        there = {field.name: field.dataType for field in spark.read.parquet(path).schema.fields}
+    except (Py4JJavaError, PySparkException):  # nothing there yet (or no Parquet: the checks say so)
+        return rows
+    for name in WERE_TEXT:
+        if isinstance(there.get(name), StringType):
+            rows = rows.withColumn(name, F.col(name).cast("string"))
+    return rows
 
 
 def _purge(

@@ -163,7 +163,9 @@ def _table(rows: Sequence[Row]) -> str:
     for row in rows:
         cells = [fmt(row[key]) for _, key, fmt in COLUMNS]
         cells.append(_percent(row["failure_rate"]))
-        cells.append(f"{row['attempts_avg']:.2f} / {row['attempts_max']}")
+        # No attempt count to average: a group whose counts were all edited by hand into no number.
+        average, most = row["attempts_avg"], row["attempts_max"]
+        cells.append(f"{'–' if average is None else f'{average:.2f}'} / {'–' if most is None else most}")
         for kind in ("wait", "run"):
             cells.append(" / ".join(_seconds(row[f"{kind}_p{p}"]) for p in (50, 95, 99)))
         lines.append("<tr>" + "".join(f"<td>{html.escape(cell)}</td>" for cell in cells) + "</tr>")

@@ -191,6 +191,40 @@ def test_an_export_to_a_path_it_cannot_write_is_one_line_and_purges_nothing(
     assert len(data.ids_archived_before(app, utcnow() + timedelta(days=1))) == len(rows)
 
 
+@only("sqlite")
+@pytest.mark.parametrize("master", ["local"], indirect=True)
+def test_an_export_appends_in_the_types_of_the_files_already_there(
+    spark: Any, master: str, app: JobQueue, tmp_path: Path
+) -> None:
+    """Exports before this release wrote the flow limit and rate as strings; files of one column in
+    two types cannot be read together, so an export to such a folder keeps their type."""
+    from pyspark.sql import functions as F
+
+    from jobqueue.spark import export_archive, read_archive
+
+    data.fill_archive(app, 40)
+    with app.engine.begin() as conn:
+        conn.execute(sa.text(f"UPDATE {app.tables.archive.name} SET concurrency_limit = 3, rate_interval_us = 7"))
+    old, new = tmp_path / "old", tmp_path / "new"
+    earlier = read_archive(spark, app.database_url).where("id <= 20")
+    for name in ("concurrency_limit", "rate_interval_us"):
+        earlier = earlier.withColumn(name, F.col(name).cast("string"))
+    earlier.withColumn("date", F.lit("2026-01-01")).withColumn("export_batch", F.lit("before")).write.partitionBy(
+        "date", "queue"
+    ).parquet(str(old))
+    with app.engine.begin() as conn:
+        conn.execute(sa.text(f"DELETE FROM {app.tables.archive.name} WHERE id <= 20"))
+    assert export_archive(spark, app.database_url, str(old)).exported == 20  # read back and checked
+    both = spark.read.parquet(str(old))
+    assert both.schema["concurrency_limit"].dataType.simpleString() == "string"
+    assert {(r.concurrency_limit, r.rate_interval_us) for r in both.collect()} == {("3", "7")}
+    assert both.count() == 40
+    assert export_archive(spark, app.database_url, str(new)).exported == 20  # a new folder: numbers
+    fresh = spark.read.parquet(str(new))
+    assert fresh.schema["concurrency_limit"].dataType.simpleString() == "int"
+    assert {(r.concurrency_limit, r.rate_interval_us) for r in fresh.collect()} == {(3, 7)}
+
+
 @pytest.mark.parametrize("master", ["local"], indirect=True)
 def test_rows_edited_by_hand_are_read_as_they_are(
     spark: Any, master: str, app: JobQueue, backend: str, tmp_path: Path
@@ -204,6 +238,7 @@ def test_rows_edited_by_hand_are_read_as_they_are(
     edits = [
         f"UPDATE {table} SET first_attempt_at = NULL, last_attempt_at = NULL, finished_at = NULL WHERE id = 5",
         f"UPDATE {table} SET state = 'WEIRD', task_name = '<b>odd</b>' WHERE id = 6",
+        f"UPDATE {table} SET concurrency_limit = 3, rate_interval_us = 100000 WHERE id = 8",  # a flow-limited job
     ]
     if backend == "sqlite":  # the other databases refuse JSON that does not parse, and times that are not
         edits.append(f"UPDATE {table} SET headers = '{{not json', history = 'null' WHERE id = 10")
@@ -214,6 +249,12 @@ def test_rows_edited_by_hand_are_read_as_they_are(
         edits.append(f"UPDATE {table} SET finished_at = NULL, archived_at = 'not a time' WHERE id = 14")
         edits.append(f"UPDATE {table} SET finished_at = '0001-01-01 00:00:00' WHERE id = 15")
         edits.append(f"UPDATE {table} SET id = {2**63 - 1} WHERE id = 16")  # no id past it bounds a range
+        # Cells not of their column's type (SQLite keeps anything): each read as null, the rest kept.
+        edits.append(
+            f"UPDATE {table} SET priority = 'high', attempts_count = X'00', deliveries_count = {2**40}, "
+            "payload = 'as text', task_name = X'FF41', queue = 12, concurrency_limit = 'two', "
+            "error_message = CAST(X'C341' AS TEXT) WHERE id = 17"  # text that is not UTF-8
+        )
     # The ends of the times Python holds: the statistics failed on them ("year 0 is out of range"),
     # and the report's chart on the year 9999.
     edge = {"postgresql": "'-infinity'", "mysql": "'9999-12-31 23:59:59'", "sqlite": "'9999-12-31 23:59:59.999999'"}
@@ -224,6 +265,7 @@ def test_rows_edited_by_hand_are_read_as_they_are(
     rows = {row.id: row for row in read_archive(spark, app.database_url).collect()}
     assert len(rows) == 200 and rows[6].state == "WEIRD" and rows[5].finished_at is None
     assert rows[7].finished_at is None and rows[7].archived_at is not None
+    assert (rows[8].concurrency_limit, rows[8].rate_interval_us) == (3, 100_000)  # numbers, not their text
     if backend == "sqlite":
         assert rows[15].finished_at is None and 2**63 - 1 in rows and 16 not in rows
         assert (rows[10].headers, rows[10].history) == ("{not json", "null")
@@ -231,6 +273,10 @@ def test_rows_edited_by_hand_are_read_as_they_are(
         assert rows[12].last_attempt_at.astimezone(timezone.utc).replace(tzinfo=None) == datetime(2026, 11, 27, 8, 0)
         assert rows[13].first_attempt_at is None and rows[13].created_at is not None
         assert (rows[14].finished_at, rows[14].archived_at) == (None, None)
+        odd = rows[17]
+        assert (odd.priority, odd.attempts_count, odd.deliveries_count, odd.concurrency_limit) == (None,) * 4
+        assert (odd.payload, odd.task_name, odd.queue, odd.error_message) == (b"as text", "\ufffdA", "12", "\ufffdA")
+        assert odd.created_at is not None and odd.state is not None
     totals = archive_stats(read_archive(spark, app.database_url), by=()).collect()[0]
     assert totals.total == 200 and totals.completed + totals.failed + totals.cancelled == 199
     assert totals.first_finished is not None and totals.first_finished.year > 1
