@@ -21,6 +21,7 @@ from jobqueue.retry import RetryStrategy
 from jobqueue.serialization import dumps_call, get_serializer
 from jobqueue.spark.columns import check_keys, check_types, column
 from jobqueue.storage.engine import absolute_url, create_engine
+from jobqueue.storage.schema_manager import check_schema
 from jobqueue.storage.store import Store
 from jobqueue.storage.tables import build_tables
 from jobqueue.task import Task, check_key
@@ -128,11 +129,24 @@ def enqueue_dataframe(
         + ((StringType(),) if unique_key is not None else ()),
         instant_key=instant_key,
     )
+    # Missing or older tables said before any executor writes: nothing was enqueued.
+    if database_url is None:
+        app.check_schema(beyond_tables=False)
+    else:
+        _check_tables(spec.url, spec.prefix)
     selected = [column(name) for name in arg_columns + list(kwarg_columns.values())]
     if unique_key is not None:
         selected.append(column(unique_key) if instant_key else column(unique_key).cast("string"))
     rows = df.select(*selected).rdd
     return _settled(rows.context, task.name, lambda: int(rows.mapPartitions(spec.write).sum()))
+
+
+def _check_tables(url: str, prefix: str) -> None:
+    engine = create_engine(url)
+    try:
+        check_schema(engine, build_tables(prefix), beyond_tables=False)
+    finally:
+        engine.dispose()
 
 
 # The errors of ours an executor may raise (a row over max_payload_bytes, tables missing), as the

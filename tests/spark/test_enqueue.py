@@ -13,7 +13,7 @@ import pytest
 import sqlalchemy as sa
 
 from jobqueue import JobQueue
-from jobqueue.errors import ConfigurationError, SerializationError
+from jobqueue.errors import ConfigurationError, SchemaError, SerializationError
 from jobqueue.serialization import loads_call
 from tests.acceptance.cli import jobqueue
 from tests.apps import pipeline
@@ -214,6 +214,19 @@ def test_a_relative_sqlite_path_reaches_the_executors(spark: Any, tmp_path: Any,
         assert read_archive(spark, "sqlite:///relative.sqlite3").count() == 50
     finally:
         pipeline.app.close()
+
+
+@only("sqlite")
+def test_a_database_without_the_tables_is_said_before_spark_runs(spark: Any, score: Any, tmp_path: Any) -> None:
+    """It failed in the executors, saying that the batches committed before stayed enqueued."""
+    from jobqueue.spark import enqueue_dataframe
+
+    empty = f"sqlite:///{tmp_path / 'empty.sqlite3'}"
+    (tmp_path / "empty.sqlite3").touch()  # a database, without jobqueue's tables
+    with pytest.raises(SchemaError) as raised:
+        enqueue_dataframe(users(spark, 10), score, args=["user_id"], database_url=empty)
+    assert "jobqueue db init" in str(raised.value) and "stay enqueued" not in str(raised.value)
+    assert "PythonException" not in str(raised.value)
 
 
 @only("sqlite")
