@@ -92,8 +92,8 @@ def load_app(spec: str | None) -> JobQueue:
     if not isinstance(app, JobQueue):
         found = [name for name, value in vars(module).items() if isinstance(value, JobQueue)]
         hint = f"; JobQueue objects there: {', '.join(found)}" if found else ""
-        what = f"has no {attribute!r}" if app is missing else f"{attribute} is a {type(app).__name__}, not a JobQueue"
-        raise ConfigurationError(f"{target} {what}{hint} (give --app module:attribute)")
+        what = f" has no {attribute!r}" if app is missing else f":{attribute} is a {type(app).__name__}, not a JobQueue"
+        raise ConfigurationError(f"{target}{what}{hint} (give --app module:attribute)")
     return app
 
 

@@ -44,7 +44,7 @@ def worker_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     is_flag=True,
     help="Exit 0 once no message in the served queues is processing or due within 5 s (for scripts, tests and demos).",
 )
-@click.option("--progress", is_flag=True, help="Show jobs done, jobs left and the rate.")
+@click.option("--progress", is_flag=True, help="Show runs done (retries count again), jobs left and the rate.")
 @click.pass_obj
 def worker(state: CliState, /, burst: bool, progress: bool, **options: Any) -> None:
     """Start a supervisor that forks worker processes and runs jobs until stopped.

@@ -79,12 +79,11 @@ def log_outcome(outcome: Outcome) -> None:
             logger.handle(record)
     elif outcome.kind is OutcomeKind.RETRY:
         logger.warning(
-            "job %s %s failed on attempt %s (%s: %s); retry at %s",
+            "job %s %s failed on attempt %s (%s); retry at %s",
             m.id,
             m.task_name,
             m.attempts_count,
-            error.type if error else "nack",
-            _clipped(error.message, outcome, LOGGED_ERROR_CHARS) if error else "",
+            f"{error.type}: {_clipped(error.message, outcome, LOGGED_ERROR_CHARS)}" if error else "nacked by the job",
             outcome.next_attempt_at,
             extra=outcome_fields(outcome),
         )

@@ -1,4 +1,5 @@
-"""``jobqueue worker --progress``: jobs done, jobs left and rate, on one line of the terminal."""
+"""``jobqueue worker --progress``: runs done (a retried job runs again), jobs left and rate, on one
+line of the terminal."""
 
 from __future__ import annotations
 
@@ -50,7 +51,8 @@ class Progress:
         fraction = done / total if total else 1.0
         filled = int(BAR_WIDTH * fraction)
         bar = "#" * filled + "." * (BAR_WIDTH - filled)
-        line = f"[{bar}] {done} done, {left} left, {done / elapsed:,.0f} jobs/s, {elapsed:.1f} s"
+        # Runs, not jobs: a job that is retried runs again, and counts again.
+        line = f"[{bar}] {done} runs done, {left} jobs left, {done / elapsed:,.0f} runs/s, {elapsed:.1f} s"
         if self.tty:
             self.stream.write("\r\x1b[2K" + line)
         else:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import signal
 import sqlite3
 import subprocess
@@ -361,6 +362,15 @@ def test_an_app_without_a_module_is_one_line_naming_the_fix() -> None:
     result = jobqueue("status", app=":app", check=False)
     assert result.returncode == 1 and "names no module: give module:attribute" in result.stderr, result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_progress_counts_runs_and_the_jobs_left(app: JobQueue) -> None:
+    """A retried job runs twice: the line says runs, so that 4 runs of 3 jobs add up."""
+    basic.add.bulk([(1, 1), (2, 2)])
+    basic.flaky.delay(1)  # fails once, then succeeds
+    result = jobqueue("worker", "--burst", "--progress", "-c", "1")
+    last = [line for line in result.stderr.splitlines() if line.startswith("[")][-1]
+    assert re.match(r"\[#+\] 4 runs done, 0 jobs left, [\d,]+ runs/s, [\d.]+ s$", last), result.stderr
 
 
 def test_an_app_file_in_a_package_is_imported_by_its_package_name(tmp_path) -> None:

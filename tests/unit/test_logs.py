@@ -156,6 +156,10 @@ def test_a_job_failing_with_a_huge_message_logs_a_line_of_bounded_size(caplog: p
     assert lines[0].startswith("job 7 t failed") and lines[0].endswith("ValueError: the end")
     assert "`jobqueue jobs show 7` has more" in lines[0] and "`jobqueue jobs show 7` has more" in lines[1]
     assert "jobs show" not in lines[2]
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="jobqueue.worker"):
+        log_outcome(dataclasses.replace(retried, error=None))  # the job called nack(): no error to name
+    assert caplog.messages == [f"job 7 t failed on attempt 1 (nacked by the job); retry at {retried.next_attempt_at}"]
 
 
 def test_a_line_logged_after_logging_shut_down_is_written_not_a_logging_error() -> None:
