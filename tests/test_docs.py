@@ -8,6 +8,7 @@ import json
 import os
 import re
 import shlex
+import sqlite3
 import subprocess
 import sys
 from collections.abc import Callable
@@ -73,6 +74,27 @@ def test_quickstart_example_runs_as_documented(tmp_path: Path) -> None:
     assert "succeeded on attempt 2" in result.stdout
     assert "always_fails -> failed" in result.stdout
     assert "Decimal('29.97')" in result.stdout
+
+
+def test_the_flask_page_runs_as_it_says(tmp_path: Path) -> None:
+    """Its block saved as shop.py, run, then its worker command: the placed order gets confirmed
+    (the block's own checks ran again at import, and failed there)."""
+    block = next(code for doc, number, code in python_blocks() if doc == "flask.md" and number == 1)
+    (tmp_path / "shop.py").write_text(block)
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env.pop("JOBQUEUE_DATABASE_URL", None)
+
+    def run(*args: str) -> str:
+        result = subprocess.run(args, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+        assert result.returncode == 0, result.stderr
+        return result.stdout
+
+    run(sys.executable, "shop.py")
+    assert '"ready": 1' in run(sys.executable, "-m", "flask", "--app", "shop", "jobqueue", "status", "--json")
+    run(sys.executable, "-m", "flask", "--app", "shop", "jobqueue", "worker", "--burst")
+    database = next(tmp_path.rglob("shop.sqlite3"))  # in the app's instance/ folder
+    with sqlite3.connect(database) as conn:
+        assert conn.execute('SELECT item, status FROM "order"').fetchall() == [("book", "confirmed")]
 
 
 def _jobqueue(app: str, cwd: Path, env: dict[str, str], *args: str) -> str:
