@@ -1,5 +1,6 @@
 """What a worker process asks of the operating system: file descriptors left, signals, dying
-with its supervisor, wake-up pipes, its memory and its name in the logs."""
+with its supervisor, wake-up pipes, its memory and its name in the logs; and, for the supervisor,
+the programs a worker process's job started."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import os
 import resource
 import signal
 import sys
+from collections.abc import Iterable
 from typing import Any
 
 PR_SET_PDEATHSIG = 1
@@ -103,6 +105,40 @@ def die_with_supervisor() -> None:
     """Stop at once: unsupervised, our leases are renewed by nobody, and a new supervisor will
     hand our messages to others. Outcomes not yet written are lost; those jobs run again."""
     os.kill(os.getpid(), signal.SIGKILL)
+
+
+def descendants(pids: Iterable[int]) -> list[int]:
+    """The processes below ``pids`` (their children, theirs...) in their own session, read from
+    /proc in one pass; none where there is no /proc. A program started in a session of its own
+    (``start_new_session=True``) is left out, with what it started: it was meant to outlive."""
+    parents: dict[int, list[int]] = {}
+    sessions: dict[int, int] = {}
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return []
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as stat:
+                data = stat.read()
+        except OSError:  # ended meanwhile
+            continue
+        # After the command, in parentheses (which may hold anything): state, ppid, pgrp, session.
+        fields = data[data.rfind(b")") + 2 :].split()
+        child = int(entry)
+        parents.setdefault(int(fields[1]), []).append(child)
+        sessions[child] = int(fields[3])
+    found: list[int] = []
+    below = [(pid, sessions.get(pid)) for pid in pids]
+    while below:
+        parent, session = below.pop()
+        for child in parents.get(parent, []):
+            if sessions.get(child) == session:
+                found.append(child)
+                below.append((child, session))
+    return found
 
 
 def poke(fd: int) -> None:

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 import multiprocess
 
 from jobqueue.runtime import metrics
+from jobqueue.runtime.oscalls import descendants
 from jobqueue.runtime.process import STOP_SIGNALS, ChildSpec, WorkerProcess, capacity_of
 from jobqueue.runtime.slot import Slot, SlotView
 
@@ -214,7 +215,7 @@ class Pool:
             logger.warning("%s: killing %s worker process(es); their messages are returned", reason, len(alive))
         for child in alive:
             child.killed_stopping = True
-            kill(child.process.pid)
+        kill(*(child.process.pid for child in alive))
         for child in alive:
             child.process.join(5)
 
@@ -270,5 +271,10 @@ def send_signal(pid: int | None, signum: int) -> None:
             pass
 
 
-def kill(pid: int | None) -> None:
-    send_signal(pid, signal.SIGKILL)
+def kill(*pids: int | None) -> None:
+    """Kill worker processes and the programs their jobs started (they would run on, orphaned,
+    with no job waiting for them): those found first, so that the processes start no more."""
+    alive = [pid for pid in pids if pid]
+    below = descendants(alive) if alive else []
+    for pid in alive + below:
+        send_signal(pid, signal.SIGKILL)

@@ -108,7 +108,9 @@ class Reaping:
             return
         task = self.app.registry.get(message.task_name)
         limit = task.options.timeout if task else None
-        exc = TimeLimitExceeded(f"job ran past its timeout of {limit} s; its worker process was killed")
+        exc = TimeLimitExceeded(
+            f"job ran past its timeout of {limit} s; its worker process was killed, with the programs it started"
+        )
         started = None
         if view.running_since_ns:  # on this host's clock, as every other outcome's times are
             started = utcnow() - timedelta(seconds=(time.monotonic_ns() - view.running_since_ns) / 1e9)

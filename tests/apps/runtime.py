@@ -82,6 +82,16 @@ def hang() -> None:
     time.sleep(60)
 
 
+@app.task(name="rt.hang_with_programs", timeout=1, retry_strategy=NoRetryStrategy())
+def hang_with_programs() -> None:
+    """Starts a program, and one in a session of its own (meant to outlive it), then hangs."""
+    program = subprocess.Popen(["sleep", "300"])
+    apart = subprocess.Popen(["sleep", "301"], start_new_session=True)
+    record(f"program-{program.pid}")
+    record(f"apart-{apart.pid}")
+    time.sleep(60)
+
+
 @app.task(name="rt.soft", soft_timeout=0.5)
 def soft() -> str:
     started = time.monotonic()

@@ -276,6 +276,33 @@ def test_hard_timeout_kills_and_retries_then_fails(
     assert "killed after its timeout of 1 s; retry at" in log and "killed after its timeout of 1 s; failed" in log
 
 
+def running(pid: int) -> bool:
+    """Whether a process is alive (a zombie is not: nobody may reap an orphan in a container)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            return stat.read().rsplit(b")", 1)[1].split()[0] not in (b"Z", b"X")
+    except FileNotFoundError:
+        return False
+
+
+def test_a_job_killed_for_its_timeout_takes_the_programs_it_started_along(
+    app: JobQueue, tmp_path: Path, workers: list[Worker]
+) -> None:
+    """They ran on, orphaned, with no job waiting for them; one started in a session of its own
+    was meant to outlive the job, and does."""
+    job = rt.hang_with_programs.delay()
+    worker = start(workers, tmp_path, "--burst", "--concurrency", "1")
+    assert worker.wait(60) == 0, worker.text()[-3000:]
+    with pytest.raises(JobFailed, match="timeout of 1 s; its worker process was killed, with the programs it started"):
+        job.get(timeout=5)
+    events = {event.split("-")[0]: int(event.split("-")[1]) for event, _, _ in runs(tmp_path / "runs.txt")}
+    try:
+        wait_for(lambda: not running(events["program"]), 5, "the job's program to be killed")
+        assert running(events["apart"])
+    finally:
+        os.kill(events["apart"], signal.SIGKILL)
+
+
 def test_soft_timeout_raises_inside_the_job(app: JobQueue, tmp_path: Path, workers: list[Worker]) -> None:
     job = rt.soft.delay()
     worker = start(workers, tmp_path, "--burst", "--concurrency", "1")
