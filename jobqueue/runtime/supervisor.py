@@ -54,6 +54,8 @@ logger = logging.getLogger("jobqueue.supervisor")
 TICK_SECONDS = 0.1
 BURST_HORIZON_SECONDS = 5.0
 BURST_CHECK_SECONDS = 0.25
+# Deaths in a row as they start, of every worker process, after which a --burst worker gives up.
+BURST_QUICK_DEATHS = 5
 # Turns of its housekeeping a --burst worker that tidies gives it to go through before it ends.
 BURST_HOUSEKEEPING_TURNS = 3
 LOOP_ERROR_PAUSE_SECONDS = 1.0
@@ -87,6 +89,7 @@ class Supervisor(Reaping, Maintenance):
         self.next_checkpoint = 0.0
         self.checkpoints = False  # whether this supervisor writes the database's journal back
         self.next_burst_check = 0.0
+        self.exit_code = 0  # of a warm stop
         self.done_by_dead = 0
         self.unspent = 0  # news of work that found no idle process to wake
         self.meter: Progress | None = None
@@ -338,7 +341,7 @@ class Supervisor(Reaping, Maintenance):
         if self.stopping and not self.children:
             self.later.finish(self.settings.graceful_timeout, stopped=lambda: self.signals >= 2)
             logger.info("jobqueue worker %s stopped", self.supervisor_id[:8])
-            return 0
+            return self.exit_code
         if not self.stopping:
             self.pool.respawn_due()
         self.pool.enforce_time_limits()
@@ -348,6 +351,8 @@ class Supervisor(Reaping, Maintenance):
             self.pool.remind()
         if self.stopping and time.monotonic() > self.stop_deadline:
             self.pool.kill_all("graceful_timeout passed")
+        if self.burst and not self.stopping:
+            self._give_up_on_dying_processes()
         if self.burst and not self.stopping:
             self._check_burst()
         if self.meter is not None:
@@ -395,6 +400,21 @@ class Supervisor(Reaping, Maintenance):
             # News nobody idle could take (a process between its empty fetch and saying it idles)
             # waits for the next process that idles; SQLite's data_version says it only once.
             self.unspent = min(wanted - len(woken), self.size)
+
+    def _give_up_on_dying_processes(self) -> None:
+        """--burst: stop, exit status 1, once every worker process has died as it started, before
+        running a job, this many times in a row. A worker waits for such a cause to go (a database
+        that refuses connections comes back); a burst run would wait for ever."""
+        deaths = [self.pool.quick_deaths.get(index, 0) for index in range(self.size)]
+        if min(deaths) >= BURST_QUICK_DEATHS:
+            logger.error(
+                "--burst gives up: every worker process died as it started, before running a job, %s times in a "
+                "row (their exit status and the cause are in the log above: an import, a worker_process_init "
+                "receiver, a database refusing connections)",
+                min(deaths),
+            )
+            self.exit_code = 1
+            self._begin_stop("worker processes die as they start")
 
     def _check_burst(self) -> None:
         now = time.monotonic()

@@ -373,6 +373,26 @@ def test_progress_counts_runs_and_the_jobs_left(app: JobQueue) -> None:
     assert re.match(r"\[#+\] 4 runs done, 0 jobs left, [\d,]+ runs/s, [\d.]+ s$", last), result.stderr
 
 
+def test_a_burst_worker_whose_processes_die_as_they_start_gives_up(tmp_path) -> None:
+    """A worker_process_init receiver that ends the process: a --burst worker restarted its
+    processes for ever and never returned."""
+    path = tmp_path / "dying.py"
+    path.write_text(
+        "import os\nfrom jobqueue import JobQueue, signals\n\n"
+        f"app = JobQueue('sqlite:///{tmp_path / 'jobs.sqlite3'}')\n\n\n"
+        "@app.task\ndef add(a, b):\n    return a + b\n\n\n"
+        "@signals.worker_process_init.connect\ndef broken(**kwargs):\n    os._exit(3)\n"
+    )
+    jobqueue("db", "init", app=str(path))
+    jobqueue("enqueue", "dying.add", "--args", "[1, 2]", app=str(path))
+    result = jobqueue("worker", "--burst", "-c", "2", app=str(path), check=False, timeout=60)
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert "--burst gives up: every worker process died as it started, before running a job, 5 times" in result.stderr
+    assert "exited with code 3" in result.stderr
+    listed = json.loads(jobqueue("jobs", "list", "--json", app=str(path)).stdout)
+    assert [job["state"] for job in listed] == ["pending"]  # nothing lost: it waits for a worker that starts
+
+
 def test_an_app_file_in_a_package_is_imported_by_its_package_name(tmp_path) -> None:
     """Its tasks get the names the application's own imports give them (it registered ``jobs.add``
     where the application enqueued ``shop.jobs.add``, and every job failed as unknown), and its
