@@ -408,6 +408,35 @@ def test_a_listen_database_url_that_reaches_another_database_is_refused(app: Job
     assert ":***@127.0.0.1" in str(info.value), info.value
 
 
+@only("postgresql")
+def test_a_listen_database_url_reached_only_after_the_start_is_checked_then(
+    app: JobQueue, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Unreachable as the supervisor started (the server down), its target went unchecked: once
+    reachable, a LISTEN on another database heard of no new job without a word."""
+    from jobqueue.storage.dialects.postgresql_listen import ListeningWaker
+
+    monkeypatch.setattr(ListeningWaker, "RECONNECT_SECONDS", 0.0)  # try again at every look
+    late = f"{app.database_url.rsplit('/', 1)[1]}_late"
+    other = sa.make_url(app.database_url).set(database=late).render_as_string(hide_password=False)
+    with caplog.at_level(logging.WARNING, logger="jobqueue"):
+        waker = app.store.waker(None, 1.0, 1.0, other)  # the database does not exist yet
+    try:
+        assert "cannot LISTEN for new jobs" in caplog.text
+        with app.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+            conn.exec_driver_sql(f'CREATE DATABASE "{late}"')
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="jobqueue"):
+            assert waker.fileno() is None  # its next try reaches the database: nothing LISTENs
+            assert waker.fileno() is None and waker.check(time.monotonic()) == 0  # nor ever will
+        assert f"reaches database '{late}', but the jobs are in " in caplog.text
+        assert caplog.text.count("reaches database") == 1 and "polling every max_fetch_interval instead" in caplog.text
+    finally:
+        waker.close()
+        with app.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+            conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{late}" WITH (FORCE)')
+
+
 # -- errors ----------------------------------------------------------------------------------------------
 
 

@@ -55,9 +55,16 @@ class ListeningWaker(Waker):
         # at every try, which comes every RECONNECT_SECONDS.
         self.failing_since: float | None = None
         self.heard_on: tuple[Any, ...] | None = None  # the database the LISTEN connection first reached
+        self.listen_url = listen_url
+        self.wrong_target = False  # it reaches another database than the jobs': never LISTEN there
+        self.starting = True  # the first connection's target is checked by the constructor
         self._connect()
+        self.starting = False
         if self.heard_on is not None:
-            self._check_target(self.heard_on, listen_url)
+            wrong = self._wrong_target(self.heard_on)
+            if wrong is not None:
+                self.close()
+                raise ConfigurationError(wrong)
 
     def _connect(self) -> None:
         self.retry_at = time.monotonic() + self.RECONNECT_SECONDS
@@ -70,7 +77,13 @@ class ListeningWaker(Waker):
             with raw.cursor() as cursor:
                 if self.engine is not None and self.heard_on is None:
                     cursor.execute(self.dialect.where_am_i)
-                    self.heard_on = tuple(cursor.fetchone())
+                    heard_on = tuple(cursor.fetchone())
+                    # Checked here too when the first connection came late (the server was down as
+                    # the supervisor started): running by then, it can only say so and poll.
+                    if self.heard_on_checked_late(heard_on):
+                        pooled.invalidate()
+                        return
+                    self.heard_on = heard_on
                 cursor.execute(f"LISTEN {self.channel}")
         except Exception as exc:
             if self.failing_since is None:
@@ -87,26 +100,40 @@ class ListeningWaker(Waker):
             logger.warning("listening for new jobs again after %.1f s", time.monotonic() - self.failing_since)
             self.failing_since = None
 
-    def _check_target(self, heard_on: tuple[Any, ...], listen_url: str | None) -> None:
-        """Raise ConfigurationError unless the LISTEN connection reaches the jobs' own database: on
-        another one (a typo, a replica, the pooler's alias of another database) it would hear none
-        of their news, and every new job would wait for a poll."""
+    def heard_on_checked_late(self, heard_on: tuple[Any, ...]) -> bool:
+        """After the start: True, said once, when the LISTEN connection reaches another database
+        than the jobs' (it then never LISTENs, and the supervisor polls)."""
+        if self.starting:
+            return False
+        wrong = self._wrong_target(heard_on)
+        if wrong is None:
+            return False
+        logger.error("%s; polling every max_fetch_interval instead", wrong)
+        self.wrong_target = True
+        return True
+
+    def _wrong_target(self, heard_on: tuple[Any, ...]) -> str | None:
+        """What is wrong unless the LISTEN connection reaches the jobs' own database: on another
+        one (a typo, a replica, the pooler's alias of another database) it would hear none of
+        their news, and every new job would wait for a poll."""
         with self.dialect.engine.connect() as conn:
             jobs_on = self.dialect.server_identity(conn)
-        if heard_on != jobs_on:
-            self.close()
-            where = (
-                f"database {heard_on[0]!r}, but the jobs are in {jobs_on[0]!r}"
-                if heard_on[1] == jobs_on[1]
-                else f"database {heard_on[0]!r} of another server (started at {heard_on[1]}; the jobs' one at "
-                f"{jobs_on[1]}, database {jobs_on[0]!r})"
-            )
-            raise ConfigurationError(
-                f"listen_database_url {mask_url(listen_url or '')!r} reaches {where}: it would hear of no new "
-                "job. Give a direct connection to the jobs' database (on its primary server), or remove the option"
-            )
+        if heard_on == jobs_on:
+            return None
+        where = (
+            f"database {heard_on[0]!r}, but the jobs are in {jobs_on[0]!r}"
+            if heard_on[1] == jobs_on[1]
+            else f"database {heard_on[0]!r} of another server (started at {heard_on[1]}; the jobs' one at "
+            f"{jobs_on[1]}, database {jobs_on[0]!r})"
+        )
+        return (
+            f"listen_database_url {mask_url(self.listen_url or '')!r} reaches {where}: it would hear of no new "
+            "job. Give a direct connection to the jobs' database (on its primary server), or remove the option"
+        )
 
     def fileno(self) -> int | None:
+        if self.wrong_target:
+            return None
         if self.raw is None and time.monotonic() >= self.retry_at:
             self._connect()
         return self.raw.fileno() if self.raw is not None else None
@@ -116,7 +143,7 @@ class ListeningWaker(Waker):
 
     def due_in(self, now: float) -> float | None:
         due = [self.deferred_at - now] if self.deferred_at is not None else []
-        if self.raw is None:
+        if self.raw is None and not self.wrong_target:
             due.append(self.retry_at - now)
         return max(0.0, min(due)) if due else None
 
