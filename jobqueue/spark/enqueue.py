@@ -7,12 +7,13 @@ import re
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import sqlalchemy as sa
 from pyspark import SparkContext
 from pyspark.sql import DataFrame, Row
+from pyspark.sql import functions as F
 from pyspark.sql.types import ArrayType, BinaryType, DataType, MapType, StringType, StructType, TimestampType
 
 from jobqueue.errors import ConfigurationError, SchemaError, SerializationError
@@ -134,9 +135,14 @@ def enqueue_dataframe(
         app.check_schema(beyond_tables=False)
     else:
         _check_tables(spec.url, spec.prefix)
-    selected = [column(name) for name in arg_columns + list(kwarg_columns.values())]
+    # A TIMESTAMP column is read as microseconds since 1970 (UTC), turned into its instant by the
+    # executor: PySpark's own conversion goes through local time, which fails for the year 1.
+    selected = [
+        F.unix_micros(column(name)) if isinstance(schema[name], TimestampType) else column(name)
+        for name in arg_columns + list(kwarg_columns.values())
+    ]
     if unique_key is not None:
-        selected.append(column(unique_key) if instant_key else column(unique_key).cast("string"))
+        selected.append(F.unix_micros(column(unique_key)) if instant_key else column(unique_key).cast("string"))
     rows = df.select(*selected).rdd
     return _settled(rows.context, task.name, lambda: int(rows.mapPartitions(spec.write).sum()))
 
@@ -223,7 +229,7 @@ class _EnqueueSpec:
         serializer = get_serializer(self.serializer)
         converters = [_converter(data_type) for data_type in self.types]
         if self.instant_key:
-            converters[-1] = utc_key
+            converters[-1] = lambda micros: utc_key(_instant(micros))
         inserted = 0
         try:
             iterator = iter(rows)
@@ -269,20 +275,31 @@ def utc_key(value: datetime | None) -> str | None:
     return f"{text}.{at.microsecond:06d}".rstrip("0") if at.microsecond else text
 
 
-def _converter(data_type: DataType) -> Callable[[Any], Any]:
+EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+
+
+def _instant(micros: int | None) -> datetime | None:
+    """A TIMESTAMP read as microseconds since 1970 (UTC), as an aware UTC datetime."""
+    return None if micros is None else EPOCH + timedelta(microseconds=micros)
+
+
+def _converter(data_type: DataType, top: bool = True) -> Callable[[Any], Any]:
     """How to turn a Spark value of ``data_type`` into what the serializer takes: structs as dicts,
-    binary as bytes, and a TIMESTAMP (an instant, which PySpark hands over as naive local time) as
-    an aware UTC datetime, at any depth. TIMESTAMP_NTZ stays naive."""
+    binary as bytes, and a TIMESTAMP (an instant) as an aware UTC datetime, at any depth: read as
+    microseconds at the top (see enqueue_dataframe), handed over by PySpark as naive local time
+    within a struct, an array or a map. TIMESTAMP_NTZ stays naive."""
     if isinstance(data_type, TimestampType):
+        if top:
+            return _instant
         return lambda value: value.astimezone(timezone.utc) if value is not None and value.tzinfo is None else value
     if isinstance(data_type, StructType):
-        fields = [(field.name, _converter(field.dataType)) for field in data_type.fields]
+        fields = [(field.name, _converter(field.dataType, False)) for field in data_type.fields]
         return lambda value: None if value is None else {name: convert(value[name]) for name, convert in fields}
     if isinstance(data_type, ArrayType):
-        item = _converter(data_type.elementType)
+        item = _converter(data_type.elementType, False)
         return lambda value: None if value is None else [item(v) for v in value]
     if isinstance(data_type, MapType):
-        key, item = _hashable(_converter(data_type.keyType)), _converter(data_type.valueType)
+        key, item = _hashable(_converter(data_type.keyType, False)), _converter(data_type.valueType, False)
         return lambda value: None if value is None else {key(k): item(v) for k, v in value.items()}
     if isinstance(data_type, BinaryType):
         return lambda value: None if value is None else bytes(value)

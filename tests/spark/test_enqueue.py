@@ -149,6 +149,24 @@ def test_a_timestamp_key_is_its_utc_time_whatever_the_session_time_zone(spark: A
     assert keys[:2] == ["2024-11-03 05:00:00", "2024-11-03 05:15:00"] and keys[-1] == "2024-11-03 06:45:00"
 
 
+def test_timestamps_at_the_ends_of_the_calendar_are_enqueued(spark: Any, score: Any, app: JobQueue) -> None:
+    """A TIMESTAMP in the year 1 failed on the executors with a long PythonException ("year 0 is out
+    of range"): PySpark converts it through local time (New York, in the fixture)."""
+    from jobqueue.spark import enqueue_dataframe
+
+    ends = spark.sql(
+        "SELECT id AS user_id, CASE id WHEN 0 THEN TIMESTAMP'0001-01-01 00:00:00 UTC' "
+        "ELSE TIMESTAMP'9999-12-31 23:59:59.999999 UTC' END AS at FROM range(2)"
+    )
+    assert enqueue_dataframe(ends, score, args=["user_id", "at"], unique_key="at") == 2
+    stored = sorted((r[1], loads_call(app.serializer, r[2])[0]) for r in messages(app))
+    first, last = (
+        datetime(1, 1, 1, tzinfo=timezone.utc),
+        datetime(9999, 12, 31, 23, 59, 59, 999_999, tzinfo=timezone.utc),
+    )
+    assert stored == [("0001-01-01 00:00:00", [0, first]), ("9999-12-31 23:59:59.999999", [1, last])]
+
+
 def test_archived_keys_are_skipped_and_the_jobs_run(spark: Any, score: Any, app: JobQueue, db_url: str) -> None:
     from jobqueue.spark import enqueue_dataframe
 
