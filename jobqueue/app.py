@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -65,6 +66,7 @@ class JobQueue:
         self._store: Store | None = None
         self._tables: Tables | None = None
         self._framework: Framework | None = None
+        self._unbound_said = False  # used in a Flask app it is not bound to: said once
         INSTANCES.add(self)
 
     def __repr__(self) -> str:
@@ -100,6 +102,14 @@ class JobQueue:
             framework = detect_framework()
             if framework is not None:
                 self.bind_framework(framework)
+            elif not self._unbound_said and "flask" in sys.modules:
+                from jobqueue.contrib.flask import unbound_warning
+
+                said = unbound_warning(resolve_database_url(self._url_override, None))
+                if said is not None:  # asked in an app context: once is enough
+                    self._unbound_said = True
+                if said:
+                    logger.warning("%s", said)
         return self._framework
 
     def bind_framework(self, framework: Framework) -> None:

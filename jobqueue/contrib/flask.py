@@ -30,6 +30,30 @@ if TYPE_CHECKING:
 ENQUEUED_IN_SESSION = "_jobqueue_enqueued_in_session"  # in flask.g: each enqueue's commit watch
 
 
+def unbound_warning(url: str) -> str | None:
+    """What to say when a JobQueue made without a URL, and not bound with ``init_app``, is used in
+    the app context of a Flask app with Flask-SQLAlchemy whose database is another than ``url``
+    (the one the JobQueue uses): its jobs would go elsewhere than the app's data, and would not
+    commit with ``db.session``. None outside an app context (ask again in one); "" in one where
+    there is nothing to say."""
+    from flask import current_app, has_app_context
+
+    if not has_app_context():
+        return None
+    db = current_app.extensions.get("sqlalchemy")
+    try:
+        engine = db.engine if db is not None else None
+        if engine is None or same_database(engine.url, url):
+            return ""
+    except Exception:  # a database jobqueue does not run on, or no engine: not the JobQueue's anyway
+        pass
+    return (
+        f"this JobQueue has no database URL and is not bound to the Flask app {current_app.name!r}: its jobs "
+        f"go to {mask_url(url)}, not to the app's Flask-SQLAlchemy database, and do not commit with "
+        "db.session. Call jq.init_app(app, db), or give JobQueue the database URL you mean"
+    )
+
+
 class FlaskIntegration(Framework):
     name = "Flask"
 

@@ -7,6 +7,7 @@ both back; a committed order's job is run once by ``flask jobqueue worker``, ins
 from __future__ import annotations
 
 import importlib.util
+import logging
 import os
 import subprocess
 import sys
@@ -253,3 +254,34 @@ def test_init_app_needs_flask_sqlalchemy(shop) -> None:
 
     with pytest.raises(ConfigurationError, match="Flask-SQLAlchemy is not registered"):
         JobQueue().init_app(Flask("bare"))
+
+
+def test_a_jobqueue_used_in_a_flask_app_it_is_not_bound_to_says_so_once(
+    shop, tmp_path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """init_app forgotten: the jobs went to ./jobqueue.sqlite3 without a word, away from the
+    app's data and its transactions."""
+    from flask import Flask
+    from flask_sqlalchemy import SQLAlchemy
+
+    from jobqueue import JobQueue
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("JOBQUEUE_DATABASE_URL", raising=False)
+    flask_app = Flask("forgetful")
+    flask_app.config["SQLALCHEMY_DATABASE_URI"] = f"sqlite:///{tmp_path / 'app.sqlite3'}"
+    SQLAlchemy(flask_app)
+    jq = JobQueue()
+    jq.task(name="forgetful.add")(lambda a, b: a + b)
+    jq.init_schema()  # outside an app context: nothing to say
+    assert caplog.records == []
+    with caplog.at_level(logging.WARNING, logger="jobqueue"), flask_app.app_context():
+        jq.registry["forgetful.add"].delay(1, 2)
+        jq.registry["forgetful.add"].delay(3, 4)
+    said = [r.getMessage() for r in caplog.records if "not bound to the Flask app" in r.getMessage()]
+    assert said == [
+        "this JobQueue has no database URL and is not bound to the Flask app 'forgetful': its jobs go to "
+        "sqlite:///jobqueue.sqlite3, not to the app's Flask-SQLAlchemy database, and do not commit with "
+        "db.session. Call jq.init_app(app, db), or give JobQueue the database URL you mean"
+    ]
+    jq.close()
