@@ -13,6 +13,8 @@ import logging
 import os
 import re
 import sqlite3
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -28,6 +30,7 @@ from jobqueue.clock import utcnow
 from jobqueue.errors import ConfigurationError
 from jobqueue.job import Batch, Message, MessageState, OutcomeKind
 from jobqueue.storage.dialects import AcquireParams, Dialect, LeaseClock, WorkerState
+from tests.acceptance.cli import ROOT
 from tests.conftest import only
 from tests.servers import free_port
 from tests.storage.test_store import outcome, rows
@@ -435,6 +438,37 @@ def test_a_listen_database_url_reached_only_after_the_start_is_checked_then(
         waker.close()
         with app.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
             conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{late}" WITH (FORCE)')
+
+
+FORK_AND_EXIT = """
+import os, sys
+from jobqueue import JobQueue
+app = JobQueue(sys.argv[1])
+@app.task(name="t.echo")
+def echo(tag):
+    return tag
+echo.delay("before fork")  # the pool holds an idle connection
+for _ in range(3):
+    pid = os.fork()
+    if pid == 0:
+        sys.exit(0)  # an ordinary exit: the interpreter finalizes the connections it inherited
+    os.waitpid(pid, 0)
+    echo.delay("after the child's exit")
+print("ok")
+"""
+
+
+def test_a_forked_child_that_exits_leaves_its_parents_connections_alone(app: JobQueue, tmp_path) -> None:
+    """On MariaDB the child's exit closed the inherited connections, mysqlclient sending COM_QUIT
+    down the socket it shares with its parent: the parent's next delay() failed with "Lost
+    connection to server during query" (a pre-forking web server, a script's children)."""
+    script = tmp_path / "fork_and_exit.py"
+    script.write_text(FORK_AND_EXIT)
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    done = subprocess.run(
+        [sys.executable, str(script), app.database_url], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-3000:]
 
 
 # -- errors ----------------------------------------------------------------------------------------------

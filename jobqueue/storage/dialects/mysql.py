@@ -8,7 +8,9 @@ INSERT ... RETURNING; MySQL 8 has not, and bulk inserts there read the ids from 
 from __future__ import annotations
 
 import contextlib
+import os
 import re
+import weakref
 from collections.abc import Iterator
 from datetime import datetime, timedelta
 from typing import Any
@@ -110,6 +112,7 @@ class MySQLDialect(Dialect):
     def configure(cls, engine: sa.Engine) -> None:
         @event.listens_for(engine, "connect")
         def on_connect(dbapi_connection: Any, _record: Any) -> None:
+            OPENED.add(dbapi_connection)  # for a forked child to cut itself off from (see below)
             info = getattr(dbapi_connection, "get_server_info", lambda: "")()
             cursor = dbapi_connection.cursor()
             cursor.execute(f"SET SESSION lock_wait_timeout = {METADATA_LOCK_WAIT_SECONDS}")
@@ -496,3 +499,30 @@ class MySQLDialect(Dialect):
         self.packet.check_payloads(connection_runner(connection), [row["payload"]])
         result = connection.execute(sa.insert(self.message).prefix_with("IGNORE").values(row))
         return self.fresh_ids(connection, [int(result.lastrowid)])[0] if result.rowcount == 1 else None
+
+
+# Every connection this process opened (and, in a forked child, those it inherited).
+OPENED: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def _cut_off_inherited_connections() -> None:
+    """In a forked child: point the socket of every connection inherited from the parent at
+    /dev/null. mysqlclient sends COM_QUIT when it closes a connection (garbage collected, or as the
+    child's interpreter exits), and down the socket the child shares with its parent that ended
+    the parent's session: its next statement failed with "Lost connection to server during
+    query". The child opens its own connections."""
+    if not OPENED:
+        return
+    nowhere = os.open(os.devnull, os.O_RDWR)
+    try:
+        for connection in list(OPENED):
+            try:
+                os.dup2(nowhere, connection.fileno())
+            except Exception:  # closed already
+                continue
+    finally:
+        os.close(nowhere)
+    OPENED.clear()
+
+
+os.register_at_fork(after_in_child=_cut_off_inherited_connections)
