@@ -33,7 +33,7 @@ from jobqueue.storage.dialects import AcquireParams, Dialect, LeaseClock, Worker
 from tests.acceptance.cli import ROOT
 from tests.conftest import only
 from tests.servers import free_port
-from tests.storage.test_store import outcome, rows
+from tests.storage.test_store import LEASE, outcome, rows
 
 WORKER = "w" * 32
 
@@ -469,6 +469,47 @@ def test_a_forked_child_that_exits_leaves_its_parents_connections_alone(app: Job
         [sys.executable, str(script), app.database_url], env=env, capture_output=True, text=True, timeout=120
     )
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-3000:]
+
+
+@only("mysql")
+def test_keyed_enqueues_that_deadlock_as_their_keys_holder_is_archived_are_run_again(app: JobQueue) -> None:
+    """Enqueues of a few keys from several threads while the jobs holding them are archived (as a
+    worker does): InnoDB makes some enqueues deadlock victims as they race for a key whose
+    archived holders' index entries are not yet purged. That reached the caller as "Deadlock found
+    when trying to get lock" (a dedup of web requests, under load)."""
+
+    @app.task(name="t.keyed")
+    def keyed() -> None:
+        pass
+
+    errors: list[str] = []
+    done = threading.Event()
+
+    def enqueue(seed: int) -> None:
+        for n in range(150):
+            try:
+                keyed.apply_async(unique_key=f"k{(seed + n) % 3}")
+            except Exception as exc:
+                errors.append(f"{type(exc).__name__}: {str(exc)[:120]}")
+
+    def archive() -> None:  # a worker's fetch and acknowledgement, as fast as it can
+        while not done.is_set():
+            taken = app.store.acquire(WORKER, None, 10, LEASE)
+            if taken:
+                app.store.flush([outcome(message) for message in taken])
+
+    archiver = threading.Thread(target=archive)
+    archiver.start()
+    threads = [threading.Thread(target=enqueue, args=(seed,)) for seed in range(4)]
+    try:
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(120)
+    finally:
+        done.set()
+        archiver.join(30)
+    assert errors == [], f"{len(errors)} of 600 enqueues failed, first: {errors[0]}"
 
 
 # -- errors ----------------------------------------------------------------------------------------------

@@ -209,6 +209,11 @@ class Connector:
                 pooled.close()
 
     # -- errors ------------------------------------------------------------------------------------
+    def deadlocked(self, exc: sa.exc.DBAPIError) -> bool:
+        """Whether the database ended the transaction as a deadlock's victim (rolled back whole:
+        running it again at once is safe); not a lock wait that timed out, which took its time."""
+        return False
+
     def classify(self, exc: BaseException) -> str | None:
         """CONTENTION, OUTAGE, FULL, READ_ONLY, CANCELLED, or None for an error that retrying cannot fix.
 

@@ -50,7 +50,8 @@ UNKNOWN_COLUMN = 1054
 # deadlock. mysqlclient also reports permanent server errors (a packet too large, a bad value) as
 # OperationalError, so the code decides, not the class.
 MYSQL_DISCONNECTS = {1040, 1053, 1152, 1203, 1226, 1927, 2002, 2003, 2006, 2013, 2055, 4031}
-MYSQL_CONTENTION = {1205, 1213}
+MYSQL_DEADLOCK = 1213
+MYSQL_CONTENTION = {1205, MYSQL_DEADLOCK}  # a lock wait timed out, a deadlock
 # How long a schema change's step, or a group being added, waits for a lock before it is tried again.
 BRIEF_LOCK_WAIT_SECONDS = 2
 # How long any statement waits for a table's metadata lock (LOCK TABLES, a schema change) before it
@@ -223,6 +224,9 @@ class MySQLDialect(Dialect):
         )
 
     client_clock = False
+
+    def deadlocked(self, exc: sa.exc.DBAPIError) -> bool:
+        return mysql_code(exc) == MYSQL_DEADLOCK
 
     def classify_driver_error(self, exc: sa.exc.DBAPIError) -> str | None:
         code = mysql_code(exc)

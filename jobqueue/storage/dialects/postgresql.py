@@ -206,6 +206,9 @@ class PostgreSQLDialect(Dialect):
     def check_server(self, connection: sa.Connection) -> None:
         self._require(connection.dialect.server_version_info, (13,), "PostgreSQL")
 
+    def deadlocked(self, exc: sa.exc.DBAPIError) -> bool:
+        return getattr(exc.orig, "pgcode", None) == "40P01"
+
     def classify_driver_error(self, exc: sa.exc.DBAPIError) -> str | None:
         code = getattr(exc.orig, "pgcode", None)
         if code in CONTENTION_CODES:
