@@ -412,6 +412,30 @@ def check_headers(headers: Any, limit: int) -> None:
             f"headers serialize to about {size} bytes, over max_payload_bytes={limit}: keep headers to "
             "small values (ids, trace context) and pass data as arguments, or a reference to it"
         )
+    for key, value in headers.items():
+        if _nesting(value) > HEADER_NESTING_MOST - 1:
+            raise ConfigurationError(
+                f"headers[{key!r}] nests lists and dicts more than {HEADER_NESTING_MOST} deep, the headers "
+                "dict counted (MariaDB's JSON columns refuse more, so no database takes it): flatten it, or "
+                "pass it as an argument"
+            )
+
+
+# Levels of lists and dicts a stored header may have, the headers dict counted.
+HEADER_NESTING_MOST = 31
+
+
+def _nesting(value: Any) -> int:
+    """How many levels of lists and dicts ``value`` has (0 for a scalar); stops counting past the
+    headers' limit, so that a deep value costs no more than that."""
+    depth, level = 0, [value]
+    while depth < HEADER_NESTING_MOST:
+        containers = [item for item in level if isinstance(item, (list, dict))]
+        if not containers:
+            break
+        depth += 1
+        level = [inner for item in containers for inner in (item.values() if isinstance(item, dict) else item)]
+    return depth
 
 
 def _item(index: int | None) -> str:
