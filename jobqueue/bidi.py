@@ -7,8 +7,12 @@ from __future__ import annotations
 import re
 
 CONTROLS = (0x061C, 0x200E, 0x200F, *range(0x202A, 0x202F), *range(0x2066, 0x206A))
+# Lone surrogates: a value can hold them (a file name read with surrogateescape, kept by pickle),
+# but no UTF-8 page, terminal or JSON output can: writing one raised UnicodeEncodeError.
+SURROGATES = range(0xD800, 0xE000)
+SURROGATE_ESCAPES = {code: f"\\u{code:04x}" for code in SURROGATES}
 # Each written as the escape Python and JSON read back as that character: \u202e.
-ESCAPES = {code: f"\\u{code:04x}" for code in CONTROLS}
+ESCAPES = {**{code: f"\\u{code:04x}" for code in CONTROLS}, **SURROGATE_ESCAPES}
 
 
 def bidi_escaped(text: str) -> str:

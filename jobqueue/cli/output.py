@@ -274,7 +274,8 @@ def echo_json(data: Any) -> None:
         text = json.dumps(data, default=_default, indent=2, ensure_ascii=False, allow_nan=False)
     except ValueError:
         text = json.dumps(_finite(data), default=_default, indent=2, ensure_ascii=False, allow_nan=False)
-    click.echo(text)
+    # A lone surrogate (kept by pickle) is written as its JSON escape: UTF-8 has no such character.
+    click.echo(text if text.isascii() else text.translate(bidi.SURROGATE_ESCAPES))
 
 
 def _finite(value: Any) -> Any:

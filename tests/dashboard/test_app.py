@@ -146,6 +146,16 @@ def test_job_page_shows_arguments_whose_dicts_have_keys_json_cannot_write(
     assert "&#34;(1, 2)&#34;: &#34;pair&#34;" in html and "2030-01-02 00:00:00" in html
 
 
+def test_job_page_shows_a_lone_surrogate_pickle_kept(app: JobQueue, tasks: SimpleNamespace, client) -> None:
+    """A file name read with surrogateescape, say: the page was a 500 (UnicodeEncodeError)."""
+    app.configure(serializer="pickle")
+    handle = tasks.add.delay("report-\ud800", ".csv")
+    run_due(app)
+    assert handle.get(timeout=0) == "report-\ud800.csv"
+    html = page(client, f"/jobs/{handle.id}")
+    assert "report-\\ud800.csv" in html  # as its escape, in the result and the arguments
+
+
 def test_ids_over_the_largest_a_database_holds_are_not_found(app: JobQueue, tasks: SimpleNamespace, client) -> None:
     handle = tasks.fail.delay("x")
     run_due(app)

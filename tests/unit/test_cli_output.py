@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import io
+import json
 from datetime import datetime, timezone
 
+import pytest
 from rich.console import Console
 
 from jobqueue.cli import output
@@ -62,3 +64,15 @@ def test_cells_rich_lays_out_over_lines_are_left_to_rich(capsys) -> None:
     assert output.plain_table(rows, COLUMNS) is None
     output.print_table(rows, COLUMNS)
     assert capsys.readouterr().out == laid_out_by_rich(rows, COLUMNS)
+
+
+def test_json_output_writes_a_lone_surrogate_as_its_escape(capsys: pytest.CaptureFixture[str]) -> None:
+    """A value pickle kept (a file name read with surrogateescape) made `jobs show --json` fail
+    with UnicodeEncodeError: UTF-8 has no lone surrogate."""
+    from jobqueue.cli.output import echo_json
+
+    echo_json({"args": ["report-\ud800.csv", "caf\udcc3"], "ok": "héllo \u202e"})
+    out = capsys.readouterr().out
+    out.encode("utf-8")  # writable as UTF-8
+    assert "\\ud800" in out and "héllo" in out
+    assert json.loads(out) == {"args": ["report-\ud800.csv", "caf\udcc3"], "ok": "héllo \u202e"}

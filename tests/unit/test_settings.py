@@ -106,7 +106,8 @@ def test_passwords_are_masked() -> None:
     "url, fragment",
     [
         ("oracle://x@y/z", "unsupported database"),
-        ("not a url", "cannot parse database URL"),
+        ("not a url", "is not a database URL: for that SQLite file write sqlite:///not a url"),
+        ("no:url", "cannot parse database URL"),
         ("sqlite://", "in-memory SQLite"),
     ],
 )
