@@ -17,6 +17,11 @@ from jobqueue.serialization import Serializer
 _current: ContextVar[JobContext | None] = ContextVar("jobqueue_current_job", default=None)
 
 
+def running_job() -> JobContext | None:
+    """The context of the job running in this process, None outside a job."""
+    return _current.get()
+
+
 def current_job() -> JobContext:
     """Return the context of the job running in this process; raise JobQueueError outside a job."""
     context = _current.get()

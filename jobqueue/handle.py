@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 
+from jobqueue.context import running_job
 from jobqueue.errors import JobCancelled, JobFailed, JobNotCommitted, JobNotFound, JobQueueError
 from jobqueue.job import MessageState
 from jobqueue.runtime.resilience import fresh_connection_retry
@@ -21,6 +22,8 @@ if TYPE_CHECKING:
     from jobqueue.storage.store import Store
 
 logger = logging.getLogger("jobqueue.handle")
+# The tasks whose jobs were said to wait for another job's result (once each, per process).
+WARNED_WAITING_TASKS: set[str] = set()
 
 POLL_FIRST_SECONDS = 0.01
 POLL_MAX_SECONDS = 0.25
@@ -97,6 +100,7 @@ class JobHandle:
         store = self.app.store
         answered = False  # a read of this wait succeeded: the URL and login are right
         unanswered = False  # the database did not answer the last read
+        waited = False  # the job was not done at the first read: this call waits
         while True:
             try:
                 # A pooled connection the server had closed is replaced at once: only a second
@@ -128,10 +132,31 @@ class JobHandle:
                 answered = True
             if deadline is not None and time.monotonic() >= deadline:
                 raise TimeoutError(f"job {self.id} did not finish within {timeout} seconds")
+            if not waited:
+                waited = True
+                self._warn_if_inside_a_job()
             pause = interval if deadline is None else min(interval, max(0.0, deadline - time.monotonic()))
             time.sleep(pause)
             if not unanswered:
                 interval = min(interval * 1.5, POLL_MAX_SECONDS)
+
+    def _warn_if_inside_a_job(self) -> None:
+        """Say once per task, in a job that waits for another job's result: its process runs
+        nothing while it waits, and once every process of a worker waits so (with one process, or
+        in drain(), the first one), nobody runs the jobs waited for until the waits time out."""
+        running = running_job()
+        if running is None or running.task_name is None or running.task_name in WARNED_WAITING_TASKS:
+            return
+        WARNED_WAITING_TASKS.add(running.task_name)
+        logger.warning(
+            "job %s %s waits with handle.get() for job %s: its process runs nothing meanwhile, and once every "
+            "process of a worker waits so (with --concurrency 1, or in drain(), the first one), nothing runs "
+            "the jobs waited for until the waits time out. Enqueue the next step from the job that makes its "
+            "input instead of waiting for it",
+            running.id,
+            running.task_name,
+            self.id,
+        )
 
     def _answered_again(self, unanswered: bool) -> None:
         if unanswered:

@@ -189,6 +189,38 @@ def test_drain_stops_at_retries_not_yet_due_and_honours_queues_and_max_jobs(app:
         drain(app, max_jobs=-1)
 
 
+def test_a_job_waiting_for_another_jobs_result_is_told_once_why_that_can_wait_for_ever(
+    app: JobQueue, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """In drain() (or a worker of one process) the job waited for cannot run while its parent
+    waits: the wait ran to its timeout without a word (Celery refuses such a get() outright)."""
+    monkeypatch.setattr("jobqueue.handle.WARNED_WAITING_TASKS", set())  # as in a fresh process
+
+    @app.task(name="t.child")
+    def child() -> int:
+        return 1
+
+    @app.task(name="t.parent")
+    def parent() -> str:
+        try:
+            child.delay().get(timeout=0.2)
+        except TimeoutError:
+            return "timed out"
+        return "done"
+
+    handles = parent.bulk([(), ()])
+    with caplog.at_level(logging.WARNING, logger="jobqueue.handle"):
+        drain(app, queues="default", max_jobs=2)
+    assert [h.get(timeout=0) for h in handles] == ["timed out", "timed out"]
+    said = [r.getMessage() for r in caplog.records if "waits with handle.get()" in r.getMessage()]
+    assert len(said) == 1 and said[0].startswith(f"job {handles[0].id} t.parent waits with handle.get() for job ")
+    assert "Enqueue the next step from the job that makes its input" in said[0]
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="jobqueue.handle"), pytest.raises(TimeoutError):
+        child.delay().get(timeout=0.05)  # outside a job: nothing said
+    assert "waits with handle.get()" not in caplog.text
+
+
 def test_drain_names_the_declared_queue_a_mistyped_one_is_close_to(
     app: JobQueue, caplog: pytest.LogCaptureFixture
 ) -> None:
