@@ -49,8 +49,8 @@ class IsoTime(click.ParamType):
 
 @click.command()
 @click.argument("task_name", metavar="TASK", type=UTF8_TEXT)
-@click.option("--args", "args_json", metavar="JSON", help="Positional arguments as a JSON array.")
-@click.option("--kwargs", "kwargs_json", metavar="JSON", help="Keyword arguments as a JSON object.")
+@click.option("--args", "args_json", type=UTF8_TEXT, metavar="JSON", help="Positional arguments as a JSON array.")
+@click.option("--kwargs", "kwargs_json", type=UTF8_TEXT, metavar="JSON", help="Keyword arguments as a JSON object.")
 @click.option("--queue", type=UTF8_TEXT, help="Queue (default: the task's).")
 @click.option("--priority", type=int, help="Higher runs first.")
 @click.option("--countdown", type=float, metavar="SECONDS", help="Run no sooner than this many seconds from now.")
@@ -62,6 +62,7 @@ class IsoTime(click.ParamType):
 )
 @click.option(
     "--unique-key",
+    type=UTF8_TEXT,
     help="While a job of TASK with this key is pending, running or retrying, add none: name that job "
     "(exit 0; --json gives existing: true).",
 )

@@ -157,7 +157,7 @@ class Utf8Text(click.ParamType):
             raw = text[exc.start : exc.end].encode("utf-8", "surrogateescape")
             self.fail(
                 f"holds the byte(s) {raw.hex(' ')}, which are not UTF-8 (a terminal in another encoding?); "
-                "give the name as UTF-8 text",
+                "give it as UTF-8 text",
                 param,
                 ctx,
             )

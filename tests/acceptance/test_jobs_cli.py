@@ -316,8 +316,11 @@ def test_purge_with_progress(app: JobQueue) -> None:
         (("jobs", "list", "--task", "\udcff"), "'--task': holds the byte(s) ff, which are not UTF-8"),
         (("jobs", "list", "--queue", "a\udcff\udcfeb"), "'--queue': holds the byte(s) ff fe, which are not UTF-8"),
         (("jobs", "purge", "--state", "failed", "--older-than", "1d", "--task", "\udcff", "--dry-run"), "not UTF-8"),
-        (("jobs", "retry", "--all-failed", "--task", "\udcff"), "give the name as UTF-8 text"),
+        (("jobs", "retry", "--all-failed", "--task", "\udcff"), "give it as UTF-8 text"),
         (("enqueue", "\udcff", "--args", "[]"), "'TASK': holds the byte(s) ff"),
+        # it was "an unpaired surrogate such as '\ud800'" and "got 'k\udcff'"
+        (("enqueue", "basic.add", "--args", '[1, "\udcff"]'), "'--args': holds the byte(s) ff, which are not UTF-8"),
+        (("enqueue", "basic.add", "--args", "[1, 2]", "--unique-key", "k\udcff"), "'--unique-key': holds the byte"),
     ],
 )
 def test_bad_input(app: JobQueue, args: tuple[str, ...], fragment: str) -> None:
