@@ -364,13 +364,22 @@ async def _bound_coroutine(
 
 
 def stored_call(
-    app: JobQueue, where: str, what: str, args: tuple[Any, ...] | list[Any], kwargs: dict[str, Any]
+    app: JobQueue,
+    where: str,
+    what: str,
+    args: tuple[Any, ...] | list[Any],
+    kwargs: dict[str, Any],
+    first_arg: str | None = None,
 ) -> bytes:
-    """A call serialized for a row, within ``max_payload_bytes``; errors begin with ``where``."""
+    """A call serialized for a row, within ``max_payload_bytes``; errors begin with ``where``, and
+    name the first argument ``first_arg`` if given (a topic's payload)."""
     try:
         payload = dumps_call(app.serializer, args, kwargs)
     except SerializationError as exc:
-        raise SerializationError(f"{where}: {exc}") from None
+        said = str(exc)
+        if first_arg is not None and said.startswith("args[0]"):
+            said = first_arg + said[len("args[0]") :]
+        raise SerializationError(f"{where}: {said}") from None
     limit = app.settings.max_payload_bytes
     if len(payload) > limit:
         raise SerializationError(

@@ -95,7 +95,9 @@ class Topic:
             check_key(f"{where}key", key)
         if headers is not None:
             check_headers(headers, self.app.settings.max_payload_bytes)
-        data = stored_call(self.app, f"{where}topic {self.name}", "the payload and its envelope", (payload,), {})
+        data = stored_call(
+            self.app, f"{where}topic {self.name}", "the payload and its envelope", (payload,), {}, first_arg="payload"
+        )
         return Published(data, key, headers)
 
 
