@@ -8,7 +8,6 @@ argument to ``nack``) ends that job with the real cause recorded, never the work
 
 from __future__ import annotations
 
-import contextvars
 import logging
 import os
 import signal
@@ -134,9 +133,7 @@ class Executor(OutcomeDecisions):
         """
         started = utcnow()
         try:
-            # Each job runs in a copy of the process's context: a ContextVar a job or its signal
-            # receivers set (a request id bound for logging, say) ends with the job.
-            return contextvars.copy_context().run(self._execute, message, started)
+            return self._execute(message, started)
         except GaveUp:
             raise  # the process is stopping during an outage
         except BaseException as exc:  # pickling a result can raise anything: it ends this job only

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import contextvars
 import logging
 from collections.abc import Iterator
 from typing import Any
@@ -188,37 +187,3 @@ def test_an_ack_first_job_sends_its_signals() -> None:
     assert events[1][1]["result"] == "OK" and events[1][1]["sender"] is fire
     failed = events[3][1]
     assert isinstance(failed["exception"], ValueError) and "ValueError: boom" in failed["traceback"]
-
-
-REQUEST_ID: contextvars.ContextVar[str | None] = contextvars.ContextVar("probe_request_id", default=None)
-
-
-def test_context_variables_a_job_or_its_receivers_set_end_with_the_job() -> None:
-    app = JobQueue("sqlite://")
-    seen: list[tuple[str | None, str | None]] = []
-    TENANT: contextvars.ContextVar[str | None] = contextvars.ContextVar("probe_tenant", default=None)
-    token = REQUEST_ID.set("worker-wide")  # set before the jobs (worker_process_init, say): every job sees it
-
-    @app.task(name="probe.tenant")
-    def tenant(name: str | None) -> None:
-        seen.append((TENANT.get(), REQUEST_ID.get()))
-        if name is not None:
-            TENANT.set(name)  # a job binding a value for its own logging
-
-    def bind(job: Any, **kwargs: Any) -> None:
-        REQUEST_ID.set(f"job-{job.id}")  # a receiver binding the job's id, as structlog users do
-
-    executor = Executor(app)
-    try:
-        executor.execute(message("probe.tenant", dumps_call(app.serializer, ("acme",), {})))
-        signals.job_started.connect(bind)
-        try:
-            executor.execute(message("probe.tenant", dumps_call(app.serializer, (None,), {})))
-        finally:
-            signals.job_started.disconnect(bind)
-        executor.execute(message("probe.tenant", dumps_call(app.serializer, (None,), {})))
-        # The second job saw neither the first one's tenant nor kept its receiver's id for the third.
-        assert seen == [(None, "worker-wide"), (None, "job-7"), (None, "worker-wide")]
-        assert TENANT.get() is None and REQUEST_ID.get() == "worker-wide"
-    finally:
-        REQUEST_ID.reset(token)
