@@ -54,13 +54,17 @@ def mask_url(url: str | sa.URL) -> str:
             parsed = parsed.update_query_dict(hidden)
         return parsed.render_as_string(hide_password=True).replace("%2A%2A%2A", "***")  # not URL-escaped
     except Exception:  # not a URL at all: show nothing that might be a secret
-        return str(url) if _holds_no_secret(str(url)) else "<unparseable database URL>"
+        return str(url) if _sqlite_file_name(str(url)) else "<unparseable database URL>"
 
 
-def _holds_no_secret(text: str) -> bool:
-    """True for text that cannot hold a password the way a URL does (after a ':' or before an '@'):
-    a bare file path given for a URL, say, which is then worth showing."""
-    return ":" not in text and "@" not in text
+SQLITE_SUFFIXES = (".db", ".sqlite", ".sqlite3", ".db3")
+
+
+def _sqlite_file_name(text: str) -> bool:
+    """True for text that is a SQLite file's name given for a URL (``jobs.sqlite3``), which is then
+    worth showing with the URL to write. Anything else may be a secret (a libpq connection string,
+    an environment variable filled with the password itself) and is never shown."""
+    return text.lower().endswith(SQLITE_SUFFIXES) and not any(c in text for c in ":@= \t\n")
 
 
 def url_secrets(url: str | sa.URL | None) -> list[str]:
@@ -119,7 +123,7 @@ def parse_url(url: str | sa.URL) -> sa.URL:
             f"the database URL {mask_url(url.strip())!r} {where} with {char!r} (a line break from an env file "
             "or a secret?): remove it"
         )
-    if isinstance(url, str) and "://" not in url and _holds_no_secret(url):
+    if isinstance(url, str) and _sqlite_file_name(url):
         raise ConfigurationError(
             f"{url!r} is not a database URL: for that SQLite file write sqlite:///{url} (three slashes, then "
             "the path: a fourth for an absolute one); for a server, postgresql+psycopg2://user@host:5432/db "

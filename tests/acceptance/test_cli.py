@@ -339,8 +339,10 @@ def test_a_blank_database_url_is_refused_not_taken_for_the_default(tmp_path: Pat
         ("mysql://root:root@127.0.0.1:1/nowhere", "Error: cannot use mysql://***:***@127.0.0.1:1/nowhere: "),
         # A URL that does not parse, and is a word of the message.
         ("pw:e", "Error: cannot parse database URL '<unparseable database URL>' (Could not parse SQLAlchemy URL"),
-        # A file's path for a URL: it can hold no password, so it is shown, with the URL to write.
-        ("e", "Error: 'e' is not a database URL: for that SQLite file write sqlite:///e (three slashes"),
+        # Text that may be the password itself, or a libpq connection string holding one: never shown.
+        ("e", "Error: cannot parse database URL '<unparseable database URL>' (Could not parse SQLAlchemy URL"),
+        ("host=db password=e", "Error: cannot parse database URL '<unparseable database URL>' (Could not parse"),
+        # A SQLite file's name for a URL: shown, with the URL to write.
         (
             "jobqueue.sqlite3",
             "Error: 'jobqueue.sqlite3' is not a database URL: for that SQLite file write sqlite:///jo",
@@ -353,8 +355,9 @@ def test_a_blank_database_url_is_refused_not_taken_for_the_default(tmp_path: Pat
 def test_masking_leaves_the_rest_of_the_message_readable(url: str, expected: str) -> None:
     result = jobqueue("--database-url", url, "status", check=False)
     assert result.returncode == 1 and result.stderr.startswith(expected), result.stderr
+    assert "password=e" not in result.stderr
     words = ["failed", "connect to server", "example sqlite:///", "then sqlite:///", "write three slashes"]
-    words += ["write sqlite:///e (", "write sqlite:///jobqueue.sqlite3 ("]
+    words += ["write sqlite:///jobqueue.sqlite3 ("]
     assert any(word in result.stderr for word in words)
 
 

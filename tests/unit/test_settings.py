@@ -106,8 +106,8 @@ def test_passwords_are_masked() -> None:
     "url, fragment",
     [
         ("oracle://x@y/z", "unsupported database"),
-        ("not a url", "is not a database URL: for that SQLite file write sqlite:///not a url"),
-        ("no:url", "cannot parse database URL"),
+        ("not a url", "cannot parse database URL"),
+        ("jobs.db", "is not a database URL: for that SQLite file write sqlite:///jobs.db"),
         ("sqlite://", "in-memory SQLite"),
     ],
 )
@@ -239,7 +239,8 @@ def test_a_url_with_whitespace_around_it_is_refused(url: str, tmp_path: Path, mo
         ("x!pw@h and !pw", "postgresql://u:!pw@h/db", "x***@h and ***"),
         ("password=hunter2 hunter2x", "mysql://u@h/db?passwd=hunter2", "password=*** hunter2x"),
         ("cannot parse pw:e", "pw:e", "cannot parse <unparseable database URL>"),
-        ("cannot parse e", "e", "cannot parse e"),  # no ':' nor '@': it can hold no password, and is shown
+        ("cannot parse e", "e", "cannot parse <unparseable database URL>"),  # it may be the password itself
+        ("cannot parse jobs.db", "jobs.db", "cannot parse jobs.db"),  # a SQLite file's name: shown
         ("a b", " ", "a b"),
     ],
 )
