@@ -111,12 +111,18 @@ def _import(target: str) -> Any:
     path = os.path.realpath(target)
     if not os.path.isfile(path):
         raise ImportError(f"no such file: {path}")
+    folder, stem = os.path.split(os.path.splitext(path)[0])
+    if folder not in sys.path:
+        sys.path.insert(0, folder)  # its sibling modules import as they do when it runs as a script
     # Imported under the name the application imports it by, so that its tasks have the same
     # names: a file in a package (folders with an __init__.py) as pkg.module, from the folder above.
-    root, name = os.path.split(os.path.splitext(path)[0])
+    root, parts = folder, [] if stem == "__init__" else [stem]
     while os.path.isfile(os.path.join(root, "__init__.py")) and os.path.basename(root).isidentifier():
         root, package = os.path.split(root)
-        name = f"{package}.{name}"
+        parts.insert(0, package)
+    if not parts or not all(part.isidentifier() for part in parts):  # tasks.v2.py: no module name
+        return _load_file(path, stem)
+    name = ".".join(parts)
     loaded = sys.modules.get(name)
     if loaded is None:
         if root not in sys.path:
@@ -129,6 +135,17 @@ def _import(target: str) -> Any:
             f"{where or 'Python itself'}: rename the file (its tasks are named after it)"
         )
     return loaded
+
+
+def _load_file(path: str, name: str) -> Any:
+    """A file whose name is no module name (``tasks.v2.py``), loaded under that name as it stands."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"no such file: {path}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
 
 
 def setup_logging(state: CliState, app: JobQueue) -> None:

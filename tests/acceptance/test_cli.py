@@ -404,9 +404,10 @@ def test_an_app_file_in_a_package_is_imported_by_its_package_name(tmp_path) -> N
     package.mkdir()
     (package / "__init__.py").write_text("")
     (package / "config.py").write_text(f"URL = 'sqlite:///{tmp_path / 'jobs.sqlite3'}'\n")
-    (package / "jobs.py").write_text(
-        "from jobqueue import JobQueue\nfrom .config import URL\n\napp = JobQueue(URL)\n\n\n"
-        "@app.task\ndef add(a, b):\n    return a + b\n"
+    (package / "helpers.py").write_text("FACTOR = 1\n")
+    (package / "jobs.py").write_text(  # a sibling imported as a script would, as before
+        "from jobqueue import JobQueue\nfrom .config import URL\nfrom helpers import FACTOR\n\n"
+        "app = JobQueue(URL)\n\n\n@app.task\ndef add(a, b):\n    return (a + b) * FACTOR\n"
     )
     app = str(package / "jobs.py")
     jobqueue("db", "init", app=app)
@@ -414,6 +415,12 @@ def test_an_app_file_in_a_package_is_imported_by_its_package_name(tmp_path) -> N
     jobqueue("worker", "--burst", app=app)
     shown = json.loads(jobqueue("jobs", "show", str(sent["id"]), "--json", app=app).stdout)
     assert (shown["task_name"], shown["state"]) == ("shop.jobs.add", "completed")
+
+
+def test_an_app_file_whose_name_is_no_module_name_is_loaded_as_it_stands(tmp_path) -> None:
+    path = tmp_path / "tasks.v2.py"
+    path.write_text(f"from jobqueue import JobQueue\napp = JobQueue('sqlite:///{tmp_path / 'v2.sqlite3'}')\n")
+    assert "created jobqueue schema" in jobqueue("db", "init", app=str(path)).stdout
 
 
 def test_an_app_file_named_like_a_module_already_imported_is_refused_naming_the_fix(tmp_path) -> None:
