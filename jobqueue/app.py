@@ -19,7 +19,14 @@ from jobqueue.handle import JobHandle
 from jobqueue.periodic import make_schedule
 from jobqueue.schedule_times import Schedule
 from jobqueue.serialization import get_serializer
-from jobqueue.settings import DATABASE_URL_ENV, Settings, parse_queues, resolve_database_url, setting_names
+from jobqueue.settings import (
+    DATABASE_URL_ENV,
+    DEFAULT_DATABASE_URL,
+    Settings,
+    parse_queues,
+    resolve_database_url,
+    setting_names,
+)
 from jobqueue.storage import schema_manager
 from jobqueue.storage.engine import BLANK_URL, create_engine, mask_url, same_database
 from jobqueue.storage.store import Store
@@ -102,14 +109,16 @@ class JobQueue:
             framework = detect_framework()
             if framework is not None:
                 self.bind_framework(framework)
-            elif not self._unbound_said and "flask" in sys.modules:
-                from jobqueue.contrib.flask import unbound_warning
+            elif not self._unbound_said and (flask := sys.modules.get("flask")) is not None and flask.has_app_context():
+                # In a Flask app's context (a ContextVar read: the cheap test comes first), once.
+                self._unbound_said = True
+                url = resolve_database_url(self._url_override, None)
+                if url == DEFAULT_DATABASE_URL:  # not a database chosen on purpose (JOBQUEUE_DATABASE_URL)
+                    from jobqueue.contrib.flask import unbound_warning
 
-                said = unbound_warning(resolve_database_url(self._url_override, None))
-                if said is not None:  # asked in an app context: once is enough
-                    self._unbound_said = True
-                if said:
-                    logger.warning("%s", said)
+                    said = unbound_warning(url)
+                    if said:
+                        logger.warning("%s", said)
         return self._framework
 
     def bind_framework(self, framework: Framework) -> None:

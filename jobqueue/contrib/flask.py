@@ -34,8 +34,7 @@ def unbound_warning(url: str) -> str | None:
     """What to say when a JobQueue made without a URL, and not bound with ``init_app``, is used in
     the app context of a Flask app with Flask-SQLAlchemy whose database is another than ``url``
     (the one the JobQueue uses): its jobs would go elsewhere than the app's data, and would not
-    commit with ``db.session``. None outside an app context (ask again in one); "" in one where
-    there is nothing to say."""
+    commit with ``db.session``. None outside an app context; "" where there is nothing to say."""
     from flask import current_app, has_app_context
 
     if not has_app_context():

@@ -285,3 +285,13 @@ def test_a_jobqueue_used_in_a_flask_app_it_is_not_bound_to_says_so_once(
         "db.session. Call jq.init_app(app, db), or give JobQueue the database URL you mean"
     ]
     jq.close()
+    # A database chosen on purpose (JOBQUEUE_DATABASE_URL) for jobs kept apart: nothing to say.
+    monkeypatch.setenv("JOBQUEUE_DATABASE_URL", f"sqlite:///{tmp_path / 'jobs.sqlite3'}")
+    apart = JobQueue()
+    apart.task(name="forgetful.add")(lambda a, b: a + b)
+    apart.init_schema()
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="jobqueue"), flask_app.app_context():
+        apart.registry["forgetful.add"].delay(1, 2)
+    assert "not bound to the Flask app" not in caplog.text
+    apart.close()
