@@ -406,7 +406,9 @@ class Supervisor(Reaping, Maintenance):
         running a job, this many times in a row. A worker waits for such a cause to go (a database
         that refuses connections comes back); a burst run would wait for ever."""
         deaths = [self.pool.quick_deaths.get(index, 0) for index in range(self.size)]
-        if min(deaths) >= BURST_QUICK_DEATHS:
+        views = [child.spec.slot.read() for child in self.children.values()]
+        working = any(view is not None and (view.done or view.running_id) for view in views)
+        if min(deaths) >= BURST_QUICK_DEATHS and not working:  # a process that came up runs the jobs
             logger.error(
                 "--burst gives up: every worker process died as it started, before running a job, %s times in a "
                 "row (their exit status and the cause are in the log above: an import, a worker_process_init "
