@@ -8,7 +8,7 @@ from jobqueue.errors import ConfigurationError, SchemaError
 from jobqueue.storage.dialects import dialect_for
 from jobqueue.storage.dialects.base import Dialect
 from jobqueue.storage.dialects.connector import lacks_a_privilege
-from jobqueue.storage.engine import CREATING_DATABASE
+from jobqueue.storage.engine import CREATING_DATABASE, READONLY
 from jobqueue.storage.migrations import (
     create_missing,
     created_what,
@@ -134,6 +134,8 @@ def check_schema(
     (``schema_command``, where the application creates the tables itself: see ``missing_error``).
     ``beyond_tables``: what `db init` makes beyond the tables (PostgreSQL's wake-up trigger) counts."""
     with engine.connect() as conn:
+        # Only reads: on SQLite it takes no write lock, so it never waits for a writer.
+        conn.execution_options(**{READONLY: True})
         dialect = dialect_for(engine, tables)
         dialect.check_server(conn)
         version = installed_version(conn, tables)
