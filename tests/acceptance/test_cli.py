@@ -93,9 +93,9 @@ def test_a_message_for_an_unregistered_task_fails_and_the_rest_complete(app: Job
         lost.get(timeout=5)
     assert info.value.error_type == "jobqueue.errors.UnknownTaskError"
     # What it says to do works (it said to cancel the job, which had ended: cancel refused it).
-    said = str(info.value)
-    assert "queue 'default', and have the module --app names import the module that defines it" in said
-    assert f"then run the job again: jobqueue jobs retry {lost.id}" in said
+    advice = str(info.value)
+    assert "queue 'default', and have the module --app names import the module that defines it" in advice
+    assert f"then run the job again: jobqueue jobs retry {lost.id}" in advice
     jobqueue("jobs", "retry", str(lost.id))
     assert lost.status() == "pending"
     assert [h.get(timeout=5) for h in good] == [i + 1 for i in range(20)]
