@@ -405,15 +405,17 @@ class Supervisor(Reaping, Maintenance):
         """--burst: stop, exit status 1, once every worker process has died as it started, before
         running a job, this many times in a row. A worker waits for such a cause to go (a database
         that refuses connections comes back); a burst run would wait for ever."""
-        deaths = [self.pool.quick_deaths.get(index, 0) for index in range(self.size)]
+        fewest = min(self.pool.quick_deaths.get(index, 0) for index in range(self.size))
+        if fewest < BURST_QUICK_DEATHS:
+            return
         views = [child.spec.slot.read() for child in self.children.values()]
-        working = any(view is not None and (view.done or view.running_id) for view in views)
-        if min(deaths) >= BURST_QUICK_DEATHS and not working:  # a process that came up runs the jobs
+        if not any(view is not None and (view.done or view.running_id) for view in views):
+            # (A process that came up after dying so runs the jobs: nothing to give up.)
             logger.error(
                 "--burst gives up: every worker process died as it started, before running a job, %s times in a "
                 "row (their exit status and the cause are in the log above: an import, a worker_process_init "
                 "receiver, a database refusing connections)",
-                min(deaths),
+                fewest,
             )
             self.exit_code = 1
             self._begin_stop("worker processes die as they start")

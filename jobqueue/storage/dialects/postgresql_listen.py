@@ -57,16 +57,16 @@ class ListeningWaker(Waker):
         self.heard_on: tuple[Any, ...] | None = None  # the database the LISTEN connection first reached
         self.listen_url = listen_url
         self.wrong_target = False  # it reaches another database than the jobs': never LISTEN there
-        self.starting = True  # the first connection's target is checked by the constructor
-        self._connect()
-        self.starting = False
-        if self.heard_on is not None:
+        self._connect(late=False)
+        if self.heard_on is not None:  # checked here, so that a worker on a wrong one does not start
             wrong = self._wrong_target(self.heard_on)
             if wrong is not None:
                 self.close()
                 raise ConfigurationError(wrong)
 
-    def _connect(self) -> None:
+    def _connect(self, late: bool = True) -> None:
+        """Connect and LISTEN. ``late``: after the start, when the first connection's target is
+        checked here (the server was down as the supervisor started)."""
         self.retry_at = time.monotonic() + self.RECONNECT_SECONDS
         pooled: Any = None
         try:
@@ -78,9 +78,7 @@ class ListeningWaker(Waker):
                 if self.engine is not None and self.heard_on is None:
                     cursor.execute(self.dialect.where_am_i)
                     heard_on = tuple(cursor.fetchone())
-                    # Checked here too when the first connection came late (the server was down as
-                    # the supervisor started): running by then, it can only say so and poll.
-                    if self.heard_on_checked_late(heard_on):
+                    if late and self._reaches_another_database(heard_on):
                         pooled.invalidate()
                         return
                     self.heard_on = heard_on
@@ -100,11 +98,9 @@ class ListeningWaker(Waker):
             logger.warning("listening for new jobs again after %.1f s", time.monotonic() - self.failing_since)
             self.failing_since = None
 
-    def heard_on_checked_late(self, heard_on: tuple[Any, ...]) -> bool:
+    def _reaches_another_database(self, heard_on: tuple[Any, ...]) -> bool:
         """After the start: True, said once, when the LISTEN connection reaches another database
-        than the jobs' (it then never LISTENs, and the supervisor polls)."""
-        if self.starting:
-            return False
+        than the jobs' (running by then, the supervisor never LISTENs, and polls)."""
         wrong = self._wrong_target(heard_on)
         if wrong is None:
             return False
