@@ -111,8 +111,10 @@ def test_a_rate_hold_that_ends_another_day_says_which_day(app: JobQueue) -> None
 
     mail.delay(1)
     f = app.tables.flow
-    tomorrow = utcnow().replace(hour=1, minute=1, second=57, microsecond=0) + timedelta(days=1)
-    for until, said in ((tomorrow, f"{tomorrow:%Y-%m-%d} 01:01:57.000 UTC"), (utcnow(), "")):
+    # The next midnight: another day, and always within the day a rate's next start may be ahead
+    # (tomorrow's 01:01:57 was more than a day ahead when the test ran before 01:01:57 UTC).
+    tomorrow = utcnow().replace(hour=0, minute=0, second=0, microsecond=0) + timedelta(days=1)
+    for until, said in ((tomorrow, f"{tomorrow:%Y-%m-%d} 00:00:00.000 UTC"), (utcnow(), "")):
         with app.engine.begin() as conn:
             conn.execute(sa.update(f).values(next_start_at=until))
         reasons = [key["reason"] for key in waiting.blocked_keys(app.store)]
