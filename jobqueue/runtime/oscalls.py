@@ -9,7 +9,7 @@ import os
 import resource
 import signal
 import sys
-from collections.abc import Iterable
+from collections.abc import Container, Iterable
 from typing import Any
 
 PR_SET_PDEATHSIG = 1
@@ -113,10 +113,63 @@ def descendants(pids: Iterable[int]) -> list[int]:
     (``start_new_session=True``) is left out, with what it started: it was meant to outlive."""
     parents: dict[int, list[int]] = {}
     sessions: dict[int, int] = {}
+    for pid, (ppid, sid) in _stats().items():
+        parents.setdefault(ppid, []).append(pid)
+        sessions[pid] = sid
+    found: list[int] = []
+    below = [(pid, sessions.get(pid)) for pid in pids]
+    while below:
+        parent, session = below.pop()
+        for child in parents.get(parent, []):
+            if sessions.get(child) == session:
+                found.append(child)
+                below.append((child, session))
+    return found
+
+
+def reap_orphans(keep: Container[int]) -> int:
+    """Wait for the children of this process that ended, but those in ``keep``; how many there were.
+
+    For a supervisor that is the first process of a container (PID 1): the kernel makes it the
+    parent of every orphan in the container (the programs of a job killed for its timeout, a
+    daemon's children), and each orphan that ends stays a zombie, holding its process slot, until
+    its parent waits for it. ``keep`` are the worker processes, whose ends the pool reads itself.
+    """
+    reaped = 0
+    for child in _children():
+        if child in keep:
+            continue
+        try:
+            pid, _ = os.waitpid(child, os.WNOHANG)
+        except ChildProcessError:  # not ours after all, or waited for meanwhile
+            continue
+        reaped += bool(pid)
+    return reaped
+
+
+def _children() -> list[int]:
+    """This process's children, from /proc: each thread's list (an orphan joins one thread's), or,
+    on a kernel without those lists, every process's parent."""
+    found: list[int] = []
+    try:
+        threads = os.listdir("/proc/self/task")
+        for thread in threads:
+            with open(f"/proc/self/task/{thread}/children", "rb") as listing:
+                found.extend(int(pid) for pid in listing.read().split())
+        return found
+    except FileNotFoundError:  # a thread ended meanwhile, or no lists: read every process's parent
+        return [child for child, (parent, _) in _stats().items() if parent == os.getpid()]
+    except OSError:
+        return found
+
+
+def _stats() -> dict[int, tuple[int, int]]:
+    """Every process's parent and session, read from /proc in one pass (empty without /proc)."""
+    found: dict[int, tuple[int, int]] = {}
     try:
         entries = os.listdir("/proc")
     except OSError:
-        return []
+        return found
     for entry in entries:
         if not entry.isdigit():
             continue
@@ -127,17 +180,7 @@ def descendants(pids: Iterable[int]) -> list[int]:
             continue
         # After the command, in parentheses (which may hold anything): state, ppid, pgrp, session.
         fields = data[data.rfind(b")") + 2 :].split()
-        child = int(entry)
-        parents.setdefault(int(fields[1]), []).append(child)
-        sessions[child] = int(fields[3])
-    found: list[int] = []
-    below = [(pid, sessions.get(pid)) for pid in pids]
-    while below:
-        parent, session = below.pop()
-        for child in parents.get(parent, []):
-            if sessions.get(child) == session:
-                found.append(child)
-                below.append((child, session))
+        found[int(entry)] = (int(fields[1]), int(fields[3]))
     return found
 
 

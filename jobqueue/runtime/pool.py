@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 import multiprocess
 
 from jobqueue.runtime import metrics
-from jobqueue.runtime.oscalls import descendants
+from jobqueue.runtime.oscalls import descendants, reap_orphans
 from jobqueue.runtime.process import STOP_SIGNALS, ChildSpec, WorkerProcess, capacity_of
 from jobqueue.runtime.slot import Slot, SlotView
 
@@ -32,6 +32,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger("jobqueue.supervisor")
 
 RESPAWN_BACKOFF_MAX_SECONDS = 10.0
+ORPHANS_EVERY_SECONDS = 1.0  # how often the first process of a container waits for ended orphans
 QUICK_DEATHS_BEFORE_BACKOFF = 3
 
 
@@ -81,6 +82,7 @@ class Pool:
         # a sibling to join it, and says through ``idle_w`` that it idles.
         self.more_w = -1
         self.idle_w = -1
+        self.orphans_at = 0.0  # when ended orphans were last waited for (see reap_orphans)
 
     def spawn(self, index: int) -> None:
         """Fork worker process ``index``; if anything fails (no processes, memory or descriptors
@@ -136,6 +138,16 @@ class Pool:
             del self.children[index]
             deaths.append(Death(index, child, code, child.spec.slot.read_raw()))
         return deaths
+
+    def reap_orphans(self) -> None:
+        """As the first process of a container (PID 1), wait for the orphans that ended, once a
+        second: the kernel hands it every process whose parent died, and no one else waits for them."""
+        if os.getpid() != 1 or time.monotonic() - self.orphans_at < ORPHANS_EVERY_SECONDS:
+            return
+        self.orphans_at = time.monotonic()
+        reaped = reap_orphans({child.process.pid for child in self.children.values()})
+        if reaped:
+            logger.debug("waited for %s ended orphan process(es)", reaped)
 
     def respawn_later(self, death: Death) -> None:
         # Replace a dead child at once. Only a slot whose children keep dying right after starting,

@@ -69,6 +69,7 @@ class Reaping:
                 if self.metrics is not None:
                     self.metrics.process_died(child.process.pid, death.cause)
                 self.pool.respawn_later(death)
+        self.pool.reap_orphans()
 
     def _release(self, child: Child) -> None:
         """Record a timeout kill, then return everything the dead child held, as one retried step.

@@ -92,6 +92,13 @@ def hang_with_programs() -> None:
     time.sleep(60)
 
 
+@app.task(name="rt.leaves_orphans")
+def leaves_orphans(count: int, seconds: float) -> None:
+    """Starts programs in the background of shells that end at once: the programs are orphans."""
+    for _ in range(count):
+        subprocess.run(["sh", "-c", f"sleep {seconds} &"], check=True)
+
+
 @app.task(name="rt.soft", soft_timeout=0.5)
 def soft() -> str:
     started = time.monotonic()

@@ -41,10 +41,11 @@ class Worker:
         name: str = "worker",
         env: dict[str, str] | None = None,
         group: bool = False,
+        wrapper: tuple[str, ...] = (),
     ) -> None:
         self.log_path = tmp / f"{name}.log"
         self.log = open(self.log_path, "w")
-        command = [sys.executable, "-m", "jobqueue", "--app", app, "worker", *args]
+        command = [*wrapper, sys.executable, "-m", "jobqueue", "--app", app, "worker", *args]
         self.process = subprocess.Popen(
             command,
             cwd=ROOT,
@@ -103,10 +104,12 @@ def start(
     app: str = "tests.apps.runtime:app",
     env: dict[str, str] | None = None,
     group: bool = False,
+    wrapper: tuple[str, ...] = (),
 ) -> Worker:
     """Start a worker that the ``workers`` fixture stops after the test (in a process group of its
-    own with ``group``: then ``os.killpg(worker.pid, ...)`` is Ctrl-C at its terminal)."""
-    worker = Worker(tmp_path, *args, name=name, app=app, env=env, group=group)
+    own with ``group``: then ``os.killpg(worker.pid, ...)`` is Ctrl-C at its terminal; run by the
+    command ``wrapper`` if given)."""
+    worker = Worker(tmp_path, *args, name=name, app=app, env=env, group=group, wrapper=wrapper)
     workers.append(worker)
     return worker
 

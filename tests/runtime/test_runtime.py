@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import random
 import signal
+import subprocess
 import threading
 import time
 from pathlib import Path
@@ -301,6 +302,45 @@ def test_a_job_killed_for_its_timeout_takes_the_programs_it_started_along(
         assert running(events["apart"])
     finally:
         os.kill(events["apart"], signal.SIGKILL)
+
+
+def children_named(parent: int, name: str) -> list[tuple[int, bytes]]:
+    """The children of ``parent`` running ``name``, each with its state (b"Z": ended, not waited for)."""
+    found = []
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as stat:
+                data = stat.read()
+        except (FileNotFoundError, ProcessLookupError):  # ended meanwhile
+            continue
+        command, rest = data.split(b" (", 1)[1].rsplit(b")", 1)
+        state, ppid = rest.split()[:2]
+        if int(ppid) == parent and command == name.encode():
+            found.append((int(entry), state))
+    return found
+
+
+@only("sqlite")
+def test_a_supervisor_that_is_a_containers_first_process_waits_for_ended_orphans(
+    app: JobQueue, tmp_path: Path, workers: list[Worker]
+) -> None:
+    """The first process of a container (PID 1) is made the parent of every orphan in it. Ended,
+    an orphan stays a zombie, holding a process slot, until its parent waits for it: the
+    supervisor did not, and a container's zombies grew with every job that left a program behind.
+    A container's first process also hears only the signals it handles: SIGTERM still stops it."""
+    namespace = ("unshare", "--pid", "--fork", "--mount-proc", "--kill-child")
+    if subprocess.run([*namespace, "true"], capture_output=True).returncode != 0:
+        pytest.skip("this machine does not let the tests start a process namespace (unshare)")
+    job = rt.leaves_orphans.delay(5, 1.0)
+    worker = start(workers, tmp_path, "--concurrency", "1", wrapper=namespace)
+    wait_for(worker.children, 10, "the supervisor to start")
+    supervisor = worker.children()[0]  # unshare's only child
+    assert job.get(timeout=30) is None
+    assert len(children_named(supervisor, "sleep")) == 5, "the shells' programs were not handed to the supervisor"
+    wait_for(lambda: not children_named(supervisor, "sleep"), 10, "the ended orphans to be waited for")
+    os.kill(supervisor, signal.SIGTERM)
+    assert worker.wait(30) == 0, worker.text()[-3000:]
+    assert "jobqueue worker" in worker.text() and "stopped" in worker.text()
 
 
 def test_soft_timeout_raises_inside_the_job(app: JobQueue, tmp_path: Path, workers: list[Worker]) -> None:
