@@ -283,10 +283,28 @@ def send_signal(pid: int | None, signum: int) -> None:
             pass
 
 
+# Looks for programs started while the ones found were being stopped, at most.
+KILL_LOOKS = 20
+
+
 def kill(*pids: int | None) -> None:
     """Kill worker processes and the programs their jobs started (they would run on, orphaned,
-    with no job waiting for them): those found first, so that the processes start no more."""
-    alive = [pid for pid in pids if pid]
-    below = descendants(alive) if alive else []
-    for pid in alive + below:
+    with no job waiting for them).
+
+    Each is stopped (SIGSTOP) as it is found, and the tree looked at again until a look finds no
+    new one: a stopped process starts no more, where one only found could start another between
+    the look and its kill. Then all are killed."""
+    stopped = {pid for pid in pids if pid}
+    if not stopped:
+        return
+    for pid in stopped:
+        send_signal(pid, signal.SIGSTOP)
+    for _ in range(KILL_LOOKS):
+        new = set(descendants(stopped)) - stopped
+        if not new:
+            break
+        for pid in new:
+            send_signal(pid, signal.SIGSTOP)
+        stopped |= new
+    for pid in stopped:
         send_signal(pid, signal.SIGKILL)

@@ -92,6 +92,12 @@ def hang_with_programs() -> None:
     time.sleep(60)
 
 
+@app.task(name="rt.keeps_starting_programs", timeout=1, retry_strategy=NoRetryStrategy())
+def keeps_starting_programs(seconds: str) -> None:
+    """A shell that starts a program every few milliseconds until the job is killed."""
+    subprocess.run(["sh", "-c", f"while :; do sleep {seconds} & sleep 0.002; done"])
+
+
 @app.task(name="rt.leaves_orphans")
 def leaves_orphans(count: int, seconds: float) -> None:
     """Starts programs in the background of shells that end at once: the programs are orphans."""

@@ -304,6 +304,37 @@ def test_a_job_killed_for_its_timeout_takes_the_programs_it_started_along(
         os.kill(events["apart"], signal.SIGKILL)
 
 
+@only("sqlite")
+def test_a_job_killed_while_its_programs_start_more_takes_them_all_along(
+    app: JobQueue, tmp_path: Path, workers: list[Worker]
+) -> None:
+    """A program started between the supervisor's look for the job's programs and its kill ran on:
+    with a shell starting programs every few milliseconds, some always did."""
+    seconds = f"{random.randint(400, 499)}.{random.randint(100, 999)}"  # tells its programs from others
+    job = rt.keeps_starting_programs.delay(seconds)
+    worker = start(workers, tmp_path, "--burst", "--concurrency", "1")
+    assert worker.wait(60) == 0, worker.text()[-3000:]
+    with pytest.raises(JobFailed, match="timeout of 1 s"):
+        job.get(timeout=5)
+    marker = f"sleep\0{seconds}\0".encode()
+
+    def left() -> list[int]:
+        found = []
+        for entry in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as cmdline:
+                    if cmdline.read() == marker and running(int(entry)):
+                        found.append(int(entry))
+            except (FileNotFoundError, ProcessLookupError):
+                continue
+        return found
+
+    survivors = left()
+    for pid in survivors:
+        os.kill(pid, signal.SIGKILL)
+    assert not survivors, f"{len(survivors)} program(s) of the killed job ran on"
+
+
 def children_named(parent: int, name: str) -> list[tuple[int, bytes]]:
     """The children of ``parent`` running ``name``, each with its state (b"Z": ended, not waited for)."""
     found = []
