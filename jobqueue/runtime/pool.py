@@ -279,7 +279,7 @@ def send_signal(pid: int | None, signum: int) -> None:
     if pid:
         try:
             os.kill(pid, signum)
-        except ProcessLookupError:
+        except (ProcessLookupError, PermissionError):  # ended, or its number reused by another user's
             pass
 
 
@@ -297,14 +297,16 @@ def kill(*pids: int | None) -> None:
     stopped = {pid for pid in pids if pid}
     if not stopped:
         return
-    for pid in stopped:
-        send_signal(pid, signal.SIGSTOP)
-    for _ in range(KILL_LOOKS):
-        new = set(descendants(stopped)) - stopped
-        if not new:
-            break
-        for pid in new:
+    try:
+        for pid in stopped:
             send_signal(pid, signal.SIGSTOP)
-        stopped |= new
-    for pid in stopped:
-        send_signal(pid, signal.SIGKILL)
+        for _ in range(KILL_LOOKS):
+            new = set(descendants(stopped)) - stopped
+            if not new:
+                break
+            for pid in new:
+                send_signal(pid, signal.SIGSTOP)
+            stopped |= new
+    finally:  # whatever went wrong, nothing is left stopped
+        for pid in stopped:
+            send_signal(pid, signal.SIGKILL)
