@@ -55,6 +55,9 @@ class Framework:
     def before_fork(self) -> None:
         """Called in the supervisor before it forks worker processes."""
 
+    def check_worker(self) -> None:
+        """Raise, naming the fix, if a worker cannot start now in this process (before it forks)."""
+
     def check_drain(self) -> None:
         """Raise, naming the fix, if :func:`jobqueue.testing.drain` cannot run now: it runs jobs
         on jobqueue's own connections, beside the framework's."""

@@ -115,6 +115,8 @@ class Supervisor(Reaping, Maintenance):
                 "JOBQUEUE_APP); if that module makes the app but defines its tasks in other modules, import "
                 "those at its end (from myproject import tasks), or point --app at one of them"
             )
+        if self.app.framework is not None:
+            self.app.framework.check_worker()
         check_listen_url(self.app.database_url, resolve_listen_url(self.settings))  # before any work
         name_process("jobqueue-supervisor")
         self.consumers = topics.served_consumers(self.app.consumers.values(), self.settings.groups)

@@ -173,6 +173,84 @@ def call_command_returns() -> None:
         raise AssertionError("the refused retry did not raise")
 
 
+def open_transactions_are_refused_by_the_worker_and_drain() -> None:
+    # A worker started inside a transaction closed Django's connections before it forked: the
+    # transaction's work was thrown away without a word (on SQLite its lock held the worker's
+    # processes up for minutes). A transaction managed by hand (set_autocommit(False)) went unseen
+    # by drain() and by a handle, which called its uncommitted job one that never existed.
+    from django.core.management.base import CommandError
+
+    from jobqueue import JobNotFound
+
+    wrapper = connections[QUEUE_ALIAS]
+    with transaction.atomic(using=QUEUE_ALIAS):
+        wrapper.cursor().execute("SELECT 1")
+        kept = noop.delay(1)
+        try:
+            call_command("jobqueue", "worker", "--burst", "--concurrency", "1")
+        except CommandError as exc:
+            assert "a worker cannot start inside a transaction" in str(exc), exc
+            assert f"Django's {QUEUE_ALIAS!r} database" in str(exc), exc
+        else:
+            raise AssertionError("the worker started inside a transaction")
+        assert wrapper.in_atomic_block and wrapper.connection is not None
+    assert kept.status() == "pending", "the transaction's work was lost"
+
+    transaction.set_autocommit(False, using=QUEUE_ALIAS)
+    try:
+        by_hand = noop.delay(2)
+        try:
+            by_hand.status()
+        except JobNotCommitted as exc:
+            assert "has not committed yet" in str(exc), exc
+        else:
+            raise AssertionError("a job in a transaction managed by hand was taken for committed")
+        for refused in (lambda: drain(app), lambda: call_command("jobqueue", "worker", "--burst", "-c", "1")):
+            try:
+                refused()
+            except (ConfigurationError, CommandError) as exc:
+                assert "transaction" in str(exc), exc
+            else:
+                raise AssertionError("drain() or a worker ran inside a transaction managed by hand")
+        transaction.commit(using=QUEUE_ALIAS)
+        committed = noop.delay(3)
+        transaction.rollback(using=QUEUE_ALIAS)
+    finally:
+        transaction.set_autocommit(True, using=QUEUE_ALIAS)
+    assert by_hand.status() == "pending"
+    try:
+        committed.status()
+    except JobNotCommitted:
+        raise AssertionError("a rolled-back job was taken for uncommitted") from None
+    except JobNotFound:
+        pass
+    else:
+        raise AssertionError("a rolled-back job was found")
+    call_command("jobqueue", "worker", "--burst", "--concurrency", "1")
+    assert [kept.status(), by_hand.status()] == ["completed", "completed"]
+
+
+def one_on_commit_callback_per_transaction() -> None:
+    # Each delay() inside atomic() added a callback of its own to Django's list, which
+    # captureOnCommitCallbacks showed (and a loop of delays made long).
+    from django.test import TestCase
+
+    class Callbacks(TestCase):  # type: ignore[misc]  # Django has no type hints here
+        databases = {QUEUE_ALIAS}
+
+        def runTest(self) -> None:
+            with self.captureOnCommitCallbacks(using=QUEUE_ALIAS) as callbacks:
+                with transaction.atomic(using=QUEUE_ALIAS):
+                    [noop.delay(n) for n in range(5)]
+                    with transaction.atomic(using=QUEUE_ALIAS):
+                        [noop.delay(n) for n in range(5)]
+            assert len(callbacks) == 2, callbacks  # one per depth of savepoints
+            assert "jobqueue" in repr(callbacks[0]), callbacks
+
+    outcome = unittest.TextTestRunner(stream=sys.stdout, verbosity=0).run(Callbacks())
+    assert outcome.wasSuccessful(), outcome.failures + outcome.errors
+
+
 def schema_errors_name_migrate() -> None:
     # Under Django the app's migrations make the tables: every error about them names migrate,
     # with the alias jobqueue uses when it is not Django's default.

@@ -92,3 +92,12 @@ def test_tests_run_in_parallel_processes_each_on_its_own_clone_of_the_test_datab
 ) -> None:
     # On SQLite a test database shared by processes must be a file (jobqueue refuses one in memory).
     run_site("in_parallel_test_processes", backend, tmp_path, SITE_SQLITE_TEST_FILE="1")
+
+
+def test_a_worker_or_drain_inside_an_open_transaction_is_refused_naming_the_fix(backend: str, tmp_path: Path) -> None:
+    run_site("open_transactions_are_refused_by_the_worker_and_drain", backend, tmp_path)
+
+
+@only("sqlite")
+def test_jobs_enqueued_in_a_row_inside_atomic_add_one_on_commit_callback(tmp_path: Path) -> None:
+    run_site("one_on_commit_callback_per_transaction", "sqlite", tmp_path)

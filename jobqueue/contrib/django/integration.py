@@ -164,14 +164,21 @@ class DjangoIntegration(Framework):
         from django.db import connections, transaction
 
         wrapper = connections[self.alias]
+        if by_hand(wrapper):
+            # transaction.set_autocommit(False): Django runs no callback at a commit made by hand.
+            # The job is taken for uncommitted while that connection stays out of autocommit.
+            raw = wrapper.connection
+            return lambda: wrapper.connection is raw and by_hand(wrapper)
         if not wrapper.in_atomic_block:
             return None  # autocommit: the job is committed already
-        committed: list[bool] = []
-
-        def on_commit() -> None:
-            committed.append(True)
-
-        transaction.on_commit(on_commit, using=self.alias)
+        # One callback for the jobs enqueued in a row at the same depth of savepoints: Django drops
+        # it with the innermost savepoint that rolls back, and runs it at the commit.
+        last = wrapper.run_on_commit[-1] if wrapper.run_on_commit else None
+        if last is not None and isinstance(last[1], CommitSeen) and last[0] == set(wrapper.savepoint_ids):
+            on_commit = last[1]
+        else:
+            on_commit = CommitSeen()
+            transaction.on_commit(on_commit, using=self.alias)
         # TestCase's block never commits, though captureOnCommitCallbacks(execute=True) runs the
         # callbacks, this one included: while that block is open, the job is not committed.
         blocks = getattr(wrapper, "atomic_blocks", None)
@@ -180,7 +187,7 @@ class DjangoIntegration(Framework):
         def still_open() -> bool:
             if test_block is not None and (wrapper.atomic_blocks or [None])[0] is test_block:
                 return True
-            return not committed and any(entry[1] is on_commit for entry in wrapper.run_on_commit)
+            return not on_commit.seen and any(entry[1] is on_commit for entry in wrapper.run_on_commit)
 
         return still_open
 
@@ -232,6 +239,23 @@ class DjangoIntegration(Framework):
 
         connections.close_all()
 
+    def check_worker(self) -> None:
+        # Before it forks, the supervisor closes Django's connections (see before_fork): one in a
+        # transaction would lose that transaction's work without a word, and on SQLite its lock
+        # would hold up the worker's processes meanwhile. Refuse at once, naming the fix.
+        from django.db import connections
+
+        for wrapper in connections.all(initialized_only=True):
+            if wrapper.in_atomic_block or by_hand(wrapper):
+                raise ConfigurationError(
+                    f"a worker cannot start inside a transaction: Django's {wrapper.alias!r} database has one "
+                    f"open{_test_case_note(wrapper)}, and the worker closes Django's connections before it forks "
+                    "its processes (they must not share them), which would throw that transaction's work away. "
+                    "Start the worker (call_command('jobqueue', 'worker', ...)) after the transaction commits; in "
+                    "tests, from a django.test.TransactionTestCase (pytest-django: "
+                    "@pytest.mark.django_db(transaction=True)), or run the jobs with jobqueue.testing.drain()"
+                )
+
     def check_drain(self) -> None:
         # drain() reads and writes on jobqueue's own connections. A transaction still open on
         # Django's connection (a TestCase runs each test in one) hides the jobs it enqueued from
@@ -240,7 +264,7 @@ class DjangoIntegration(Framework):
         from django.db import connections
 
         wrapper = connections[self.alias]
-        if not wrapper.in_atomic_block:
+        if not (wrapper.in_atomic_block or by_hand(wrapper)):
             return
         waits = " (on SQLite they would also wait for its lock)" if wrapper.vendor == "sqlite" else ""
         raise ConfigurationError(
@@ -250,6 +274,35 @@ class DjangoIntegration(Framework):
             "django.test.TransactionTestCase (pytest-django: @pytest.mark.django_db(transaction=True)), "
             "or call drain() after the transaction commits"
         )
+
+
+class CommitSeen:
+    """An on_commit callback that notes the commit of the jobs enqueued before it."""
+
+    def __init__(self) -> None:
+        self.seen = False
+
+    def __call__(self) -> None:
+        self.seen = True
+
+    def __repr__(self) -> str:  # as captureOnCommitCallbacks lists it
+        return "<jobqueue: notes that the jobs enqueued in this transaction committed>"
+
+
+def by_hand(wrapper: Any) -> bool:
+    """Whether a Django connection is in a transaction managed by hand
+    (``transaction.set_autocommit(False)``): out of autocommit, and not in an atomic block that
+    commits as it ends (inside one, Django turns autocommit off itself)."""
+    if wrapper.connection is None or wrapper.autocommit:
+        return False
+    return not wrapper.in_atomic_block or not wrapper.commit_on_exit
+
+
+def _test_case_note(wrapper: Any) -> str:
+    blocks = getattr(wrapper, "atomic_blocks", None)
+    if blocks and getattr(blocks[0], "_from_testcase", False):
+        return " (django.test.TestCase runs every test in one, never committed)"
+    return ""
 
 
 def check_task_backends() -> None:
