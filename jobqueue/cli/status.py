@@ -3,7 +3,6 @@ working, and whether this deployment is alive (for container probes)."""
 
 from __future__ import annotations
 
-import os
 import time
 from typing import Any
 
@@ -13,6 +12,7 @@ import sqlalchemy as sa
 from jobqueue.cli.output import console, echo_json, print_table, shown_key
 from jobqueue.cli.state import CliState, FiniteSeconds, mask_secrets
 from jobqueue.errors import JobQueueError
+from jobqueue.runtime.oscalls import host_name
 from jobqueue.storage import jobs, waiting
 from jobqueue.storage.dialects.connector import first_line
 
@@ -147,7 +147,7 @@ def health(state: CliState, as_json: bool, max_heartbeat_age: float | None, this
 
     def fresh_worker() -> str:
         limit = max_heartbeat_age if max_heartbeat_age is not None else app.settings.worker_stale_after
-        host = os.uname().nodename if this_host else None
+        host = host_name() if this_host else None
         rows = [r for r in jobs.worker_rows(app.store, limit) if host is None or r["hostname"] == host]
         live = [r for r in rows if not r["stale"]]
         where = f" on {host}" if host else ""

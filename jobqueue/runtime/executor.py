@@ -38,7 +38,7 @@ from jobqueue.periodic import SCHEDULE_TASK, fire, flow_columns
 from jobqueue.retry import default_strategy
 from jobqueue.runtime.aio import CoroutineRunner
 from jobqueue.runtime.decisions import OutcomeDecisions, announce
-from jobqueue.runtime.resilience import GaveUp
+from jobqueue.runtime.resilience import DatabaseGuard, GaveUp
 from jobqueue.runtime.soft_limit import SoftLimit
 from jobqueue.schedule_times import CATCH_UP_GRACE_SECONDS, Schedule
 from jobqueue.serialization import loads_call
@@ -52,16 +52,46 @@ logger = logging.getLogger("jobqueue.worker")
 
 
 class StoreDeliveryWriter:
-    """Writes a running job's checkpoint and lease extension through to the store, fenced by its token."""
+    """Writes a running job's checkpoint and lease extension through to the store, fenced by its token.
 
-    def __init__(self, store: Store) -> None:
+    With a ``guard``, a write the database does not take for an outage (a restart, a dropped
+    connection, a pooler restarted) is tried again with backoff, for as long as the lease lasts
+    (``lease_seconds``) and the process is not ``stopping``: past that, another worker may hold the
+    job, and the write reports the lease lost, as the fenced write would once the database answers.
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        guard: DatabaseGuard | None = None,
+        lease_seconds: float = 0.0,
+        stopping: Callable[[], bool] = lambda: False,
+    ) -> None:
         self.store = store
+        self.guard = guard
+        self.lease_seconds = lease_seconds
+        self.stopping = stopping
 
     def save_checkpoint(self, message: Message, data: bytes | None) -> bool:
-        return self.store.save_checkpoint(message.id, message.lease_token, data)
+        return self._write(
+            "saving a checkpoint", lambda: self.store.save_checkpoint(message.id, message.lease_token, data)
+        )
 
     def extend_lease(self, message: Message, seconds: float) -> bool:
-        return self.store.extend_lease(message.id, message.lease_token, seconds)
+        return self._write(
+            "extending a lease", lambda: self.store.extend_lease(message.id, message.lease_token, seconds)
+        )
+
+    def _write(self, doing: str, write: Callable[[], bool]) -> bool:
+        if self.guard is None:
+            return write()
+        began = time.monotonic()
+        try:
+            return self.guard.call(
+                write, give_up=lambda: self.stopping() or time.monotonic() - began > self.lease_seconds, doing=doing
+            )
+        except GaveUp:
+            return False
 
 
 class TaskPlan:
@@ -180,6 +210,17 @@ class Executor(OutcomeDecisions):
             args, kwargs = loads_call(self.serializer, message.payload)
         except SerializationError as exc:
             return self._refused(message, started, exc)
+        if not self.app.has_job_scope:
+            return self._run(plan, message, args, kwargs, started)
+        # A framework's per-job scope (Flask's app context, Django's connection upkeep) holds the
+        # job's signals too: their receivers use the framework as the job does.
+        with self.app.job_scope():
+            return self._run(plan, message, args, kwargs, started)
+
+    def _run(
+        self, plan: TaskPlan, message: Message, args: list[Any], kwargs: dict[str, Any], started: datetime
+    ) -> Outcome | None:
+        task, name = plan.task, message.task_name
         policy = plan.policy
         if policy is AckPolicy.ACK_FIRST:
             self._ack_first(task, message, args, kwargs, started)
@@ -254,9 +295,6 @@ class Executor(OutcomeDecisions):
             )
         self.in_handler = True
         try:
-            if self.app.has_job_scope:
-                with self.app.job_scope():  # a framework's per-job scope: Flask's app context, say
-                    return self._invoke(plan, context, args, kwargs, soft, began, alarm)
             return self._invoke(plan, context, args, kwargs, soft, began, alarm)
         finally:
             self.in_handler = False

@@ -127,6 +127,12 @@ def descendants(pids: Iterable[int]) -> list[int]:
     return found
 
 
+def host_name() -> str:
+    """This host's name as the worker registry keeps it. Linux allows any bytes in it; bytes that
+    are not UTF-8 are written as escapes (``\\xff``), which every database takes."""
+    return os.uname().nodename.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+
+
 def reap_orphans(keep: Container[int]) -> int:
     """Wait for the children of this process that ended, but those in ``keep``; how many there were.
 

@@ -42,6 +42,7 @@ from jobqueue.runtime.oscalls import (
     descriptors_floor,
     descriptors_used_up,
     forked_by_a_job,
+    host_name,
     ignore_signal,
     lowest_free_descriptor,
     name_process,
@@ -107,9 +108,16 @@ class WorkerProcess(Fetching, Flushing, KeeperThread):
         self.pending_token: int | None = None
         self.keeper_stop = threading.Event()
         self.guard = DatabaseGuard(logger, f"database (worker process {os.getpid()})", self._classify, self._explain)
-        self.executor = Executor(
-            app, writes=StoreDeliveryWriter(app.store), ack_first=self._ack_first, writer=self.guard.call
+        # A job's own writes (checkpoint, extend) wait out an outage through a guard of their own.
+        writes = StoreDeliveryWriter(
+            app.store,
+            DatabaseGuard(
+                logger, f"database (worker process {os.getpid()}, a job's write)", self._classify, self._explain
+            ),
+            self.settings.release_stuck_timeout,
+            lambda: self.stopping,
         )
+        self.executor = Executor(app, writes=writes, ack_first=self._ack_first, writer=self.guard.call)
         self.writer = OutcomeWriter(app.store, self.guard)
         # The keeper thread writes through its own guard: a guard's bookkeeping belongs to one thread.
         self.keeper_writer = OutcomeWriter(
@@ -148,13 +156,14 @@ class WorkerProcess(Fetching, Flushing, KeeperThread):
         # How far this host's clock is off the server's is the supervisor's to measure: it tells.
         clock.kept_elsewhere()
         clock.follow(self.spec.slot.clock_base())
-        signals.worker_process_init.send(self.app, app=self.app, process_name=name)
+        with self.app.job_scope():  # the framework's, as for a job: Django closes what a receiver opened
+            signals.worker_process_init.send(self.app, app=self.app, process_name=name)
         self.guard.what = f"database (worker process {os.getpid()})"
         self.store = self.app.store
         row = {
             "id": self.spec.worker_id,
             "supervisor_id": self.spec.supervisor_id,
-            "hostname": os.uname().nodename,
+            "hostname": host_name(),
             "pid": os.getpid(),
             "queues": ",".join(self.settings.queues or ()) or None,
             "started_at": utcnow(),
@@ -186,7 +195,8 @@ class WorkerProcess(Fetching, Flushing, KeeperThread):
                 keeper.join(KEEPER_JOIN_SECONDS)
             self._shutdown()
             self.executor.close()
-            signals.worker_process_shutdown.send(self.app, app=self.app, process_name=name)
+            with self.app.job_scope():
+                signals.worker_process_shutdown.send(self.app, app=self.app, process_name=name)
         return 0
 
     def _classify(self, exc: BaseException) -> str | None:

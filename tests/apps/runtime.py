@@ -98,6 +98,17 @@ def keeps_starting_programs(seconds: str) -> None:
     subprocess.run(["sh", "-c", f"while :; do sleep {seconds} & sleep 0.002; done"])
 
 
+@app.task(name="rt.checkpoints_as_it_goes", bind=True, retry_strategy=NoRetryStrategy())
+def checkpoints_as_it_goes(job: Any, steps: int) -> int:
+    """Saves a checkpoint and extends its lease at every step: writes of the job's own."""
+    for step in range(job.state or 0, steps):
+        job.checkpoint(step + 1)
+        job.extend(30)
+        record(f"step-{step + 1}")
+        time.sleep(0.05)
+    return steps
+
+
 @app.task(name="rt.leaves_orphans")
 def leaves_orphans(count: int, seconds: float) -> None:
     """Starts programs in the background of shells that end at once: the programs are orphans."""

@@ -167,6 +167,34 @@ def test_drain_runs_the_shops_jobs_in_the_test_process(shop) -> None:
     assert jobs(module) == (0, 3)
 
 
+def test_a_jobs_signal_receivers_run_in_its_app_context(shop) -> None:
+    """A job runs in an app context; its signals' receivers ran outside it, where current_app and
+    db.session raised (logged, the job's outcome unchanged), and Django's connection upkeep
+    around each job did not cover them either."""
+    from flask import current_app
+
+    from jobqueue import signals
+
+    module, flask_app = shop
+    seen: list[str] = []
+
+    def started(sender: Any, job: Any, **kwargs: Any) -> None:
+        seen.append(f"started in {current_app.name}")
+
+    def succeeded(sender: Any, job: Any, **kwargs: Any) -> None:
+        seen.append(f"succeeded in {current_app.name}")
+
+    signals.job_started.connect(started)
+    signals.job_succeeded.connect(succeeded)
+    try:
+        placed = flask_app.test_client().post("/orders", json={"item": "pen", "quantity": 1}).json
+        assert [h.id for h in drain(module.jq)] == [placed["job"]]
+    finally:
+        signals.job_started.disconnect(started)
+        signals.job_succeeded.disconnect(succeeded)
+    assert seen == [f"started in {flask_app.name}", f"succeeded in {flask_app.name}"]
+
+
 def chained(module: ModuleType) -> tuple[Task, Task]:
     """Two tasks of the shop's JobQueue, made once: a parent that enqueues the shop's confirmation
     job through db.session, committing it or not."""

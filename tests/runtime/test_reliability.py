@@ -962,6 +962,55 @@ def test_a_password_given_as_a_query_parameter_logs_in_and_is_never_shown() -> N
         app.close()
 
 
+def kill_connections(conn: sa.Connection, backend: str, database: str | None) -> int:
+    """End every session on ``database`` but ``conn``'s own, as a server restart or a pooler's
+    would; how many there were."""
+    if backend == "postgresql":
+        query = (
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE datname = :db "
+            "AND pid <> pg_backend_pid()"
+        )
+        return int(conn.execute(sa.text(query), {"db": database}).scalar() or 0)
+    killed = 0
+    own = conn.execute(sa.text("SELECT CONNECTION_ID()")).scalar()
+    for (pid,) in conn.execute(
+        sa.text("SELECT id FROM information_schema.PROCESSLIST WHERE db = :db AND id <> :own"),
+        {"db": database, "own": own},
+    ).all():
+        try:
+            conn.execute(sa.text(f"KILL {int(pid)}"))
+            killed += 1
+        except sa.exc.DBAPIError:
+            pass
+    return killed
+
+
+@only("postgresql", "mysql")
+def test_a_jobs_checkpoints_and_extends_wait_out_dropped_connections(
+    app: JobQueue, backend: str, db_url: str, tmp_path: Path, workers: list[Worker]
+) -> None:
+    """A connection dropped under a running job (a server or pooler restart) made its next
+    checkpoint() or extend() raise the driver's error into the job, which then failed for good."""
+    job = rt.checkpoints_as_it_goes.delay(40)
+    admin = sa.create_engine(db_url, poolclass=sa.pool.NullPool, isolation_level="AUTOCOMMIT")
+    database = sa.make_url(db_url).database
+    worker = start(workers, tmp_path, "--burst", "--concurrency", "1")
+
+    def steps() -> int:
+        return sum(event.startswith("step-") for event, _, _ in runs(tmp_path / "runs.txt"))
+
+    killed = 0
+    with admin.connect() as conn:
+        for seen in (3, 12, 24):
+            wait_for(lambda: steps() >= seen, 60, f"{seen} steps of the job")  # noqa: B023  # called at once
+            killed += kill_connections(conn, backend, database)
+    admin.dispose()
+    assert worker.wait(90) == 0, worker.text()[-3000:]
+    app.close()  # this test's own pooled connections were killed too
+    assert job.get(timeout=10) == 40, worker.text()[-3000:]
+    assert killed >= 3
+
+
 @only("postgresql", "mysql")
 def test_connections_killed_in_the_first_second_do_not_stop_the_worker(
     app: JobQueue, backend: str, db_url: str, tmp_path: Path, workers: list[Worker]
@@ -974,28 +1023,7 @@ def test_connections_killed_in_the_first_second_do_not_stop_the_worker(
     deadline = time.monotonic() + 1.5
     with admin.connect() as conn:
         while time.monotonic() < deadline:
-            if backend == "postgresql":
-                killed += int(
-                    conn.execute(
-                        sa.text(
-                            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE datname = :db "
-                            "AND pid <> pg_backend_pid()"
-                        ),
-                        {"db": database},
-                    ).scalar()
-                    or 0
-                )
-            else:
-                own = conn.execute(sa.text("SELECT CONNECTION_ID()")).scalar()
-                for (pid,) in conn.execute(
-                    sa.text("SELECT id FROM information_schema.PROCESSLIST WHERE db = :db AND id <> :own"),
-                    {"db": database, "own": own},
-                ).all():
-                    try:
-                        conn.execute(sa.text(f"KILL {int(pid)}"))
-                        killed += 1
-                    except sa.exc.DBAPIError:
-                        pass
+            killed += kill_connections(conn, backend, database)
             time.sleep(0.05)
     admin.dispose()
     assert worker.wait(90) == 0, worker.text()[-3000:]

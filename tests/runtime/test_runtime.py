@@ -9,6 +9,7 @@ import os
 import random
 import signal
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -333,6 +334,20 @@ def test_a_job_killed_while_its_programs_start_more_takes_them_all_along(
     for pid in survivors:
         os.kill(pid, signal.SIGKILL)
     assert not survivors, f"{len(survivors)} program(s) of the killed job ran on"
+
+
+@only("sqlite")
+def test_a_host_name_that_is_not_utf8_is_kept_escaped(app: JobQueue, tmp_path: Path, workers: list[Worker]) -> None:
+    """Linux takes any bytes for a host name. One that is not UTF-8 made every worker process crash
+    as it registered itself (no driver writes lone surrogates), and restart for ever."""
+    rename = "import os, socket, sys; socket.sethostname(b'bad\\xfehost'); os.execv(sys.argv[1], sys.argv[1:])"
+    namespace = ("unshare", "--uts", sys.executable, "-c", rename)
+    if subprocess.run([*namespace, "/bin/true"], capture_output=True).returncode != 0:
+        pytest.skip("this machine does not let the tests start a host name namespace (unshare)")
+    job = rt.short.delay()
+    worker = start(workers, tmp_path, "--concurrency", "1", wrapper=namespace)
+    job.get(timeout=30)
+    assert table_rows(app, "worker", "hostname") == [("bad\\xfehost",)], worker.text()[-3000:]
 
 
 def children_named(parent: int, name: str) -> list[tuple[int, bytes]]:
