@@ -160,16 +160,7 @@ class WorkerProcess(Fetching, Flushing, KeeperThread):
             signals.worker_process_init.send(self.app, app=self.app, process_name=name)
         self.guard.what = f"database (worker process {os.getpid()})"
         self.store = self.app.store
-        row = {
-            "id": self.spec.worker_id,
-            "supervisor_id": self.spec.supervisor_id,
-            "hostname": host_name(),
-            "pid": os.getpid(),
-            "queues": ",".join(self.settings.queues or ()) or None,
-            "started_at": utcnow(),
-            "heartbeat_at": utcnow(),
-            "version": _version(),
-        }
+        row = worker_row(self.spec.worker_id, self.spec.supervisor_id, os.getpid(), self.settings.queues)
         keeper = threading.Thread(target=self._keeper, name="jobqueue-keeper", daemon=True)
         try:
             self.guard.call(
@@ -441,7 +432,19 @@ def memory_exhausted() -> bool:
 EMFILE_TEXT = f"[Errno {errno.EMFILE}]"  # in the message of an OSError for want of a file descriptor
 
 
-def _version() -> str:
+def worker_row(worker_id: str, supervisor_id: str, pid: int, queues: tuple[str, ...] | None) -> dict[str, Any]:
+    """A worker process's row in the worker registry, as it registers itself (or as its supervisor
+    registers it again, if the row was deleted meanwhile)."""
     from jobqueue.version import __version__
 
-    return __version__
+    now = utcnow()
+    return {
+        "id": worker_id,
+        "supervisor_id": supervisor_id,
+        "hostname": host_name(),
+        "pid": pid,
+        "queues": ",".join(queues or ()) or None,
+        "started_at": now,
+        "heartbeat_at": now,
+        "version": __version__,
+    }

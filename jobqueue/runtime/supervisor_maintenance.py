@@ -16,6 +16,7 @@ from jobqueue import clock
 from jobqueue.clock import host_now, utcnow
 from jobqueue.runtime.housekeeping import Housekeeping
 from jobqueue.runtime.pool import Child
+from jobqueue.runtime.process import worker_row
 from jobqueue.runtime.resilience import DatabaseGuard
 from jobqueue.runtime.retry_later import RETRY_SOON_SECONDS, RetryLater
 from jobqueue.runtime.schedule_upkeep import ScheduleUpkeep
@@ -173,6 +174,18 @@ class Maintenance:
             for child in children:
                 child.spec.slot.renewed(sent_ns, lapsed)
             self.next_heartbeat = now + self.settings.heartbeat_interval
+            # Rows deleted meanwhile (as stale, while this process renewed nothing) come back: a
+            # worker missing from the registry is missing from `jobqueue workers` and health probes.
+            rows = [
+                worker_row(c.spec.worker_id, self.supervisor_id, c.process.pid, self.settings.queues) for c in children
+            ]
+            found, missing = self.guard.try_once(lambda: self.store.register_missing_workers(rows))
+            if found and missing:
+                logger.warning(
+                    "%s worker process row(s) of this supervisor were gone from the worker registry (deleted as "
+                    "stale while it renewed nothing); registered again",
+                    missing,
+                )
             # Who else serves these queues: news of work is shared out among us.
             found, peers = self.guard.try_once(
                 lambda: self.store.supervisor_peers(

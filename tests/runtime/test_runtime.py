@@ -350,6 +350,24 @@ def test_a_host_name_that_is_not_utf8_is_kept_escaped(app: JobQueue, tmp_path: P
     assert table_rows(app, "worker", "hostname") == [("bad\\xfehost",)], worker.text()[-3000:]
 
 
+def test_a_supervisor_registers_again_the_rows_deleted_while_it_lived(
+    app: JobQueue, tmp_path: Path, workers: list[Worker]
+) -> None:
+    """Deleted as stale (a supervisor frozen or cut off from the database for minutes, a
+    `workers --prune`), a live worker's rows never came back: it was missing from `jobqueue
+    workers` for good, and a container's `health --this-host` probe failed for ever."""
+    worker = start(workers, tmp_path, "--concurrency", "2", "--release-stuck-timeout", "3")
+    registered = lambda: sorted(pid for (pid,) in table_rows(app, "worker", "pid"))  # noqa: E731
+    wait_for(lambda: len(registered()) == 2, 30, "the worker processes to register")
+    before = registered()
+    with app.engine.begin() as conn:
+        conn.execute(sa.delete(app.tables.worker))
+    wait_for(lambda: registered() == before, 15, "the rows to be registered again")
+    assert "2 worker process row(s) of this supervisor were gone from the worker registry" in worker.text()
+    job = rt.short.delay()
+    job.get(timeout=30)  # and it runs jobs as before
+
+
 def children_named(parent: int, name: str) -> list[tuple[int, bytes]]:
     """The children of ``parent`` running ``name``, each with its state (b"Z": ended, not waited for)."""
     found = []
