@@ -119,6 +119,17 @@ class JobQueue:
                     said = unbound_warning(url)
                     if said:
                         logger.warning("%s", said)
+            elif not self._unbound_said and (django := sys.modules.get("django.conf")) is not None:
+                self._unbound_said = True  # looked at once: Django's settings do not change
+                if (
+                    django.settings.configured
+                    and resolve_database_url(self._url_override, None) == DEFAULT_DATABASE_URL
+                ):
+                    from jobqueue.frameworks import django_unbound_warning
+
+                    said = django_unbound_warning(settings_of_django=django.settings)
+                    if said:
+                        logger.warning("%s", said)
         return self._framework
 
     def bind_framework(self, framework: Framework) -> None:

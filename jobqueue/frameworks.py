@@ -74,3 +74,17 @@ def detect_framework() -> Framework | None:
         if framework is not None:
             return framework
     return None
+
+
+def django_unbound_warning(settings_of_django: Any) -> str | None:
+    """What to say when a JobQueue made without a URL is used in a Django project that does not
+    install jobqueue's Django app: its jobs go to ``jobqueue.sqlite3``, outside Django's
+    transactions, without a word. None when the app is installed (Django is still starting)."""
+    if any(str(name).startswith("jobqueue.contrib.django") for name in settings_of_django.INSTALLED_APPS):
+        return None
+    return (
+        "this JobQueue has no database URL and runs in a Django project without jobqueue's Django app: its "
+        "jobs go to ./jobqueue.sqlite3, outside Django's database and transactions. Add "
+        "'jobqueue.contrib.django' to INSTALLED_APPS (or give the JobQueue a URL to use another database on "
+        "purpose)"
+    )

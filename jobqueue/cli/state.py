@@ -58,15 +58,16 @@ class CliState:
         return self._given or bool(self.app_spec or os.environ.get(APP_ENV))
 
 
-def load_app(spec: str | None) -> JobQueue:
-    """Import ``module:attribute`` (or ``path/to/file.py:attribute``); no spec gives a bare JobQueue."""
+def load_app(spec: str | None, named_by: str = f"--app/{APP_ENV}") -> JobQueue:
+    """Import ``module:attribute`` (or ``path/to/file.py:attribute``); no spec gives a bare JobQueue.
+    ``named_by``: where the spec came from, as errors name it."""
     if not spec:
         return JobQueue()
     target, _, attribute = spec.partition(":")
     attribute = attribute or "app"
     if not target:
         raise ConfigurationError(
-            f"--app/{APP_ENV} {spec!r} names no module: give module:attribute, e.g. myproject.tasks:app"
+            f"{named_by} {spec!r} names no module: give module:attribute, e.g. myproject.tasks:app"
         )
     if os.getcwd() not in sys.path and "" not in sys.path:
         sys.path.insert(0, os.getcwd())
@@ -75,34 +76,34 @@ def load_app(spec: str | None) -> JobQueue:
     except ModuleNotFoundError as exc:
         named = exc.name is not None and (target == exc.name or target.startswith(exc.name + "."))
         if not named or target.endswith(".py") or os.sep in target:
-            raise _import_failed(target, exc) from exc  # the module's own import of another one failed
+            raise _import_failed(target, exc, named_by) from exc  # the module's own import of another one failed
         raise ConfigurationError(
-            f"cannot import {target!r} named by --app/{APP_ENV}: {exc} (looked for from {os.getcwd()} and "
+            f"cannot import {target!r} named by {named_by}: {exc} (looked for from {os.getcwd()} and "
             "PYTHONPATH): run jobqueue from the directory that holds it, set PYTHONPATH, or give the path of its "
             "file (path/to/tasks.py)"
         ) from exc
     except (ImportError, ValueError) as exc:  # ValueError: a relative or empty module name
-        raise ConfigurationError(f"cannot import {target!r} named by --app/{APP_ENV}: {exc}") from exc
+        raise ConfigurationError(f"cannot import {target!r} named by {named_by}: {exc}") from exc
     except JobQueueError:  # a task declared with a bad option: its message says which
         raise
     except Exception as exc:  # the module's own code failed
-        raise _import_failed(target, exc) from exc
+        raise _import_failed(target, exc, named_by) from exc
     missing = object()
     app = getattr(module, attribute, missing)
     if not isinstance(app, JobQueue):
         found = [name for name, value in vars(module).items() if isinstance(value, JobQueue)]
         hint = f"; JobQueue objects there: {', '.join(found)}" if found else ""
         what = f" has no {attribute!r}" if app is missing else f":{attribute} is a {type(app).__name__}, not a JobQueue"
-        raise ConfigurationError(f"{target}{what}{hint} (give --app module:attribute)")
+        raise ConfigurationError(f"{target}{what}{hint} (give {named_by} as module:attribute)")
     return app
 
 
-def _import_failed(target: str, exc: Exception) -> ConfigurationError:
+def _import_failed(target: str, exc: Exception, named_by: str) -> ConfigurationError:
     """What the app's module raised as it was imported, and where (a SyntaxError says where)."""
     frames = traceback.extract_tb(exc.__traceback__)
     last = frames[-1] if frames and not isinstance(exc, SyntaxError) else None
     where = f", at {last.filename} line {last.lineno}" if last else ""
-    return ConfigurationError(f"cannot import {target!r} named by --app/{APP_ENV}: {type(exc).__name__}: {exc}{where}")
+    return ConfigurationError(f"cannot import {target!r} named by {named_by}: {type(exc).__name__}: {exc}{where}")
 
 
 def _import(target: str) -> Any:

@@ -343,3 +343,58 @@ def test_migrating_the_database_jobqueue_moved_to_creates_its_tables(tmp_path: P
     assert "jobqueue: created" not in back.stdout
     with sa.create_engine(f"sqlite:///{tmp_path / 'other.sqlite3'}").connect() as conn:
         assert not [t for t in sa.inspect(conn).get_table_names() if t.startswith("jobqueue_")]
+
+
+UNINSTALLED = """
+import django
+from django.conf import settings
+
+settings.configure(
+    INSTALLED_APPS=["django.contrib.contenttypes"{installed}],
+    DATABASES={{"default": {{"ENGINE": "django.db.backends.sqlite3", "NAME": "site.sqlite3"}}}},
+    JOBQUEUE={{"APP": "nosuch.tasks:app"}},
+)
+django.setup()
+from jobqueue import JobQueue
+
+app = JobQueue()
+
+
+@app.task
+def add(x, y):
+    return x + y
+
+
+if {installed!r}:
+    from jobqueue.contrib.django.integration import configured_app
+
+    try:
+        configured_app()
+    except Exception as exc:
+        print(exc)
+else:
+    app.init_schema()
+    add.delay(1, 2)
+    add.delay(3, 4)
+"""
+
+
+@pytest.mark.parametrize("installed", ["", ', "jobqueue.contrib.django"'])
+def test_django_setup_mistakes_name_the_setting_to_fix(installed: str, tmp_path: Path) -> None:
+    """Without jobqueue's app in INSTALLED_APPS, a JobQueue made without a URL put its jobs in
+    ./jobqueue.sqlite3, outside Django's transactions, without a word; a bad JOBQUEUE['APP'] was
+    blamed on the --app option, which manage.py jobqueue refuses."""
+    script = tmp_path / "site.py"
+    script.write_text(UNINSTALLED.format(installed=installed))
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    for name in ("JOBQUEUE_DATABASE_URL", "DJANGO_SETTINGS_MODULE", "JOBQUEUE_APP"):
+        env.pop(name, None)
+    result = subprocess.run(
+        [sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    if installed:
+        assert "cannot import 'nosuch.tasks' named by settings.JOBQUEUE['APP']" in result.stdout, result.stdout
+    else:
+        said = result.stderr.count("Add 'jobqueue.contrib.django' to INSTALLED_APPS")
+        assert said == 1, result.stderr[-3000:]

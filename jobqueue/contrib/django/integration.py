@@ -349,7 +349,7 @@ def configured_app() -> JobQueue:
     autodiscover_modules("tasks")
     spec = jobqueue_setting().get("APP")
     if spec:
-        app = load_app(str(spec))
+        app = load_app(str(spec), named_by="settings.JOBQUEUE['APP']")
     else:
         fallback = default_app()
         candidates = [jq for jq in INSTANCES if jq is not fallback and jq.settings.database_url is None and jq.registry]

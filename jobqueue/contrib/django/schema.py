@@ -23,7 +23,7 @@ def configured_tables() -> Any:
     from jobqueue.storage.tables import build_tables
 
     spec = jobqueue_setting().get("APP")
-    prefix = load_app(str(spec)).settings.table_prefix if spec else "jobqueue_"
+    prefix = load_app(str(spec), named_by="settings.JOBQUEUE['APP']").settings.table_prefix if spec else "jobqueue_"
     return _tables(prefix, build_tables)
 
 
