@@ -8,8 +8,10 @@ and ``delay()`` in a web process writes through Django's connection for that ali
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib.util
+import os
 import sys
 import threading
 from collections.abc import Callable, Iterator
@@ -413,6 +415,17 @@ def release_around_test_databases() -> None:
             if method is None or getattr(method, "releases_jobqueue", False):
                 continue  # inherited (wrapped where it is defined), absent (older Django), or wrapped
             setattr(cls, name, _releasing(method))
+        if hasattr(cls, "is_in_memory_db"):  # SQLite's
+            for name, wrap in (
+                ("_create_test_db", _journals_gone_after_create),
+                ("_clone_test_db", _journals_gone_before_clone),
+                ("_destroy_test_db", _journals_gone_after_destroy),
+            ):
+                method = cls.__dict__.get(name)
+                if method is not None and not getattr(method, "releases_jobqueue", False):
+                    wrapped = functools.wraps(method)(wrap(method))
+                    wrapped.releases_jobqueue = True  # type: ignore[attr-defined]
+                    setattr(cls, name, wrapped)
 
 
 def _releasing(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -423,3 +436,52 @@ def _releasing(original: Callable[..., Any]) -> Callable[..., Any]:
 
     wrapper.releases_jobqueue = True  # type: ignore[attr-defined]
     return wrapper
+
+
+# SQLite test databases: jobqueue's connections put them in WAL mode, whose journal files (-wal,
+# -shm) lie beside the database. Django removes a test database's file, not those: the test
+# processes of --parallel end without closing jobqueue's connections, and a journal left beside a
+# clone's name was read into the next run's clone of that name (an earlier run's jobs in it, or
+# "disk I/O error"). Those of a file Django removes or replaces are removed with it.
+
+
+def _remove_journals(path: str) -> None:
+    for suffix in ("-wal", "-shm"):
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(path + suffix)
+
+
+def _journals_gone_after_create(original: Callable[..., Any]) -> Callable[..., Any]:
+    def create(self: Any, verbosity: int, autoclobber: bool, keepdb: bool = False) -> Any:
+        name = original(self, verbosity, autoclobber, keepdb)
+        if not keepdb and name and not self.is_in_memory_db(name) and not os.path.exists(name):
+            _remove_journals(name)  # the old file is gone, the new one not made yet
+        return name
+
+    return create
+
+
+def _journals_gone_before_clone(original: Callable[..., Any]) -> Callable[..., Any]:
+    def clone(self: Any, suffix: Any, verbosity: int, keepdb: bool = False) -> Any:
+        source = self.connection.settings_dict["NAME"]
+        if source and not self.is_in_memory_db(source):
+            target = self.get_test_db_clone_settings(suffix)["NAME"]
+            if not (keepdb and os.path.exists(target)):  # a kept clone keeps its journal
+                _remove_journals(target)
+        return original(self, suffix, verbosity, keepdb)
+
+    return clone
+
+
+def _journals_gone_after_destroy(original: Callable[..., Any]) -> Callable[..., Any]:
+    def destroy(self: Any, test_database_name: str, verbosity: int) -> Any:
+        result = original(self, test_database_name, verbosity)
+        if (
+            test_database_name
+            and not self.is_in_memory_db(test_database_name)
+            and not os.path.exists(test_database_name)
+        ):
+            _remove_journals(test_database_name)
+        return result
+
+    return destroy
