@@ -202,6 +202,10 @@ class Supervisor(Reaping, Maintenance):
                 ),
                 give_up=lambda: self.signals > 0,
             )
+            # The supervisor's own connection, opened before any fork and kept in its pool (the
+            # LISTEN holds another): under a login limited to fewer connections than the worker
+            # needs, its processes took every one left, and the supervisor renewed no lease.
+            self.guard.call(self.store.lease_clock_now, give_up=lambda: self.signals > 0)
         except GaveUp:
             logger.info("jobqueue worker %s stopped before it started", self.supervisor_id[:8])
             return False

@@ -114,8 +114,9 @@ class StoreBase:
         limit, statement = found
         return (
             f"the database login may hold at most {limit} connection(s) at once, and {what} needs {needed}: "
-            "the processes beyond the limit wait for a connection and run nothing, and the supervisor may wait "
-            "too, renewing no lease meanwhile: then the whole worker stops taking jobs. Raise the limit "
+            "the processes beyond the limit wait for a connection and run nothing, and a supervisor that loses "
+            "its own connection (a restart) may wait too, renewing no lease meanwhile, which stops the whole "
+            "worker. Raise the limit "
             f"({statement.format(needed=needed)}; more if the application shares the login), or lower "
             "--concurrency (behind a pooler such as PgBouncer the limit bounds its server connections, not these)"
         )

@@ -1152,13 +1152,17 @@ def test_a_login_limited_to_fewer_connections_than_a_worker_holds_is_said_at_sta
         admin.dispose()
         own = sa.make_url(server.url).set(username="jq_few", password="pw" if backend == "mysql" else None)
         env = {"JOBQUEUE_DATABASE_URL": own.render_as_string(hide_password=False)}
-        over = start(workers, tmp_path, "--concurrency", "2", env=env, name="over")
+        over = start(workers, tmp_path, "--concurrency", "2", "--release-stuck-timeout", "3", env=env, name="over")
         wait_for(lambda: "may hold at most 4 connection(s) at once" in over.text(), 30, "the warning")
-        time.sleep(2)  # the processes beyond the limit try
+        time.sleep(5)  # the processes beyond the limit try; the supervisor renews leases all along
         over.kill()
         said = over.text()
         assert "and a worker of 2 process(es)" in said and fix in said, said[-3000:]
         assert "Traceback" not in said, said[-3000:]  # MariaDB's refusals crashed each process, a traceback each
+        # The supervisor's own connection is opened before its processes start: they took every
+        # connection left, and it renewed no lease, which stopped the whole worker.
+        assert "database (supervisor) unavailable" not in said, said[-3000:]
+        assert "renewed no lease" not in said, said[-3000:]
         within = start(workers, tmp_path, "--burst", "--concurrency", "1", env=env, name="within")
         assert within.wait(60) == 0, within.text()[-3000:]
         assert job.status() == "completed"
