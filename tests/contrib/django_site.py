@@ -430,7 +430,9 @@ class InParallel:
         assert sa.make_url(app.database_url).database == name, app.database_url
         with app.store.reading() as conn:
             archived = conn.execute(sa.select(sa.func.count()).select_from(app.tables.archive)).scalar_one()
-        assert (jobs(), archived) == (0, 0), f"the clone holds an earlier run's jobs: {jobs()} queued, {archived} archived"
+        assert (jobs(), archived) == (0, 0), (
+            f"the clone holds an earlier run's jobs: {jobs()} queued, {archived} archived"
+        )
         handles = [noop.delay(n) for n in range(3)]
         assert jobs() == 3
         assert sorted(done.id for done in drain(app)) == sorted(h.id for h in handles)
