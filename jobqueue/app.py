@@ -119,12 +119,13 @@ class JobQueue:
                     said = unbound_warning(url)
                     if said:
                         logger.warning("%s", said)
-            elif not self._unbound_said and (django := sys.modules.get("django.conf")) is not None:
-                self._unbound_said = True  # looked at once: Django's settings do not change
-                if (
-                    django.settings.configured
-                    and resolve_database_url(self._url_override, None) == DEFAULT_DATABASE_URL
-                ):
+            elif (
+                not self._unbound_said
+                and (django := sys.modules.get("django.conf")) is not None
+                and django.settings.configured
+            ):
+                self._unbound_said = True  # looked at once Django is configured: its settings do not change
+                if resolve_database_url(self._url_override, None) == DEFAULT_DATABASE_URL:
                     from jobqueue.frameworks import django_unbound_warning
 
                     said = django_unbound_warning(settings_of_django=django.settings)
@@ -187,6 +188,11 @@ class JobQueue:
             return
         with self._framework.job_scope():
             yield
+
+    def job_returned(self) -> None:
+        """As a job's function returns, inside its scope: the framework's check of what it left."""
+        if self._framework is not None:
+            self._framework.job_returned()
 
     def before_fork(self) -> None:
         """In the supervisor, before forking: let the framework drop connections a child must not share."""

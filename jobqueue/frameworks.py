@@ -52,6 +52,10 @@ class Framework:
         """Wraps every job a worker process runs."""
         yield
 
+    def job_returned(self) -> None:
+        """Called in the job's scope as its function returns: raise, naming the fix, if what the job
+        left would be lost as the scope ends (the job then fails, and is retried by its strategy)."""
+
     def before_fork(self) -> None:
         """Called in the supervisor before it forks worker processes."""
 

@@ -116,15 +116,17 @@ class FlaskIntegration(Framework):
     def job_scope(self) -> Iterator[None]:
         with self.flask_app.app_context():
             yield
-            # The app context's end rolls back db.session: jobs the task enqueued through it and
-            # left uncommitted would be gone without a word. The job fails instead (and is retried).
-            if self._uncommitted():
-                raise ConfigurationError(
-                    "this job enqueued jobs through db.session and returned without committing it: "
-                    "Flask-SQLAlchemy rolls the session back as the job ends, and those jobs with it. "
-                    "Call db.session.commit() before the task returns (db.session.rollback() to drop "
-                    "them on purpose)"
-                )
+
+    def job_returned(self) -> None:
+        # The app context's end rolls back db.session: jobs the task enqueued through it and
+        # left uncommitted would be gone without a word. The job fails instead (and is retried).
+        if self._uncommitted():
+            raise ConfigurationError(
+                "this job enqueued jobs through db.session and returned without committing it: "
+                "Flask-SQLAlchemy rolls the session back as the job ends, and those jobs with it. "
+                "Call db.session.commit() before the task returns (db.session.rollback() to drop "
+                "them on purpose)"
+            )
 
     def check_drain(self) -> None:
         # drain() reads and writes on jobqueue's own connections, which cannot see jobs enqueued

@@ -56,21 +56,14 @@ class StoreDeliveryWriter:
 
     With a ``guard``, a write the database does not take for an outage (a restart, a dropped
     connection, a pooler restarted) is tried again with backoff, for as long as the lease lasts
-    (``lease_seconds``) and the process is not ``stopping``: past that, another worker may hold the
+    (``lease_seconds``), a warm stop's last jobs included: past that, another worker may hold the
     job, and the write reports the lease lost, as the fenced write would once the database answers.
     """
 
-    def __init__(
-        self,
-        store: Store,
-        guard: DatabaseGuard | None = None,
-        lease_seconds: float = 0.0,
-        stopping: Callable[[], bool] = lambda: False,
-    ) -> None:
+    def __init__(self, store: Store, guard: DatabaseGuard | None = None, lease_seconds: float = 0.0) -> None:
         self.store = store
         self.guard = guard
         self.lease_seconds = lease_seconds
-        self.stopping = stopping
 
     def save_checkpoint(self, message: Message, data: bytes | None) -> bool:
         return self._write(
@@ -87,9 +80,7 @@ class StoreDeliveryWriter:
             return write()
         began = time.monotonic()
         try:
-            return self.guard.call(
-                write, give_up=lambda: self.stopping() or time.monotonic() - began > self.lease_seconds, doing=doing
-            )
+            return self.guard.call(write, give_up=lambda: time.monotonic() - began > self.lease_seconds, doing=doing)
         except GaveUp:
             return False
 
@@ -295,7 +286,10 @@ class Executor(OutcomeDecisions):
             )
         self.in_handler = True
         try:
-            return self._invoke(plan, context, args, kwargs, soft, began, alarm)
+            result = self._invoke(plan, context, args, kwargs, soft, began, alarm)
+            if self.app.has_job_scope:
+                self.app.job_returned()  # what the job left that its scope's end would lose: its error
+            return result
         finally:
             self.in_handler = False
             if alarm:

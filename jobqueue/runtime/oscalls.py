@@ -127,10 +127,15 @@ def descendants(pids: Iterable[int]) -> list[int]:
     return found
 
 
+HOST_NAME_MOST = 255  # characters of the worker registry's host name column
+
+
 def host_name() -> str:
     """This host's name as the worker registry keeps it. Linux allows any bytes in it; bytes that
-    are not UTF-8 are written as escapes (``\\xff``), which every database takes."""
-    return os.uname().nodename.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    are not UTF-8 are written as escapes (``\\xff``), which every database takes, and the whole
+    kept to what the column holds."""
+    name = os.uname().nodename.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    return name[:HOST_NAME_MOST]
 
 
 def reap_orphans(keep: Container[int]) -> int:

@@ -294,14 +294,17 @@ def kill(*pids: int | None) -> None:
     Each is stopped (SIGSTOP) as it is found, and the tree looked at again until a look finds no
     new one: a stopped process starts no more, where one only found could start another between
     the look and its kill. Then all are killed."""
-    stopped = {pid for pid in pids if pid}
-    if not stopped:
+    roots = {pid for pid in pids if pid}
+    if not roots:
         return
+    stopped = set(roots)
     try:
         for pid in stopped:
             send_signal(pid, signal.SIGSTOP)
         for _ in range(KILL_LOOKS):
-            new = set(descendants(stopped)) - stopped
+            # From the worker processes each time (they are unreaped, their numbers cannot be
+            # reused): a program that ended meanwhile is not looked below, its number may be another's.
+            new = set(descendants(roots)) - stopped
             if not new:
                 break
             for pid in new:

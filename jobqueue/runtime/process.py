@@ -115,7 +115,6 @@ class WorkerProcess(Fetching, Flushing, KeeperThread):
                 logger, f"database (worker process {os.getpid()}, a job's write)", self._classify, self._explain
             ),
             self.settings.release_stuck_timeout,
-            lambda: self.stopping,
         )
         self.executor = Executor(app, writes=writes, ack_first=self._ack_first, writer=self.guard.call)
         self.writer = OutcomeWriter(app.store, self.guard)

@@ -176,8 +176,12 @@ class Maintenance:
             self.next_heartbeat = now + self.settings.heartbeat_interval
             # Rows deleted meanwhile (as stale, while this process renewed nothing) come back: a
             # worker missing from the registry is missing from `jobqueue workers` and health probes.
+            # Only processes past their own registration (in their loop: idle, running or done
+            # with a job): one still starting registers itself.
             rows = [
-                worker_row(c.spec.worker_id, self.supervisor_id, c.process.pid, self.settings.queues) for c in children
+                worker_row(c.spec.worker_id, self.supervisor_id, c.process.pid, self.settings.queues)
+                for c in children
+                if _in_its_loop(c)
             ]
             found, missing = self.guard.try_once(lambda: self.store.register_missing_workers(rows))
             if found and missing:
@@ -220,3 +224,9 @@ class Maintenance:
         if view.running_id and view.running_since_ns:
             since = utcnow() - timedelta(seconds=(time.monotonic_ns() - view.running_since_ns) / 1e9)
         return WorkerState(child.spec.worker_id, view.running_id or None, since, view.done)
+
+
+def _in_its_loop(child: Child) -> bool:
+    """Whether a worker process has registered itself and runs its loop, by its slot."""
+    view = child.spec.slot.read_raw()
+    return bool(view.idle or view.running_id or view.done)

@@ -75,24 +75,22 @@ class MaintenanceOperations(StoreBase):
         return flowkeys.restore_missing(self, after, most)
 
     def register_worker(self, row: dict[str, Any]) -> None:
-        """Add a worker process's row; one there already (its supervisor registered it) is kept."""
-        w = self.tables.worker
         with self.schema_errors(), self.engine.begin() as conn:
-            conn.execute(self.dialect.insert_ignoring(w, [w.c.id]), row)
+            conn.execute(sa.insert(self.tables.worker), row)
 
     def register_missing_workers(self, rows: list[dict[str, Any]]) -> int:
-        """Register again the worker processes of ``rows`` whose rows are gone: deleted as stale
-        while their supervisor renewed nothing (frozen, or cut off from the database), or by
-        ``jobqueue workers --prune``. Return how many."""
+        """Register again the worker processes of ``rows`` (each registered itself before) whose
+        rows are gone: deleted as stale while their supervisor renewed nothing (frozen, or cut off
+        from the database), or by ``jobqueue workers --prune``. Return how many."""
         if not rows:
             return 0
         w = self.tables.worker
         with self.engine.begin() as conn:
             present = set(conn.execute(sa.select(w.c.id).where(w.c.id.in_([row["id"] for row in rows]))).scalars())
-            missing = [row for row in rows if row["id"] not in present]
-            if missing:
-                conn.execute(self.dialect.insert_ignoring(w, [w.c.id]), missing)
-        return len(missing)
+            gone = [row for row in rows if row["id"] not in present]
+            if gone:
+                conn.execute(self.dialect.insert_ignoring(w, [w.c.id]), gone)
+        return len(gone)
 
     def remove_workers(self, worker_ids: list[str]) -> None:
         if worker_ids:

@@ -12,7 +12,7 @@ import threading
 import time
 from typing import Any
 
-from jobqueue import JobQueue, SoftTimeLimitExceeded, current_job
+from jobqueue import JobQueue, SoftTimeLimitExceeded, current_job, signals
 from jobqueue.retry import ConstantRetryStrategy, NoRetryStrategy
 
 app = JobQueue()
@@ -96,6 +96,13 @@ def hang_with_programs() -> None:
 def keeps_starting_programs(seconds: str) -> None:
     """A shell that starts a program every few milliseconds until the job is killed."""
     subprocess.run(["sh", "-c", f"while :; do sleep {seconds} & sleep 0.002; done"])
+
+
+if os.environ.get("JOBQUEUE_TEST_SLOW_START"):  # worker processes take this long to start
+
+    @signals.worker_process_init.connect
+    def _slow_start(**kwargs: Any) -> None:
+        time.sleep(float(os.environ["JOBQUEUE_TEST_SLOW_START"]))
 
 
 @app.task(name="rt.checkpoints_as_it_goes", bind=True, retry_strategy=NoRetryStrategy())

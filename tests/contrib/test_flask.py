@@ -237,6 +237,41 @@ def test_a_job_that_enqueues_through_db_session_without_committing_fails_naming_
         assert module.db.session.get(module.Order, order_id).status == "confirmed"
 
 
+def test_a_job_that_leaves_db_session_uncommitted_is_retried_by_its_strategy(shop) -> None:
+    """The job fails as any job does, before its outcome is decided: it was failed for good after
+    its job_succeeded signal, whatever its retry strategy said."""
+    from jobqueue import signals
+    from jobqueue.retry import ConstantRetryStrategy
+
+    module, flask_app = shop
+    jq = module.jq
+    if jq.registry.get("test.enqueues_only_retried") is None:
+
+        @jq.task(
+            name="test.enqueues_only_retried", retry_strategy=ConstantRetryStrategy(delay_seconds=60, max_attempts=3)
+        )
+        def enqueues_only_retried(order_id: int) -> None:
+            module.confirm_order.delay(order_id)  # db.session never committed
+
+    sent: list[str] = []
+
+    def retrying(sender: Any, **kwargs: Any) -> None:
+        sent.append("retrying")
+
+    def succeeded(sender: Any, **kwargs: Any) -> None:
+        sent.append("succeeded")
+
+    signals.job_retrying.connect(retrying)
+    signals.job_succeeded.connect(succeeded)
+    try:
+        forgot = jq.get_task("test.enqueues_only_retried").delay(1)
+        drain(jq)
+    finally:
+        signals.job_retrying.disconnect(retrying)
+        signals.job_succeeded.disconnect(succeeded)
+    assert (forgot.status(), sent) == ("retryable", ["retrying"])
+
+
 def test_drain_with_jobs_db_session_has_not_committed_says_to_commit(shop) -> None:
     """drain() in an app context whose db.session held uncommitted jobs waited 30 s for SQLite's
     lock and failed, or (PostgreSQL, MariaDB) ran nothing, without a word."""
