@@ -26,7 +26,11 @@ def current_job() -> JobContext:
     """Return the context of the job running in this process; raise JobQueueError outside a job."""
     context = _current.get()
     if context is None:
-        raise JobQueueError("current_job() was called outside a running job")
+        raise JobQueueError(
+            "current_job() was called outside a running job (or in a thread the job started, which does not "
+            "inherit it: pass the job's context to the thread, or run it with contextvars.copy_context().run, "
+            "as asyncio.to_thread does)"
+        )
     return context
 
 
@@ -58,8 +62,13 @@ class JobContext:
         serializer: Serializer,
         writes: DeliveryWriter | None = None,
         max_state_bytes: int | None = None,
+        acked_first: bool = False,
     ) -> None:
         self._message = message
+        # Completed before the function ran (ack_policy=ACK_FIRST): there is no lease to write to,
+        # and no outcome left to decide.
+        self._acked_first = acked_first
+        self._ended = False  # the function returned or raised: the delivery's outcome is taken
         self._serializer = serializer
         self._writes = writes
         self._max_state_bytes = max_state_bytes
@@ -110,7 +119,26 @@ class JobContext:
     def checkpoint_bytes(self) -> bytes | None:
         return self._checkpoint
 
+    def end(self) -> None:
+        """The function returned or raised: what is called on this context now changes nothing."""
+        self._ended = True
+
+    def _check_running(self, what: str) -> None:
+        if self._ended:
+            raise JobQueueError(
+                f"job {self.id} has ended: {what} is taken only while it runs (this context was kept by a "
+                "thread or a later job); call it from the job, before it returns"
+            )
+        if self._acked_first and self._message is not None:
+            raise JobQueueError(
+                f"job {self.id} was completed before it ran (ack_policy=ACK_FIRST): {what} cannot change it, and "
+                "it holds no lease to write to; give the task another ack_policy to decide its outcome or save "
+                "checkpoints"
+            )
+
     def _decide(self, decision: Decision) -> None:
+        if decision is not Decision.ACK or self._ended:
+            self._check_running(f"{decision.value}()")
         if self.decision is not None:
             raise JobQueueError(f"this job was already decided ({self.decision.value}); decide only once")
         self.decision = decision
@@ -145,6 +173,7 @@ class JobContext:
 
     def checkpoint(self, state: Any) -> None:
         """Save ``state`` durably now; the next delivery reads it back as ``state``, even after a crash."""
+        self._check_running("checkpoint()")
         data = None if state is None else self._dump_state(state, "checkpoint state")
         # Saved and remembered as one step: a soft-timeout alarm between the two would make the
         # job's outcome write back the previous checkpoint over the one just saved.
@@ -152,7 +181,7 @@ class JobContext:
         try:
             if self._message is not None and self._writes is not None:
                 if not self._writes.save_checkpoint(self._message, data):
-                    raise LeaseLost(f"job {self.id}: lease lost, checkpoint not saved")
+                    raise LeaseLost(f"job {self.id}: lease lost, checkpoint not saved", self._delivery())
                 self._message.checkpoint = data
             self._checkpoint, self._state_cache, self._state_loaded = data, state, True
         finally:
@@ -191,9 +220,14 @@ class JobContext:
     def extend(self, seconds: float) -> None:
         """Keep the lease for at least ``seconds`` more; raise LeaseLost if it was already taken."""
         from_now("extend(seconds=...)", seconds)
+        self._check_running("extend()")
         if self._message is not None and self._writes is not None:
             if not self._writes.extend_lease(self._message, seconds):
-                raise LeaseLost(f"job {self.id}: lease lost, cannot extend")
+                raise LeaseLost(f"job {self.id}: lease lost, cannot extend", self._delivery())
+
+    def _delivery(self) -> tuple[int, int | None] | None:
+        m = self._message
+        return None if m is None else (m.id, m.lease_token)
 
     def __repr__(self) -> str:
         return f"<JobContext id={self.id} task={self.task_name} attempt={self.attempt}>"

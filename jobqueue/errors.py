@@ -58,7 +58,15 @@ class Rejected(JobQueueError):
 
 
 class LeaseLost(JobQueueError):
-    """Internal: a worker found that its lease on a message was taken over (fencing)."""
+    """Internal: a worker found that its lease on a message was taken over (fencing).
+
+    ``delivery``: the (job id, lease token) whose lease was lost, where known: raised into another
+    job (a context kept from an earlier job), it is that job's error, not a lost lease of its own.
+    """
+
+    def __init__(self, message: str, delivery: tuple[int, int | None] | None = None) -> None:
+        super().__init__(message)
+        self.delivery = delivery
 
 
 class JobFailed(JobQueueError):

@@ -91,7 +91,14 @@ class OutcomeDecisions:
     ) -> Outcome:
         decision = context.decision
         if decision is Decision.DEFER:
-            return self._deferred(message, started, context)
+            # The first decision stands; the error is kept as the job's last, and said.
+            logger.warning(
+                "job %s %s raised %s after it deferred: deferred as it asked, the error kept as its last",
+                message.id,
+                message.task_name,
+                error.type,
+            )
+            return self._deferred(message, started, context, error)
         if decision is Decision.ACK or (decision is None and policy is AckPolicy.ACK):
             return self._outcome(message, started, MessageState.COMPLETED, error, context=context)
         if decision is Decision.REJECT or (decision is None and policy is AckPolicy.REJECT_ON_ERROR):
@@ -138,6 +145,16 @@ class OutcomeDecisions:
             return self._failed(message, started, error, context)
         if context is not None and context.nack_delay_seconds is not None:
             next_at = now + timedelta(seconds=max(0.0, context.nack_delay_seconds))
+            # The delay asked for still answers to the strategy's limit on the time since the first attempt.
+            limit = getattr(strategy, "max_total_delay_seconds", None)
+            first = self._first_attempt_here(message, started)
+            if limit is not None and (next_at - first).total_seconds() > limit:
+                error = error or ErrorInfo(
+                    "Nacked",
+                    f"nacked by the handler with a delay of {context.nack_delay_seconds} s, which would run it "
+                    f"past max_total_delay_seconds={limit} after its first attempt",
+                )
+                return self._failed(message, started, error, context)
         outcome = self._outcome(message, started, MessageState.RETRYABLE, error, context=context)
         outcome.kind, outcome.next_attempt_at = OutcomeKind.RETRY, next_at
         return outcome
@@ -183,9 +200,11 @@ class OutcomeDecisions:
         outcome.exception = exc
         return announce(task, context, outcome)
 
-    def _deferred(self, message: Message, started: datetime, context: JobContext) -> Outcome:
+    def _deferred(
+        self, message: Message, started: datetime, context: JobContext, error: ErrorInfo | None = None
+    ) -> Outcome:
         until = context.defer_until or utcnow()
-        outcome = self._outcome(message, started, MessageState.PENDING, context=context)
+        outcome = self._outcome(message, started, MessageState.PENDING, error, context=context)
         outcome.kind, outcome.next_attempt_at = OutcomeKind.DEFER, until
         self.wake_at = until
         return outcome

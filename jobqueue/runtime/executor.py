@@ -221,10 +221,11 @@ class Executor(OutcomeDecisions):
             signals.job_started.send(task, job=context)
         try:
             result = self._call(plan, context, args, kwargs)
-        except LeaseLost as exc:
-            logger.warning("job %s %s: %s; its outcome is dropped", message.id, name, exc)
-            return None
         except BaseException as exc:  # SystemExit and KeyboardInterrupt from a job end the job, not the process
+            if isinstance(exc, LeaseLost) and exc.delivery in (None, (message.id, message.lease_token)):
+                logger.warning("job %s %s: %s; its outcome is dropped", message.id, name, exc)
+                return None
+            # Another job's lost lease (its context kept and used here) is this job's error.
             error = ErrorInfo.from_exception(exc, traceback.format_exc())
             outcome = self._after_error(task, policy, context, message, started, exc, error)
             if outcome.exception is None and outcome.error is error:
@@ -306,6 +307,7 @@ class Executor(OutcomeDecisions):
                         "a job set a timer or SIGALRM handler of its own (signal.alarm, setitimer, a timeout "
                         f"helper), which took the place of its soft_timeout={soft} s: not enforced for it",
                     )
+            context.end()  # a thread or a later job that kept it can decide or save nothing more
             deactivate(token)
 
     def _unenforced(self, plan: TaskPlan, why: str) -> None:
@@ -357,7 +359,7 @@ class Executor(OutcomeDecisions):
             return None
         # Completed before it runs: its signals still say that it started, and how its function
         # ended (a failure is final, never retried).
-        context = JobContext(message, self.serializer, None)
+        context = JobContext(message, self.serializer, None, acked_first=True)
         if signals.job_started.receivers:
             signals.job_started.send(task, job=context)
         try:

@@ -509,3 +509,125 @@ def test_a_handle_says_its_transaction_has_not_committed(app: JobQueue) -> None:
         handles[1].status()
     assert not isinstance(info.value, JobNotCommitted)  # rolled back: it never existed
     assert app.job(handle.id).status() == "pending"
+
+
+# -- a job's context used where it does not belong --------------------------------------------------
+
+
+def test_a_context_kept_from_an_earlier_job_fails_the_job_that_uses_it(app: JobQueue) -> None:
+    """checkpoint() on another, ended job's context: its LeaseLost was taken for the calling job's
+    own lost lease, whose outcome was dropped, leaving it processing (its partition blocked) for as
+    long as the worker lived. Decisions on it were taken without a word, and did nothing."""
+    kept: dict[str, Any] = {}
+
+    @app.task(name="t.keeps", bind=True)
+    def keeps(job: Any) -> None:
+        kept["context"] = job
+
+    @app.task(name="t.uses", bind=True, retry_strategy=NoRetryStrategy())
+    def uses(job: Any, what: str) -> None:
+        if what == "checkpoint":
+            kept["context"].checkpoint({"from": job.id})
+        else:
+            getattr(kept["context"], what)()
+
+    keeper = keeps.delay()
+    drain(app)
+    used = [uses.apply_async(("checkpoint",), partition_key="p")] + [uses.delay(what) for what in ("nack", "ack")]
+    after = uses.apply_async(("x",), partition_key="p")
+    drain(app)
+    for handle in used:
+        with pytest.raises(JobFailed, match=f"job {keeper.id} has ended: .* is taken only while it runs"):
+            handle.get(timeout=0)
+    assert after.status() == "failed"  # ran: the partition was not held by a job left processing
+    assert rows(app) == (0, 5)
+
+
+def test_a_decision_after_the_job_returned_or_under_ack_first_is_refused(app: JobQueue) -> None:
+    from jobqueue import AckPolicy
+
+    late: list[str] = []
+
+    @app.task(name="t.thread_decides", bind=True, ack_policy=AckPolicy.MANUAL)
+    def thread_decides(job: Any) -> None:
+        def later() -> None:
+            time.sleep(0.2)
+            try:
+                job.nack()
+            except Exception as exc:
+                late.append(str(exc))
+
+        threading.Thread(target=later).start()
+        job.ack()
+
+    @app.task(name="t.first", bind=True, ack_policy=AckPolicy.ACK_FIRST)
+    def first(job: Any) -> None:
+        job.checkpoint({"step": 1})
+
+    decided, acked = thread_decides.delay(), first.delay()
+    drain(app)
+    wait = time.monotonic() + 5
+    while not late and time.monotonic() < wait:
+        time.sleep(0.02)
+    assert decided.status() == "completed"
+    assert late and "has ended: nack() is taken only while it runs" in late[0], late
+    assert acked.status() == "completed"  # completed before it ran; its checkpoint() raised, and said so
+    with app.engine.connect() as conn:
+        archive = app.tables.archive
+        assert conn.execute(sa.select(archive.c.checkpoint).where(archive.c.id == acked.id)).scalar_one() is None
+
+
+def test_an_error_raised_after_defer_is_kept_as_the_jobs_last(app: JobQueue, caplog: pytest.LogCaptureFixture) -> None:
+    @app.task(name="t.defers_then_raises", bind=True)
+    def defers_then_raises(job: Any) -> None:
+        job.defer(until=3600, state="s")
+        raise ValueError("a bug after defer")
+
+    handle = defers_then_raises.delay()
+    with caplog.at_level(logging.WARNING, logger="jobqueue"):
+        drain(app)
+    assert handle.status() == "pending"
+    with app.engine.connect() as conn:
+        m = app.tables.message
+        error = conn.execute(sa.select(m.c.last_error_type, m.c.last_error_message)).one()
+    assert tuple(error) == ("ValueError", "a bug after defer")
+    assert "raised ValueError after it deferred" in caplog.text
+
+
+def test_a_nack_delay_past_max_total_delay_seconds_fails_the_job(app: JobQueue) -> None:
+    from jobqueue import AckPolicy
+
+    @app.task(
+        name="t.nacks_far",
+        bind=True,
+        ack_policy=AckPolicy.MANUAL,
+        retry_strategy=ConstantRetryStrategy(delay_seconds=1, max_attempts=5, max_total_delay_seconds=60),
+    )
+    def nacks_far(job: Any, seconds: float) -> None:
+        job.nack(delay_seconds=seconds)
+
+    far, near = nacks_far.delay(86400), nacks_far.delay(30)
+    drain(app)
+    with pytest.raises(JobFailed, match="past max_total_delay_seconds=60"):
+        far.get(timeout=0)
+    assert near.status() == "retryable"
+
+
+def test_current_job_in_a_thread_of_the_job_says_how_to_reach_the_context(app: JobQueue) -> None:
+    said: list[str] = []
+
+    @app.task(name="t.threads")
+    def threads() -> None:
+        def look() -> None:
+            try:
+                current_job()
+            except Exception as exc:
+                said.append(str(exc))
+
+        thread = threading.Thread(target=look)
+        thread.start()
+        thread.join()
+
+    threads.delay()
+    drain(app)
+    assert said and "in a thread the job started" in said[0] and "copy_context" in said[0], said
