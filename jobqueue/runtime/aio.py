@@ -60,6 +60,10 @@ class CoroutineRunner:
                     os.getpid(),
                     LEFTOVER_SECONDS,
                 )
+            # The loop's own threads (asyncio.to_thread, run_in_executor without one): ours to end,
+            # not threads a job left running.
+            ending = loop.create_task(loop.shutdown_default_executor())
+            loop.run_until_complete(asyncio.wait({ending}, timeout=LEFTOVER_SECONDS))
         finally:
             loop.close()
 

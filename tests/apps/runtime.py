@@ -105,6 +105,11 @@ if os.environ.get("JOBQUEUE_TEST_SLOW_START"):  # worker processes take this lon
         time.sleep(float(os.environ["JOBQUEUE_TEST_SLOW_START"]))
 
 
+@app.task(name="rt.async_in_a_thread")
+async def async_in_a_thread() -> int:
+    return await asyncio.to_thread(os.getpid)
+
+
 @app.task(name="rt.checkpoints_as_it_goes", bind=True, retry_strategy=NoRetryStrategy())
 def checkpoints_as_it_goes(job: Any, steps: int) -> int:
     """Saves a checkpoint and extends its lease at every step: writes of the job's own."""

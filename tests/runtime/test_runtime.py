@@ -443,6 +443,19 @@ def test_a_thread_a_job_leaves_running_does_not_keep_its_process(
     assert "graceful_timeout" not in worker.text()
 
 
+@only("sqlite")
+def test_the_event_loops_own_threads_are_not_taken_for_threads_a_job_left(
+    app: JobQueue, tmp_path: Path, workers: list[Worker]
+) -> None:
+    """asyncio.to_thread runs on the event loop's default executor: its thread was named as one a
+    job left running, each time a process ended."""
+    handle = rt.async_in_a_thread.delay()
+    worker = start(workers, tmp_path, "--burst", "--concurrency", "1", "--max-tasks-per-child", "1")
+    assert worker.wait(30) == 0, worker.text()[-3000:]
+    assert isinstance(handle.get(timeout=5), int)
+    assert "thread(s) a job started still running" not in worker.text(), worker.text()[-3000:]
+
+
 def test_max_memory_per_child_recycles_between_jobs(app: JobQueue, tmp_path: Path, workers: list[Worker]) -> None:
     handles = rt.grow.bulk([(40,)] * 3)  # each job keeps 40 MiB alive in its process
     worker = start(workers, tmp_path, "--burst", "--concurrency", "1", "--max-memory-per-child", "100000")
