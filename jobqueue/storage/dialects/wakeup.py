@@ -99,7 +99,8 @@ class PollingWaker(Waker):
             # (an outage as one, waited out; a refusal with its fix). Said here too, once a minute.
             cause = getattr(exc, "orig", None) or exc  # the driver's error, without the statement
             text = f"{type(cause).__name__}: {cause}"
-            if self.failed is None or self.failed[0] != text or now - self.failed[1] > FAILED_POLL_REPEAT_SECONDS:
+            # Once a minute, whatever the text: an outage's errors change as it goes (closed, refused).
+            if self.failed is None or now - self.failed[1] > FAILED_POLL_REPEAT_SECONDS:
                 logger.warning("looking whether jobs are due failed (%s); idle worker processes look themselves", text)
                 self.failed = (text, now)
             return 1
