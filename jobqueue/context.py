@@ -220,6 +220,8 @@ class JobContext:
     def extend(self, seconds: float) -> None:
         """Keep the lease for at least ``seconds`` more; raise LeaseLost if it was already taken."""
         from_now("extend(seconds=...)", seconds)
+        if self._acked_first and not self._ended:
+            return  # completed before it ran: no lease to keep (a receiver extending every job is no error)
         self._check_running("extend()")
         if self._message is not None and self._writes is not None:
             if not self._writes.extend_lease(self._message, seconds):

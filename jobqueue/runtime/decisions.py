@@ -192,6 +192,7 @@ class OutcomeDecisions:
         started = started or message.acquired_at or utcnow()
         error = ErrorInfo.from_exception(exc)
         context = JobContext(message, self.serializer)
+        context.end()  # the job is over: its receivers read the context, and decide nothing
         if task is None:
             outcome = self._nacked(None, message, started, None, error, exc)
         else:
@@ -214,7 +215,9 @@ class OutcomeDecisions:
         message.attempts_count -= 1
         outcome = self._failed(message, started, error)
         outcome.ran = False
-        return announce(self.app.registry.get(message.task_name), JobContext(message, self.serializer), outcome)
+        context = JobContext(message, self.serializer)
+        context.end()
+        return announce(self.app.registry.get(message.task_name), context, outcome)
 
     def _failed(
         self, message: Message, started: datetime, error: Exception | ErrorInfo, context: JobContext | None = None

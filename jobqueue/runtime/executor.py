@@ -26,6 +26,7 @@ from jobqueue.clock import utcnow
 from jobqueue.context import DeliveryWriter, JobContext, activate, deactivate
 from jobqueue.errors import (
     CorruptMessage,
+    JobQueueError,
     LeaseLost,
     MaxDeliveriesExceeded,
     SerializationError,
@@ -57,7 +58,7 @@ class StoreDeliveryWriter:
     With a ``guard``, a write the database does not take for an outage (a restart, a dropped
     connection, a pooler restarted) is tried again with backoff, for as long as the lease lasts
     (``lease_seconds``), a warm stop's last jobs included: past that, another worker may hold the
-    job, and the write reports the lease lost, as the fenced write would once the database answers.
+    job, and the write raises the job an error, as a failed write of its own would.
     """
 
     def __init__(self, store: Store, guard: DatabaseGuard | None = None, lease_seconds: float = 0.0) -> None:
@@ -81,8 +82,12 @@ class StoreDeliveryWriter:
         began = time.monotonic()
         try:
             return self.guard.call(write, give_up=lambda: time.monotonic() - began > self.lease_seconds, doing=doing)
-        except GaveUp:
-            return False
+        except GaveUp as exc:
+            # Not a lost lease (the database never said so): the job's error, retried by its strategy;
+            # its outcome is written, fenced, once the database answers.
+            raise JobQueueError(
+                f"the database did not answer for {self.lease_seconds:g} s, the job's lease, while {doing} ({exc})"
+            ) from exc
 
 
 class TaskPlan:

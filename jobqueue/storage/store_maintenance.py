@@ -75,8 +75,11 @@ class MaintenanceOperations(StoreBase):
         return flowkeys.restore_missing(self, after, most)
 
     def register_worker(self, row: dict[str, Any]) -> None:
+        """Add a worker process's row; one there already is kept (a registration tried again after
+        its commit's reply was lost, or made by its supervisor meanwhile)."""
+        w = self.tables.worker
         with self.schema_errors(), self.engine.begin() as conn:
-            conn.execute(sa.insert(self.tables.worker), row)
+            conn.execute(self.dialect.insert_unless_present(w, [w.c.id]), row)
 
     def register_missing_workers(self, rows: list[dict[str, Any]]) -> int:
         """Register again the worker processes of ``rows`` (each registered itself before) whose
@@ -89,7 +92,7 @@ class MaintenanceOperations(StoreBase):
             present = set(conn.execute(sa.select(w.c.id).where(w.c.id.in_([row["id"] for row in rows]))).scalars())
             gone = [row for row in rows if row["id"] not in present]
             if gone:
-                conn.execute(self.dialect.insert_ignoring(w, [w.c.id]), gone)
+                conn.execute(self.dialect.insert_unless_present(w, [w.c.id]), gone)
         return len(gone)
 
     def remove_workers(self, worker_ids: list[str]) -> None:

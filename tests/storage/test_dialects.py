@@ -870,3 +870,21 @@ def test_sqlite_enqueue_one_keeps_its_connection_but_not_across_a_fork(app: JobQ
     kept.execute("SELECT 1")  # still open
     app.close()  # closes them
     assert len(rows(app)) == 3
+
+
+def test_a_worker_registration_made_twice_keeps_the_row_and_a_bad_value_is_still_refused(app: JobQueue) -> None:
+    """A registration tried again after its commit's reply was lost met its own row and ended the
+    process; taken for a conflict, a value too long for its column was cut short without a word
+    on MySQL (INSERT IGNORE)."""
+    from jobqueue.runtime.process import worker_row
+
+    row = worker_row("w-twice", "s-twice", 1234, ("emails",))
+    app.store.register_worker(row)
+    app.store.register_worker(row)  # again: kept, no error
+    assert app.store.register_missing_workers([row]) == 0
+    with app.engine.connect() as conn:
+        w = app.tables.worker
+        assert conn.execute(sa.select(sa.func.count()).select_from(w).where(w.c.id == "w-twice")).scalar_one() == 1
+    if app.store.dialect.name != "sqlite":  # SQLite keeps any length in a column
+        with pytest.raises(sa.exc.DBAPIError):
+            app.store.register_worker({**row, "id": "w-long", "version": "v" * 40})

@@ -129,6 +129,10 @@ class Inserts(Connector):
         """An INSERT into ``table`` that leaves alone a row whose ``key`` (its primary key) exists."""
         return self.insert_on_conflict(table).on_conflict_do_nothing(index_elements=key)
 
+    def insert_unless_present(self, table: sa.Table, key: list[Any]) -> Any:
+        """Like :meth:`insert_ignoring`, but any other error (a value too long) is still raised."""
+        return self.insert_ignoring(table, key)
+
     def row_pages(self, connection: sa.Connection, rows: list[dict[str, Any]], most: int = 1000) -> Iterator[list[Any]]:
         """``rows`` (with a ``payload``) in pages of at most ``most``, each one statement's worth."""
         for start in range(0, len(rows), most):

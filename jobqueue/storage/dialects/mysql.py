@@ -369,6 +369,12 @@ class MySQLDialect(Dialect):
     def insert_ignoring(self, table: sa.Table, key: list[Any]) -> Any:
         return sa.insert(table).prefix_with("IGNORE")
 
+    def insert_unless_present(self, table: sa.Table, key: list[Any]) -> Any:
+        # INSERT IGNORE would also turn a value too long into a warning and a cut value.
+        from sqlalchemy.dialects.mysql import insert
+
+        return insert(table).on_duplicate_key_update({key[0].name: key[0]})
+
     def take(self, connection: sa.Connection, ids: list[int], params: AcquireParams) -> list[Message]:
         m = self.message
         chosen = (
