@@ -100,6 +100,14 @@ def check_keys(df: DataFrame, name: str, task_name: str) -> None:
     """Raise ConfigurationError, counting each kind, if some unique keys (the column ``name`` cast
     to a string) are null, empty, too long or hold a NUL character: one pass of Spark's own, run
     before any row is written, so that a bad key refuses the whole DataFrame."""
+    kind = next((field.dataType for field in df.schema.fields if field.name == name), None)
+    if isinstance(kind, BinaryType):
+        # Cast to a string, bytes that are not UTF-8 become U+FFFD: distinct keys would merge.
+        raise ConfigurationError(
+            f"task {task_name}: unique_key column {name!r} is BINARY, whose bytes would be read as UTF-8 "
+            f"text (keys that are not UTF-8 merged into one); nothing was enqueued. Give a text column: "
+            f"F.hex(F.col({name!r})) or F.base64(F.col({name!r}))"
+        )
     key = column(name).cast("string")
     length = F.length(key)
     counts = df.select(

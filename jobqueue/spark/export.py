@@ -8,6 +8,7 @@ import secrets
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
+from typing import Any
 
 import sqlalchemy as sa
 from py4j.protocol import Py4JJavaError  # type: ignore[import-untyped]
@@ -109,6 +110,8 @@ def _in_types_of_files_there(spark: SparkSession, path: str, rows: DataFrame) ->
     """``rows`` with the columns that exports before this release wrote as strings (the flow
     control's limit and rate) cast to strings again where ``path`` holds such files already: files
     of one column in two types cannot be read together."""
+    if not _exists(spark, path):  # a first export: reading would log Spark's stack trace for nothing
+        return rows
     try:
         there = {field.name: field.dataType for field in spark.read.parquet(path).schema.fields}
     except (Py4JJavaError, PySparkException):  # nothing there yet (or no Parquet: the checks say so)
@@ -153,3 +156,14 @@ def _reason(exc: Py4JJavaError | PySparkException) -> str:
 def _naive_utc(value: datetime) -> datetime:
     """A TIMESTAMP as PySpark returns it (naive local time) as the database stores it (naive UTC)."""
     return value.astimezone(timezone.utc).replace(tzinfo=None)
+
+
+def _exists(spark: SparkSession, path: str) -> bool:
+    """Whether ``path`` exists, on whatever file system Spark writes it to (True if that cannot be
+    told: the read that follows then finds out)."""
+    try:
+        jvm: Any = spark.sparkContext._jvm
+        hadoop_path = jvm.org.apache.hadoop.fs.Path(path)
+        return bool(hadoop_path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration()).exists(hadoop_path))
+    except Exception:
+        return True

@@ -328,6 +328,19 @@ def test_bad_unique_keys_are_refused_before_anything_is_written(spark: Any, scor
     assert messages(app) == []
 
 
+def test_a_binary_unique_key_column_is_refused_naming_a_text_form(spark: Any, score: Any, app: JobQueue) -> None:
+    """Cast to a string, bytes that are not UTF-8 became U+FFFD: b"\\xfe" and b"\\x80" were taken for
+    the key of b"\\xff", and their rows skipped as repeats."""
+    from jobqueue.spark import enqueue_dataframe
+
+    df = spark.createDataFrame(
+        [(1, bytearray(b"\xff")), (2, bytearray(b"\xfe")), (3, bytearray(b"\x80"))], "user_id long, k binary"
+    )
+    with pytest.raises(ConfigurationError, match=r"unique_key column 'k' is BINARY.*F\.hex\(F\.col\('k'\)\)"):
+        enqueue_dataframe(df, score, args=["user_id"], unique_key="k")
+    assert messages(app) == []
+
+
 def running_tasks(spark: Any) -> int:
     """How many Spark tasks run now, in jobs that failed too (Spark kills those within seconds)."""
     tracker = spark.sparkContext.statusTracker()
