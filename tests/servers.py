@@ -201,7 +201,13 @@ class PrivateMariaDB:
         ]
         if os.geteuid() == 0:
             command.append("--user=mysql")
-        subprocess.run(command, check=True, capture_output=True, text=True, cwd="/tmp")
+        # A MariaDB server starting removes every "#sql..." file of its temporary folder: /tmp's
+        # were the shared test server's temporary tables, whose queries then failed ("Error on
+        # delete of '/tmp/#sql-temptable-...'"). A private server keeps to a folder of its own.
+        subprocess.run(command, check=True, capture_output=True, text=True, cwd="/tmp", env=self._own_tmp())
+
+    def _own_tmp(self) -> dict[str, str]:
+        return dict(os.environ, TMPDIR=self.dir)
 
     def start(self) -> None:
         command = [
@@ -217,10 +223,13 @@ class PrivateMariaDB:
             "--innodb-buffer-pool-size=64M",
             "--innodb-flush-log-at-trx-commit=2",
             f"--log-error={self.dir}/error.log",
+            f"--tmpdir={self.dir}",
         ]
         if os.geteuid() == 0:
             command.append("--user=mysql")
-        self.process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.process = subprocess.Popen(
+            command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=self._own_tmp()
+        )
         admin = self.url.rsplit("/", 1)[0] + "/"
         _wait_reachable(admin)
         engine = sa.create_engine(admin, poolclass=sa.pool.NullPool)
